@@ -1,0 +1,83 @@
+// The mxddp command. Subcommands are added as their layers land; each reports errors as one line
+// on stderr and a non-zero exit status, never a stack trace.
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+
+#include <mxddp/comm.h>
+
+#include "selfcheck.h"
+
+namespace {
+
+struct SelfcheckArgs {
+  std::string backend = "local";
+  int ranks = 4;
+  int64_t count = 4099;  // prime-ish on purpose: splits unevenly across ranks
+  int64_t timeout_ms = 60'000;
+};
+
+// Prints rank 0's verified lines; returns the number of failures across ranks seen here.
+int report(int rank, int size, std::string_view backend, const mxddp::app::SelfcheckResult& r) {
+  if (rank == 0) {
+    std::printf("selfcheck: %d ranks on the %.*s backend\n", size, static_cast<int>(backend.size()), backend.data());
+    for (const auto& line : r.passed) std::printf("  ok    %s\n", line.c_str());
+  }
+  for (const auto& line : r.failed) std::printf("  FAIL  rank %d: %s\n", rank, line.c_str());
+  return static_cast<int>(r.failed.size());
+}
+
+int run_selfcheck(int argc, char** argv, const SelfcheckArgs& args) {
+  if (args.backend == "mpi") {
+    mxddp::MpiRuntime runtime(&argc, &argv);
+    int failures = 0;
+    {
+      auto comm = mxddp::make_mpi_communicator();
+      failures = report(comm->rank(), comm->size(), "mpi", mxddp::app::run_selfcheck(*comm, args.count));
+    }
+    return failures == 0 ? 0 : 1;
+  }
+  MXDDP_CHECK(args.backend == "local", "--backend '{}' is not a backend; valid: local, mpi", args.backend);
+  std::mutex mutex;
+  int failures = 0;
+  mxddp::run_local(
+      args.ranks,
+      [&](mxddp::Communicator& comm) {
+        auto result = mxddp::app::run_selfcheck(comm, args.count);
+        std::lock_guard lock(mutex);
+        failures += report(comm.rank(), comm.size(), "local", result);
+      },
+      {.timeout_ms = args.timeout_ms});
+  if (failures == 0) std::printf("selfcheck: all collectives match the serial reference on every rank\n");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mxddp: memory-lean data-parallel training runtime"};
+  app.set_version_flag("--version", std::string("mxddp ") + MXDDP_VERSION);
+  app.require_subcommand(1);
+
+  SelfcheckArgs selfcheck;
+  auto* cmd = app.add_subcommand("selfcheck", "Run every collective on every dtype and check it against a serial reference");
+  cmd->add_option("--backend", selfcheck.backend, "local (ranks as threads) or mpi (under mpirun)")
+      ->check(CLI::IsMember({"local", "mpi"}))
+      ->capture_default_str();
+  cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")->check(CLI::Range(int64_t{1}, int64_t{1} << 28))->capture_default_str();
+  cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "Local backend: how long a rank waits for its peers")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mxddp: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,198 @@
+// mxddp comm: collectives over a group of ranks, blocking or asynchronous.
+//
+// Owns: the Communicator (one validated entry point per collective), the Work handle an
+// asynchronous collective returns, and the engines underneath it:
+//   - local: N ranks are N threads of one process. Collectives read peers' buffers directly and
+//     reduce in rank order 0..N-1, so results are bitwise deterministic and identical on every rank.
+//   - mpi:   one process per rank under mpirun, over OpenMPI.
+//
+// Ordering and progress: a Communicator executes its collectives one at a time, in the order they
+// were issued, on a progress thread of its own. An asynchronous call returns at once and the
+// collective advances while the caller computes; a blocking call is the same call followed by
+// wait(). Every rank must issue the same collectives in the same order with the same dtype, element
+// count, reduce op and root; a mismatch is detected before any buffer is touched and fails the
+// call on every rank with an Error naming the differing rank and field.
+//
+// Buffer lifetime: the caller keeps every buffer of a collective alive and unmodified until its
+// Work completes (as with NCCL and MPI nonblocking calls).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <mxddp/core.h>
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+// ----------------------------------------------------------------------------------------------
+// Work: the handle of an issued collective
+// ----------------------------------------------------------------------------------------------
+
+namespace detail {
+struct WorkState;
+}
+
+class Work {
+ public:
+  Work();  // an already-completed, successful Work
+  explicit Work(std::shared_ptr<detail::WorkState> state);
+
+  // Blocks until the collective finished. If it failed, rethrows its error (on every call).
+  void wait() const;
+  // True once the collective finished, successfully or not. Never blocks.
+  bool is_completed() const;
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Per-operation options
+// ----------------------------------------------------------------------------------------------
+
+enum class ReduceOp : uint8_t {
+  kSum,  // f32: summed in f32; bf16: summed in f32, rounded once; u8: wraps modulo 256
+  kAvg,  // sum / size, in f32; f32 and bf16 only
+  kMax,  // NaN wins (a NaN on any rank gives NaN)
+};
+std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  bool async_op = false;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  bool async_op = false;
+};
+
+struct AllGatherOptions {
+  bool async_op = false;
+};
+
+struct BroadcastOptions {
+  int root = 0;
+  bool async_op = false;
+};
+
+struct BarrierOptions {
+  bool async_op = false;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Communicator
+// ----------------------------------------------------------------------------------------------
+
+class CommBackend;  // the engine interface; private to src/comm
+class ProgressQueue;
+
+class Communicator {
+ public:
+  explicit Communicator(std::unique_ptr<CommBackend> backend);
+  ~Communicator();  // drains the collectives already issued
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  std::string_view backend_name() const;  // "local" or "mpi"
+
+  // buffer /*in,out*/: reduced in place across ranks; any element count.
+  Work all_reduce(TensorView buffer, const AllReduceOptions& options = {});
+
+  // input  /*in*/:  size() equal blocks of output.numel() elements, block r destined for rank r.
+  // output /*out*/: this rank's reduced block. In place when output is exactly this rank's block
+  //                 of input; otherwise the two must not overlap. Only output is written.
+  Work reduce_scatter(TensorView input, TensorView output, const ReduceScatterOptions& options = {});
+
+  // input  /*in*/:  this rank's block.
+  // output /*out*/: size() blocks of input.numel() elements, block r from rank r. In place when
+  //                 input is exactly this rank's block of output; otherwise no overlap.
+  Work all_gather(TensorView input, TensorView output, const AllGatherOptions& options = {});
+
+  // buffer /*in on root, out elsewhere*/.
+  Work broadcast(TensorView buffer, const BroadcastOptions& options = {});
+
+  Work barrier(const BarrierOptions& options = {});
+
+ private:
+  struct Call;
+  Work submit(const Call& call, bool async_op);
+
+  std::unique_ptr<CommBackend> backend_;
+  std::unique_ptr<ProgressQueue> queue_;
+};
+
+// ----------------------------------------------------------------------------------------------
+// The local backend: ranks as threads of this process
+// ----------------------------------------------------------------------------------------------
+
+struct LocalOptions {
+  // How long a rank waits for its peers to arrive at a collective before the whole group fails
+  // with an Error naming the ranks that never arrived. After that every collective of the group
+  // fails at once: a group that lost a rank cannot be trusted to agree on anything again.
+  int64_t timeout_ms = 300'000;
+};
+
+class LocalGroupState;
+
+// A group of `size` in-process ranks. communicator(r) is meant to be used by rank r's thread.
+class LocalGroup {
+ public:
+  explicit LocalGroup(int size, const LocalOptions& options = {});
+  ~LocalGroup();
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+
+  int size() const { return static_cast<int>(communicators_.size()); }
+  Communicator& communicator(int rank);
+  // Fails every pending and future collective of the group with `reason` (e.g. a rank crashed).
+  void abort(const std::string& reason);
+
+ private:
+  std::shared_ptr<LocalGroupState> state_;
+  std::vector<std::unique_ptr<Communicator>> communicators_;
+};
+
+// Runs rank_fn(communicator) on `size` threads, one per rank, and joins them. If any rank throws,
+// the group is aborted (so peers blocked in a collective fail instead of waiting out the timeout)
+// and the first rank's exception is rethrown here.
+void run_local(int size, const std::function<void(Communicator&)>& rank_fn,
+               const LocalOptions& options = {});
+
+// ----------------------------------------------------------------------------------------------
+// The MPI backend: one process per rank
+// ----------------------------------------------------------------------------------------------
+
+// Initializes MPI (MPI_THREAD_MULTIPLE: each communicator calls MPI from its progress thread) on
+// construction and finalizes it on destruction; destroy every MPI communicator first. At most one
+// per process, on the main thread.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  static int world_rank();
+  static int world_size();
+};
+
+struct MpiOptions {
+  // Exchanges each call's (operation, dtype, count, op, root) before running it, so a mismatch is
+  // an Error instead of undefined behaviour inside MPI. Costs one small allgather per collective.
+  bool check_consistency = true;
+  // Charged for staging buffers (bf16 reductions run in f32). Null: a tracker private to the
+  // communicator.
+  MemoryTracker* memory_tracker = nullptr;
+};
+
+// A communicator over all processes of MPI_COMM_WORLD (duplicated). Needs a live MpiRuntime.
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options = {});
+
+}  // namespace mxddp

@@ -1,0 +1,187 @@
+// mxddp core: the vocabulary every other layer speaks.
+//
+// Owns: element types (DType) and their scalar conversions (round-to-nearest-even), the Device a
+// tensor lives on, the non-owning TensorView, mxddp::Error with the check macros that carry
+// file:line up to the user, and the integer alignment math the buffer layout is built from.
+// Nothing here allocates or communicates.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace mxddp {
+
+// ----------------------------------------------------------------------------------------------
+// Errors
+// ----------------------------------------------------------------------------------------------
+
+// Thrown for anything a user can cause (bad config, bad file, a rank that never arrives) and for
+// violated invariants. The message names the bad value and what would be valid; where() is the
+// "file:line" of the check that fired.
+class Error : public std::runtime_error {
+ public:
+  Error(std::string message, std::string where);
+  const std::string& where() const noexcept { return where_; }
+  // The message without the location prefix.
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string message_;
+  std::string where_;
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const char* file, int line, std::string message);
+}  // namespace detail
+
+}  // namespace mxddp
+
+// MXDDP_CHECK(cond, fmt, args...): throws mxddp::Error("file:line: <formatted message>") when cond
+// is false. The message should name the offending value and the valid range.
+#define MXDDP_CHECK(cond, ...)                                                  \
+  do {                                                                          \
+    if (!(cond)) [[unlikely]]                                                   \
+      ::mxddp::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+// MXDDP_FAIL(fmt, args...): unconditional MXDDP_CHECK(false, ...).
+#define MXDDP_FAIL(...) ::mxddp::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))
+
+// MXDDP_ASSERT(cond): an internal invariant; a failure is a bug in mxddp, never the user's input.
+// It throws (library code never exits) so the caller still gets a chance to report it.
+#define MXDDP_ASSERT(cond)                                                                   \
+  do {                                                                                       \
+    if (!(cond)) [[unlikely]]                                                                \
+      ::mxddp::detail::throw_error(__FILE__, __LINE__, "internal invariant violated: " #cond); \
+  } while (0)
+
+namespace mxddp {
+
+// ----------------------------------------------------------------------------------------------
+// Element types
+// ----------------------------------------------------------------------------------------------
+
+enum class DType : uint8_t {
+  kF32,   // IEEE binary32
+  kBF16,  // bfloat16: binary32's top 16 bits
+  kF16,   // IEEE binary16
+  kE4M3,  // OCP FP8 E4M3 (bias 7, max 448, no Inf, S.1111.111 = NaN)
+  kE5M2,  // OCP FP8 E5M2 (bias 15, max 57344, IEEE-like)
+  kE8M0,  // OCP MX scale: an unsigned biased exponent (bias 127, 0xFF = NaN)
+  kU8,    // raw bytes
+};
+inline constexpr std::array<DType, 7> kAllDTypes = {DType::kF32,  DType::kBF16, DType::kF16,
+                                                    DType::kE4M3, DType::kE5M2, DType::kE8M0,
+                                                    DType::kU8};
+
+size_t dtype_size_bytes(DType dtype);
+// "f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "u8".
+std::string_view dtype_name(DType dtype);
+// Inverse of dtype_name; throws Error naming the string and the valid names.
+DType parse_dtype(std::string_view name);
+
+// Scalar conversions. Narrowing rounds to nearest, ties to even; overflow goes to Inf; NaN stays
+// NaN (quietened, sign kept); subnormals are produced and consumed exactly.
+using bf16_bits = uint16_t;
+using f16_bits = uint16_t;
+
+inline float bf16_to_f32(bf16_bits h) {
+  uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline bf16_bits f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_bits>((u >> 16) | 0x0040u);  // NaN
+  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate. Overflow carries
+  // into the exponent and lands on Inf, which is the correct rounding.
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16_bits>(u >> 16);
+}
+
+float f16_to_f32(f16_bits h);
+f16_bits f32_to_f16(float f);
+
+// Bulk conversions over contiguous arrays (the hot loops of casts between buffers).
+void convert_bf16_to_f32(const bf16_bits* in, float* out, size_t n);
+void convert_f32_to_bf16(const float* in, bf16_bits* out, size_t n);
+
+// ----------------------------------------------------------------------------------------------
+// Devices and tensor views
+// ----------------------------------------------------------------------------------------------
+
+struct Device {
+  enum class Kind : uint8_t { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int index = 0;  // CUDA ordinal; 0 for the CPU
+
+  static Device cpu() { return {}; }
+  static Device cuda(int index) { return {Kind::kCuda, index}; }
+  bool is_cpu() const { return kind == Kind::kCpu; }
+  bool operator==(const Device&) const = default;
+};
+std::string to_string(Device device);  // "cpu", "cuda:0"
+
+// A shape of at most kMaxDims dimensions, stored inline so views never allocate.
+class Shape {
+ public:
+  static constexpr int kMaxDims = 6;
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  static Shape vector(int64_t n) { return Shape{n}; }
+
+  int ndim() const { return ndim_; }
+  int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
+  int64_t numel() const;
+  bool operator==(const Shape& other) const;
+  std::string to_string() const;  // "[95, 95]"
+
+ private:
+  std::array<int64_t, kMaxDims> dims_{};
+  int ndim_ = 0;
+};
+
+// A non-owning, contiguous (row-major) view: where the bytes are, what they hold, and where they
+// live. Copying a view never copies data; the owner must outlive every view of it.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  Shape shape;
+  Device device;
+
+  int64_t numel() const { return shape.numel(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size_bytes(dtype); }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(data); }
+
+  // A 1-D view of `count` elements starting `offset` elements in; throws when out of range.
+  TensorView slice(int64_t offset, int64_t count) const;
+  // A 1-D view of the same bytes.
+  TensorView flat() const { return TensorView{data, dtype, Shape{numel()}, device}; }
+  std::string to_string() const;  // "bf16[95, 95] on cpu"
+};
+
+// ----------------------------------------------------------------------------------------------
+// Alignment math (elements or bytes, the caller's choice of unit)
+// ----------------------------------------------------------------------------------------------
+
+// The smallest multiple of `multiple` that is >= value; throws on overflow or a zero multiple.
+int64_t round_up(int64_t value, int64_t multiple);
+// Least common multiple of positive values; throws on overflow or a non-positive argument.
+int64_t lcm(int64_t a, int64_t b);
+inline bool is_aligned(const void* ptr, size_t alignment_bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % alignment_bytes == 0;
+}
+
+}  // namespace mxddp

@@ -1,0 +1,137 @@
+// mxddp memory: every byte the library holds, and who holds it.
+//
+// Owns: aligned host allocation (HostBuffer, an owning RAII block), the MemoryTracker that every
+// library allocation is charged to (live and peak bytes per category), and the GlobalMemoryBuffer:
+// a pool of named scratch tensors whose storage is reused across steps instead of reallocated.
+//
+// Threading rule: a MemoryTracker may be charged from any thread (its counters are atomic). A
+// GlobalMemoryBuffer's map is guarded by a mutex, but its pooled storage is shared by name: keep
+// one pool per rank (the local backend runs ranks as threads), and within a rank do not hand the
+// same (name, dtype) to two users that are live at once.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <mxddp/core.h>
+
+namespace mxddp {
+
+// ----------------------------------------------------------------------------------------------
+// Accounting
+// ----------------------------------------------------------------------------------------------
+
+enum class MemoryCategory : uint8_t {
+  kParams,          // model params (BF16 param buffer)
+  kGrads,           // grad buffer
+  kMainParams,      // FP32 master shards of the distributed optimizer
+  kOptimizerState,  // Adam moments, momentum
+  kMxfp8,           // MXFP8 param storage (data and scales)
+  kScratch,         // the global memory buffer
+  kComm,            // communication staging (e.g. f32 accumulation of a bf16 collective)
+};
+inline constexpr int kNumMemoryCategories = 7;
+std::string_view memory_category_name(MemoryCategory category);  // "params", "grads", ...
+
+struct MemoryUsage {
+  std::array<int64_t, kNumMemoryCategories> live_bytes{};
+  std::array<int64_t, kNumMemoryCategories> peak_bytes{};
+  int64_t total_live_bytes = 0;
+  int64_t total_peak_bytes = 0;  // peak of the sum, not the sum of per-category peaks
+
+  int64_t live(MemoryCategory c) const { return live_bytes[static_cast<size_t>(c)]; }
+  int64_t peak(MemoryCategory c) const { return peak_bytes[static_cast<size_t>(c)]; }
+};
+
+// Live and peak bytes per category for one rank. Thread-safe; never allocates.
+class MemoryTracker {
+ public:
+  void on_allocate(MemoryCategory category, int64_t bytes);
+  void on_free(MemoryCategory category, int64_t bytes);
+  MemoryUsage usage() const;
+  // Restarts peak tracking from the current live bytes (e.g. to measure a steady state).
+  void reset_peaks();
+  // A one-line-per-category table, for reports and logs.
+  std::string summary() const;
+
+ private:
+  std::array<std::atomic<int64_t>, kNumMemoryCategories> live_{};
+  std::array<std::atomic<int64_t>, kNumMemoryCategories> peak_{};
+  std::atomic<int64_t> total_live_{0};
+  std::atomic<int64_t> total_peak_{0};
+};
+
+// ----------------------------------------------------------------------------------------------
+// Host allocation
+// ----------------------------------------------------------------------------------------------
+
+// Alignment of every host allocation: a cache line, and the vector width of AVX-512 loads.
+inline constexpr size_t kHostAlignmentBytes = 64;
+
+// One owning, aligned, tracked block of host memory. Move-only; frees (and un-charges) itself.
+// Contents are uninitialized.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tracker);
+  ~HostBuffer();
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t size_bytes() const { return bytes_; }
+  MemoryCategory category() const { return category_; }
+  // A view of the first numel elements of dtype; throws if they do not fit.
+  TensorView view(DType dtype, const Shape& shape) const;
+
+ private:
+  void release() noexcept;
+
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemoryCategory category_ = MemoryCategory::kScratch;
+  MemoryTracker* tracker_ = nullptr;
+};
+
+// ----------------------------------------------------------------------------------------------
+// The global memory buffer
+// ----------------------------------------------------------------------------------------------
+
+struct GlobalMemoryBufferOptions {
+  // When a request exceeds a key's capacity: false grows to max(request, 2 x old capacity) so a
+  // slowly growing request costs O(log n) reallocations; true grows to exactly the request.
+  bool grow_exact = false;
+};
+
+// A pool of scratch tensors keyed by (name, dtype). get_tensor returns a view of the key's
+// storage: the same pointer for every request that fits the capacity, new storage (the old views
+// dangle) when it grows. Contents are never zeroed. All bytes are charged as kScratch.
+class GlobalMemoryBuffer {
+ public:
+  explicit GlobalMemoryBuffer(MemoryTracker& tracker, GlobalMemoryBufferOptions options = {});
+
+  TensorView get_tensor(const Shape& shape, DType dtype, const std::string& name);
+
+  // Capacity of a key in elements (0 if never requested).
+  int64_t capacity_numel(const std::string& name, DType dtype) const;
+  int64_t total_bytes() const;
+  // Number of (re)allocations since construction: a steady-state step should add none.
+  int64_t allocation_count() const;
+
+ private:
+  MemoryTracker& tracker_;
+  GlobalMemoryBufferOptions options_;
+  mutable std::mutex mutex_;  // guards pool_ and allocation_count_
+  std::map<std::pair<std::string, DType>, HostBuffer> pool_;
+  int64_t allocation_count_ = 0;
+};
+
+}  // namespace mxddp

@@ -1,0 +1,47 @@
+// The engine interface under Communicator. A backend runs one already-validated collective to
+// completion on the calling thread (the communicator's progress thread); ordering, asynchrony and
+// argument validation live in Communicator, so each engine is only its data movement.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <mxddp/comm.h>
+
+namespace mxddp {
+
+enum class CollectiveKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+std::string_view collective_name(CollectiveKind kind);
+
+// One collective as issued by one rank. Pointers are host memory.
+//   all_reduce:     send == recv, count elements
+//   reduce_scatter: send holds size*count, recv count (may be send's own block)
+//   all_gather:     send holds count, recv size*count (send may be recv's own block)
+//   broadcast:      send == recv, count elements
+//   barrier:        no buffers, count 0
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  int64_t count = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+
+// The fields every rank must agree on. Returns "" if a and b agree, else which field differs, with
+// both values (e.g. "count 12 vs 16").
+std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b);
+
+class CommBackend {
+ public:
+  virtual ~CommBackend() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view name() const = 0;
+  // Runs `call` to completion. Must verify that every rank issued the same call (see
+  // describe_mismatch) before touching any buffer, and throw Error on a mismatch or a failure.
+  virtual void run(const CollectiveCall& call) = 0;
+};
+
+}  // namespace mxddp

@@ -1,0 +1,164 @@
+// Communicator: the one validated entry point per collective. Everything a single rank can check
+// about its own arguments is checked here, before anything is queued; what only the group can
+// check (that all ranks agree) is each backend's first step.
+#include <mxddp/comm.h>
+
+#include "backend.h"
+#include "progress_queue.h"
+
+namespace mxddp {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  MXDDP_FAIL("unknown reduce op {}", static_cast<int>(op));
+}
+
+std::string_view collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  MXDDP_FAIL("unknown collective kind {}", static_cast<int>(kind));
+}
+
+std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b) {
+  if (a.kind != b.kind) return fmt::format("operation {} vs {}", collective_name(a.kind), collective_name(b.kind));
+  if (a.dtype != b.dtype) return fmt::format("dtype {} vs {}", dtype_name(a.dtype), dtype_name(b.dtype));
+  if (a.count != b.count) return fmt::format("element count {} vs {}", a.count, b.count);
+  const bool reduces = a.kind == CollectiveKind::kAllReduce || a.kind == CollectiveKind::kReduceScatter;
+  if (reduces && a.op != b.op) return fmt::format("reduce op {} vs {}", reduce_op_name(a.op), reduce_op_name(b.op));
+  if (a.kind == CollectiveKind::kBroadcast && a.root != b.root) return fmt::format("root {} vs {}", a.root, b.root);
+  return "";
+}
+
+namespace {
+
+void check_buffer(const TensorView& t, std::string_view what, std::string_view op) {
+  MXDDP_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kU8,
+              "{}: {} has dtype {}; collectives take f32, bf16 or u8", op, what, dtype_name(t.dtype));
+  MXDDP_CHECK(t.device.is_cpu(), "{}: {} is on {}; the local and mpi backends take cpu buffers", op,
+              what, to_string(t.device));
+  MXDDP_CHECK(t.data != nullptr || t.numel() == 0, "{}: {} ({}) has a null data pointer", op, what,
+              t.to_string());
+}
+
+void check_reduce_op(DType dtype, ReduceOp op, std::string_view name) {
+  MXDDP_CHECK(!(dtype == DType::kU8 && op == ReduceOp::kAvg),
+              "{}: avg is defined for f32 and bf16; got u8 (use sum or max)", name);
+}
+
+// Returns true if `part` is exactly block `index` (of part's size) of `whole`; throws if the two
+// overlap any other way, since the collective would then read what it is writing.
+bool is_own_block(const TensorView& whole, const TensorView& part, int index, std::string_view op) {
+  const auto* w = static_cast<const char*>(whole.data);
+  const auto* p = static_cast<const char*>(part.data);
+  const size_t block_bytes = part.nbytes();
+  if (p == w + static_cast<size_t>(index) * block_bytes && block_bytes > 0) return true;
+  const bool disjoint = p + block_bytes <= w || w + whole.nbytes() <= p;
+  MXDDP_CHECK(disjoint || block_bytes == 0,
+              "{}: buffers overlap but the {}-element block is not this rank's block {} of the "
+              "{}-element buffer; pass exactly that block for in-place, or disjoint buffers",
+              op, part.numel(), index, whole.numel());
+  return false;
+}
+
+}  // namespace
+
+struct Communicator::Call : CollectiveCall {};
+
+Communicator::Communicator(std::unique_ptr<CommBackend> backend)
+    : backend_(std::move(backend)), queue_(std::make_unique<ProgressQueue>()) {}
+
+Communicator::~Communicator() { queue_.reset(); }  // drain before the backend goes away
+
+int Communicator::rank() const { return backend_->rank(); }
+int Communicator::size() const { return backend_->size(); }
+std::string_view Communicator::backend_name() const { return backend_->name(); }
+
+Work Communicator::submit(const Call& call, bool async_op) {
+  CommBackend* backend = backend_.get();
+  CollectiveCall c = call;
+  Work work = queue_->submit([backend, c] { backend->run(c); });
+  if (!async_op) work.wait();
+  return work;
+}
+
+Work Communicator::all_reduce(TensorView buffer, const AllReduceOptions& options) {
+  check_buffer(buffer, "buffer", "all_reduce");
+  check_reduce_op(buffer.dtype, options.op, "all_reduce");
+  Call call;
+  call.kind = CollectiveKind::kAllReduce;
+  call.dtype = buffer.dtype;
+  call.op = options.op;
+  call.count = buffer.numel();
+  call.send = buffer.data;
+  call.recv = buffer.data;
+  return submit(call, options.async_op);
+}
+
+Work Communicator::reduce_scatter(TensorView input, TensorView output, const ReduceScatterOptions& options) {
+  check_buffer(input, "input", "reduce_scatter");
+  check_buffer(output, "output", "reduce_scatter");
+  check_reduce_op(input.dtype, options.op, "reduce_scatter");
+  MXDDP_CHECK(input.dtype == output.dtype, "reduce_scatter: input is {} but output is {}; they must match",
+              dtype_name(input.dtype), dtype_name(output.dtype));
+  MXDDP_CHECK(input.numel() == output.numel() * size(),
+              "reduce_scatter: input has {} elements; it must be size ({}) x output ({}) = {}",
+              input.numel(), size(), output.numel(), output.numel() * size());
+  is_own_block(input, output, rank(), "reduce_scatter");
+  Call call;
+  call.kind = CollectiveKind::kReduceScatter;
+  call.dtype = input.dtype;
+  call.op = options.op;
+  call.count = output.numel();
+  call.send = input.data;
+  call.recv = output.data;
+  return submit(call, options.async_op);
+}
+
+Work Communicator::all_gather(TensorView input, TensorView output, const AllGatherOptions& options) {
+  check_buffer(input, "input", "all_gather");
+  check_buffer(output, "output", "all_gather");
+  MXDDP_CHECK(input.dtype == output.dtype, "all_gather: input is {} but output is {}; they must match",
+              dtype_name(input.dtype), dtype_name(output.dtype));
+  MXDDP_CHECK(output.numel() == input.numel() * size(),
+              "all_gather: output has {} elements; it must be size ({}) x input ({}) = {}",
+              output.numel(), size(), input.numel(), input.numel() * size());
+  is_own_block(output, input, rank(), "all_gather");
+  Call call;
+  call.kind = CollectiveKind::kAllGather;
+  call.dtype = input.dtype;
+  call.count = input.numel();
+  call.send = input.data;
+  call.recv = output.data;
+  return submit(call, options.async_op);
+}
+
+Work Communicator::broadcast(TensorView buffer, const BroadcastOptions& options) {
+  check_buffer(buffer, "buffer", "broadcast");
+  MXDDP_CHECK(options.root >= 0 && options.root < size(), "broadcast: root {} is not a rank; valid: 0..{}",
+              options.root, size() - 1);
+  Call call;
+  call.kind = CollectiveKind::kBroadcast;
+  call.dtype = buffer.dtype;
+  call.root = options.root;
+  call.count = buffer.numel();
+  call.send = buffer.data;
+  call.recv = buffer.data;
+  return submit(call, options.async_op);
+}
+
+Work Communicator::barrier(const BarrierOptions& options) {
+  Call call;
+  call.kind = CollectiveKind::kBarrier;
+  return submit(call, options.async_op);
+}
+
+}  // namespace mxddp

@@ -1,0 +1,216 @@
+// The local backend: ranks are threads of one process sharing memory.
+//
+// Each collective is a rendezvous in three steps:
+//   1. arrive:  post this rank's call (pointers included) in its slot, wait until every rank has
+//               posted the same sequence number, or the timeout fires, or the group is aborted;
+//   2. work:    check every rank issued the same call, then move data by reading peers' buffers
+//               directly, each rank doing a disjoint 1/size of the work;
+//   3. depart:  a barrier, so no rank returns (and lets its caller reuse its buffers) while a peer
+//               may still read them.
+// Only step 1 can time out. Whether a collective runs is decided under the group mutex from the
+// arrival count alone, so either every rank runs it or none touches a buffer. Step 3 never times
+// out: once everyone arrived, every rank reaches it after a bounded amount of copying.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include <mxddp/comm.h>
+
+#include "backend.h"
+#include "reduce.h"
+
+namespace mxddp {
+
+class LocalGroupState {
+ public:
+  LocalGroupState(int size, const LocalOptions& options)
+      : size_(size), timeout_ms_(options.timeout_ms), slots_(static_cast<size_t>(size)) {}
+
+  int size() const { return size_; }
+
+  // Step 1. Returns every rank's call for this sequence number; throws if the group is aborted or
+  // a peer does not arrive in time (and then aborts the group for everyone).
+  std::vector<CollectiveCall> arrive(int rank, uint64_t seq, const CollectiveCall& call) {
+    std::unique_lock lock(mutex_);
+    MXDDP_CHECK(!aborted_, "local communicator (rank {}): {} #{} refused: {}", rank,
+                collective_name(call.kind), seq, abort_reason_);
+    slots_[static_cast<size_t>(rank)] = {seq, call};
+    cv_.notify_all();
+    const auto all_arrived = [&] {
+      return std::all_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.seq == seq; });
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    cv_.wait_until(lock, deadline, [&] { return aborted_ || all_arrived(); });
+    if (!all_arrived()) {
+      if (!aborted_) {
+        std::string missing;
+        for (int r = 0; r < size_; ++r)
+          if (slots_[static_cast<size_t>(r)].seq != seq) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+        abort_locked(fmt::format("rank {} waited {} ms (timeout_ms) in {} #{}; rank(s) {} never arrived",
+                                 rank, timeout_ms_, collective_name(call.kind), seq, missing));
+      }
+      MXDDP_FAIL("local communicator (rank {}): {} #{} failed: {}", rank, collective_name(call.kind), seq,
+                 abort_reason_);
+    }
+    std::vector<CollectiveCall> calls;
+    calls.reserve(slots_.size());
+    for (const Slot& s : slots_) calls.push_back(s.call);
+    return calls;
+  }
+
+  // Step 3.
+  void depart() {
+    std::unique_lock lock(mutex_);
+    const uint64_t generation = depart_generation_;
+    if (++departed_ == size_) {
+      departed_ = 0;
+      ++depart_generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return depart_generation_ != generation; });
+    }
+  }
+
+  void abort(const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (!aborted_) abort_locked(reason);
+  }
+
+ private:
+  struct Slot {
+    uint64_t seq = 0;
+    CollectiveCall call;
+  };
+  void abort_locked(std::string reason) {
+    aborted_ = true;
+    abort_reason_ = std::move(reason);
+    cv_.notify_all();
+  }
+
+  const int size_;
+  const int64_t timeout_ms_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;  // guarded by mutex_; slot r is rank r's current call
+  int departed_ = 0;         // guarded by mutex_
+  uint64_t depart_generation_ = 0;
+  bool aborted_ = false;
+  std::string abort_reason_;
+};
+
+namespace {
+
+// Rank r's part [begin, end) of count elements, split evenly with boundaries on 64-byte lines so
+// two ranks never write the same cache line.
+std::pair<int64_t, int64_t> partition(int64_t count, int parts, int index, size_t elem_bytes) {
+  const auto align = static_cast<int64_t>(64 / elem_bytes);
+  auto boundary = [&](int i) {
+    if (i == parts) return count;
+    return std::min(count, count * i / parts / align * align);
+  };
+  return {boundary(index), boundary(index + 1)};
+}
+
+class LocalBackend final : public CommBackend {
+ public:
+  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank) : group_(std::move(group)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  std::string_view name() const override { return "local"; }
+
+  void run(const CollectiveCall& call) override {
+    const uint64_t seq = ++seq_;
+    const std::vector<CollectiveCall> calls = group_->arrive(rank_, seq, call);
+    std::string mismatch;
+    int mismatched_rank = 0;
+    for (int r = 1; r < size() && mismatch.empty(); ++r) {
+      mismatch = describe_mismatch(calls[0], calls[static_cast<size_t>(r)]);
+      mismatched_rank = r;
+    }
+    if (mismatch.empty()) move_data(calls);
+    group_->depart();  // also on a mismatch: peers may still be reading the slots
+    MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind),
+                seq, mismatched_rank, mismatch);
+  }
+
+ private:
+  void move_data(const std::vector<CollectiveCall>& calls) {
+    const CollectiveCall& mine = calls[static_cast<size_t>(rank_)];
+    const int n = size();
+    const size_t elem = dtype_size_bytes(mine.dtype);
+    std::vector<const void*> inputs(static_cast<size_t>(n));
+    switch (mine.kind) {
+      case CollectiveKind::kAllReduce: {
+        // This rank owns elements [begin, end) of every rank's buffer: it reduces them and writes
+        // the result back to all buffers. Nobody else reads or writes that range.
+        const auto [begin, end] = partition(mine.count, n, rank_, elem);
+        if (begin == end) return;
+        for (int r = 0; r < n; ++r)
+          inputs[static_cast<size_t>(r)] = static_cast<const char*>(calls[static_cast<size_t>(r)].send) + begin * elem;
+        void* own = static_cast<char*>(mine.recv) + begin * elem;
+        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, end - begin, own);
+        for (int r = 0; r < n; ++r)
+          if (r != rank_) std::memcpy(static_cast<char*>(calls[static_cast<size_t>(r)].recv) + begin * elem, own,
+                                      static_cast<size_t>(end - begin) * elem);
+        return;
+      }
+      case CollectiveKind::kReduceScatter: {
+        // Block rank_ of every input is read by this rank alone, so an in-place output is safe.
+        const int64_t offset = static_cast<int64_t>(rank_) * mine.count;
+        for (int r = 0; r < n; ++r)
+          inputs[static_cast<size_t>(r)] = static_cast<const char*>(calls[static_cast<size_t>(r)].send) + offset * elem;
+        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, mine.count, mine.recv);
+        return;
+      }
+      case CollectiveKind::kAllGather: {
+        const size_t block_bytes = static_cast<size_t>(mine.count) * elem;
+        for (int r = 0; r < n; ++r) {
+          char* dst = static_cast<char*>(mine.recv) + static_cast<size_t>(r) * block_bytes;
+          const void* src = calls[static_cast<size_t>(r)].send;
+          if (dst != src) std::memcpy(dst, src, block_bytes);
+        }
+        return;
+      }
+      case CollectiveKind::kBroadcast:
+        if (rank_ != mine.root)
+          std::memcpy(mine.recv, calls[static_cast<size_t>(mine.root)].send, static_cast<size_t>(mine.count) * elem);
+        return;
+      case CollectiveKind::kBarrier:
+        return;
+    }
+  }
+
+  std::shared_ptr<LocalGroupState> group_;
+  const int rank_;
+  uint64_t seq_ = 0;  // touched only by this rank's progress thread
+};
+
+}  // namespace
+
+LocalGroup::LocalGroup(int size, const LocalOptions& options) {
+  MXDDP_CHECK(size >= 1, "a local group needs at least 1 rank; got {}", size);
+  MXDDP_CHECK(options.timeout_ms > 0, "timeout_ms must be positive; got {}", options.timeout_ms);
+  state_ = std::make_shared<LocalGroupState>(size, options);
+  for (int r = 0; r < size; ++r)
+    communicators_.push_back(std::make_unique<Communicator>(std::make_unique<LocalBackend>(state_, r)));
+}
+
+LocalGroup::~LocalGroup() {
+  // A communicator's destructor drains its queue. Abort first so a rank whose peers are gone
+  // fails its pending collectives instead of waiting out the timeout.
+  abort("the local group is being destroyed");
+  communicators_.clear();
+}
+
+Communicator& LocalGroup::communicator(int rank) {
+  MXDDP_CHECK(rank >= 0 && rank < size(), "rank {} is not in this local group; valid: 0..{}", rank, size() - 1);
+  return *communicators_[static_cast<size_t>(rank)];
+}
+
+void LocalGroup::abort(const std::string& reason) { state_->abort(reason); }
+
+}  // namespace mxddp

@@ -1,0 +1,240 @@
+// The MPI backend: one process per rank, over OpenMPI.
+//
+// Every MPI call of a communicator is made from its progress thread (which is why the runtime asks
+// for MPI_THREAD_MULTIPLE: several communicators, several threads). The progress thread runs each
+// collective to completion while the caller computes, which is what gives asynchronous calls
+// progress without the caller polling MPI (the design PyTorch's ProcessGroupMPI uses too).
+//
+// Errors come back as return codes (MPI_ERRORS_RETURN on our duplicated communicator) and become
+// mxddp::Error with MPI's own error string.
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include <mpi.h>
+
+#include <mxddp/comm.h>
+
+#include "backend.h"
+#include "reduce.h"
+
+namespace mxddp {
+
+namespace {
+
+#define MXDDP_MPI_CHECK(call_expr, what)                                             \
+  do {                                                                               \
+    const int mxddp_mpi_rc = (call_expr);                                            \
+    if (mxddp_mpi_rc != MPI_SUCCESS) [[unlikely]]                                    \
+      MXDDP_FAIL("MPI error in {}: {} (rc {})", what, mpi_error_string(mxddp_mpi_rc), mxddp_mpi_rc); \
+  } while (0)
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return "unknown MPI error";
+  return std::string(text, static_cast<size_t>(len));
+}
+
+// The wire type of a dtype: bf16 travels as raw 16-bit words (MPI cannot do arithmetic on it).
+MPI_Datatype wire_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16: return MPI_UINT16_T;
+    case DType::kU8: return MPI_UNSIGNED_CHAR;
+    default: MXDDP_FAIL("the mpi backend moves f32, bf16 and u8; got {}", dtype_name(dtype));
+  }
+}
+
+// OpenMPI saturates MPI_SUM on MPI_UNSIGNED_CHAR; mxddp's u8 sum wraps modulo 256 on every backend.
+void u8_wrapping_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint8_t*>(in);
+  auto* b = static_cast<uint8_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<uint8_t>(a[i] + b[i]);
+}
+
+int checked_count(int64_t count, std::string_view what) {
+  MXDDP_CHECK(count <= INT_MAX, "{}: {} elements exceed MPI's int count limit ({})", what, count, INT_MAX);
+  return static_cast<int>(count);
+}
+
+class MpiBackend final : public CommBackend {
+ public:
+  explicit MpiBackend(const MpiOptions& options)
+      : check_consistency_(options.check_consistency),
+        tracker_(options.memory_tracker ? options.memory_tracker : &own_tracker_) {
+    MXDDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    MXDDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MXDDP_MPI_CHECK(MPI_Op_create(u8_wrapping_sum, /*commute=*/1, &u8_sum_), "MPI_Op_create");
+  }
+  ~MpiBackend() override {
+    MPI_Op_free(&u8_sum_);
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view name() const override { return "mpi"; }
+
+  void run(const CollectiveCall& call) override {
+    ++seq_;
+    if (check_consistency_) check_all_ranks_agree(call);
+    const std::string_view what = collective_name(call.kind);
+    switch (call.kind) {
+      case CollectiveKind::kAllReduce: return all_reduce(call);
+      case CollectiveKind::kReduceScatter: return reduce_scatter(call);
+      case CollectiveKind::kAllGather: {
+        const int count = checked_count(call.count, what);
+        const MPI_Datatype type = wire_type(call.dtype);
+        const size_t block_bytes = static_cast<size_t>(call.count) * dtype_size_bytes(call.dtype);
+        const bool in_place = call.send == static_cast<char*>(call.recv) + static_cast<size_t>(rank_) * block_bytes;
+        MXDDP_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : call.send, count, type, call.recv, count, type, comm_),
+                        "MPI_Allgather");
+        return;
+      }
+      case CollectiveKind::kBroadcast:
+        MXDDP_MPI_CHECK(MPI_Bcast(call.recv, checked_count(call.count, what), wire_type(call.dtype), call.root, comm_),
+                        "MPI_Bcast");
+        return;
+      case CollectiveKind::kBarrier:
+        MXDDP_MPI_CHECK(MPI_Barrier(comm_), "MPI_Barrier");
+        return;
+    }
+  }
+
+ private:
+  void check_all_ranks_agree(const CollectiveCall& call) {
+    const int64_t mine[5] = {static_cast<int64_t>(call.kind), static_cast<int64_t>(call.dtype),
+                             static_cast<int64_t>(call.op), call.root, call.count};
+    std::vector<int64_t> all(static_cast<size_t>(5 * size_));
+    MXDDP_MPI_CHECK(MPI_Allgather(mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm_),
+                    "MPI_Allgather (consistency check)");
+    auto unpack = [&](int r) {
+      const int64_t* d = all.data() + 5 * r;
+      CollectiveCall c;
+      c.kind = static_cast<CollectiveKind>(d[0]);
+      c.dtype = static_cast<DType>(d[1]);
+      c.op = static_cast<ReduceOp>(d[2]);
+      c.root = static_cast<int>(d[3]);
+      c.count = d[4];
+      return c;
+    };
+    const CollectiveCall first = unpack(0);
+    for (int r = 1; r < size_; ++r) {
+      const std::string mismatch = describe_mismatch(first, unpack(r));
+      MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind),
+                  seq_, r, mismatch);
+    }
+  }
+
+  // f32 staging for bf16 reductions (summing in f32, as the local backend does), charged as comm.
+  float* staging_f32(int64_t numel) {
+    const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+    if (staging_.size_bytes() < bytes) {
+      staging_ = HostBuffer();
+      staging_ = HostBuffer(bytes, MemoryCategory::kComm, *tracker_);
+    }
+    return static_cast<float*>(staging_.data());
+  }
+
+  void all_reduce(const CollectiveCall& call) {
+    const int count = checked_count(call.count, "all_reduce");
+    if (call.dtype != DType::kBF16) {
+      MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, call.recv, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
+                      "MPI_Allreduce");
+      if (call.op == ReduceOp::kAvg) divide_in_place(static_cast<float*>(call.recv), call.count, size_);
+      return;
+    }
+    auto* data = static_cast<bf16_bits*>(call.recv);
+    float* f32 = staging_f32(call.count);
+    convert_bf16_to_f32(data, f32, static_cast<size_t>(call.count));
+    MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f32, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_), "MPI_Allreduce");
+    if (call.op == ReduceOp::kAvg) divide_in_place(f32, call.count, size_);
+    convert_f32_to_bf16(f32, data, static_cast<size_t>(call.count));
+  }
+
+  void reduce_scatter(const CollectiveCall& call) {
+    const int count = checked_count(call.count, "reduce_scatter");
+    checked_count(call.count * size_, "reduce_scatter input");
+    const size_t elem = dtype_size_bytes(call.dtype);
+    if (call.dtype == DType::kBF16) {
+      // Widen the whole input to f32, reduce-scatter in f32 into the staging tail, round once.
+      float* f32 = staging_f32(call.count * (size_ + 1));
+      float* out = f32 + call.count * size_;
+      convert_bf16_to_f32(static_cast<const bf16_bits*>(call.send), f32, static_cast<size_t>(call.count * size_));
+      MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(f32, out, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_),
+                      "MPI_Reduce_scatter_block");
+      if (call.op == ReduceOp::kAvg) divide_in_place(out, call.count, size_);
+      convert_f32_to_bf16(out, static_cast<bf16_bits*>(call.recv), static_cast<size_t>(call.count));
+      return;
+    }
+    // MPI's in-place form leaves the result at the start of the buffer, not in this rank's block,
+    // and would overwrite block 0. Reduce into staging instead and copy, so only recv is written.
+    const bool in_place =
+        call.recv == static_cast<const char*>(call.send) + static_cast<size_t>(rank_) * static_cast<size_t>(count) * elem;
+    void* out = in_place ? static_cast<void*>(staging_f32((call.count * static_cast<int64_t>(elem) + 3) / 4)) : call.recv;
+    MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, out, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
+                    "MPI_Reduce_scatter_block");
+    if (call.op == ReduceOp::kAvg) divide_in_place(static_cast<float*>(out), call.count, size_);
+    if (in_place) std::memcpy(call.recv, out, static_cast<size_t>(call.count) * elem);
+  }
+
+  // avg is a sum followed by a division.
+  MPI_Op mpi_op(ReduceOp op, DType dtype) const {
+    if (op == ReduceOp::kMax) return MPI_MAX;
+    return dtype == DType::kU8 ? u8_sum_ : MPI_SUM;
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Op u8_sum_ = MPI_OP_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  uint64_t seq_ = 0;
+  const bool check_consistency_;
+  MemoryTracker own_tracker_;
+  MemoryTracker* tracker_;
+  HostBuffer staging_;  // declared after the trackers it is charged to
+};
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  MXDDP_CHECK(!initialized, "MPI is already initialized; create one MpiRuntime per process");
+  int provided = 0;
+  MXDDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  if (provided < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    MXDDP_FAIL("this MPI provides thread level {}; mxddp needs MPI_THREAD_MULTIPLE ({})", provided,
+               MPI_THREAD_MULTIPLE);
+  }
+}
+
+MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
+
+int MpiRuntime::world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int MpiRuntime::world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  MXDDP_CHECK(initialized && !finalized, "make_mpi_communicator needs a live MpiRuntime (MPI initialized: {}, "
+              "finalized: {})", initialized != 0, finalized != 0);
+  return std::make_unique<Communicator>(std::make_unique<MpiBackend>(options));
+}
+
+}  // namespace mxddp

@@ -1,0 +1,61 @@
+// ProgressQueue: see progress_queue.h. Work::wait/is_completed live here too, beside the state
+// they read.
+#include "progress_queue.h"
+
+namespace mxddp {
+
+Work::Work() = default;
+Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  state_->done_cv.wait(lock, [&] { return state_->done.load(std::memory_order_acquire); });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::is_completed() const { return !state_ || state_->done.load(std::memory_order_acquire); }
+
+ProgressQueue::ProgressQueue() : thread_([this] { loop(); }) {}
+
+ProgressQueue::~ProgressQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_cv_.notify_one();
+  thread_.join();
+}
+
+Work ProgressQueue::submit(std::function<void()> task) {
+  auto state = std::make_shared<detail::WorkState>();
+  {
+    std::lock_guard lock(mutex_);
+    MXDDP_ASSERT(!stopping_);
+    items_.push_back({std::move(task), state});
+  }
+  wake_cv_.notify_one();
+  return Work(state);
+}
+
+void ProgressQueue::loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock lock(mutex_);
+      wake_cv_.wait(lock, [&] { return stopping_ || !items_.empty(); });
+      if (items_.empty()) return;  // stopping, and everything submitted has run
+      item = std::move(items_.front());
+      items_.pop_front();
+    }
+    std::exception_ptr failure;
+    try {
+      item.task();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    item.state->complete(std::move(failure));
+  }
+}
+
+}  // namespace mxddp

@@ -1,0 +1,47 @@
+// The global memory buffer (Megatron's name): named scratch tensors reused across steps, so a
+// training step in steady state allocates nothing.
+#include <algorithm>
+
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+GlobalMemoryBuffer::GlobalMemoryBuffer(MemoryTracker& tracker, GlobalMemoryBufferOptions options)
+    : tracker_(tracker), options_(options) {}
+
+TensorView GlobalMemoryBuffer::get_tensor(const Shape& shape, DType dtype, const std::string& name) {
+  const int64_t numel = shape.numel();
+  const size_t elem_bytes = dtype_size_bytes(dtype);
+  std::lock_guard lock(mutex_);
+  HostBuffer& storage = pool_[{name, dtype}];
+  const auto capacity = static_cast<int64_t>(storage.size_bytes() / elem_bytes);
+  if (numel > capacity) {
+    const int64_t grown = options_.grow_exact ? numel : std::max(numel, 2 * capacity);
+    // Free first, then allocate: the old contents are not kept (scratch is never preserved), and
+    // the peak should not count both blocks.
+    storage = HostBuffer();
+    storage = HostBuffer(static_cast<size_t>(grown) * elem_bytes, MemoryCategory::kScratch, tracker_);
+    ++allocation_count_;
+  }
+  return TensorView{storage.data(), dtype, shape, Device::cpu()};
+}
+
+int64_t GlobalMemoryBuffer::capacity_numel(const std::string& name, DType dtype) const {
+  std::lock_guard lock(mutex_);
+  auto it = pool_.find({name, dtype});
+  return it == pool_.end() ? 0 : static_cast<int64_t>(it->second.size_bytes() / dtype_size_bytes(dtype));
+}
+
+int64_t GlobalMemoryBuffer::total_bytes() const {
+  std::lock_guard lock(mutex_);
+  int64_t total = 0;
+  for (const auto& [key, storage] : pool_) total += static_cast<int64_t>(storage.size_bytes());
+  return total;
+}
+
+int64_t GlobalMemoryBuffer::allocation_count() const {
+  std::lock_guard lock(mutex_);
+  return allocation_count_;
+}
+
+}  // namespace mxddp

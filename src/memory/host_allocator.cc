@@ -1,0 +1,50 @@
+// HostBuffer: the one place host memory is allocated, so the tracker sees every byte.
+#include <cstdlib>
+#include <new>
+
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+HostBuffer::HostBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tracker)
+    : bytes_(bytes), category_(category), tracker_(&tracker) {
+  if (bytes == 0) return;
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  const size_t padded = static_cast<size_t>(round_up(static_cast<int64_t>(bytes), kHostAlignmentBytes));
+  data_ = std::aligned_alloc(kHostAlignmentBytes, padded);
+  MXDDP_CHECK(data_ != nullptr, "out of host memory allocating {} bytes for {}", bytes,
+              memory_category_name(category));
+  tracker_->on_allocate(category_, static_cast<int64_t>(bytes_));
+}
+
+HostBuffer::~HostBuffer() { release(); }
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    category_ = other.category_;
+    tracker_ = std::exchange(other.tracker_, nullptr);
+  }
+  return *this;
+}
+
+void HostBuffer::release() noexcept {
+  if (data_ == nullptr) return;
+  std::free(data_);
+  tracker_->on_free(category_, static_cast<int64_t>(bytes_));
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+TensorView HostBuffer::view(DType dtype, const Shape& shape) const {
+  const size_t need = static_cast<size_t>(shape.numel()) * dtype_size_bytes(dtype);
+  MXDDP_CHECK(need <= bytes_, "a {} {} view needs {} bytes; the buffer holds {}", dtype_name(dtype),
+              shape.to_string(), need, bytes_);
+  return TensorView{data_, dtype, shape, Device::cpu()};
+}
+
+}  // namespace mxddp
