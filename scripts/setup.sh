@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what mxddp needs to build (Debian packages), only when something is missing, then
+# configures and builds the given CMake preset (default: release). Sourced by run.sh and test.sh.
+set -euo pipefail
+
+packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# OpenMPI refuses to start as root unless told; these machines run everything as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+preset="${1:-release}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset"
