@@ -54,19 +54,31 @@ void check_reduce_op(DType dtype, ReduceOp op, std::string_view name) {
               "{}: avg is defined for f32 and bf16; got u8 (use sum or max)", name);
 }
 
-// Returns true if `part` is exactly block `index` (of part's size) of `whole`; throws if the two
-// overlap any other way, since the collective would then read what it is writing.
-bool is_own_block(const TensorView& whole, const TensorView& part, int index, std::string_view op) {
+// Accepts `part` being exactly block `index` (of part's size) of `whole` (in place) or disjoint
+// from it; throws if the two overlap any other way, since the collective would read what it writes.
+void check_in_place_or_disjoint(const TensorView& whole, const TensorView& part, int index, std::string_view op) {
   const auto* w = static_cast<const char*>(whole.data);
   const auto* p = static_cast<const char*>(part.data);
   const size_t block_bytes = part.nbytes();
-  if (p == w + static_cast<size_t>(index) * block_bytes && block_bytes > 0) return true;
+  if (p == w + static_cast<size_t>(index) * block_bytes && block_bytes > 0) return;
   const bool disjoint = p + block_bytes <= w || w + whole.nbytes() <= p;
   MXDDP_CHECK(disjoint || block_bytes == 0,
               "{}: buffers overlap but the {}-element block is not this rank's block {} of the "
               "{}-element buffer; pass exactly that block for in-place, or disjoint buffers",
               op, part.numel(), index, whole.numel());
-  return false;
+}
+
+// reduce_scatter and all_gather: `whole` must be `size` blocks of `block`'s length and dtype, and
+// either disjoint from block or have it as its block `rank` (in place).
+void check_whole_and_block(const TensorView& whole, std::string_view whole_name, const TensorView& block,
+                           std::string_view block_name, int size, int rank, std::string_view op) {
+  check_buffer(whole, whole_name, op);
+  check_buffer(block, block_name, op);
+  MXDDP_CHECK(whole.dtype == block.dtype, "{}: {} is {} but {} is {}; they must match", op, whole_name,
+              dtype_name(whole.dtype), block_name, dtype_name(block.dtype));
+  MXDDP_CHECK(whole.numel() == block.numel() * size, "{}: {} has {} elements; it must be size ({}) x {} ({}) = {}",
+              op, whole_name, whole.numel(), size, block_name, block.numel(), block.numel() * size);
+  check_in_place_or_disjoint(whole, block, rank, op);
 }
 
 }  // namespace
@@ -104,15 +116,8 @@ Work Communicator::all_reduce(TensorView buffer, const AllReduceOptions& options
 }
 
 Work Communicator::reduce_scatter(TensorView input, TensorView output, const ReduceScatterOptions& options) {
-  check_buffer(input, "input", "reduce_scatter");
-  check_buffer(output, "output", "reduce_scatter");
+  check_whole_and_block(input, "input", output, "output", size(), rank(), "reduce_scatter");
   check_reduce_op(input.dtype, options.op, "reduce_scatter");
-  MXDDP_CHECK(input.dtype == output.dtype, "reduce_scatter: input is {} but output is {}; they must match",
-              dtype_name(input.dtype), dtype_name(output.dtype));
-  MXDDP_CHECK(input.numel() == output.numel() * size(),
-              "reduce_scatter: input has {} elements; it must be size ({}) x output ({}) = {}",
-              input.numel(), size(), output.numel(), output.numel() * size());
-  is_own_block(input, output, rank(), "reduce_scatter");
   Call call;
   call.kind = CollectiveKind::kReduceScatter;
   call.dtype = input.dtype;
@@ -124,14 +129,7 @@ Work Communicator::reduce_scatter(TensorView input, TensorView output, const Red
 }
 
 Work Communicator::all_gather(TensorView input, TensorView output, const AllGatherOptions& options) {
-  check_buffer(input, "input", "all_gather");
-  check_buffer(output, "output", "all_gather");
-  MXDDP_CHECK(input.dtype == output.dtype, "all_gather: input is {} but output is {}; they must match",
-              dtype_name(input.dtype), dtype_name(output.dtype));
-  MXDDP_CHECK(output.numel() == input.numel() * size(),
-              "all_gather: output has {} elements; it must be size ({}) x input ({}) = {}",
-              output.numel(), size(), input.numel(), input.numel() * size());
-  is_own_block(output, input, rank(), "all_gather");
+  check_whole_and_block(output, "output", input, "input", size(), rank(), "all_gather");
   Call call;
   call.kind = CollectiveKind::kAllGather;
   call.dtype = input.dtype;

@@ -11,7 +11,15 @@ void Work::wait() const {
   if (!state_) return;
   std::unique_lock lock(state_->mutex);
   state_->done_cv.wait(lock, [&] { return state_->done.load(std::memory_order_acquire); });
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (!state_->error) return;
+  // Each waiter gets its own copy of an mxddp::Error rather than the exception object stored in
+  // the state, which every waiter and the progress thread share and which is freed by whichever
+  // thread drops the last reference, possibly while another still reads its message.
+  try {
+    std::rethrow_exception(state_->error);
+  } catch (const Error& e) {
+    throw Error(e.message(), e.where());  // not the copy constructor: runtime_error shares its buffer
+  }
 }
 
 bool Work::is_completed() const { return !state_ || state_->done.load(std::memory_order_acquire); }
