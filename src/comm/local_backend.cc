@@ -31,9 +31,9 @@ class LocalGroupState {
 
   int size() const { return size_; }
 
-  // Step 1. Returns every rank's call for this sequence number; throws if the group is aborted or
-  // a peer does not arrive in time (and then aborts the group for everyone).
-  std::vector<CollectiveCall> arrive(int rank, uint64_t seq, const CollectiveCall& call) {
+  // Step 1. Copies every rank's call for this sequence number into calls (size() entries); throws
+  // if the group is aborted or a peer does not arrive in time (and then aborts it for everyone).
+  void arrive(int rank, uint64_t seq, const CollectiveCall& call, std::vector<CollectiveCall>& calls) {
     std::unique_lock lock(mutex_);
     MXDDP_CHECK(!aborted_, "local communicator (rank {}): {} #{} refused: {}", rank,
                 collective_name(call.kind), seq, abort_reason_);
@@ -55,10 +55,7 @@ class LocalGroupState {
       MXDDP_FAIL("local communicator (rank {}): {} #{} failed: {}", rank, collective_name(call.kind), seq,
                  abort_reason_);
     }
-    std::vector<CollectiveCall> calls;
-    calls.reserve(slots_.size());
-    for (const Slot& s : slots_) calls.push_back(s.call);
-    return calls;
+    for (size_t r = 0; r < slots_.size(); ++r) calls[r] = slots_[r].call;
   }
 
   // Step 3.
@@ -116,7 +113,8 @@ std::pair<int64_t, int64_t> partition(int64_t count, int parts, int index, size_
 
 class LocalBackend final : public CommBackend {
  public:
-  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank) : group_(std::move(group)), rank_(rank) {}
+  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank)
+      : group_(std::move(group)), rank_(rank), calls_(static_cast<size_t>(group_->size())), inputs_(calls_.size()) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -124,7 +122,8 @@ class LocalBackend final : public CommBackend {
 
   void run(const CollectiveCall& call) override {
     const uint64_t seq = ++seq_;
-    const std::vector<CollectiveCall> calls = group_->arrive(rank_, seq, call);
+    group_->arrive(rank_, seq, call, calls_);
+    const std::vector<CollectiveCall>& calls = calls_;
     std::string mismatch;
     int mismatched_rank = 0;
     for (int r = 1; r < size() && mismatch.empty(); ++r) {
@@ -142,7 +141,7 @@ class LocalBackend final : public CommBackend {
     const CollectiveCall& mine = calls[static_cast<size_t>(rank_)];
     const int n = size();
     const size_t elem = dtype_size_bytes(mine.dtype);
-    std::vector<const void*> inputs(static_cast<size_t>(n));
+    std::vector<const void*>& inputs = inputs_;
     switch (mine.kind) {
       case CollectiveKind::kAllReduce: {
         // This rank owns elements [begin, end) of every rank's buffer: it reduces them and writes
@@ -186,7 +185,10 @@ class LocalBackend final : public CommBackend {
 
   std::shared_ptr<LocalGroupState> group_;
   const int rank_;
-  uint64_t seq_ = 0;  // touched only by this rank's progress thread
+  // Touched only by this rank's progress thread; sized once so a collective allocates nothing.
+  uint64_t seq_ = 0;
+  std::vector<CollectiveCall> calls_;  // [size] every rank's call of the current collective
+  std::vector<const void*> inputs_;    // [size] every rank's input pointer for this rank's part
 };
 
 }  // namespace
