@@ -139,7 +139,6 @@ class Shape {
   static constexpr int kMaxDims = 6;
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
-  static Shape vector(int64_t n) { return Shape{n}; }
 
   int ndim() const { return ndim_; }
   int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }
