@@ -9,6 +9,7 @@
 
 #include <mxddp/comm.h>
 
+#include "layout_cmd.h"
 #include "selfcheck.h"
 
 namespace {
@@ -72,9 +73,13 @@ int main(int argc, char** argv) {
   cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "Local backend: how long a rank waits for its peers")
       ->check(CLI::PositiveNumber)->capture_default_str();
 
+  mxddp::app::LayoutArgs layout;
+  auto* layout_cmd = mxddp::app::add_layout_command(app, layout);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
+    if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mxddp: error: %s\n", e.what());
     return 1;

@@ -1,0 +1,151 @@
+// mxddp buffer: where every parameter and gradient lives.
+//
+// Owns: ParamLayout, the Megatron-compatible placement of params in one contiguous buffer (a pure
+// function of the param list, the options and the data-parallel size, so it is identical on every
+// rank), and ParamAndGradBuffer, which allocates the param and grad buffers by that layout and
+// hands out per-param views into them.
+//
+// The layout rule (units are elements):
+//   - Params are placed in reverse registration order (about the order backward produces grads).
+//   - With the distributed optimizer, each param starts on a multiple of 64 elements, and a bucket
+//     ends on a multiple of lcm(dp, 128) (lcm(dp, 128, 65536) with pad_buckets_for_high_nccl_busbw),
+//     so every bucket splits into dp equal shards. Without it, nothing is padded.
+//   - A bucket closes once it holds at least bucket_size elements; no bucket_size: one bucket.
+//   - A param marked shared_embedding gets a bucket of its own (with or without the distributed
+//     optimizer, and with or without bucket_size).
+//   - Rank r's shard of a bucket [o, o + G) is [o + r*G/dp, o + (r+1)*G/dp), whatever the param
+//     boundaries are.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mxddp/core.h>
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+// ----------------------------------------------------------------------------------------------
+// Layout
+// ----------------------------------------------------------------------------------------------
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  bool shared_embedding = false;  // e.g. a token embedding tied to the LM head
+};
+
+struct LayoutOptions {
+  int dp = 1;                             // data-parallel size
+  std::optional<int64_t> bucket_size;     // elements; nullopt = one bucket
+  bool use_distributed_optimizer = false;
+  bool pad_buckets_for_high_nccl_busbw = false;
+};
+
+// Megatron's default bucket size: max(40,000,000, 1,000,000 x dp) elements when gradient reduction
+// overlaps backward; nullopt (one bucket) when it does not.
+std::optional<int64_t> default_bucket_size(int dp, bool overlap_grad_reduce);
+
+// A half-open element range [start, end).
+struct Range {
+  int64_t start = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - start; }
+  bool operator==(const Range&) const = default;
+};
+
+struct ParamPlacement {
+  Range range;  // in the buffer
+  int bucket = 0;
+};
+
+struct BucketPlacement {
+  Range range;                 // in the buffer, padded
+  int64_t numel_unpadded = 0;  // from the bucket start to the end of its last param
+  std::vector<int> params;     // registration indices, in buffer order
+};
+
+// The part of one param inside one rank's shard of one bucket.
+struct ShardParamRange {
+  int param = 0;       // registration index
+  Range in_buffer;     // the elements' place in the buffer
+  Range in_param;      // the same elements' place in the (flattened) param
+  Range in_shard;      // and in the shard (0 = the shard's first element)
+};
+
+struct BucketShard {
+  Range range;                          // in the buffer
+  std::vector<ShardParamRange> params;  // in buffer order; padding belongs to no param
+};
+
+struct ParamLayout {
+  LayoutOptions options;
+  std::vector<ParamPlacement> params;   // [num params], by registration index
+  std::vector<BucketPlacement> buckets; // [num buckets], in buffer order
+  // [dp][num buckets]; filled with the distributed optimizer only (without it nothing is sharded).
+  std::vector<std::vector<BucketShard>> shards;
+  int64_t numel = 0;  // the whole buffer, padding included
+
+  // Sum of the params' elements (no padding).
+  int64_t numel_unpadded() const;
+};
+
+// Throws Error for an empty param list, an empty or duplicated name, dp < 1, bucket_size < 1, or a
+// param with zero elements.
+ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const LayoutOptions& options);
+
+// ----------------------------------------------------------------------------------------------
+// The buffers
+// ----------------------------------------------------------------------------------------------
+
+struct BufferOptions {
+  DType param_dtype = DType::kBF16;  // bf16 or f32
+  bool grad_reduce_in_fp32 = true;   // grads in f32; else in param_dtype
+  int buckets_per_group = 1;         // buckets whose collectives are dispatched together
+};
+
+// The param buffer and the grad buffer of one rank, laid out by a ParamLayout, both charged to
+// the tracker (params, grads). Padding is zero in both.
+//   param buffer: [layout.numel] param_dtype
+//   grad buffer:  [layout.numel] f32 (grad_reduce_in_fp32) or param_dtype
+class ParamAndGradBuffer {
+ public:
+  // initial_values: one view per param (f32, or param_dtype), copied (and rounded) into place;
+  // empty leaves params at zero.
+  ParamAndGradBuffer(const std::vector<ParamSpec>& params, const LayoutOptions& layout_options,
+                     const BufferOptions& options, MemoryTracker& tracker,
+                     const std::vector<TensorView>& initial_values = {});
+
+  const ParamLayout& layout() const { return layout_; }
+  const std::vector<ParamSpec>& params() const { return specs_; }
+  const BufferOptions& options() const { return options_; }
+  int num_params() const { return static_cast<int>(specs_.size()); }
+  // Registration index of a param name; throws if unknown.
+  int param_index(const std::string& name) const;
+
+  TensorView param_data(int param) const;  // [param shape] param_dtype, in the param buffer
+  TensorView main_grad(int param) const;   // [param shape] grad dtype, in the grad buffer
+  TensorView param_buffer() const;         // [numel]
+  TensorView grad_buffer() const;          // [numel]
+  TensorView bucket_grads(int bucket) const;  // [bucket size] of the grad buffer
+  TensorView bucket_params(int bucket) const; // [bucket size] of the param buffer
+  // This rank's shard of a bucket, in the grad and the param buffer.
+  TensorView grad_shard(int bucket, int rank) const;
+  TensorView param_shard(int bucket, int rank) const;
+
+  // Bucket groups: consecutive buckets, buckets_per_group at a time. [num groups][buckets]
+  const std::vector<std::vector<int>>& bucket_groups() const { return bucket_groups_; }
+
+ private:
+  std::vector<ParamSpec> specs_;
+  ParamLayout layout_;
+  BufferOptions options_;
+  DType grad_dtype_;
+  HostBuffer param_storage_;
+  HostBuffer grad_storage_;
+  std::vector<std::vector<int>> bucket_groups_;
+};
+
+}  // namespace mxddp

@@ -1,0 +1,120 @@
+// mxddp ddp: data-parallel gradient synchronization over a ParamAndGradBuffer.
+//
+// Owns: DistributedDataParallel, which turns the model's "this gradient is final" notifications
+// into bucket collectives: an in-place reduce-scatter into this rank's shard with the distributed
+// optimizer, an all-reduce without it. With overlap_grad_reduce a bucket group's collective starts
+// the moment its last gradient is reported, while backward goes on.
+//
+// Protocol, per iteration (a global batch of one or more micro-batches):
+//   zero_grad_buffer();
+//   for each micro-batch but the last:  { auto scope = ddp.no_sync(); forward; backward; }
+//   last micro-batch: forward; backward (accumulate into main_grad(i), then grad_ready(i));
+//   finish_grad_sync();
+// The model accumulates each weight gradient into main_grad(i) (it is never overwritten by the
+// library between zero_grad_buffer calls) and calls grad_ready(i) once per micro-batch, when that
+// gradient is final for the micro-batch.
+//
+// Ordering: bucket groups are issued strictly in index order (bucket 0 holds the last registered
+// params, the first whose gradients backward produces), so every rank issues the same collectives
+// in the same order whatever order its gradients become ready in.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include <mxddp/buffer.h>
+#include <mxddp/comm.h>
+
+namespace mxddp {
+
+struct DdpConfig {
+  bool grad_reduce_in_fp32 = true;
+  bool overlap_grad_reduce = false;
+  bool use_distributed_optimizer = false;
+  // Elements. Without overlap_grad_reduce there is one bucket, whatever this says; with it,
+  // nullopt means Megatron's default, max(40,000,000, 1,000,000 x dp).
+  std::optional<int64_t> bucket_size;
+  bool pad_buckets_for_high_nccl_busbw = false;
+  // Average in the collective (ReduceOp::kAvg) instead of scaling grads by 1/dp before it.
+  bool average_in_collective = false;
+  // Before each collective, a NaN or Inf in the bucket is an Error naming it, its params and rank.
+  bool check_for_nan_in_grad = false;
+  // All-reduce even with the distributed optimizer (every rank then holds every reduced grad).
+  bool force_all_reduce = false;
+  int buckets_per_group = 1;
+  DType param_dtype = DType::kBF16;
+
+  LayoutOptions layout_options(int dp) const;
+};
+
+class DistributedDataParallel {
+ public:
+  // comm and tracker must outlive this object. initial_values: as for ParamAndGradBuffer.
+  DistributedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params, const DdpConfig& config,
+                          MemoryTracker& tracker, const std::vector<TensorView>& initial_values = {});
+  ~DistributedDataParallel();  // waits for collectives still in flight
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  const DdpConfig& config() const { return config_; }
+  Communicator& communicator() const { return comm_; }
+  ParamAndGradBuffer& buffer() { return buffer_; }
+  const ParamAndGradBuffer& buffer() const { return buffer_; }
+  int num_params() const { return buffer_.num_params(); }
+  TensorView param(int index) const { return buffer_.param_data(index); }
+  TensorView main_grad(int index) const { return buffer_.main_grad(index); }
+
+  // The gradient of param `index` in main_grad is final for this micro-batch. Throws if it was
+  // already reported in this micro-batch.
+  void grad_ready(int index);
+  // Issues what has not been issued (everything, without overlap), waits for all collectives and
+  // starts the next iteration's bookkeeping. With overlap on, every param must have reported
+  // grad_ready; the error names those that did not.
+  void finish_grad_sync();
+  // Zeroes the whole grad buffer (after waiting for any collective still reading it).
+  void zero_grad_buffer();
+  // Copies rank 0's param buffer to every rank.
+  void broadcast_params();
+
+  // While a scope is alive, grad_ready only records readiness (gradient accumulation across
+  // micro-batches); nothing is communicated.
+  class NoSyncScope {
+   public:
+    explicit NoSyncScope(DistributedDataParallel& ddp);
+    ~NoSyncScope();
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  [[nodiscard]] NoSyncScope no_sync() { return NoSyncScope(*this); }
+
+  // Observability for tests and benchmarks.
+  int num_bucket_groups() const { return static_cast<int>(buffer_.bucket_groups().size()); }
+  bool bucket_group_issued(int group) const;     // its collectives were handed to the communicator
+  bool bucket_group_completed(int group) const;  // and have all finished
+
+ private:
+  void issue_group(int group);
+  void issue_ready_groups_in_order();
+  void wait_all_issued();
+  void reset_iteration();
+  void check_finite(int bucket) const;
+  void scale_grads(const TensorView& grads, float factor) const;
+
+  Communicator& comm_;
+  DdpConfig config_;
+  ParamAndGradBuffer buffer_;
+  std::vector<int> group_of_param_;   // [num params]
+  std::vector<int> group_param_count_;  // [num groups]
+  // Iteration state (touched only by the thread that drives the model).
+  std::vector<bool> ready_;             // [num params], this micro-batch
+  int ready_count_ = 0;
+  std::vector<int> group_remaining_;    // [num groups] params not yet ready
+  int next_group_ = 0;                  // groups [0, next_group_) are issued
+  std::vector<std::vector<Work>> works_;  // [num groups]
+  int no_sync_depth_ = 0;
+};
+
+}  // namespace mxddp

@@ -1,0 +1,187 @@
+// DistributedDataParallel: readiness bookkeeping and bucket dispatch (see ddp.h).
+#include <cmath>
+#include <cstring>
+
+#include <mxddp/ddp.h>
+
+namespace mxddp {
+
+LayoutOptions DdpConfig::layout_options(int dp) const {
+  LayoutOptions o;
+  o.dp = dp;
+  o.bucket_size = overlap_grad_reduce ? (bucket_size ? bucket_size : default_bucket_size(dp, true)) : std::nullopt;
+  o.use_distributed_optimizer = use_distributed_optimizer;
+  o.pad_buckets_for_high_nccl_busbw = pad_buckets_for_high_nccl_busbw;
+  return o;
+}
+
+namespace {
+BufferOptions buffer_options(const DdpConfig& c) {
+  return BufferOptions{.param_dtype = c.param_dtype, .grad_reduce_in_fp32 = c.grad_reduce_in_fp32,
+                       .buckets_per_group = c.buckets_per_group};
+}
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
+                                                 const DdpConfig& config, MemoryTracker& tracker,
+                                                 const std::vector<TensorView>& initial_values)
+    : comm_(comm),
+      config_(config),
+      buffer_(params, config.layout_options(comm.size()), buffer_options(config), tracker, initial_values) {
+  const auto& groups = buffer_.bucket_groups();
+  std::vector<int> group_of_bucket(buffer_.layout().buckets.size());
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int b : groups[g]) group_of_bucket[static_cast<size_t>(b)] = static_cast<int>(g);
+  group_param_count_.assign(groups.size(), 0);
+  for (const ParamPlacement& p : buffer_.layout().params) {
+    const int g = group_of_bucket[static_cast<size_t>(p.bucket)];
+    group_of_param_.push_back(g);
+    ++group_param_count_[static_cast<size_t>(g)];
+  }
+  works_.resize(groups.size());
+  reset_iteration();
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& group : works_)
+    for (Work& w : group) {
+      try {
+        w.wait();
+      } catch (...) {  // a destructor cannot report it; finish_grad_sync would have
+      }
+    }
+}
+
+void DistributedDataParallel::reset_iteration() {
+  ready_.assign(static_cast<size_t>(num_params()), false);
+  ready_count_ = 0;
+  group_remaining_ = group_param_count_;
+  next_group_ = 0;
+  for (auto& group : works_) group.clear();
+}
+
+void DistributedDataParallel::grad_ready(int index) {
+  MXDDP_CHECK(index >= 0 && index < num_params(), "grad_ready: param index {} out of range; valid: 0..{}", index,
+              num_params() - 1);
+  const auto i = static_cast<size_t>(index);
+  MXDDP_CHECK(!ready_[i], "grad_ready called twice for param '{}' (index {}) in one micro-batch",
+              buffer_.params()[i].name, index);
+  ready_[i] = true;
+  ++ready_count_;
+  if (no_sync_depth_ > 0) {
+    // Accumulating: a micro-batch ends when every param has reported.
+    if (ready_count_ == num_params()) {
+      ready_.assign(ready_.size(), false);
+      ready_count_ = 0;
+    }
+    return;
+  }
+  --group_remaining_[static_cast<size_t>(group_of_param_[i])];
+  if (config_.overlap_grad_reduce) issue_ready_groups_in_order();
+}
+
+void DistributedDataParallel::issue_ready_groups_in_order() {
+  while (next_group_ < num_bucket_groups() && group_remaining_[static_cast<size_t>(next_group_)] == 0)
+    issue_group(next_group_++);
+}
+
+void DistributedDataParallel::scale_grads(const TensorView& grads, float factor) const {
+  const auto n = static_cast<size_t>(grads.numel());
+  if (grads.dtype == DType::kF32) {
+    float* g = grads.data_as<float>();
+    for (size_t i = 0; i < n; ++i) g[i] *= factor;
+  } else {
+    bf16_bits* g = grads.data_as<bf16_bits>();
+    for (size_t i = 0; i < n; ++i) g[i] = f32_to_bf16(bf16_to_f32(g[i]) * factor);
+  }
+}
+
+void DistributedDataParallel::check_finite(int bucket) const {
+  const TensorView grads = buffer_.bucket_grads(bucket);
+  const auto n = static_cast<size_t>(grads.numel());
+  bool finite = true;
+  if (grads.dtype == DType::kF32) {
+    const float* g = grads.data_as<const float>();
+    for (size_t i = 0; i < n && finite; ++i) finite = std::isfinite(g[i]);
+  } else {
+    const bf16_bits* g = grads.data_as<const bf16_bits>();
+    for (size_t i = 0; i < n && finite; ++i) finite = (g[i] & 0x7f80u) != 0x7f80u;
+  }
+  if (finite) return;
+  std::string names;
+  for (int p : buffer_.layout().buckets[static_cast<size_t>(bucket)].params)
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", buffer_.params()[static_cast<size_t>(p)].name);
+  MXDDP_FAIL("rank {}: NaN or Inf in the gradients of bucket {} (params: {}) before its collective", comm_.rank(),
+             bucket, names);
+}
+
+void DistributedDataParallel::issue_group(int group) {
+  const int dp = comm_.size();
+  const bool reduce_scatter = config_.use_distributed_optimizer && !config_.force_all_reduce;
+  const ReduceOp op = config_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum;
+  auto& works = works_[static_cast<size_t>(group)];
+  for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)]) {
+    if (config_.check_for_nan_in_grad) check_finite(b);
+    const TensorView grads = buffer_.bucket_grads(b);
+    if (!config_.average_in_collective && dp > 1) scale_grads(grads, 1.0f / static_cast<float>(dp));
+    if (reduce_scatter)
+      works.push_back(comm_.reduce_scatter(grads, buffer_.grad_shard(b, comm_.rank()), {.op = op, .async_op = true}));
+    else
+      works.push_back(comm_.all_reduce(grads, {.op = op, .async_op = true}));
+  }
+}
+
+void DistributedDataParallel::wait_all_issued() {
+  for (int g = 0; g < next_group_; ++g)
+    for (Work& w : works_[static_cast<size_t>(g)]) w.wait();
+}
+
+void DistributedDataParallel::finish_grad_sync() {
+  MXDDP_CHECK(no_sync_depth_ == 0, "finish_grad_sync called inside a no_sync scope; call it after the last micro-batch");
+  if (config_.overlap_grad_reduce && next_group_ < num_bucket_groups()) {
+    std::string missing;
+    int count = 0;
+    for (int i = 0; i < num_params(); ++i)
+      if (!ready_[static_cast<size_t>(i)] && count++ < 8)
+        missing += fmt::format("{}'{}'", missing.empty() ? "" : ", ", buffer_.params()[static_cast<size_t>(i)].name);
+    MXDDP_FAIL("finish_grad_sync: overlap_grad_reduce is on but {} param(s) never reported grad_ready: {}{}", count,
+               missing, count > 8 ? ", ..." : "");
+  }
+  while (next_group_ < num_bucket_groups()) issue_group(next_group_++);
+  wait_all_issued();
+  reset_iteration();
+}
+
+void DistributedDataParallel::zero_grad_buffer() {
+  wait_all_issued();  // a collective may still be reading the buffer
+  const TensorView grads = buffer_.grad_buffer();
+  std::memset(grads.data, 0, grads.nbytes());
+  reset_iteration();
+}
+
+void DistributedDataParallel::broadcast_params() { comm_.broadcast(buffer_.param_buffer(), {.root = 0}); }
+
+bool DistributedDataParallel::bucket_group_issued(int group) const {
+  MXDDP_CHECK(group >= 0 && group < num_bucket_groups(), "bucket group {} out of range; valid: 0..{}", group,
+              num_bucket_groups() - 1);
+  return group < next_group_;
+}
+
+bool DistributedDataParallel::bucket_group_completed(int group) const {
+  if (!bucket_group_issued(group)) return false;
+  for (const Work& w : works_[static_cast<size_t>(group)])
+    if (!w.is_completed()) return false;
+  return true;
+}
+
+DistributedDataParallel::NoSyncScope::NoSyncScope(DistributedDataParallel& ddp) : ddp_(ddp) { ++ddp_.no_sync_depth_; }
+
+DistributedDataParallel::NoSyncScope::~NoSyncScope() {
+  if (--ddp_.no_sync_depth_ == 0) {
+    // A micro-batch that ended with some params unreported leaves nothing behind.
+    ddp_.ready_.assign(ddp_.ready_.size(), false);
+    ddp_.ready_count_ = 0;
+  }
+}
+
+}  // namespace mxddp
