@@ -62,14 +62,21 @@ enum class ReduceOp : uint8_t {
 };
 std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
+// prescale (sum and avg, f32 and bf16): every rank's input is multiplied by it, in f32, as it
+// enters the reduction (NCCL's PreMulSum): how DDP applies 1/dp without a separate pass over the
+// gradients. The local backend fuses it into the reduction, bitwise equal to scaling each f32
+// input first; the MPI backend applies it to the reduced result (equal up to rounding). Every rank
+// must pass the same value.
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
   bool async_op = false;
+  float prescale = 1.0f;
 };
 
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   bool async_op = false;
+  float prescale = 1.0f;
 };
 
 struct AllGatherOptions {

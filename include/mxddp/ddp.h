@@ -35,7 +35,8 @@ struct DdpConfig {
   // nullopt means Megatron's default, max(40,000,000, 1,000,000 x dp).
   std::optional<int64_t> bucket_size;
   bool pad_buckets_for_high_nccl_busbw = false;
-  // Average in the collective (ReduceOp::kAvg) instead of scaling grads by 1/dp before it.
+  // Average in the collective (sum, then divide by dp) instead of scaling each rank's grads by 1/dp
+  // as they enter the sum (the collective's prescale).
   bool average_in_collective = false;
   // Before each collective, a NaN or Inf in the bucket is an Error naming it, its params and rank.
   bool check_for_nan_in_grad = false;
@@ -101,7 +102,6 @@ class DistributedDataParallel {
   void wait_all_issued();
   void reset_iteration();
   void check_finite(int bucket) const;
-  void scale_grads(const TensorView& grads, float factor) const;
 
   Communicator& comm_;
   DdpConfig config_;

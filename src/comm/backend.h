@@ -25,6 +25,7 @@ struct CollectiveCall {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   int64_t count = 0;
+  float prescale = 1.0f;  // reductions only
   const void* send = nullptr;
   void* recv = nullptr;
 };

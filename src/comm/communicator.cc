@@ -1,6 +1,8 @@
 // Communicator: the one validated entry point per collective. Everything a single rank can check
 // about its own arguments is checked here, before anything is queued; what only the group can
 // check (that all ranks agree) is each backend's first step.
+#include <cmath>
+
 #include <mxddp/comm.h>
 
 #include "backend.h"
@@ -34,6 +36,7 @@ std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b) 
   if (a.count != b.count) return fmt::format("element count {} vs {}", a.count, b.count);
   const bool reduces = a.kind == CollectiveKind::kAllReduce || a.kind == CollectiveKind::kReduceScatter;
   if (reduces && a.op != b.op) return fmt::format("reduce op {} vs {}", reduce_op_name(a.op), reduce_op_name(b.op));
+  if (reduces && a.prescale != b.prescale) return fmt::format("prescale {} vs {}", a.prescale, b.prescale);
   if (a.kind == CollectiveKind::kBroadcast && a.root != b.root) return fmt::format("root {} vs {}", a.root, b.root);
   return "";
 }
@@ -49,9 +52,13 @@ void check_buffer(const TensorView& t, std::string_view what, std::string_view o
               t.to_string());
 }
 
-void check_reduce_op(DType dtype, ReduceOp op, std::string_view name) {
+void check_reduce_op(DType dtype, ReduceOp op, float prescale, std::string_view name) {
   MXDDP_CHECK(!(dtype == DType::kU8 && op == ReduceOp::kAvg),
               "{}: avg is defined for f32 and bf16; got u8 (use sum or max)", name);
+  if (prescale == 1.0f) return;
+  MXDDP_CHECK(std::isfinite(prescale), "{}: prescale must be finite; got {}", name, prescale);
+  MXDDP_CHECK(op != ReduceOp::kMax, "{}: prescale {} applies to sum and avg, not max", name, prescale);
+  MXDDP_CHECK(dtype != DType::kU8, "{}: prescale {} applies to f32 and bf16, not u8", name, prescale);
 }
 
 // Accepts `part` being exactly block `index` (of part's size) of `whole` (in place) or disjoint
@@ -104,11 +111,12 @@ Work Communicator::submit(const Call& call, bool async_op) {
 
 Work Communicator::all_reduce(TensorView buffer, const AllReduceOptions& options) {
   check_buffer(buffer, "buffer", "all_reduce");
-  check_reduce_op(buffer.dtype, options.op, "all_reduce");
+  check_reduce_op(buffer.dtype, options.op, options.prescale, "all_reduce");
   Call call;
   call.kind = CollectiveKind::kAllReduce;
   call.dtype = buffer.dtype;
   call.op = options.op;
+  call.prescale = options.prescale;
   call.count = buffer.numel();
   call.send = buffer.data;
   call.recv = buffer.data;
@@ -117,11 +125,12 @@ Work Communicator::all_reduce(TensorView buffer, const AllReduceOptions& options
 
 Work Communicator::reduce_scatter(TensorView input, TensorView output, const ReduceScatterOptions& options) {
   check_whole_and_block(input, "input", output, "output", size(), rank(), "reduce_scatter");
-  check_reduce_op(input.dtype, options.op, "reduce_scatter");
+  check_reduce_op(input.dtype, options.op, options.prescale, "reduce_scatter");
   Call call;
   call.kind = CollectiveKind::kReduceScatter;
   call.dtype = input.dtype;
   call.op = options.op;
+  call.prescale = options.prescale;
   call.count = output.numel();
   call.send = input.data;
   call.recv = output.data;

@@ -151,7 +151,7 @@ class LocalBackend final : public CommBackend {
         for (int r = 0; r < n; ++r)
           inputs[static_cast<size_t>(r)] = static_cast<const char*>(calls[static_cast<size_t>(r)].send) + begin * elem;
         void* own = static_cast<char*>(mine.recv) + begin * elem;
-        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, end - begin, own);
+        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, end - begin, own, mine.prescale);
         for (int r = 0; r < n; ++r)
           if (r != rank_) std::memcpy(static_cast<char*>(calls[static_cast<size_t>(r)].recv) + begin * elem, own,
                                       static_cast<size_t>(end - begin) * elem);
@@ -162,7 +162,7 @@ class LocalBackend final : public CommBackend {
         const int64_t offset = static_cast<int64_t>(rank_) * mine.count;
         for (int r = 0; r < n; ++r)
           inputs[static_cast<size_t>(r)] = static_cast<const char*>(calls[static_cast<size_t>(r)].send) + offset * elem;
-        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, mine.count, mine.recv);
+        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, mine.count, mine.recv, mine.prescale);
         return;
       }
       case CollectiveKind::kAllGather: {

@@ -106,19 +106,24 @@ class MpiBackend final : public CommBackend {
 
  private:
   void check_all_ranks_agree(const CollectiveCall& call) {
-    const int64_t mine[5] = {static_cast<int64_t>(call.kind), static_cast<int64_t>(call.dtype),
-                             static_cast<int64_t>(call.op), call.root, call.count};
-    std::vector<int64_t> all(static_cast<size_t>(5 * size_));
-    MXDDP_MPI_CHECK(MPI_Allgather(mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm_),
+    constexpr int kFields = 6;
+    uint32_t prescale_bits;
+    std::memcpy(&prescale_bits, &call.prescale, sizeof prescale_bits);
+    const int64_t mine[kFields] = {static_cast<int64_t>(call.kind), static_cast<int64_t>(call.dtype),
+                                   static_cast<int64_t>(call.op), call.root, call.count, prescale_bits};
+    std::vector<int64_t> all(static_cast<size_t>(kFields * size_));
+    MXDDP_MPI_CHECK(MPI_Allgather(mine, kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, comm_),
                     "MPI_Allgather (consistency check)");
     auto unpack = [&](int r) {
-      const int64_t* d = all.data() + 5 * r;
+      const int64_t* d = all.data() + kFields * r;
       CollectiveCall c;
       c.kind = static_cast<CollectiveKind>(d[0]);
       c.dtype = static_cast<DType>(d[1]);
       c.op = static_cast<ReduceOp>(d[2]);
       c.root = static_cast<int>(d[3]);
       c.count = d[4];
+      const auto bits = static_cast<uint32_t>(d[5]);
+      std::memcpy(&c.prescale, &bits, sizeof bits);
       return c;
     };
     const CollectiveCall first = unpack(0);
@@ -144,14 +149,14 @@ class MpiBackend final : public CommBackend {
     if (call.dtype != DType::kBF16) {
       MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, call.recv, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
                       "MPI_Allreduce");
-      if (call.op == ReduceOp::kAvg) divide_in_place(static_cast<float*>(call.recv), call.count, size_);
+      if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(call.recv), call.count, call.op, size_, call.prescale);
       return;
     }
     auto* data = static_cast<bf16_bits*>(call.recv);
     float* f32 = staging_f32(call.count);
     convert_bf16_to_f32(data, f32, static_cast<size_t>(call.count));
     MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f32, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_), "MPI_Allreduce");
-    if (call.op == ReduceOp::kAvg) divide_in_place(f32, call.count, size_);
+    finish_in_place(f32, call.count, call.op, size_, call.prescale);
     convert_f32_to_bf16(f32, data, static_cast<size_t>(call.count));
   }
 
@@ -166,7 +171,7 @@ class MpiBackend final : public CommBackend {
       convert_bf16_to_f32(static_cast<const bf16_bits*>(call.send), f32, static_cast<size_t>(call.count * size_));
       MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(f32, out, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_),
                       "MPI_Reduce_scatter_block");
-      if (call.op == ReduceOp::kAvg) divide_in_place(out, call.count, size_);
+      finish_in_place(out, call.count, call.op, size_, call.prescale);
       convert_f32_to_bf16(out, static_cast<bf16_bits*>(call.recv), static_cast<size_t>(call.count));
       return;
     }
@@ -177,7 +182,7 @@ class MpiBackend final : public CommBackend {
     void* out = in_place ? static_cast<void*>(staging_f32((call.count * static_cast<int64_t>(elem) + 3) / 4)) : call.recv;
     MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, out, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
                     "MPI_Reduce_scatter_block");
-    if (call.op == ReduceOp::kAvg) divide_in_place(static_cast<float*>(out), call.count, size_);
+    if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(out), call.count, call.op, size_, call.prescale);
     if (in_place) std::memcpy(call.recv, out, static_cast<size_t>(call.count) * elem);
   }
 

@@ -21,16 +21,20 @@ inline float load_f32(const T* p, int64_t i) {
 
 template <typename T>
 void reduce_float_tile(ReduceOp op, const void* const* inputs, int n_inputs, int64_t begin, int64_t n,
-                       T* out) {
+                       T* out, float prescale) {
   float acc[kTileNumel];
   const T* first = static_cast<const T*>(inputs[0]) + begin;
   for (int64_t i = 0; i < n; ++i) acc[i] = load_f32(first, i);
+  if (prescale != 1.0f)
+    for (int64_t i = 0; i < n; ++i) acc[i] *= prescale;
   for (int k = 1; k < n_inputs; ++k) {
     const T* in = static_cast<const T*>(inputs[k]) + begin;
     if (op == ReduceOp::kMax) {
       for (int64_t i = 0; i < n; ++i) acc[i] = max_nan(acc[i], load_f32(in, i));
-    } else {
+    } else if (prescale == 1.0f) {
       for (int64_t i = 0; i < n; ++i) acc[i] += load_f32(in, i);
+    } else {
+      for (int64_t i = 0; i < n; ++i) acc[i] += load_f32(in, i) * prescale;
     }
   }
   if (op == ReduceOp::kAvg) {
@@ -64,16 +68,17 @@ void reduce_u8_tile(ReduceOp op, const void* const* inputs, int n_inputs, int64_
 }  // namespace
 
 void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
-                   void* out) {
+                   void* out, float prescale) {
   MXDDP_ASSERT(n_inputs >= 1);
+  MXDDP_ASSERT(prescale == 1.0f || (op != ReduceOp::kMax && dtype != DType::kU8));
   for (int64_t begin = 0; begin < count; begin += kTileNumel) {
     const int64_t n = std::min(kTileNumel, count - begin);
     switch (dtype) {
       case DType::kF32:
-        reduce_float_tile(op, inputs, n_inputs, begin, n, static_cast<float*>(out));
+        reduce_float_tile(op, inputs, n_inputs, begin, n, static_cast<float*>(out), prescale);
         break;
       case DType::kBF16:
-        reduce_float_tile(op, inputs, n_inputs, begin, n, static_cast<bf16_bits*>(out));
+        reduce_float_tile(op, inputs, n_inputs, begin, n, static_cast<bf16_bits*>(out), prescale);
         break;
       case DType::kU8:
         MXDDP_ASSERT(op != ReduceOp::kAvg);
@@ -85,9 +90,13 @@ void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_in
   }
 }
 
-void divide_in_place(float* buffer, int64_t count, int divisor) {
-  const auto d = static_cast<float>(divisor);
-  for (int64_t i = 0; i < count; ++i) buffer[i] /= d;
+void finish_in_place(float* buffer, int64_t count, ReduceOp op, int size, float prescale) {
+  if (op == ReduceOp::kAvg) {
+    const auto d = static_cast<float>(size);
+    for (int64_t i = 0; i < count; ++i) buffer[i] /= d;
+  }
+  if (prescale != 1.0f)
+    for (int64_t i = 0; i < count; ++i) buffer[i] *= prescale;
 }
 
 }  // namespace mxddp

@@ -85,17 +85,6 @@ void DistributedDataParallel::issue_ready_groups_in_order() {
     issue_group(next_group_++);
 }
 
-void DistributedDataParallel::scale_grads(const TensorView& grads, float factor) const {
-  const auto n = static_cast<size_t>(grads.numel());
-  if (grads.dtype == DType::kF32) {
-    float* g = grads.data_as<float>();
-    for (size_t i = 0; i < n; ++i) g[i] *= factor;
-  } else {
-    bf16_bits* g = grads.data_as<bf16_bits>();
-    for (size_t i = 0; i < n; ++i) g[i] = f32_to_bf16(bf16_to_f32(g[i]) * factor);
-  }
-}
-
 void DistributedDataParallel::check_finite(int bucket) const {
   const TensorView grads = buffer_.bucket_grads(bucket);
   const auto n = static_cast<size_t>(grads.numel());
@@ -119,15 +108,17 @@ void DistributedDataParallel::issue_group(int group) {
   const int dp = comm_.size();
   const bool reduce_scatter = config_.use_distributed_optimizer && !config_.force_all_reduce;
   const ReduceOp op = config_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum;
+  // Scaling by 1/dp rides inside the reduction (prescale) instead of a pass over the bucket.
+  const float prescale = config_.average_in_collective ? 1.0f : 1.0f / static_cast<float>(dp);
   auto& works = works_[static_cast<size_t>(group)];
   for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)]) {
     if (config_.check_for_nan_in_grad) check_finite(b);
     const TensorView grads = buffer_.bucket_grads(b);
-    if (!config_.average_in_collective && dp > 1) scale_grads(grads, 1.0f / static_cast<float>(dp));
     if (reduce_scatter)
-      works.push_back(comm_.reduce_scatter(grads, buffer_.grad_shard(b, comm_.rank()), {.op = op, .async_op = true}));
+      works.push_back(comm_.reduce_scatter(grads, buffer_.grad_shard(b, comm_.rank()),
+                                           {.op = op, .async_op = true, .prescale = prescale}));
     else
-      works.push_back(comm_.all_reduce(grads, {.op = op, .async_op = true}));
+      works.push_back(comm_.all_reduce(grads, {.op = op, .async_op = true, .prescale = prescale}));
   }
 }
 

@@ -45,12 +45,13 @@ class Buf {
 };
 
 // What element i of a reduction over `size` ranks must be, rounded as the collective rounds.
-inline float expected_reduction(DType dtype, ReduceOp op, int size, int64_t i) {
+// prescale is a power of two in these checks, so products stay exact whatever the order.
+inline float expected_reduction(DType dtype, ReduceOp op, int size, int64_t i, float prescale = 1.0f) {
   Buf one(dtype, 1);
   double acc = 0;
   for (int r = 0; r < size; ++r) {
     one.set(0, value_at(r, i));
-    const double x = one.get(0);
+    const double x = one.get(0) * static_cast<double>(prescale);
     acc = r == 0 ? x : (op == ReduceOp::kMax ? std::max(acc, x) : acc + x);
   }
   if (dtype == DType::kU8) return static_cast<float>(static_cast<uint32_t>(acc) & 0xffu);
@@ -130,6 +131,23 @@ inline void check_broadcast(Communicator& comm, DType dtype, int64_t n, int root
              label(comm, fmt::format("broadcast/root{}", root), dtype, n));
 }
 
+// Sum and avg with a prescale of 1/4, on the reducing collectives.
+inline void check_prescale(Communicator& comm, DType dtype, int64_t n) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    Buf buf(dtype, n);
+    for (int64_t i = 0; i < n; ++i) buf.set(i, value_at(comm.rank(), i));
+    comm.all_reduce(buf.view(), {.op = op, .prescale = 0.25f});
+    expect_all(buf, 0, n, [&](int64_t i) { return expected_reduction(dtype, op, comm.size(), i, 0.25f); },
+               label(comm, fmt::format("all_reduce/{}/prescale", reduce_op_name(op)), dtype, n));
+    Buf in(dtype, n * comm.size());
+    for (int64_t i = 0; i < n * comm.size(); ++i) in.set(i, value_at(comm.rank(), i));
+    comm.reduce_scatter(in.view(), in.view().slice(comm.rank() * n, n), {.op = op, .prescale = 0.25f});
+    expect_all(in, comm.rank() * n, n,
+               [&](int64_t i) { return expected_reduction(dtype, op, comm.size(), comm.rank() * n + i, 0.25f); },
+               label(comm, fmt::format("reduce_scatter/{}/prescale", reduce_op_name(op)), dtype, n));
+  }
+}
+
 // Every collective on `dtype` at counts that do not divide evenly by the rank count.
 inline void check_every_collective(Communicator& comm, DType dtype) {
   for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{65537}}) {
@@ -143,6 +161,7 @@ inline void check_every_collective(Communicator& comm, DType dtype) {
     check_all_gather(comm, dtype, n, /*in_place=*/false);
     check_broadcast(comm, dtype, n, /*root=*/comm.size() - 1);
     check_broadcast(comm, dtype, n, /*root=*/0);
+    if (dtype != DType::kU8) check_prescale(comm, dtype, n);
   }
   comm.barrier();
 }

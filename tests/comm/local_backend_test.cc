@@ -43,6 +43,32 @@ TEST(LocalBackend, BF16SumAccumulatesInF32AndRoundsOnce) {
   });
 }
 
+// Prescale is fused into the rank-ordered sum: bitwise sum_r fl(x_r * s), with no separate pass.
+TEST(LocalBackend, PrescaleIsFusedIntoTheRankOrderedSum) {
+  run_local(3, [](Communicator& comm) {
+    float x[2] = {0.1f * static_cast<float>(comm.rank() + 1), 3.0f};
+    comm.all_reduce(TensorView{x, DType::kF32, Shape{2}, Device::cpu()}, {.prescale = 1.0f / 3.0f});
+    const float s = 1.0f / 3.0f;
+    float want = 0.1f * 1.0f * s;
+    want += 0.1f * 2.0f * s;
+    want += 0.1f * 3.0f * s;
+    EXPECT_EQ(x[0], want);
+    EXPECT_EQ(x[1], 3.0f * s + 3.0f * s + 3.0f * s);
+  });
+}
+
+TEST(LocalBackend, PrescaleMismatchAcrossRanksIsAnError) {
+  run_local(2, [](Communicator& comm) {
+    float x = 1;
+    try {
+      comm.all_reduce(TensorView{&x, DType::kF32, Shape{1}, Device::cpu()}, {.prescale = comm.rank() ? 0.5f : 1.0f});
+      ADD_FAILURE() << "differing prescales accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("prescale 1 vs 0.5"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(LocalBackend, MaxPropagatesNaN) {
   run_local(3, [](Communicator& comm) {
     float x[2] = {comm.rank() == 1 ? std::nanf("") : 1.0f, static_cast<float>(comm.rank())};
@@ -143,6 +169,10 @@ TEST(Communicator, RejectsBadArgumentsBeforeIssuingAnything) {
   expect_error([&] { comm.all_gather(f8.slice(0, 3), f8); }, "size (2) x input (3)");
   expect_error([&] { comm.broadcast(f8, {.root = 2}); }, "root 2 is not a rank; valid: 0..1");
   expect_error([&] { comm.all_reduce(TensorView{nullptr, DType::kF32, Shape{8}, Device::cpu()}); }, "null data pointer");
+  expect_error([&] { comm.all_reduce(f8, {.op = ReduceOp::kMax, .prescale = 0.5f}); }, "not max");
+  expect_error([&] { comm.all_reduce(TensorView{u.data(), DType::kU8, Shape{8}, Device::cpu()}, {.prescale = 2.0f}); },
+               "not u8");
+  expect_error([&] { comm.reduce_scatter(f8, f8.slice(4, 4), {.prescale = INFINITY}); }, "prescale must be finite");
 }
 
 TEST(LocalGroup, RejectsBadConstruction) {

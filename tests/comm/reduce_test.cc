@@ -41,6 +41,27 @@ TEST(ReduceArrays, MatchesScalarReferenceAcrossTileBoundaries) {
   }
 }
 
+TEST(ReduceArrays, PrescaleMultipliesEachInputBeforeSumming) {
+  const float a[3] = {1.0f, 0.1f, -7.0f}, b[3] = {2.0f, 0.2f, 7.0f}, c[3] = {4.0f, 0.3f, 1.0f};
+  const void* in[3] = {a, b, c};
+  float out[3];
+  const float s = 0.1f;
+  reduce_arrays(DType::kF32, ReduceOp::kSum, in, 3, 3, out, s);
+  for (int i = 0; i < 3; ++i) {
+    float want = a[i] * s;
+    want += b[i] * s;
+    want += c[i] * s;
+    EXPECT_EQ(out[i], want) << i;
+  }
+  reduce_arrays(DType::kF32, ReduceOp::kAvg, in, 3, 3, out, s);
+  for (int i = 0; i < 3; ++i) {
+    float want = a[i] * s;
+    want += b[i] * s;
+    want += c[i] * s;
+    EXPECT_EQ(out[i], want / 3.0f) << i;
+  }
+}
+
 TEST(ReduceArrays, U8SumWrapsAndMaxIsUnsigned) {
   uint8_t a[3] = {250, 0, 128}, b[3] = {10, 255, 129};
   const void* in[2] = {a, b};

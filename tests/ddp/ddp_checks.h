@@ -66,7 +66,7 @@ inline float reduced_grad(const DdpConfig& cfg, DType grad_dtype, int dp, int pa
   float acc = 0;
   for (int r = 0; r < dp; ++r) {
     float g = local_grad(grad_dtype, r, param, e, micro_batches);
-    if (!cfg.average_in_collective && dp > 1) g = round_to(grad_dtype, g * scale);
+    if (!cfg.average_in_collective) g *= scale;  // prescale: in f32, fused into the sum
     acc = r == 0 ? g : acc + g;
   }
   if (cfg.average_in_collective) acc /= static_cast<float>(dp);
@@ -75,7 +75,7 @@ inline float reduced_grad(const DdpConfig& cfg, DType grad_dtype, int dp, int pa
 
 // One iteration of `micro_batches`, then checks every element this rank can check: reduced where
 // the collective delivers (its shard with reduce-scatter, everything with all-reduce) and, with
-// reduce-scatter, the untouched local (scaled) gradient elsewhere, which proves the choice.
+// reduce-scatter, the untouched local gradient elsewhere, which proves the choice.
 inline void check_grad_sync(Communicator& comm, const DdpConfig& cfg, int micro_batches) {
   MemoryTracker tracker;
   DistributedDataParallel ddp(comm, small_model(), cfg, tracker);
@@ -105,10 +105,7 @@ inline void check_grad_sync(Communicator& comm, const DdpConfig& cfg, int micro_
         in_shard = pr.start + e >= sr.start && pr.start + e < sr.end;
       }
       float want = reduced_grad(cfg, grad_dtype, dp, p, e, micro_batches);
-      if (!in_shard) {
-        want = local_grad(grad_dtype, rank, p, e, micro_batches);
-        if (!cfg.average_in_collective && dp > 1) want = round_to(grad_dtype, want / 1.0f * (1.0f / static_cast<float>(dp)));
-      }
+      if (!in_shard) want = local_grad(grad_dtype, rank, p, e, micro_batches);  // reduce-scatter left it alone
       if (read(g, e) != want && bad++ == 0)
         first = fmt::format("param {} element {} ({}): got {}, want {}", p, e, in_shard ? "reduced" : "local", read(g, e), want);
     }
