@@ -44,6 +44,9 @@ struct DdpConfig {
   bool force_all_reduce = false;
   int buckets_per_group = 1;
   DType param_dtype = DType::kBF16;
+  // Distributed optimizer: gather updated params group by group in the forward pre-hooks
+  // (before_forward) instead of all at once at the end of the optimizer step.
+  bool overlap_param_gather = false;
 
   LayoutOptions layout_options(int dp) const;
 };
@@ -77,6 +80,25 @@ class DistributedDataParallel {
   // Copies rank 0's param buffer to every rank.
   void broadcast_params();
 
+  // ---- Param sync (distributed optimizer): all-gathers every bucket's shards of the param buffer.
+  // Groups are gathered in reverse index order, so the first gather holds the first layers.
+  //
+  // Starts a param sync of what the optimizer has staged into this rank's shards. With
+  // overlap_param_gather (and not force_sync) only the first group is dispatched, and before_forward
+  // gathers the rest as the model reaches them; otherwise everything is gathered before returning.
+  void start_param_sync(bool force_sync = false);
+  // Waits for `group`'s gather and those of the groups gathered before it (dispatching them if
+  // needed), then dispatches the next group so it overlaps the caller's compute.
+  void finish_param_sync(int group);
+  // The forward pre-hook: call before a module uses these params (registration indices).
+  void before_forward(const std::vector<int>& params);
+  // Waits for the gathers already dispatched, dispatching nothing new (before the shards change).
+  void wait_param_gathers_in_flight();
+  // Dispatches every gather not yet dispatched and waits for all of them.
+  void complete_param_sync();
+  bool param_sync_pending() const { return gather_pending_; }
+  int group_of_param(int index) const { return group_of_param_.at(static_cast<size_t>(index)); }
+
   // While a scope is alive, grad_ready only records readiness (gradient accumulation across
   // micro-batches); nothing is communicated.
   class NoSyncScope {
@@ -98,6 +120,7 @@ class DistributedDataParallel {
 
  private:
   void issue_group(int group);
+  void dispatch_gather(int position);  // position k gathers group num_groups-1-k
   void issue_ready_groups_in_order();
   void wait_all_issued();
   void reset_iteration();
@@ -115,6 +138,11 @@ class DistributedDataParallel {
   int next_group_ = 0;                  // groups [0, next_group_) are issued
   std::vector<std::vector<Work>> works_;  // [num groups]
   int no_sync_depth_ = 0;
+  // Param sync state.
+  bool gather_pending_ = false;
+  int gather_next_position_ = 0;                 // positions [0, this) are dispatched
+  std::vector<std::vector<Work>> gather_works_;  // [num groups]
+  std::vector<bool> gather_waited_;              // [num groups]
 };
 
 }  // namespace mxddp

@@ -1,4 +1,5 @@
 // DistributedDataParallel: readiness bookkeeping and bucket dispatch (see ddp.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -39,17 +40,20 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::
     ++group_param_count_[static_cast<size_t>(g)];
   }
   works_.resize(groups.size());
+  gather_works_.resize(groups.size());
+  gather_waited_.assign(groups.size(), false);
   reset_iteration();
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (auto& group : works_)
-    for (Work& w : group) {
-      try {
-        w.wait();
-      } catch (...) {  // a destructor cannot report it; finish_grad_sync would have
+  for (auto* all : {&works_, &gather_works_})
+    for (auto& group : *all)
+      for (Work& w : group) {
+        try {
+          w.wait();
+        } catch (...) {  // a destructor cannot report it; finish_grad_sync / the param sync would have
+        }
       }
-    }
 }
 
 void DistributedDataParallel::reset_iteration() {
@@ -151,6 +155,75 @@ void DistributedDataParallel::zero_grad_buffer() {
 }
 
 void DistributedDataParallel::broadcast_params() { comm_.broadcast(buffer_.param_buffer(), {.root = 0}); }
+
+void DistributedDataParallel::dispatch_gather(int position) {
+  const int group = num_bucket_groups() - 1 - position;
+  auto& works = gather_works_[static_cast<size_t>(group)];
+  for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)])
+    works.push_back(comm_.all_gather(buffer_.param_shard(b, comm_.rank()), buffer_.bucket_params(b), {.async_op = true}));
+}
+
+void DistributedDataParallel::start_param_sync(bool force_sync) {
+  MXDDP_CHECK(config_.use_distributed_optimizer,
+              "start_param_sync: params are sharded (and gathered) only with use_distributed_optimizer");
+  if (gather_pending_) complete_param_sync();  // the previous sync still owns the buffer
+  gather_pending_ = true;
+  gather_next_position_ = 0;
+  for (auto& w : gather_works_) w.clear();
+  gather_waited_.assign(gather_waited_.size(), false);
+  if (force_sync || !config_.overlap_param_gather) {
+    complete_param_sync();
+  } else {
+    dispatch_gather(gather_next_position_++);
+  }
+}
+
+void DistributedDataParallel::finish_param_sync(int group) {
+  MXDDP_CHECK(group >= 0 && group < num_bucket_groups(), "bucket group {} out of range; valid: 0..{}", group,
+              num_bucket_groups() - 1);
+  if (!gather_pending_ || gather_waited_[static_cast<size_t>(group)]) return;
+  // Waits for this group and every group gathered before it, so a module never sees a group whose
+  // gather is still running even if an earlier module's hook was skipped.
+  const int position = num_bucket_groups() - 1 - group;
+  while (gather_next_position_ <= position) dispatch_gather(gather_next_position_++);
+  for (int p = 0; p <= position; ++p) {
+    const int g = num_bucket_groups() - 1 - p;
+    if (gather_waited_[static_cast<size_t>(g)]) continue;
+    for (Work& w : gather_works_[static_cast<size_t>(g)]) w.wait();
+    gather_waited_[static_cast<size_t>(g)] = true;
+  }
+  // Prefetch: the next group's gather overlaps the compute that follows.
+  if (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
+  if (std::all_of(gather_waited_.begin(), gather_waited_.end(), [](bool w) { return w; })) gather_pending_ = false;
+}
+
+void DistributedDataParallel::before_forward(const std::vector<int>& params) {
+  if (!gather_pending_) return;
+  // Finish the groups these params need in gather order (highest group index first).
+  std::vector<int> groups;
+  for (int p : params) {
+    MXDDP_CHECK(p >= 0 && p < num_params(), "before_forward: param index {} out of range; valid: 0..{}", p,
+                num_params() - 1);
+    groups.push_back(group_of_param_[static_cast<size_t>(p)]);
+  }
+  std::sort(groups.rbegin(), groups.rend());
+  for (int g : groups) finish_param_sync(g);
+}
+
+void DistributedDataParallel::wait_param_gathers_in_flight() {
+  for (int position = 0; position < gather_next_position_; ++position) {
+    const int group = num_bucket_groups() - 1 - position;
+    for (Work& w : gather_works_[static_cast<size_t>(group)]) w.wait();
+  }
+}
+
+void DistributedDataParallel::complete_param_sync() {
+  if (!gather_pending_) return;
+  while (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
+  wait_param_gathers_in_flight();
+  gather_waited_.assign(gather_waited_.size(), true);
+  gather_pending_ = false;
+}
 
 bool DistributedDataParallel::bucket_group_issued(int group) const {
   MXDDP_CHECK(group >= 0 && group < num_bucket_groups(), "bucket group {} out of range; valid: 0..{}", group,

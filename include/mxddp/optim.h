@@ -1,0 +1,88 @@
+// mxddp optim: the distributed (ZeRO-1) optimizer.
+//
+// Owns: DistributedOptimizer. Each rank keeps FP32 main params and optimizer state for its shard
+// of every bucket only (the layout's shard ranges), so optimizer memory per rank falls as 12/dp
+// bytes per param (AdamW). A step:
+//   1. global grad norm: local sum of squares of this rank's shard in f64 (padding excluded),
+//      all-reduced, square-rooted; a NaN or Inf norm skips the step and changes nothing;
+//   2. clipping: grads scaled by clip_grad / (norm + 1e-6) when that is below 1;
+//   3. AdamW (or SGD with momentum) on the shard;
+//   4. staging: the updated main params cast to BF16 (round to nearest even) into this rank's shard
+//      of the param buffer;
+//   5. the param all-gather (DistributedDataParallel::start_param_sync), at once or, with
+//      overlap_param_gather, group by group in the forward pre-hooks.
+// Weight decay applies to params of two or more dimensions only (not to biases and norms), as
+// Megatron's default param groups do.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <mxddp/ddp.h>
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+struct OptimizerConfig {
+  std::string optimizer = "adam";  // "adam" (AdamW, decoupled weight decay) or "sgd" (momentum)
+  float lr = 1e-3f;
+  float weight_decay = 0.01f;
+  float adam_beta1 = 0.9f;
+  float adam_beta2 = 0.999f;
+  float adam_eps = 1e-8f;
+  float sgd_momentum = 0.9f;
+  float clip_grad = 1.0f;  // max global grad norm; 0 disables clipping
+};
+
+struct StepResult {
+  bool skipped = false;   // the grad norm was NaN or Inf: nothing changed
+  double grad_norm = 0;   // before clipping
+  double clip_coeff = 1;  // applied to the grads (1 when not clipped)
+};
+
+class DistributedOptimizer {
+ public:
+  // ddp must use the distributed optimizer layout; ddp and tracker must outlive this object.
+  // Main params are initialized from ddp's current params.
+  DistributedOptimizer(DistributedDataParallel& ddp, const OptimizerConfig& config, MemoryTracker& tracker);
+
+  // Call after ddp.finish_grad_sync(). Collective: every rank must call it.
+  StepResult step();
+
+  // Brings every rank's model params up to date with the main params, at any point between
+  // iterations (checkpoint save, evaluation, end of training): waits for a gather in flight
+  // rather than issuing it again, re-stages the main params into the param buffer, and gathers
+  // what has not been gathered. Collective.
+  void force_param_sync();
+  // Casts the main params (BF16, round to nearest even) into this rank's shards of the param buffer.
+  void stage_main_params();
+
+  const OptimizerConfig& config() const { return config_; }
+  float lr() const { return config_.lr; }
+  void set_lr(float lr);
+  int64_t step_count() const { return step_count_; }
+  DistributedDataParallel& ddp() const { return ddp_; }
+
+  // This rank's state, one f32 view per bucket: [shard size] (padding included, kept at zero).
+  // state_count() is 2 for adam (exp_avg, exp_avg_sq) and 1 for sgd (momentum_buffer).
+  TensorView main_params(int bucket) const;
+  int state_count() const { return static_cast<int>(state_.size()); }
+  TensorView state(int index, int bucket) const;
+  std::string_view state_name(int index) const;
+
+  // Restores a checkpointed state (used by the checkpoint loader after it has validated
+  // everything): the caller has already written main params and states through the views above.
+  void set_step_count(int64_t step) { step_count_ = step; }
+
+ private:
+  double local_grad_sum_of_squares() const;
+  void update(double clip_coeff);
+
+  DistributedDataParallel& ddp_;
+  OptimizerConfig config_;
+  int64_t step_count_ = 0;
+  std::vector<HostBuffer> main_;                // [bucket] f32 [shard size], kMainParams
+  std::vector<std::vector<HostBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
+};
+
+}  // namespace mxddp

@@ -1,0 +1,188 @@
+// The distributed optimizer on the local backend: equivalence with plain AdamW/SGD at several dp,
+// overlapped param gather, force_param_sync, clipping, skipped steps, memory, config errors.
+#include "optim/optim_checks.h"
+
+namespace mxddp::testing {
+namespace {
+
+class OptimDp : public ::testing::TestWithParam<int> {};
+
+TEST_P(OptimDp, AdamWMatchesPlainAdamWOverTheGlobalBatch) {
+  run_local(GetParam(), [](Communicator& comm) {
+    check_matches_plain_optimizer(comm, {.lr = 1e-2f, .weight_decay = 0.1f, .clip_grad = 0}, 6);
+  });
+}
+
+TEST_P(OptimDp, SgdMatchesPlainSgd) {
+  run_local(GetParam(), [](Communicator& comm) {
+    check_matches_plain_optimizer(comm, {.optimizer = "sgd", .lr = 5e-2f, .weight_decay = 0.1f, .clip_grad = 0}, 6);
+  });
+}
+
+TEST_P(OptimDp, ClippingMatchesSerialReference) {
+  run_local(GetParam(), [](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    const OptimizerConfig cfg{.lr = 1e-2f, .clip_grad = 0.05f};
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, cfg, tracker);
+    PlainTrainer ref(cfg);
+    for (int s = 0; s < 4; ++s) {
+      ddp.zero_grad_buffer();
+      const int local = kGlobalBatch / comm.size();
+      forward_backward(ddp_hooks(ddp), s, comm.rank() * local, local);
+      ddp.finish_grad_sync();
+      const StepResult r = opt.step();
+      ref.train_step(s, kGlobalBatch, comm.size());
+      EXPECT_NEAR(r.grad_norm, ref.last_norm, 1e-6 * ref.last_norm);
+      EXPECT_LT(r.clip_coeff, 1.0) << "the test must exercise clipping";
+      EXPECT_NEAR(r.clip_coeff, ref.last_coeff, 1e-6 * ref.last_coeff);
+    }
+    EXPECT_LE(max_rel_diff_to_reference(opt, ref), 1e-6);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Dp, OptimDp, ::testing::Values(1, 2, 4));
+
+// Runs `steps` steps and returns this rank's full param buffer bytes and the losses.
+std::pair<std::vector<char>, std::vector<double>> train_bytes(Communicator& comm, bool overlap, int steps) {
+  MemoryTracker tracker;
+  auto init = mlp_init();
+  DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(overlap), tracker, views_of(init));
+  DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) losses.push_back(ddp_train_step(opt, s, kGlobalBatch));
+  opt.force_param_sync();
+  const TensorView all = ddp.buffer().param_buffer();
+  return {std::vector<char>(static_cast<char*>(all.data), static_cast<char*>(all.data) + all.nbytes()), losses};
+}
+
+TEST(DistributedOptimizer, OverlapParamGatherIsBitwiseIdentical) {
+  for (int dp : {2, 4}) {
+    std::vector<std::pair<std::vector<char>, std::vector<double>>> on(static_cast<size_t>(dp)), off(static_cast<size_t>(dp));
+    run_local(dp, [&](Communicator& comm) { on[static_cast<size_t>(comm.rank())] = train_bytes(comm, true, 5); });
+    run_local(dp, [&](Communicator& comm) { off[static_cast<size_t>(comm.rank())] = train_bytes(comm, false, 5); });
+    for (int r = 0; r < dp; ++r) {
+      EXPECT_EQ(on[static_cast<size_t>(r)].first, off[static_cast<size_t>(r)].first) << "dp " << dp << " rank " << r;
+      EXPECT_EQ(on[static_cast<size_t>(r)].second, off[static_cast<size_t>(r)].second);
+    }
+  }
+}
+
+TEST(DistributedOptimizer, OverlappedGatherIsDispatchedGroupByGroupInForward) {
+  run_local(2, [](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(true), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+    ASSERT_GE(ddp.num_bucket_groups(), 3);
+    ddp_train_step(opt, 0, kGlobalBatch);  // its forward consumed no pending gather (none yet)
+    EXPECT_TRUE(ddp.param_sync_pending()) << "with overlap the step leaves the gathers to the forward hooks";
+    // The first layer's params live in the last group: it is the one dispatched first.
+    const int first_layer_group = ddp.group_of_param(0);
+    EXPECT_EQ(first_layer_group, ddp.num_bucket_groups() - 1);
+    ddp.before_forward({0, 1});
+    EXPECT_TRUE(ddp.param_sync_pending()) << "later groups are still to come";
+    ddp.before_forward({4, 5});  // the last layer: it and every group before it are gathered
+    EXPECT_FALSE(ddp.param_sync_pending());
+  });
+}
+
+// After force_param_sync, every rank's whole param buffer equals BF16(main params) of the ranks
+// that own each shard: own shard checked against own main params, and all ranks' buffers equal.
+void expect_params_equal_staged_main(Communicator& comm, DistributedOptimizer& opt) {
+  const ParamAndGradBuffer& buf = opt.ddp().buffer();
+  for (size_t b = 0; b < buf.layout().buckets.size(); ++b) {
+    const TensorView shard = buf.param_shard(static_cast<int>(b), comm.rank());
+    const float* main = opt.main_params(static_cast<int>(b)).data_as<const float>();
+    for (int64_t i = 0; i < shard.numel(); ++i) ASSERT_EQ(shard.data_as<bf16_bits>()[i], f32_to_bf16(main[i]));
+  }
+  const TensorView all = buf.param_buffer();
+  std::vector<bf16_bits> mine(all.data_as<bf16_bits>(), all.data_as<bf16_bits>() + all.numel());
+  std::vector<bf16_bits> root = mine;
+  comm.broadcast(TensorView{root.data(), DType::kBF16, Shape{all.numel()}, Device::cpu()}, {.root = 0});
+  EXPECT_EQ(mine, root) << "rank " << comm.rank() << " holds params that differ from rank 0's";
+}
+
+class ForceParamSync : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ForceParamSync, BringsParamsToStagedMainWithOrWithoutAGatherInFlight) {
+  const bool overlap = GetParam();
+  run_local(3, [overlap](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(overlap), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    ddp_train_step(opt, 1, kGlobalBatch);
+    EXPECT_EQ(ddp.param_sync_pending(), overlap) << (overlap ? "a gather should be in flight" : "nothing in flight");
+    // Scribble over the whole param buffer: force_param_sync must restage and regather, never
+    // trust what happens to be in the buffer.
+    const TensorView all = ddp.buffer().param_buffer();
+    if (!overlap) std::fill_n(all.data_as<bf16_bits>(), all.numel(), f32_to_bf16(123.0f));
+    opt.force_param_sync();
+    EXPECT_FALSE(ddp.param_sync_pending());
+    expect_params_equal_staged_main(comm, opt);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(OverlapParamGather, ForceParamSync, ::testing::Bool());
+
+TEST(DistributedOptimizer, NonFiniteGradNormSkipsTheStepAndChangesNothing) {
+  run_local(2, [](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    auto snapshot = [&] {
+      std::vector<float> s;
+      for (size_t b = 0; b < ddp.buffer().layout().buckets.size(); ++b)
+        for (const TensorView& v : {opt.main_params(static_cast<int>(b)), opt.state(0, static_cast<int>(b)), opt.state(1, static_cast<int>(b))})
+          s.insert(s.end(), v.data_as<float>(), v.data_as<float>() + v.numel());
+      return s;
+    };
+    const auto before = snapshot();
+    ddp.zero_grad_buffer();
+    forward_backward(ddp_hooks(ddp), 1, comm.rank() * 6, 6);
+    if (comm.rank() == 1) ddp.main_grad(2).data_as<float>()[5] = INFINITY;  // one rank, one element
+    ddp.finish_grad_sync();
+    const StepResult r = opt.step();
+    EXPECT_TRUE(r.skipped) << "rank " << comm.rank();
+    EXPECT_FALSE(std::isfinite(r.grad_norm));
+    EXPECT_EQ(opt.step_count(), 1);
+    EXPECT_EQ(snapshot(), before);
+  });
+}
+
+TEST(DistributedOptimizer, MainParamsAndStateAreShardSizedAndTracked) {
+  run_local(4, [](Communicator& comm) {
+    MemoryTracker tracker;
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker);
+    const int64_t numel = ddp.buffer().layout().numel;
+    DistributedOptimizer opt(ddp, {}, tracker);
+    EXPECT_EQ(tracker.usage().live(MemoryCategory::kMainParams), numel / 4 * 4);
+    EXPECT_EQ(tracker.usage().live(MemoryCategory::kOptimizerState), numel / 4 * 8);
+    EXPECT_EQ(opt.state_name(1), "exp_avg_sq");
+  });
+}
+
+TEST(DistributedOptimizer, RejectsBadConfig) {
+  run_local(1, [](Communicator& comm) {
+    MemoryTracker tracker;
+    DistributedDataParallel plain(comm, mlp_params(), {}, tracker);
+    EXPECT_THROW(DistributedOptimizer(plain, {}, tracker), Error);
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker);
+    try {
+      DistributedOptimizer opt(ddp, {.optimizer = "adamw"}, tracker);
+      ADD_FAILURE() << "optimizer 'adamw' accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'adamw' is not supported; valid: adam, sgd"), std::string::npos);
+    }
+    EXPECT_THROW(DistributedOptimizer(ddp, {.adam_beta2 = 1.0f}, tracker), Error);
+    EXPECT_THROW(DistributedOptimizer(ddp, {.clip_grad = -1.0f}, tracker), Error);
+  });
+}
+
+}  // namespace
+}  // namespace mxddp::testing
