@@ -9,6 +9,7 @@
 
 #include <mxddp/comm.h>
 
+#include "ckpt_cmd.h"
 #include "layout_cmd.h"
 #include "selfcheck.h"
 
@@ -75,11 +76,14 @@ int main(int argc, char** argv) {
 
   mxddp::app::LayoutArgs layout;
   auto* layout_cmd = mxddp::app::add_layout_command(app, layout);
+  mxddp::app::CkptArgs ckpt;
+  auto* inspect_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
+    if (inspect_cmd->parsed()) return mxddp::app::run_ckpt_inspect(ckpt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mxddp: error: %s\n", e.what());
     return 1;

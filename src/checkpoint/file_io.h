@@ -1,0 +1,18 @@
+// File helpers for checkpoints: whole-file reads, durable atomic writes (temporary name, fsync,
+// rename, fsync of the directory) and CRC-32 (zlib's).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mxddp::ckpt {
+
+std::vector<char> read_file(const std::string& path);  // throws Error naming the path
+// Writes bytes to path via path's directory's ".<name>.tmp", fsyncs, renames into place, and
+// fsyncs the directory. Throws Error naming the path and errno on failure.
+void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
+void fsync_directory(const std::string& dir);
+uint32_t crc32_of(const std::vector<char>& bytes);
+
+}  // namespace mxddp::ckpt

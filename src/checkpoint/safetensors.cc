@@ -1,0 +1,83 @@
+// safetensors encode/decode: see safetensors.h. The header is padded with spaces to a multiple of
+// 8 bytes, as the format allows, so the data is 8-byte aligned.
+#include "safetensors.h"
+
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+namespace mxddp::ckpt {
+
+namespace {
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    default: MXDDP_FAIL("checkpoints store f32 and bf16 tensors; got {}", dtype_name(d));
+  }
+}
+}  // namespace
+
+std::vector<char> encode_safetensors(const std::vector<TensorToWrite>& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    const size_t bytes = static_cast<size_t>(t.numel) * dtype_size_bytes(t.dtype);
+    header[t.name] = {{"dtype", st_dtype(t.dtype)}, {"shape", {t.numel}}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<char> out(8 + text.size() + offset);
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  char* data = out.data() + 8 + text.size();
+  for (const TensorToWrite& t : tensors) {
+    const size_t bytes = static_cast<size_t>(t.numel) * dtype_size_bytes(t.dtype);
+    if (bytes) std::memcpy(data, t.data, bytes);
+    data += bytes;
+  }
+  return out;
+}
+
+std::map<std::string, TensorEntry> decode_safetensors(const std::vector<char>& file, const std::string& what) {
+  MXDDP_CHECK(file.size() >= 8, "'{}' is {} bytes: too short for a safetensors header", what, file.size());
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<size_t>(i)]);
+  MXDDP_CHECK(n <= file.size() - 8, "'{}': header length {} exceeds the file ({} bytes)", what, n, file.size());
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  } catch (const std::exception& e) {
+    MXDDP_FAIL("'{}': the safetensors header is not valid JSON: {}", what, e.what());
+  }
+  const size_t data_start = 8 + n;
+  std::map<std::string, TensorEntry> entries;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      TensorEntry e;
+      const std::string dtype = t.at("dtype").get<std::string>();
+      MXDDP_CHECK(dtype == "F32" || dtype == "BF16", "tensor '{}' has dtype {}; expected F32 or BF16", name, dtype);
+      e.dtype = dtype == "F32" ? DType::kF32 : DType::kBF16;
+      int64_t numel = 1;
+      for (const auto& d : t.at("shape")) numel *= d.get<int64_t>();
+      e.numel = numel;
+      const auto begin = t.at("data_offsets").at(0).get<size_t>();
+      const auto end = t.at("data_offsets").at(1).get<size_t>();
+      MXDDP_CHECK(end >= begin && end - begin == static_cast<size_t>(numel) * dtype_size_bytes(e.dtype) &&
+                      data_start + end <= file.size(),
+                  "tensor '{}' claims bytes [{}, {}) that do not fit its shape or the file", name, begin, end);
+      e.offset = data_start + begin;
+      entries[name] = e;
+    } catch (const nlohmann::json::exception& ex) {
+      MXDDP_FAIL("'{}': tensor '{}' has a malformed header entry: {}", what, name, ex.what());
+    }
+  }
+  return entries;
+}
+
+}  // namespace mxddp::ckpt

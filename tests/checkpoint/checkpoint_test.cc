@@ -1,0 +1,210 @@
+// Checkpoints: resharding round trips across dp and bucket sizes continue an uninterrupted run,
+// same-dp resume is bitwise, every kind of damage is a clear error that changes nothing, writes
+// are atomic, and inspect reports what a checkpoint holds.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <mxddp/checkpoint.h>
+
+#include "optim/optim_checks.h"
+
+namespace mxddp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const OptimizerConfig kAdam{.lr = 1e-2f, .weight_decay = 0.05f, .clip_grad = 1.0f};
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("mxddp_ckpt_{}_{}", name, ::getpid());
+  fs::remove_all(dir);
+  fs::remove_all(dir.string() + ".partial");
+  return dir.string();
+}
+
+DdpConfig with_bucket(int64_t bucket_size) {
+  DdpConfig c = optim_ddp_config();
+  c.bucket_size = bucket_size;
+  return c;
+}
+
+// Trains steps [first, last) at this dp, loading `load_from` first and saving to `save_to` after
+// (either may be empty). Returns the losses (the same on every rank).
+std::vector<double> run_segment(int dp, int64_t bucket_size, int first, int last, const std::string& load_from,
+                                const std::string& save_to, const OptimizerConfig& cfg = kAdam) {
+  std::vector<double> losses;
+  run_local(dp, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), with_bucket(bucket_size), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, cfg, tracker);
+    if (!load_from.empty()) {
+      const auto meta = load_checkpoint(load_from, opt);
+      EXPECT_EQ(opt.step_count(), first);
+      EXPECT_EQ(meta.at("next_step"), std::to_string(first));
+    }
+    std::vector<double> mine;
+    for (int s = first; s < last; ++s) mine.push_back(ddp_train_step(opt, s, kGlobalBatch));
+    if (!save_to.empty()) save_checkpoint(save_to, opt, {.metadata = {{"next_step", std::to_string(last)}}});
+    if (comm.rank() == 0) losses = mine;
+  });
+  return losses;
+}
+
+TEST(Checkpoint, ReshardingRoundTripContinuesTheUninterruptedRun) {
+  const std::vector<double> uninterrupted = run_segment(4, 128, 0, 8, "", "");
+  const std::string a = fresh_dir("a"), b = fresh_dir("b"), c = fresh_dir("c");
+  std::vector<double> resumed = run_segment(4, 128, 0, 2, "", a);
+  for (double l : run_segment(2, 64, 2, 4, a, b)) resumed.push_back(l);
+  for (double l : run_segment(1, 1000, 4, 6, b, c)) resumed.push_back(l);
+  for (double l : run_segment(3, 200, 6, 8, c, "")) resumed.push_back(l);
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (size_t s = 0; s < resumed.size(); ++s)
+    EXPECT_NEAR(resumed[s], uninterrupted[s], 1e-5 * std::fabs(uninterrupted[s])) << "step " << s;
+  EXPECT_LT(uninterrupted.back(), uninterrupted.front()) << "the run should learn something";
+  for (const auto& d : {a, b, c}) fs::remove_all(d);
+}
+
+TEST(Checkpoint, SameDpResumeIsBitwise) {
+  for (const char* optimizer : {"adam", "sgd"}) {
+    OptimizerConfig cfg = kAdam;
+    cfg.optimizer = optimizer;
+    const std::string dir = fresh_dir(std::string("same_") + optimizer);
+    const std::vector<double> uninterrupted = run_segment(2, 128, 0, 6, "", "", cfg);
+    run_segment(2, 128, 0, 3, "", dir, cfg);
+    const std::vector<double> resumed = run_segment(2, 128, 3, 6, dir, "", cfg);
+    for (size_t s = 0; s < resumed.size(); ++s) EXPECT_EQ(resumed[s], uninterrupted[s + 3]) << optimizer << " step " << s + 3;
+    fs::remove_all(dir);
+  }
+}
+
+// Trains 2 steps at dp 2, then tries to load `dir` (prepared by `damage`) and checks that every
+// rank throws an error containing `needle` and that nothing changed.
+void expect_load_fails_and_changes_nothing(const std::string& dir, const std::string& needle,
+                                           const std::vector<ParamSpec>& params = mlp_params()) {
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    std::vector<TensorView> init_views;
+    if (params.size() == mlp_params().size()) init_views = views_of(init);
+    DistributedDataParallel ddp(comm, params, optim_ddp_config(), tracker, init_views);
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    if (params.size() == mlp_params().size()) {
+      ddp_train_step(opt, 0, kGlobalBatch);
+      ddp_train_step(opt, 1, kGlobalBatch);
+    }
+    auto snapshot = [&] {
+      std::vector<float> s;
+      for (size_t b = 0; b < ddp.buffer().layout().buckets.size(); ++b)
+        for (const TensorView& v : {opt.main_params(static_cast<int>(b)), opt.state(0, static_cast<int>(b))})
+          s.insert(s.end(), v.data_as<float>(), v.data_as<float>() + v.numel());
+      const TensorView p = ddp.buffer().param_buffer();
+      s.insert(s.end(), reinterpret_cast<const float*>(p.data), reinterpret_cast<const float*>(p.data) + p.nbytes() / 4);
+      return s;
+    };
+    const auto before = snapshot();
+    const int64_t step_before = opt.step_count();
+    try {
+      load_checkpoint(dir, opt);
+      ADD_FAILURE() << "rank " << comm.rank() << ": the load succeeded; expected an error with '" << needle << "'";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find(needle) != std::string::npos || what.find("failed on rank") != std::string::npos)
+          << "rank " << comm.rank() << ": " << what;
+    }
+    EXPECT_EQ(snapshot(), before) << "a failed load changed the run on rank " << comm.rank();
+    EXPECT_EQ(opt.step_count(), step_before);
+    ddp_train_step(opt, 2, kGlobalBatch);  // the run goes on
+  });
+}
+
+std::string saved_checkpoint(const std::string& name) {
+  const std::string dir = fresh_dir(name);
+  run_segment(4, 128, 0, 3, "", dir);
+  return dir;
+}
+
+void flip_byte(const std::string& path, std::streamoff from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-from_end, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-from_end, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x40));
+}
+
+TEST(Checkpoint, CorruptedShardIsDetected) {
+  const std::string dir = saved_checkpoint("corrupt");
+  flip_byte(dir + "/rank_00002.safetensors", 7);
+  expect_load_fails_and_changes_nothing(dir, "is corrupted: CRC-32");
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  EXPECT_FALSE(info.ok());
+  EXPECT_NE(info.files[2].status.find("is corrupted"), std::string::npos) << info.files[2].status;
+  EXPECT_EQ(info.files[0].status, "ok");
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, TruncatedAndMissingFilesAreDetected) {
+  const std::string dir = saved_checkpoint("trunc");
+  fs::resize_file(dir + "/rank_00001.safetensors", fs::file_size(dir + "/rank_00001.safetensors") - 100);
+  expect_load_fails_and_changes_nothing(dir, "truncated or replaced");
+  fs::remove(dir + "/rank_00001.safetensors");
+  expect_load_fails_and_changes_nothing(dir, "is missing");
+  fs::remove(dir + "/manifest.json");
+  expect_load_fails_and_changes_nothing(dir, "no manifest.json");
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ParamListMismatchIsAnError) {
+  const std::string dir = saved_checkpoint("mismatch");
+  std::vector<ParamSpec> other = mlp_params();
+  other[2].name = "l1.weight";
+  expect_load_fails_and_changes_nothing(dir, "param 2 of", other);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, OptimizerMismatchIsAnError) {
+  const std::string dir = fresh_dir("optmismatch");
+  OptimizerConfig sgd = kAdam;
+  sgd.optimizer = "sgd";
+  run_segment(2, 128, 0, 1, "", dir, sgd);
+  expect_load_fails_and_changes_nothing(dir, "holds state of optimizer 'sgd'");
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, SaveIsAtomicAndRefusesToOverwriteUnlessAsked) {
+  const std::string dir = saved_checkpoint("atomic");
+  EXPECT_FALSE(fs::exists(dir + ".partial")) << "the staging directory must be renamed into place";
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_NE(entry.path().filename().string()[0], '.') << "temporary file left: " << entry.path();
+  EXPECT_THROW(run_segment(2, 128, 0, 1, "", dir), Error);  // exists, no overwrite
+  EXPECT_EQ(inspect_checkpoint(dir).step, 3) << "a refused save must leave the old checkpoint";
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    save_checkpoint(dir, opt, {.overwrite = true});
+  });
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  EXPECT_EQ(info.step, 1);
+  EXPECT_EQ(info.saved_dp, 2);
+  EXPECT_TRUE(info.ok());
+  EXPECT_EQ(info.params.size(), mlp_params().size());
+  EXPECT_EQ(info.optimizer, "adam");
+  fs::remove_all(dir);
+}
+
+// Writes a checkpoint for the `mxddp ckpt inspect` CLI tests (run by CTest as a fixture).
+TEST(CliFixture, WriteCheckpointForCli) {
+  const char* dir = std::getenv("MXDDP_CLI_CKPT_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "run by CTest's cli_ckpt fixture only";
+  fs::remove_all(dir);
+  run_segment(2, 128, 0, 2, "", dir);
+  ASSERT_TRUE(inspect_checkpoint(dir).ok());
+}
+
+}  // namespace
+}  // namespace mxddp::testing
