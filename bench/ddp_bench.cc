@@ -15,34 +15,10 @@
 #include <mxddp/ddp.h>
 
 #include "bench_util.h"
+#include "gpt2_params.h"
 
 namespace mxddp::bench {
 namespace {
-
-// GPT-2 124M: wte, wpe, 12 blocks, final LayerNorm; the LM head is tied to wte.
-std::vector<ParamSpec> gpt2_124m_params(std::vector<std::vector<int>>& layers_in_backward_order) {
-  const int64_t d = 768, vocab = 50257, ctx = 1024;
-  std::vector<ParamSpec> p;
-  auto add = [&](std::string name, Shape shape, bool shared = false) {
-    p.push_back({std::move(name), shape, shared});
-    return static_cast<int>(p.size() - 1);
-  };
-  std::vector<std::vector<int>> layers;  // forward order
-  layers.push_back({add("wte", Shape{vocab, d}, true), add("wpe", Shape{ctx, d})});
-  for (int l = 0; l < 12; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
-    layers.push_back({add(h + "ln_1.weight", Shape{d}), add(h + "ln_1.bias", Shape{d}),
-                      add(h + "attn.c_attn.weight", Shape{d, 3 * d}), add(h + "attn.c_attn.bias", Shape{3 * d}),
-                      add(h + "attn.c_proj.weight", Shape{d, d}), add(h + "attn.c_proj.bias", Shape{d}),
-                      add(h + "ln_2.weight", Shape{d}), add(h + "ln_2.bias", Shape{d}),
-                      add(h + "mlp.c_fc.weight", Shape{d, 4 * d}), add(h + "mlp.c_fc.bias", Shape{4 * d}),
-                      add(h + "mlp.c_proj.weight", Shape{4 * d, d}), add(h + "mlp.c_proj.bias", Shape{d})});
-  }
-  layers.push_back({add("ln_f.weight", Shape{d}), add("ln_f.bias", Shape{d})});
-  // Backward: the LM head (tied wte) and ln_f first, then the blocks in reverse, then embeddings.
-  layers_in_backward_order.assign(layers.rbegin(), layers.rend());
-  return p;
-}
 
 struct Args {
   std::string dps = "2,4";
@@ -70,7 +46,7 @@ struct Result {
 
 Result measure(int dp, int64_t bucket_size, bool overlap, const Args& args) {
   std::vector<std::vector<int>> layers;
-  const std::vector<ParamSpec> params = gpt2_124m_params(layers);
+  const std::vector<ParamSpec> params = gpt2_124m_params(&layers);
   std::vector<double> exposed, raw;
   Result result;
   std::mutex mutex;

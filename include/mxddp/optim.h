@@ -8,7 +8,7 @@
 //   2. clipping: grads scaled by clip_grad / (norm + 1e-6) when that is below 1;
 //   3. AdamW (or SGD with momentum) on the shard;
 //   4. staging: the updated main params cast to BF16 (round to nearest even) into this rank's shard
-//      of the param buffer;
+//      of the param buffer (in the same pass as the update);
 //   5. the param all-gather (DistributedDataParallel::start_param_sync), at once or, with
 //      overlap_param_gather, group by group in the forward pre-hooks.
 // Weight decay applies to params of two or more dimensions only (not to biases and norms), as

@@ -5,6 +5,8 @@
 
 #include <mxddp/optim.h>
 
+#include "adamw_kernel.h"
+
 namespace mxddp {
 
 namespace {
@@ -21,10 +23,6 @@ void validate(const OptimizerConfig& c, const DistributedDataParallel& ddp) {
   MXDDP_CHECK(c.adam_eps > 0, "adam_eps must be > 0; got {}", c.adam_eps);
   MXDDP_CHECK(c.sgd_momentum >= 0 && c.sgd_momentum < 1, "sgd_momentum must be in [0, 1); got {}", c.sgd_momentum);
   MXDDP_CHECK(c.clip_grad >= 0, "clip_grad must be >= 0 (0 disables clipping); got {}", c.clip_grad);
-}
-
-float grad_at(const TensorView& grads, int64_t i) {
-  return grads.dtype == DType::kF32 ? grads.data_as<const float>()[i] : bf16_to_f32(grads.data_as<const bf16_bits>()[i]);
 }
 
 }  // namespace
@@ -78,11 +76,12 @@ double DistributedOptimizer::local_grad_sum_of_squares() const {
   double sum = 0;
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView grads = buf.grad_shard(static_cast<int>(b), rank);
-    for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params)
-      for (int64_t i = r.in_shard.start; i < r.in_shard.end; ++i) {
-        const double g = grad_at(grads, i);
-        sum += g * g;
-      }
+    for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
+      if (grads.dtype == DType::kF32)
+        sum += optim_kernel::sum_of_squares(grads.data_as<const float>() + r.in_shard.start, r.in_shard.size());
+      else
+        sum += optim_kernel::sum_of_squares(grads.data_as<const bf16_bits>() + r.in_shard.start, r.in_shard.size());
+    }
   }
   return sum;
 }
@@ -109,46 +108,50 @@ StepResult DistributedOptimizer::step() {
   return result;
 }
 
+namespace {
+
+// Runs kernel(grad, param) with the shard's grad and param pointers cast to their element types.
+template <typename Kernel>
+void with_typed(const TensorView& grads, const TensorView& params, int64_t offset, Kernel&& kernel) {
+  const bool g32 = grads.dtype == DType::kF32, p32 = params.dtype == DType::kF32;
+  if (g32 && p32) kernel(grads.data_as<const float>() + offset, params.data_as<float>() + offset);
+  else if (g32) kernel(grads.data_as<const float>() + offset, params.data_as<bf16_bits>() + offset);
+  else if (p32) kernel(grads.data_as<const bf16_bits>() + offset, params.data_as<float>() + offset);
+  else kernel(grads.data_as<const bf16_bits>() + offset, params.data_as<bf16_bits>() + offset);
+}
+
+}  // namespace
+
 void DistributedOptimizer::update(double clip_coeff) {
   const ParamAndGradBuffer& buf = ddp_.buffer();
   const int rank = ddp_.communicator().rank();
-  const bool adam = config_.optimizer == "adam";
-  const float lr = config_.lr;
-  const auto coeff = static_cast<float>(clip_coeff);
-  const float b1 = config_.adam_beta1, b2 = config_.adam_beta2, eps = config_.adam_eps;
   const auto t = static_cast<double>(step_count_);
-  const auto bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
-  const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
-  const float step_size = lr / bias_correction1;
+  const OptimizerConfig& c = config_;
   for (size_t b = 0; b < main_.size(); ++b) {
+    // The param shard is written as the update goes: staging fused in, no second pass. Padding
+    // needs none: it is zero in both buffers.
     const TensorView grads = buf.grad_shard(static_cast<int>(b), rank);
+    const TensorView params = buf.param_shard(static_cast<int>(b), rank);
     float* main = static_cast<float*>(main_[b].data());
     float* s0 = static_cast<float*>(state_[0][b].data());
-    float* s1 = adam ? static_cast<float*>(state_[1][b].data()) : nullptr;
     for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
       const bool decay = buf.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
-      const float wd = decay ? config_.weight_decay : 0.0f;
-      for (int64_t i = r.in_shard.start; i < r.in_shard.end; ++i) {
-        float g = grad_at(grads, i) * coeff;
-        float p = main[i];
-        if (adam) {
-          // AdamW, in PyTorch's order: decoupled decay, moments, bias-corrected step.
-          p *= 1.0f - lr * wd;
-          s0[i] = b1 * s0[i] + (1.0f - b1) * g;
-          s1[i] = b2 * s1[i] + (1.0f - b2) * g * g;
-          const float denom = std::sqrt(s1[i]) / bias_correction2_sqrt + eps;
-          p -= step_size * s0[i] / denom;
-        } else {
-          // SGD with momentum, PyTorch's form: L2 decay in the gradient, no dampening.
-          g += wd * p;
-          s0[i] = config_.sgd_momentum * s0[i] + g;
-          p -= lr * s0[i];
-        }
-        main[i] = p;
+      const float wd = decay ? c.weight_decay : 0.0f;
+      const int64_t at = r.in_shard.start, n = r.in_shard.size();
+      if (c.optimizer == "adam") {
+        const optim_kernel::AdamScalars s{
+            c.lr, wd, c.adam_beta1, c.adam_beta2, c.adam_eps,
+            static_cast<float>(c.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(c.adam_beta1), t))),
+            static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(c.adam_beta2), t))),
+            static_cast<float>(clip_coeff)};
+        float* s1 = static_cast<float*>(state_[1][b].data());
+        with_typed(grads, params, at, [&](auto* g, auto* p) { optim_kernel::adamw(g, main + at, s0 + at, s1 + at, p, n, s); });
+      } else {
+        const optim_kernel::SgdScalars s{c.lr, wd, c.sgd_momentum, static_cast<float>(clip_coeff)};
+        with_typed(grads, params, at, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + at, s0 + at, p, n, s); });
       }
     }
   }
-  stage_main_params();
 }
 
 void DistributedOptimizer::stage_main_params() {
