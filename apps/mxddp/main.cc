@@ -11,6 +11,7 @@
 
 #include "ckpt_cmd.h"
 #include "layout_cmd.h"
+#include "quantize_cmd.h"
 #include "selfcheck.h"
 
 namespace {
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
 
   mxddp::app::LayoutArgs layout;
   auto* layout_cmd = mxddp::app::add_layout_command(app, layout);
+  mxddp::app::QuantizeArgs quantize;
+  auto* quantize_cmd = mxddp::app::add_quantize_command(app, quantize);
   mxddp::app::CkptArgs ckpt;
   auto* inspect_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
     if (inspect_cmd->parsed()) return mxddp::app::run_ckpt_inspect(ckpt);
+    if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mxddp: error: %s\n", e.what());
     return 1;

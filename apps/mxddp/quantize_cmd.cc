@@ -1,0 +1,69 @@
+// `mxddp quantize`: see quantize_cmd.h.
+#include "quantize_cmd.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include <mxddp/quant.h>
+
+namespace mxddp::app {
+
+namespace {
+
+std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
+  const size_t x = text.find('x');
+  long long m = 0, n = 0;
+  char extra = 0;
+  const bool ok = x != std::string::npos && std::sscanf(text.c_str(), "%lldx%lld%c", &m, &n, &extra) == 2 && m > 0 && n > 0;
+  MXDDP_CHECK(ok, "--shape '{}' is not MxN with positive M and N (e.g. 4096x1024)", text);
+  return {m, n};
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  MXDDP_CHECK(out.good(), "cannot create '{}'", path);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  MXDDP_CHECK(out.good(), "writing '{}' failed", path);
+}
+
+}  // namespace
+
+CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
+  auto* cmd = app.add_subcommand("quantize", "MXFP8-quantize a raw f32/bf16 matrix file into element and scale files");
+  cmd->add_option("--input", a.input, "Raw little-endian input file")->required();
+  cmd->add_option("--dtype", a.dtype, "Input element type")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  cmd->add_option("--shape", a.shape, "MxN")->required();
+  cmd->add_option("--axis", a.axis, "row: 1x32 blocks along N; col: 32x1 blocks along M")
+      ->check(CLI::IsMember({"row", "col"}))->capture_default_str();
+  cmd->add_option("--elem", a.elem, "FP8 element format")->check(CLI::IsMember({"e4m3", "e5m2"}))->capture_default_str();
+  cmd->add_option("--scale-mode", a.scale_mode, "rceil (no saturation) or floor (the OCP spec's rule)")
+      ->check(CLI::IsMember({"rceil", "floor"}))->capture_default_str();
+  cmd->add_option("--out-data", a.out_data, "Output: M*N element bytes, row-major")->required();
+  cmd->add_option("--out-scales", a.out_scales, "Output: E8M0 scale bytes, row-major")->required();
+  return cmd;
+}
+
+void run_quantize_command(const QuantizeArgs& a) {
+  const auto [rows, cols] = parse_shape(a.shape);
+  const DType dtype = parse_dtype(a.dtype);
+  const QuantizeOptions o{parse_fp8_format(a.elem), parse_scale_mode(a.scale_mode), parse_quant_axis(a.axis)};
+  std::ifstream in(a.input, std::ios::binary);
+  MXDDP_CHECK(in.good(), "cannot open --input '{}'", a.input);
+  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto want = static_cast<size_t>(rows * cols) * dtype_size_bytes(dtype);
+  MXDDP_CHECK(raw.size() == want, "--input '{}' holds {} bytes; a {} {}x{} matrix is {} bytes", a.input, raw.size(),
+              a.dtype, rows, cols, want);
+  const Shape scale_shape = mx_scale_shape(rows, cols, o.axis);
+  std::vector<uint8_t> data(static_cast<size_t>(rows * cols)), scales(static_cast<size_t>(scale_shape.numel()));
+  mx_quantize(TensorView{raw.data(), dtype, Shape{rows, cols}}, TensorView{data.data(), DType::kU8, Shape{rows, cols}},
+              TensorView{scales.data(), DType::kU8, scale_shape}, o);
+  write_bytes(a.out_data, data);
+  write_bytes(a.out_scales, scales);
+  std::printf("quantized %lldx%lld %s (%s-wise, %s, %s): %zu element bytes -> %s, %s scales -> %s\n",
+              static_cast<long long>(rows), static_cast<long long>(cols), a.dtype.c_str(), a.axis.c_str(), a.elem.c_str(),
+              a.scale_mode.c_str(), data.size(), a.out_data.c_str(), scale_shape.to_string().c_str(), a.out_scales.c_str());
+}
+
+}  // namespace mxddp::app
