@@ -35,6 +35,7 @@ struct ParamSpec {
   std::string name;
   Shape shape;
   bool shared_embedding = false;  // e.g. a token embedding tied to the LM head
+  bool mxfp8 = false;             // a 2-D weight kept as MXFP8 with fp8_param_gather
 };
 
 struct LayoutOptions {
@@ -104,11 +105,15 @@ struct BufferOptions {
   DType param_dtype = DType::kBF16;  // bf16 or f32
   bool grad_reduce_in_fp32 = true;   // grads in f32; else in param_dtype
   int buckets_per_group = 1;         // buckets whose collectives are dispatched together
+  // No param buffer of its own: the (bf16) param buffer is a view of the grad buffer's first
+  // numel x 2 bytes (the first half of f32 grads, all of bf16 grads). For MXFP8 param gathers,
+  // which stage through it while no gradients live there.
+  bool params_in_grad_buffer = false;
 };
 
 // The param buffer and the grad buffer of one rank, laid out by a ParamLayout, both charged to
 // the tracker (params, grads). Padding is zero in both.
-//   param buffer: [layout.numel] param_dtype
+//   param buffer: [layout.numel] param_dtype (with params_in_grad_buffer: the grad buffer's bytes)
 //   grad buffer:  [layout.numel] f32 (grad_reduce_in_fp32) or param_dtype
 class ParamAndGradBuffer {
  public:

@@ -24,6 +24,7 @@
 
 #include <mxddp/buffer.h>
 #include <mxddp/comm.h>
+#include <mxddp/quant.h>
 
 namespace mxddp {
 
@@ -47,6 +48,15 @@ struct DdpConfig {
   // Distributed optimizer: gather updated params group by group in the forward pre-hooks
   // (before_forward) instead of all at once at the end of the optimizer step.
   bool overlap_param_gather = false;
+  // MXFP8 params (ParamSpec::mxfp8): every param gets storage outside the buffers (MXFP8 row- and
+  // column-wise for those marked, a BF16 copy for the rest) and the param buffer only stages the
+  // all-gathers; after a group's gather its params are quantized (or copied) out of it.
+  bool fp8_param_gather = false;
+  Fp8Format mxfp8_elem = Fp8Format::kE4M3;
+  ScaleMode mxfp8_scale_mode = ScaleMode::kRceil;
+  // With fp8_param_gather: no param buffer of its own; gathers stage in the grad buffer, so they
+  // may only run while no gradients live there (see DistributedOptimizer::zero_grad).
+  bool reuse_grad_buf_for_mxfp8_param_ag = false;
 
   LayoutOptions layout_options(int dp) const;
 };
@@ -65,8 +75,16 @@ class DistributedDataParallel {
   ParamAndGradBuffer& buffer() { return buffer_; }
   const ParamAndGradBuffer& buffer() const { return buffer_; }
   int num_params() const { return buffer_.num_params(); }
-  TensorView param(int index) const { return buffer_.param_data(index); }
+  // The model's view of a param (bf16). With fp8_param_gather this is the param's own copy, and a
+  // param marked mxfp8 has none: use mxfp8_param.
+  TensorView param(int index) const;
+  const Mxfp8Tensor& mxfp8_param(int index) const;
   TensorView main_grad(int index) const { return buffer_.main_grad(index); }
+  // True once a gradient has been reported since the last zero_grad_buffer.
+  bool grads_live() const { return grads_live_; }
+  // With reuse_grad_buf_for_mxfp8_param_ag, the initial params stay in the (shared) param buffer
+  // only until the first zero_grad_buffer; the optimizer takes its main params from them.
+  bool param_buffer_holds_initial_params() const { return param_buffer_holds_params_; }
 
   // The gradient of param `index` in main_grad is final for this micro-batch. Throws if it was
   // already reported in this micro-batch.
@@ -121,6 +139,9 @@ class DistributedDataParallel {
  private:
   void issue_group(int group);
   void dispatch_gather(int position);  // position k gathers group num_groups-1-k
+  void wait_gather(int group);         // waits, then (once) moves the group's params out
+  void on_group_gathered(int group);   // MXFP8 quantize / BF16 copy, and zero the staging (reuse)
+  void check_no_live_grads_under_staging() const;
   void issue_ready_groups_in_order();
   void wait_all_issued();
   void reset_iteration();
@@ -143,6 +164,11 @@ class DistributedDataParallel {
   int gather_next_position_ = 0;                 // positions [0, this) are dispatched
   std::vector<std::vector<Work>> gather_works_;  // [num groups]
   std::vector<bool> gather_waited_;              // [num groups]
+  bool grads_live_ = false;
+  bool param_buffer_holds_params_ = true;
+  // fp8_param_gather storage, [num params]: one of the two per param.
+  std::vector<std::unique_ptr<Mxfp8Tensor>> mxfp8_;
+  std::vector<HostBuffer> own_bf16_;
 };
 
 }  // namespace mxddp

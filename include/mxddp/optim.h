@@ -47,12 +47,18 @@ class DistributedOptimizer {
   DistributedOptimizer(DistributedDataParallel& ddp, const OptimizerConfig& config, MemoryTracker& tracker);
 
   // Call after ddp.finish_grad_sync(). Collective: every rank must call it.
+  // With reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params: staging and the
+  // gathers wait for zero_grad(), when no gradients live in the buffer they stage in.
   StepResult step();
+  // Starts an iteration: zeroes the grad buffer, and with reuse_grad_buf_for_mxfp8_param_ag then
+  // stages the main params and starts the param sync (the design's steps 1 and 2).
+  void zero_grad();
 
   // Brings every rank's model params up to date with the main params, at any point between
   // iterations (checkpoint save, evaluation, end of training): waits for a gather in flight
   // rather than issuing it again, re-stages the main params into the param buffer, and gathers
-  // what has not been gathered. Collective.
+  // what has not been gathered. With reuse_grad_buf_for_mxfp8_param_ag it first zeroes the grad
+  // buffer (the staging area) and then re-stages and gathers everything. Collective.
   void force_param_sync();
   // Casts the main params (BF16, round to nearest even) into this rank's shards of the param buffer.
   void stage_main_params();

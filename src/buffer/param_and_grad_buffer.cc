@@ -34,12 +34,16 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<ParamSpec>& params, con
   MXDDP_CHECK(options.buckets_per_group >= 1, "buckets_per_group must be >= 1; got {}", options.buckets_per_group);
   MXDDP_CHECK(initial_values.empty() || initial_values.size() == params.size(),
               "got {} initial values for {} params; give one per param or none", initial_values.size(), params.size());
+  MXDDP_CHECK(!options.params_in_grad_buffer || options.param_dtype == DType::kBF16,
+              "params_in_grad_buffer needs bf16 params; got {}", dtype_name(options.param_dtype));
   grad_dtype_ = options.grad_reduce_in_fp32 ? DType::kF32 : options.param_dtype;
   const auto numel = static_cast<size_t>(layout_.numel);
-  param_storage_ = HostBuffer(numel * dtype_size_bytes(options.param_dtype), MemoryCategory::kParams, tracker);
   grad_storage_ = HostBuffer(numel * dtype_size_bytes(grad_dtype_), MemoryCategory::kGrads, tracker);
-  std::memset(param_storage_.data(), 0, param_storage_.size_bytes());
   std::memset(grad_storage_.data(), 0, grad_storage_.size_bytes());
+  if (!options.params_in_grad_buffer) {
+    param_storage_ = HostBuffer(numel * dtype_size_bytes(options.param_dtype), MemoryCategory::kParams, tracker);
+    std::memset(param_storage_.data(), 0, param_storage_.size_bytes());
+  }
   for (size_t i = 0; i < initial_values.size(); ++i)
     copy_initial_value(initial_values[i], param_data(static_cast<int>(i)), specs_[i].name);
   const int num_buckets = static_cast<int>(layout_.buckets.size());
@@ -57,7 +61,8 @@ int ParamAndGradBuffer::param_index(const std::string& name) const {
 }
 
 TensorView ParamAndGradBuffer::param_buffer() const {
-  return param_storage_.view(options_.param_dtype, Shape{layout_.numel});
+  const HostBuffer& storage = options_.params_in_grad_buffer ? grad_storage_ : param_storage_;
+  return storage.view(options_.param_dtype, Shape{layout_.numel});
 }
 
 TensorView ParamAndGradBuffer::grad_buffer() const { return grad_storage_.view(grad_dtype_, Shape{layout_.numel}); }

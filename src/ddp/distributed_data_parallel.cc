@@ -19,7 +19,22 @@ LayoutOptions DdpConfig::layout_options(int dp) const {
 namespace {
 BufferOptions buffer_options(const DdpConfig& c) {
   return BufferOptions{.param_dtype = c.param_dtype, .grad_reduce_in_fp32 = c.grad_reduce_in_fp32,
-                       .buckets_per_group = c.buckets_per_group};
+                       .buckets_per_group = c.buckets_per_group,
+                       .params_in_grad_buffer = c.reuse_grad_buf_for_mxfp8_param_ag};
+}
+
+void validate(const DdpConfig& c, const std::vector<ParamSpec>& params) {
+  MXDDP_CHECK(!c.reuse_grad_buf_for_mxfp8_param_ag || c.fp8_param_gather,
+              "reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather (there is nothing to stage without it)");
+  MXDDP_CHECK(!c.fp8_param_gather || c.use_distributed_optimizer,
+              "fp8_param_gather needs use_distributed_optimizer (MXFP8 params are gathered from the optimizer's shards)");
+  MXDDP_CHECK(!c.fp8_param_gather || c.param_dtype == DType::kBF16, "fp8_param_gather stages bf16 params; got param_dtype {}",
+              dtype_name(c.param_dtype));
+  for (const ParamSpec& p : params) {
+    MXDDP_CHECK(!p.mxfp8 || c.fp8_param_gather, "param '{}' is marked mxfp8 but fp8_param_gather is off", p.name);
+    MXDDP_CHECK(!p.mxfp8 || p.shape.ndim() == 2, "param '{}' is marked mxfp8 but has shape {}; MXFP8 params are 2-D",
+                p.name, p.shape.to_string());
+  }
 }
 }  // namespace
 
@@ -27,7 +42,7 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::
                                                  const DdpConfig& config, MemoryTracker& tracker,
                                                  const std::vector<TensorView>& initial_values)
     : comm_(comm),
-      config_(config),
+      config_((validate(config, params), config)),
       buffer_(params, config.layout_options(comm.size()), buffer_options(config), tracker, initial_values) {
   const auto& groups = buffer_.bucket_groups();
   std::vector<int> group_of_bucket(buffer_.layout().buckets.size());
@@ -43,6 +58,56 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::
   gather_works_.resize(groups.size());
   gather_waited_.assign(groups.size(), false);
   reset_iteration();
+  if (config_.fp8_param_gather) {
+    // Every rank holds the full initial params in the param buffer: move them out like a gather
+    // would, but leave the buffer as it is (the optimizer takes its main params from it).
+    mxfp8_.resize(params.size());
+    own_bf16_.resize(params.size());
+    for (size_t p = 0; p < params.size(); ++p) {
+      const TensorView staged = buffer_.param_data(static_cast<int>(p));
+      if (params[p].mxfp8) {
+        mxfp8_[p] = std::make_unique<Mxfp8Tensor>(params[p].shape[0], params[p].shape[1], config_.mxfp8_elem,
+                                                  config_.mxfp8_scale_mode, tracker);
+        mxfp8_[p]->quantize_from(staged);
+      } else {
+        own_bf16_[p] = HostBuffer(staged.nbytes(), MemoryCategory::kParams, tracker);
+        std::memcpy(own_bf16_[p].data(), staged.data, staged.nbytes());
+      }
+    }
+  }
+}
+
+TensorView DistributedDataParallel::param(int index) const {
+  if (!config_.fp8_param_gather) return buffer_.param_data(index);
+  MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
+  const ParamSpec& spec = buffer_.params()[static_cast<size_t>(index)];
+  MXDDP_CHECK(!mxfp8_[static_cast<size_t>(index)], "param '{}' is kept as MXFP8: read it with mxfp8_param({})", spec.name,
+              index);
+  return own_bf16_[static_cast<size_t>(index)].view(DType::kBF16, spec.shape);
+}
+
+const Mxfp8Tensor& DistributedDataParallel::mxfp8_param(int index) const {
+  MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
+  MXDDP_CHECK(config_.fp8_param_gather && mxfp8_[static_cast<size_t>(index)],
+              "param '{}' is not an MXFP8 param (mark it mxfp8 and turn on fp8_param_gather)",
+              buffer_.params()[static_cast<size_t>(index)].name);
+  return *mxfp8_[static_cast<size_t>(index)];
+}
+
+void DistributedDataParallel::on_group_gathered(int group) {
+  if (!config_.fp8_param_gather) return;
+  for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)]) {
+    for (int p : buffer_.layout().buckets[static_cast<size_t>(b)].params) {
+      const TensorView gathered = buffer_.param_data(p);
+      if (mxfp8_[static_cast<size_t>(p)]) mxfp8_[static_cast<size_t>(p)]->quantize_from(gathered);
+      else std::memcpy(own_bf16_[static_cast<size_t>(p)].data(), gathered.data, gathered.nbytes());
+    }
+    // The staging view overlaps other buckets' gradients: leave it zero for them.
+    if (config_.reuse_grad_buf_for_mxfp8_param_ag) {
+      const TensorView staging = buffer_.bucket_params(b);
+      std::memset(staging.data, 0, staging.nbytes());
+    }
+  }
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -72,6 +137,7 @@ void DistributedDataParallel::grad_ready(int index) {
               buffer_.params()[i].name, index);
   ready_[i] = true;
   ++ready_count_;
+  grads_live_ = true;
   if (no_sync_depth_ > 0) {
     // Accumulating: a micro-batch ends when every param has reported.
     if (ready_count_ == num_params()) {
@@ -149,14 +215,30 @@ void DistributedDataParallel::finish_grad_sync() {
 
 void DistributedDataParallel::zero_grad_buffer() {
   wait_all_issued();  // a collective may still be reading the buffer
+  // With reuse, a pending param sync stages in this buffer: finish it (from the still-valid
+  // staging) before the zeros would be gathered as params.
+  if (config_.reuse_grad_buf_for_mxfp8_param_ag) {
+    complete_param_sync();
+    param_buffer_holds_params_ = false;
+  }
   const TensorView grads = buffer_.grad_buffer();
   std::memset(grads.data, 0, grads.nbytes());
+  grads_live_ = false;
   reset_iteration();
 }
 
 void DistributedDataParallel::broadcast_params() { comm_.broadcast(buffer_.param_buffer(), {.root = 0}); }
 
+void DistributedDataParallel::check_no_live_grads_under_staging() const {
+  // With reuse the gather stages in the grad buffer: gradients there would be gathered as params.
+  MXDDP_CHECK(!(config_.reuse_grad_buf_for_mxfp8_param_ag && grads_live_),
+              "param all-gather while gradients live in the grad buffer it stages in "
+              "(reuse_grad_buf_for_mxfp8_param_ag): zero the grad buffer and re-stage the main params first "
+              "(DistributedOptimizer::zero_grad or force_param_sync)");
+}
+
 void DistributedDataParallel::dispatch_gather(int position) {
+  check_no_live_grads_under_staging();
   const int group = num_bucket_groups() - 1 - position;
   auto& works = gather_works_[static_cast<size_t>(group)];
   for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)])
@@ -166,6 +248,7 @@ void DistributedDataParallel::dispatch_gather(int position) {
 void DistributedDataParallel::start_param_sync(bool force_sync) {
   MXDDP_CHECK(config_.use_distributed_optimizer,
               "start_param_sync: params are sharded (and gathered) only with use_distributed_optimizer");
+  check_no_live_grads_under_staging();  // before any state changes: a refused sync leaves none behind
   if (gather_pending_) complete_param_sync();  // the previous sync still owns the buffer
   gather_pending_ = true;
   gather_next_position_ = 0;
@@ -186,12 +269,7 @@ void DistributedDataParallel::finish_param_sync(int group) {
   // gather is still running even if an earlier module's hook was skipped.
   const int position = num_bucket_groups() - 1 - group;
   while (gather_next_position_ <= position) dispatch_gather(gather_next_position_++);
-  for (int p = 0; p <= position; ++p) {
-    const int g = num_bucket_groups() - 1 - p;
-    if (gather_waited_[static_cast<size_t>(g)]) continue;
-    for (Work& w : gather_works_[static_cast<size_t>(g)]) w.wait();
-    gather_waited_[static_cast<size_t>(g)] = true;
-  }
+  for (int p = 0; p <= position; ++p) wait_gather(num_bucket_groups() - 1 - p);
   // Prefetch: the next group's gather overlaps the compute that follows.
   if (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
   if (std::all_of(gather_waited_.begin(), gather_waited_.end(), [](bool w) { return w; })) gather_pending_ = false;
@@ -210,18 +288,21 @@ void DistributedDataParallel::before_forward(const std::vector<int>& params) {
   for (int g : groups) finish_param_sync(g);
 }
 
+void DistributedDataParallel::wait_gather(int group) {
+  if (gather_waited_[static_cast<size_t>(group)]) return;
+  for (Work& w : gather_works_[static_cast<size_t>(group)]) w.wait();
+  gather_waited_[static_cast<size_t>(group)] = true;
+  on_group_gathered(group);
+}
+
 void DistributedDataParallel::wait_param_gathers_in_flight() {
-  for (int position = 0; position < gather_next_position_; ++position) {
-    const int group = num_bucket_groups() - 1 - position;
-    for (Work& w : gather_works_[static_cast<size_t>(group)]) w.wait();
-  }
+  for (int position = 0; position < gather_next_position_; ++position) wait_gather(num_bucket_groups() - 1 - position);
 }
 
 void DistributedDataParallel::complete_param_sync() {
   if (!gather_pending_) return;
   while (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
   wait_param_gathers_in_flight();
-  gather_waited_.assign(gather_waited_.size(), true);
   gather_pending_ = false;
 }
 

@@ -18,6 +18,10 @@ struct SgdScalars {
   float lr, weight_decay, momentum, clip_coeff;
 };
 
+// A staging target that stores nothing: the update without staging (MXFP8 reuse stages later).
+struct NoStage {};
+inline void store(NoStage*, int64_t, float) {}
+
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const bf16_bits* p, int64_t i) { return bf16_to_f32(p[i]); }
 inline void store(float* p, int64_t i, float x) { p[i] = x; }

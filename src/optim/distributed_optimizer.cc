@@ -31,6 +31,9 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const O
                                            MemoryTracker& tracker)
     : ddp_(ddp), config_(config) {
   validate(config, ddp);
+  MXDDP_CHECK(!ddp.config().reuse_grad_buf_for_mxfp8_param_ag || ddp.param_buffer_holds_initial_params(),
+              "construct the DistributedOptimizer before the first zero_grad_buffer: with "
+              "reuse_grad_buf_for_mxfp8_param_ag the initial params live in the grad buffer until then");
   const ParamAndGradBuffer& buf = ddp.buffer();
   const int rank = ddp.communicator().rank();
   const int num_buckets = static_cast<int>(buf.layout().buckets.size());
@@ -104,17 +107,27 @@ StepResult DistributedOptimizer::step() {
   }
   ++step_count_;
   update(result.clip_coeff);
-  ddp_.start_param_sync();
+  if (!ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) ddp_.start_param_sync();
   return result;
+}
+
+void DistributedOptimizer::zero_grad() {
+  ddp_.zero_grad_buffer();
+  if (!ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) return;
+  stage_main_params();
+  ddp_.start_param_sync();
 }
 
 namespace {
 
 // Runs kernel(grad, param) with the shard's grad and param pointers cast to their element types.
 template <typename Kernel>
-void with_typed(const TensorView& grads, const TensorView& params, int64_t offset, Kernel&& kernel) {
+void with_typed(const TensorView& grads, const TensorView& params, int64_t offset, bool stage, Kernel&& kernel) {
   const bool g32 = grads.dtype == DType::kF32, p32 = params.dtype == DType::kF32;
-  if (g32 && p32) kernel(grads.data_as<const float>() + offset, params.data_as<float>() + offset);
+  auto* none = static_cast<optim_kernel::NoStage*>(nullptr);
+  if (!stage && g32) kernel(grads.data_as<const float>() + offset, none);
+  else if (!stage) kernel(grads.data_as<const bf16_bits>() + offset, none);
+  else if (g32 && p32) kernel(grads.data_as<const float>() + offset, params.data_as<float>() + offset);
   else if (g32) kernel(grads.data_as<const float>() + offset, params.data_as<bf16_bits>() + offset);
   else if (p32) kernel(grads.data_as<const bf16_bits>() + offset, params.data_as<float>() + offset);
   else kernel(grads.data_as<const bf16_bits>() + offset, params.data_as<bf16_bits>() + offset);
@@ -127,6 +140,7 @@ void DistributedOptimizer::update(double clip_coeff) {
   const int rank = ddp_.communicator().rank();
   const auto t = static_cast<double>(step_count_);
   const OptimizerConfig& c = config_;
+  const bool stage = !ddp_.config().reuse_grad_buf_for_mxfp8_param_ag;  // the param shard is grad memory then
   for (size_t b = 0; b < main_.size(); ++b) {
     // The param shard is written as the update goes: staging fused in, no second pass. Padding
     // needs none: it is zero in both buffers.
@@ -145,10 +159,10 @@ void DistributedOptimizer::update(double clip_coeff) {
             static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(c.adam_beta2), t))),
             static_cast<float>(clip_coeff)};
         float* s1 = static_cast<float*>(state_[1][b].data());
-        with_typed(grads, params, at, [&](auto* g, auto* p) { optim_kernel::adamw(g, main + at, s0 + at, s1 + at, p, n, s); });
+        with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::adamw(g, main + at, s0 + at, s1 + at, p, n, s); });
       } else {
         const optim_kernel::SgdScalars s{c.lr, wd, c.sgd_momentum, static_cast<float>(clip_coeff)};
-        with_typed(grads, params, at, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + at, s0 + at, p, n, s); });
+        with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + at, s0 + at, p, n, s); });
       }
     }
   }
@@ -166,6 +180,13 @@ void DistributedOptimizer::stage_main_params() {
 }
 
 void DistributedOptimizer::force_param_sync() {
+  if (ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) {
+    // The staging area is the grad buffer: it may hold gradients or zeros, never trust it.
+    ddp_.zero_grad_buffer();  // finishes a pending sync first, from its still-valid staging
+    stage_main_params();
+    ddp_.start_param_sync(/*force_sync=*/true);
+    return;
+  }
   // A gather in flight reads the shards: let it finish before they are re-staged.
   ddp_.wait_param_gathers_in_flight();
   stage_main_params();

@@ -10,14 +10,17 @@
 #include <vector>
 
 #include <mxddp/optim.h>
+#include <mxddp/quant.h>
 
 namespace mxddp::testing {
 
 constexpr int kIn = 6, kHidden = 16, kOut = 3;
 
-inline std::vector<ParamSpec> mlp_params() {
-  return {{"l0.w", Shape{kIn, kHidden}}, {"l0.b", Shape{kHidden}}, {"l1.w", Shape{kHidden, kHidden}},
-          {"l1.b", Shape{kHidden}},      {"l2.w", Shape{kHidden, kOut}}, {"l2.b", Shape{kOut}}};
+// mxfp8: mark the weight matrices as MXFP8 params (for fp8_param_gather).
+inline std::vector<ParamSpec> mlp_params(bool mxfp8 = false) {
+  return {{"l0.w", Shape{kIn, kHidden}, false, mxfp8},     {"l0.b", Shape{kHidden}},
+          {"l1.w", Shape{kHidden, kHidden}, false, mxfp8}, {"l1.b", Shape{kHidden}},
+          {"l2.w", Shape{kHidden, kOut}, false, mxfp8},    {"l2.b", Shape{kOut}}};
 }
 
 // Deterministic initial values, one f32 vector per param.
@@ -48,6 +51,8 @@ inline void sample(int step, int index, float* x, float* y) {
 
 struct ModelHooks {
   std::function<std::vector<float>(int)> param;                      // f32 copy of param i
+  // The weight the data-gradient product uses (MXFP8: the column-wise copy); empty = param.
+  std::function<std::vector<float>(int)> param_for_data_grad;
   std::function<void(int, const std::vector<float>&)> accumulate;    // grad of param i += g
   std::function<void(int)> grad_ready = [](int) {};
   std::function<void(const std::vector<int>&)> before_forward = [](const std::vector<int>&) {};
@@ -57,11 +62,12 @@ struct ModelHooks {
 // over those samples. Returns the mean loss.
 inline double forward_backward(const ModelHooks& m, int step, int first, int count) {
   const int dims[4] = {kIn, kHidden, kHidden, kOut};
-  std::vector<std::vector<float>> w(3), b(3);
+  std::vector<std::vector<float>> w(3), b(3), wd(3);
   std::vector<std::vector<float>> gw(3), gb(3);
   for (int l = 0; l < 3; ++l) {
     m.before_forward({2 * l, 2 * l + 1});
     w[static_cast<size_t>(l)] = m.param(2 * l);
+    wd[static_cast<size_t>(l)] = m.param_for_data_grad ? m.param_for_data_grad(2 * l) : w[static_cast<size_t>(l)];
     b[static_cast<size_t>(l)] = m.param(2 * l + 1);
     gw[static_cast<size_t>(l)].assign(w[static_cast<size_t>(l)].size(), 0.0f);
     gb[static_cast<size_t>(l)].assign(b[static_cast<size_t>(l)].size(), 0.0f);
@@ -95,7 +101,7 @@ inline double forward_backward(const ModelHooks& m, int step, int first, int cou
       for (int i = 0; i < n_in; ++i)
         for (int o = 0; o < n_out; ++o) {
           gw[static_cast<size_t>(l)][static_cast<size_t>(i * n_out + o)] += act[static_cast<size_t>(l)][static_cast<size_t>(i)] * delta[static_cast<size_t>(o)];
-          prev[static_cast<size_t>(i)] += w[static_cast<size_t>(l)][static_cast<size_t>(i * n_out + o)] * delta[static_cast<size_t>(o)];
+          prev[static_cast<size_t>(i)] += wd[static_cast<size_t>(l)][static_cast<size_t>(i * n_out + o)] * delta[static_cast<size_t>(o)];
         }
       for (int o = 0; o < n_out; ++o) gb[static_cast<size_t>(l)][static_cast<size_t>(o)] += delta[static_cast<size_t>(o)];
       if (l > 0)
@@ -115,10 +121,23 @@ inline double forward_backward(const ModelHooks& m, int step, int first, int cou
   return loss / count;
 }
 
-// Hooks over a DistributedDataParallel (f32 grads, bf16 or f32 params).
+// An MXFP8 param dequantized, in the given orientation.
+inline std::vector<float> dequantized(const Mxfp8Tensor& t, QuantAxis axis) {
+  std::vector<float> v(static_cast<size_t>(t.rows() * t.cols()));
+  mx_dequantize(t.data(axis), t.scales(axis), TensorView{v.data(), DType::kF32, Shape{t.rows(), t.cols()}}, t.options(axis));
+  return v;
+}
+
+// Hooks over a DistributedDataParallel (f32 grads, bf16 or f32 params; MXFP8 weights are used
+// row-wise in forward and column-wise for the data gradient).
 inline ModelHooks ddp_hooks(DistributedDataParallel& ddp) {
   ModelHooks m;
+  m.param_for_data_grad = [&ddp](int i) {
+    if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i), QuantAxis::kCol);
+    return std::vector<float>();  // replaced below: same as param
+  };
   m.param = [&ddp](int i) {
+    if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i), QuantAxis::kRow);
     const TensorView p = ddp.param(i);
     std::vector<float> v(static_cast<size_t>(p.numel()));
     if (p.dtype == DType::kF32) std::copy_n(p.data_as<const float>(), v.size(), v.begin());
@@ -131,6 +150,12 @@ inline ModelHooks ddp_hooks(DistributedDataParallel& ddp) {
   };
   m.grad_ready = [&ddp](int i) { ddp.grad_ready(i); };
   m.before_forward = [&ddp](const std::vector<int>& params) { ddp.before_forward(params); };
+  const auto plain = m.param;
+  const auto data_grad = m.param_for_data_grad;
+  m.param_for_data_grad = [plain, data_grad](int i) {
+    std::vector<float> v = data_grad(i);
+    return v.empty() ? plain(i) : v;
+  };
   return m;
 }
 
@@ -139,7 +164,7 @@ inline double ddp_train_step(DistributedOptimizer& opt, int step, int global_bat
   DistributedDataParallel& ddp = opt.ddp();
   const int dp = ddp.communicator().size(), rank = ddp.communicator().rank();
   const int local = global_batch / dp;
-  ddp.zero_grad_buffer();
+  opt.zero_grad();
   const double loss = forward_backward(ddp_hooks(ddp), step, rank * local, local);
   ddp.finish_grad_sync();
   opt.step();
