@@ -1,38 +1,21 @@
 // The collective suite on the MPI backend: run by CTest as `mpirun -np 2` and `-np 4`. Each
 // process is one rank; gtest runs in every process and any failing rank fails the run.
-#include <mpi.h>
-
+#include "mpi_main.h"
 #include "comm/collective_checks.h"
 
 namespace mxddp::testing {
 namespace {
 
-Communicator* g_comm = nullptr;
-
-// On ranks other than 0 the default printer is removed; this keeps their failures visible.
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (result.failed())
-      std::printf("[rank %d] FAILURE %s:%d\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
-                  result.line_number(), result.summary());
-  }
-
- private:
-  int rank_;
-};
-
 class MpiCollectives : public ::testing::TestWithParam<DType> {};
 
-TEST_P(MpiCollectives, EveryCollectiveMatchesSerialReference) { check_every_collective(*g_comm, GetParam()); }
+TEST_P(MpiCollectives, EveryCollectiveMatchesSerialReference) { check_every_collective(*g_mpi_comm, GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, MpiCollectives, ::testing::Values(DType::kF32, DType::kBF16, DType::kU8),
                          [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
 
-TEST(MpiBackend, AsyncCollectiveProgressesWhileCallerComputes) { check_async_progress_without_wait(*g_comm); }
+TEST(MpiBackend, AsyncCollectiveProgressesWhileCallerComputes) { check_async_progress_without_wait(*g_mpi_comm); }
 
-TEST(MpiBackend, MismatchedCountsAndDTypesAreErrorsOnEveryRank) { check_mismatch_is_an_error(*g_comm); }
+TEST(MpiBackend, MismatchedCountsAndDTypesAreErrorsOnEveryRank) { check_mismatch_is_an_error(*g_mpi_comm); }
 
 TEST(MpiBackend, StagingBuffersAreChargedToTheTracker) {
   MemoryTracker tracker;
@@ -44,31 +27,10 @@ TEST(MpiBackend, StagingBuffersAreChargedToTheTracker) {
 }
 
 TEST(MpiBackend, RanksMatchTheWorld) {
-  EXPECT_EQ(g_comm->rank(), MpiRuntime::world_rank());
-  EXPECT_EQ(g_comm->size(), MpiRuntime::world_size());
-  EXPECT_EQ(g_comm->backend_name(), "mpi");
+  EXPECT_EQ(g_mpi_comm->rank(), MpiRuntime::world_rank());
+  EXPECT_EQ(g_mpi_comm->size(), MpiRuntime::world_size());
+  EXPECT_EQ(g_mpi_comm->backend_name(), "mpi");
 }
 
 }  // namespace
 }  // namespace mxddp::testing
-
-int main(int argc, char** argv) {
-  mxddp::MpiRuntime runtime(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int failed = 0;
-  {
-    auto comm = mxddp::make_mpi_communicator();
-    mxddp::testing::g_comm = comm.get();
-    if (comm->rank() != 0) {
-      // Keep failures visible on every rank, but only rank 0 prints the progress listing.
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-      delete listeners.Release(listeners.default_result_printer());
-      listeners.Append(new mxddp::testing::FailurePrinter(comm->rank()));
-    }
-    failed = RUN_ALL_TESTS();
-    // Agree on the verdict, so one failing rank fails the whole run's exit status.
-    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (comm->rank() == 0) std::printf("mpi suite on %d ranks: %s\n", comm->size(), failed ? "FAILED" : "passed");
-  }
-  return failed;
-}

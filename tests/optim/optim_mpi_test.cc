@@ -1,27 +1,24 @@
 // The distributed optimizer and checkpoints under mpirun (-np 2 and -np 4): equivalence with the
 // plain optimizer, overlap on/off agreement, force_param_sync, and a save / load / reshard-free
 // resume across processes sharing a filesystem.
-#include <mpi.h>
-
 #include <filesystem>
 
 #include <mxddp/checkpoint.h>
 
+#include "mpi_main.h"
 #include "optim/optim_checks.h"
 
 namespace mxddp::testing {
 namespace {
 
-Communicator* g_comm = nullptr;
-
 // OpenMPI sums in its own (tree) order, not rank order, so the last bits differ from the
 // reference's and Adam's normalization amplifies them: 1e-5 here, 1e-6 on the local backend.
 constexpr double kMpiRelTol = 1e-5;
 TEST(OptimMpi, AdamWMatchesPlainAdamW) {
-  check_matches_plain_optimizer(*g_comm, {.lr = 1e-2f, .clip_grad = 0.05f}, 5, kMpiRelTol);
+  check_matches_plain_optimizer(*g_mpi_comm, {.lr = 1e-2f, .clip_grad = 0.05f}, 5, kMpiRelTol);
 }
 TEST(OptimMpi, SgdMatchesPlainSgd) {
-  check_matches_plain_optimizer(*g_comm, {.optimizer = "sgd", .lr = 5e-2f}, 5, kMpiRelTol);
+  check_matches_plain_optimizer(*g_mpi_comm, {.optimizer = "sgd", .lr = 5e-2f}, 5, kMpiRelTol);
 }
 
 TEST(OptimMpi, OverlapParamGatherGivesTheSameParams) {
@@ -29,7 +26,7 @@ TEST(OptimMpi, OverlapParamGatherGivesTheSameParams) {
   for (bool overlap : {false, true}) {
     MemoryTracker tracker;
     auto init = mlp_init();
-    DistributedDataParallel ddp(*g_comm, mlp_params(), optim_ddp_config(overlap), tracker, views_of(init));
+    DistributedDataParallel ddp(*g_mpi_comm, mlp_params(), optim_ddp_config(overlap), tracker, views_of(init));
     DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
     for (int s = 0; s < 4; ++s) ddp_train_step(opt, s, kGlobalBatch);
     opt.force_param_sync();
@@ -44,12 +41,12 @@ TEST(OptimMpi, SaveAndResumeContinuesTheRun) {
   std::string dir = (std::filesystem::temp_directory_path() / fmt::format("mxddp_mpi_ckpt_{}", ::getpid())).string();
   std::vector<char> name(256, 0);
   std::copy(dir.begin(), dir.end(), name.begin());
-  g_comm->broadcast(TensorView{name.data(), DType::kU8, Shape{256}, Device::cpu()}, {.root = 0});
+  g_mpi_comm->broadcast(TensorView{name.data(), DType::kU8, Shape{256}, Device::cpu()}, {.root = 0});
   dir = name.data();
   auto train = [&](int first, int last, bool load, bool save) {
     MemoryTracker tracker;
     auto init = mlp_init();
-    DistributedDataParallel ddp(*g_comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedDataParallel ddp(*g_mpi_comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
     DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
     if (load) load_checkpoint(dir, opt);
     std::vector<double> losses;
@@ -61,22 +58,9 @@ TEST(OptimMpi, SaveAndResumeContinuesTheRun) {
   train(0, 3, false, true);
   const std::vector<double> resumed = train(3, 6, true, false);
   for (size_t s = 0; s < resumed.size(); ++s) EXPECT_EQ(resumed[s], uninterrupted[s + 3]) << "step " << s + 3;
-  g_comm->barrier();
-  if (g_comm->rank() == 0) std::filesystem::remove_all(dir);
+  g_mpi_comm->barrier();
+  if (g_mpi_comm->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace
 }  // namespace mxddp::testing
-
-int main(int argc, char** argv) {
-  mxddp::MpiRuntime runtime(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int failed = 0;
-  {
-    auto comm = mxddp::make_mpi_communicator();
-    mxddp::testing::g_comm = comm.get();
-    failed = RUN_ALL_TESTS();
-    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  }
-  return failed;
-}
