@@ -48,6 +48,10 @@ struct DdpConfig {
   // Distributed optimizer: gather updated params group by group in the forward pre-hooks
   // (before_forward) instead of all at once at the end of the optimizer step.
   bool overlap_param_gather = false;
+  // With overlap_param_gather: the optimizer step updates the bucket groups in gather order and
+  // dispatches each group's all-gather as soon as its shards are updated, so the gathers overlap
+  // the rest of the update.
+  bool overlap_param_gather_with_optimizer_step = false;
   // MXFP8 params (ParamSpec::mxfp8): every param gets storage outside the buffers (MXFP8 row- and
   // column-wise for those marked, a BF16 copy for the rest) and the param buffer only stages the
   // all-gathers; after a group's gather its params are quantized (or copied) out of it.
@@ -105,6 +109,13 @@ class DistributedDataParallel {
   // overlap_param_gather (and not force_sync) only the first group is dispatched, and before_forward
   // gathers the rest as the model reaches them; otherwise everything is gathered before returning.
   void start_param_sync(bool force_sync = false);
+  // The pieces of start_param_sync for a caller that dispatches group by group (the optimizer with
+  // overlap_param_gather_with_optimizer_step): begin a sync with nothing dispatched, then dispatch
+  // the gathers one at a time, in gather order (groups num_groups-1 down to 0).
+  void begin_param_sync();
+  void dispatch_next_param_gather();
+  // The bucket group whose gather dispatch_next_param_gather would dispatch (-1 when none is left).
+  int next_param_gather_group() const;
   // Waits for `group`'s gather and those of the groups gathered before it (dispatching them if
   // needed), then dispatches the next group so it overlaps the caller's compute.
   void finish_param_sync(int group);

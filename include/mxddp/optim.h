@@ -82,7 +82,8 @@ class DistributedOptimizer {
 
  private:
   double local_grad_sum_of_squares() const;
-  void update(double clip_coeff);
+  // The update of one bucket's shard, with the staging into the param buffer fused in.
+  void update_bucket(int bucket, double clip_coeff);
 
   DistributedDataParallel& ddp_;
   OptimizerConfig config_;

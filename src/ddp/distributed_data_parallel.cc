@@ -24,6 +24,11 @@ BufferOptions buffer_options(const DdpConfig& c) {
 }
 
 void validate(const DdpConfig& c, const std::vector<ParamSpec>& params) {
+  MXDDP_CHECK(!c.overlap_param_gather_with_optimizer_step || (c.overlap_param_gather && c.use_distributed_optimizer),
+              "overlap_param_gather_with_optimizer_step needs overlap_param_gather and use_distributed_optimizer");
+  MXDDP_CHECK(!(c.reuse_grad_buf_for_mxfp8_param_ag && c.overlap_param_gather_with_optimizer_step),
+              "reuse_grad_buf_for_mxfp8_param_ag cannot overlap the param gather with the optimizer step: the "
+              "gathers stage in the grad buffer, which holds gradients until the step is done");
   MXDDP_CHECK(!c.reuse_grad_buf_for_mxfp8_param_ag || c.fp8_param_gather,
               "reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather (there is nothing to stage without it)");
   MXDDP_CHECK(!c.fp8_param_gather || c.use_distributed_optimizer,
@@ -245,7 +250,7 @@ void DistributedDataParallel::dispatch_gather(int position) {
     works.push_back(comm_.all_gather(buffer_.param_shard(b, comm_.rank()), buffer_.bucket_params(b), {.async_op = true}));
 }
 
-void DistributedDataParallel::start_param_sync(bool force_sync) {
+void DistributedDataParallel::begin_param_sync() {
   MXDDP_CHECK(config_.use_distributed_optimizer,
               "start_param_sync: params are sharded (and gathered) only with use_distributed_optimizer");
   check_no_live_grads_under_staging();  // before any state changes: a refused sync leaves none behind
@@ -254,11 +259,21 @@ void DistributedDataParallel::start_param_sync(bool force_sync) {
   gather_next_position_ = 0;
   for (auto& w : gather_works_) w.clear();
   gather_waited_.assign(gather_waited_.size(), false);
-  if (force_sync || !config_.overlap_param_gather) {
-    complete_param_sync();
-  } else {
-    dispatch_gather(gather_next_position_++);
-  }
+}
+
+void DistributedDataParallel::dispatch_next_param_gather() {
+  MXDDP_CHECK(gather_pending_, "dispatch_next_param_gather outside a param sync (call begin_param_sync first)");
+  if (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
+}
+
+int DistributedDataParallel::next_param_gather_group() const {
+  return gather_pending_ && gather_next_position_ < num_bucket_groups() ? num_bucket_groups() - 1 - gather_next_position_ : -1;
+}
+
+void DistributedDataParallel::start_param_sync(bool force_sync) {
+  begin_param_sync();
+  if (force_sync || !config_.overlap_param_gather) complete_param_sync();
+  else dispatch_next_param_gather();
 }
 
 void DistributedDataParallel::finish_param_sync(int group) {

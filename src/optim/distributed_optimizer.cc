@@ -106,7 +106,17 @@ StepResult DistributedOptimizer::step() {
     if (coeff < 1.0) result.clip_coeff = coeff;
   }
   ++step_count_;
-  update(result.clip_coeff);
+  if (ddp_.config().overlap_param_gather_with_optimizer_step) {
+    // Update group by group in gather order; each group's gather runs while later groups update.
+    ddp_.begin_param_sync();
+    const auto& groups = ddp_.buffer().bucket_groups();
+    for (int g = ddp_.next_param_gather_group(); g >= 0; g = ddp_.next_param_gather_group()) {
+      for (int b : groups[static_cast<size_t>(g)]) update_bucket(b, result.clip_coeff);
+      ddp_.dispatch_next_param_gather();
+    }
+    return result;
+  }
+  for (size_t b = 0; b < main_.size(); ++b) update_bucket(static_cast<int>(b), result.clip_coeff);
   if (!ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) ddp_.start_param_sync();
   return result;
 }
@@ -135,35 +145,34 @@ void with_typed(const TensorView& grads, const TensorView& params, int64_t offse
 
 }  // namespace
 
-void DistributedOptimizer::update(double clip_coeff) {
+void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
   const ParamAndGradBuffer& buf = ddp_.buffer();
   const int rank = ddp_.communicator().rank();
   const auto t = static_cast<double>(step_count_);
   const OptimizerConfig& c = config_;
   const bool stage = !ddp_.config().reuse_grad_buf_for_mxfp8_param_ag;  // the param shard is grad memory then
-  for (size_t b = 0; b < main_.size(); ++b) {
-    // The param shard is written as the update goes: staging fused in, no second pass. Padding
-    // needs none: it is zero in both buffers.
-    const TensorView grads = buf.grad_shard(static_cast<int>(b), rank);
-    const TensorView params = buf.param_shard(static_cast<int>(b), rank);
-    float* main = static_cast<float*>(main_[b].data());
-    float* s0 = static_cast<float*>(state_[0][b].data());
-    for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
-      const bool decay = buf.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
-      const float wd = decay ? c.weight_decay : 0.0f;
-      const int64_t at = r.in_shard.start, n = r.in_shard.size();
-      if (c.optimizer == "adam") {
-        const optim_kernel::AdamScalars s{
-            c.lr, wd, c.adam_beta1, c.adam_beta2, c.adam_eps,
-            static_cast<float>(c.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(c.adam_beta1), t))),
-            static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(c.adam_beta2), t))),
-            static_cast<float>(clip_coeff)};
-        float* s1 = static_cast<float*>(state_[1][b].data());
-        with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::adamw(g, main + at, s0 + at, s1 + at, p, n, s); });
-      } else {
-        const optim_kernel::SgdScalars s{c.lr, wd, c.sgd_momentum, static_cast<float>(clip_coeff)};
-        with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + at, s0 + at, p, n, s); });
-      }
+  const auto b = static_cast<size_t>(bucket);
+  // The param shard is written as the update goes: staging fused in, no second pass. Padding
+  // needs none: it is zero in both buffers.
+  const TensorView grads = buf.grad_shard(static_cast<int>(b), rank);
+  const TensorView params = buf.param_shard(static_cast<int>(b), rank);
+  float* main = static_cast<float*>(main_[b].data());
+  float* s0 = static_cast<float*>(state_[0][b].data());
+  for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
+    const bool decay = buf.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
+    const float wd = decay ? c.weight_decay : 0.0f;
+    const int64_t at = r.in_shard.start, n = r.in_shard.size();
+    if (c.optimizer == "adam") {
+      const optim_kernel::AdamScalars s{
+          c.lr, wd, c.adam_beta1, c.adam_beta2, c.adam_eps,
+          static_cast<float>(c.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(c.adam_beta1), t))),
+          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(c.adam_beta2), t))),
+          static_cast<float>(clip_coeff)};
+      float* s1 = static_cast<float*>(state_[1][b].data());
+      with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::adamw(g, main + at, s0 + at, s1 + at, p, n, s); });
+    } else {
+      const optim_kernel::SgdScalars s{c.lr, wd, c.sgd_momentum, static_cast<float>(clip_coeff)};
+      with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + at, s0 + at, p, n, s); });
     }
   }
 }

@@ -45,10 +45,13 @@ TEST_P(OptimDp, ClippingMatchesSerialReference) {
 INSTANTIATE_TEST_SUITE_P(Dp, OptimDp, ::testing::Values(1, 2, 4));
 
 // Runs `steps` steps and returns this rank's full param buffer bytes and the losses.
-std::pair<std::vector<char>, std::vector<double>> train_bytes(Communicator& comm, bool overlap, int steps) {
+std::pair<std::vector<char>, std::vector<double>> train_bytes(Communicator& comm, bool overlap, int steps,
+                                                              bool overlap_with_step = false) {
   MemoryTracker tracker;
   auto init = mlp_init();
-  DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(overlap), tracker, views_of(init));
+  DdpConfig cfg = optim_ddp_config(overlap);
+  cfg.overlap_param_gather_with_optimizer_step = overlap_with_step;
+  DistributedDataParallel ddp(comm, mlp_params(), cfg, tracker, views_of(init));
   DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) losses.push_back(ddp_train_step(opt, s, kGlobalBatch));
@@ -67,6 +70,44 @@ TEST(DistributedOptimizer, OverlapParamGatherIsBitwiseIdentical) {
       EXPECT_EQ(on[static_cast<size_t>(r)].second, off[static_cast<size_t>(r)].second);
     }
   }
+}
+
+TEST(DistributedOptimizer, GatherOverlappedWithTheStepIsBitwiseIdentical) {
+  for (int dp : {2, 4}) {
+    std::vector<std::pair<std::vector<char>, std::vector<double>>> with(static_cast<size_t>(dp)), off(static_cast<size_t>(dp));
+    run_local(dp, [&](Communicator& comm) { with[static_cast<size_t>(comm.rank())] = train_bytes(comm, true, 5, true); });
+    run_local(dp, [&](Communicator& comm) { off[static_cast<size_t>(comm.rank())] = train_bytes(comm, false, 5); });
+    for (int r = 0; r < dp; ++r) {
+      EXPECT_EQ(with[static_cast<size_t>(r)].first, off[static_cast<size_t>(r)].first) << "dp " << dp << " rank " << r;
+      EXPECT_EQ(with[static_cast<size_t>(r)].second, off[static_cast<size_t>(r)].second);
+    }
+  }
+}
+
+TEST(DistributedOptimizer, StepDispatchesEveryGroupsGatherAsItsUpdateFinishes) {
+  run_local(2, [](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DdpConfig cfg = optim_ddp_config(true);
+    cfg.overlap_param_gather_with_optimizer_step = true;
+    DistributedDataParallel ddp(comm, mlp_params(), cfg, tracker, views_of(init));
+    DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+    ASSERT_GE(ddp.num_bucket_groups(), 3);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    EXPECT_TRUE(ddp.param_sync_pending()) << "the forward hooks still wait for the gathers";
+    EXPECT_EQ(ddp.next_param_gather_group(), -1) << "every group's gather was dispatched during the step";
+    ddp.before_forward({4, 5});
+    EXPECT_FALSE(ddp.param_sync_pending());
+  });
+}
+
+TEST(DistributedOptimizer, OverlapWithStepNeedsOverlapParamGather) {
+  run_local(1, [](Communicator& comm) {
+    MemoryTracker tracker;
+    DdpConfig cfg = optim_ddp_config(false);
+    cfg.overlap_param_gather_with_optimizer_step = true;
+    EXPECT_THROW(DistributedDataParallel(comm, mlp_params(), cfg, tracker), Error);
+  });
 }
 
 TEST(DistributedOptimizer, OverlappedGatherIsDispatchedGroupByGroupInForward) {
