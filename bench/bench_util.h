@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <mxddp/memory.h>
@@ -38,5 +39,17 @@ inline double memcpy_bandwidth_bytes_per_s(size_t bytes, int runs = 7) {
 }
 
 inline std::string mib(size_t bytes) { return fmt::format("{} MiB", bytes >> 20); }
+
+// "2,4,8" -> {2, 4, 8} (a command-line list of sizes).
+inline std::vector<int64_t> parse_int_list(const std::string& text) {
+  std::vector<int64_t> v;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t comma = text.find(',', pos);
+    v.push_back(std::stoll(text.substr(pos, comma - pos)));
+    pos = comma == std::string::npos ? text.size() : comma + 1;
+  }
+  return v;
+}
 
 }  // namespace mxddp::bench

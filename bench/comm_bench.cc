@@ -11,7 +11,6 @@
 // MPI:    mpirun -np 2 comm_bench --backend mpi
 #include <cstdio>
 #include <mutex>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <mpi.h>
@@ -73,11 +72,9 @@ std::vector<size_t> sizes(const Args& a) {
 }
 
 void run_local_sweep(const Args& args, double memcpy_bw) {
-  std::stringstream list(args.ranks);
-  std::string item;
   std::printf("%-6s %-15s %10s %12s %12s\n", "ranks", "op", "size", "busbw_GBps", "vs_memcpy");
-  while (std::getline(list, item, ',')) {
-    const int n = std::stoi(item);
+  for (const int64_t ranks : parse_int_list(args.ranks)) {
+    const auto n = static_cast<int>(ranks);
     for (Op op : kOps)
       for (size_t bytes : sizes(args)) {
         std::vector<double> times;

@@ -27,17 +27,6 @@ struct Args {
   int runs = 3;
 };
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t comma = s.find(',', pos);
-    v.push_back(std::stoll(s.substr(pos, comma - pos)));
-    pos = comma == std::string::npos ? s.size() : comma + 1;
-  }
-  return v;
-}
-
 struct Result {
   double exposed_ms = 0;  // median
   double raw_ms = 0;      // median of one raw reduce_scatter of the whole buffer
@@ -101,8 +90,8 @@ int main(int argc, char** argv) {
               args.layer_compute_ms, args.runs);
   std::printf("%-4s %12s %8s %17s %16s %17s %10s %12s\n", "dp", "bucket_size", "buckets", "exposed_ms_overlap",
               "exposed_ms_none", "exposed_fraction", "raw_rs_ms", "sync_vs_raw");
-  for (int64_t dp : parse_list(args.dps))
-    for (int64_t bucket : parse_list(args.bucket_sizes)) {
+  for (int64_t dp : parse_int_list(args.dps))
+    for (int64_t bucket : parse_int_list(args.bucket_sizes)) {
       const Result on = measure(static_cast<int>(dp), bucket, true, args);
       const Result off = measure(static_cast<int>(dp), bucket, false, args);
       std::printf("%-4lld %12lld %8d %17.1f %16.1f %17.3f %10.1f %12.2f\n", static_cast<long long>(dp),

@@ -144,6 +144,9 @@ class ParamAndGradBuffer {
   const std::vector<std::vector<int>>& bucket_groups() const { return bucket_groups_; }
 
  private:
+  TensorView param_view(const TensorView& whole, int param) const;  // the param's slice, shaped
+  Range shard_range(int bucket, int rank) const;
+
   std::vector<ParamSpec> specs_;
   ParamLayout layout_;
   BufferOptions options_;

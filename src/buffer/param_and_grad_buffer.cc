@@ -67,21 +67,21 @@ TensorView ParamAndGradBuffer::param_buffer() const {
 
 TensorView ParamAndGradBuffer::grad_buffer() const { return grad_storage_.view(grad_dtype_, Shape{layout_.numel}); }
 
-TensorView ParamAndGradBuffer::param_data(int param) const {
+TensorView ParamAndGradBuffer::param_view(const TensorView& whole, int param) const {
   MXDDP_CHECK(param >= 0 && param < num_params(), "param index {} out of range; valid: 0..{}", param, num_params() - 1);
   const Range r = layout_.params[static_cast<size_t>(param)].range;
-  TensorView v = param_buffer().slice(r.start, r.size());
+  TensorView v = whole.slice(r.start, r.size());
   v.shape = specs_[static_cast<size_t>(param)].shape;
   return v;
 }
 
-TensorView ParamAndGradBuffer::main_grad(int param) const {
-  MXDDP_CHECK(param >= 0 && param < num_params(), "param index {} out of range; valid: 0..{}", param, num_params() - 1);
-  const Range r = layout_.params[static_cast<size_t>(param)].range;
-  TensorView v = grad_buffer().slice(r.start, r.size());
-  v.shape = specs_[static_cast<size_t>(param)].shape;
-  return v;
+Range ParamAndGradBuffer::shard_range(int bucket, int rank) const {
+  MXDDP_CHECK(!layout_.shards.empty(), "shards exist only in the distributed optimizer's layout");
+  return layout_.shards.at(static_cast<size_t>(rank)).at(static_cast<size_t>(bucket)).range;
 }
+
+TensorView ParamAndGradBuffer::param_data(int param) const { return param_view(param_buffer(), param); }
+TensorView ParamAndGradBuffer::main_grad(int param) const { return param_view(grad_buffer(), param); }
 
 TensorView ParamAndGradBuffer::bucket_grads(int bucket) const {
   const Range r = layout_.buckets.at(static_cast<size_t>(bucket)).range;
@@ -94,14 +94,12 @@ TensorView ParamAndGradBuffer::bucket_params(int bucket) const {
 }
 
 TensorView ParamAndGradBuffer::grad_shard(int bucket, int rank) const {
-  MXDDP_CHECK(!layout_.shards.empty(), "grad_shard needs the distributed optimizer's layout (no shards without it)");
-  const Range r = layout_.shards.at(static_cast<size_t>(rank)).at(static_cast<size_t>(bucket)).range;
+  const Range r = shard_range(bucket, rank);
   return grad_buffer().slice(r.start, r.size());
 }
 
 TensorView ParamAndGradBuffer::param_shard(int bucket, int rank) const {
-  MXDDP_CHECK(!layout_.shards.empty(), "param_shard needs the distributed optimizer's layout (no shards without it)");
-  const Range r = layout_.shards.at(static_cast<size_t>(rank)).at(static_cast<size_t>(bucket)).range;
+  const Range r = shard_range(bucket, rank);
   return param_buffer().slice(r.start, r.size());
 }
 

@@ -128,34 +128,28 @@ inline std::vector<float> dequantized(const Mxfp8Tensor& t, QuantAxis axis) {
   return v;
 }
 
+// Param i as f32: an MXFP8 param dequantized in the given orientation, any other widened.
+inline std::vector<float> ddp_param_f32(const DistributedDataParallel& ddp, int i, QuantAxis mxfp8_axis) {
+  if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i), mxfp8_axis);
+  const TensorView p = ddp.param(i);
+  std::vector<float> v(static_cast<size_t>(p.numel()));
+  if (p.dtype == DType::kF32) std::copy_n(p.data_as<const float>(), v.size(), v.begin());
+  else convert_bf16_to_f32(p.data_as<const bf16_bits>(), v.data(), v.size());
+  return v;
+}
+
 // Hooks over a DistributedDataParallel (f32 grads, bf16 or f32 params; MXFP8 weights are used
 // row-wise in forward and column-wise for the data gradient).
 inline ModelHooks ddp_hooks(DistributedDataParallel& ddp) {
   ModelHooks m;
-  m.param_for_data_grad = [&ddp](int i) {
-    if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i), QuantAxis::kCol);
-    return std::vector<float>();  // replaced below: same as param
-  };
-  m.param = [&ddp](int i) {
-    if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i), QuantAxis::kRow);
-    const TensorView p = ddp.param(i);
-    std::vector<float> v(static_cast<size_t>(p.numel()));
-    if (p.dtype == DType::kF32) std::copy_n(p.data_as<const float>(), v.size(), v.begin());
-    else convert_bf16_to_f32(p.data_as<const bf16_bits>(), v.data(), v.size());
-    return v;
-  };
+  m.param = [&ddp](int i) { return ddp_param_f32(ddp, i, QuantAxis::kRow); };
+  m.param_for_data_grad = [&ddp](int i) { return ddp_param_f32(ddp, i, QuantAxis::kCol); };
   m.accumulate = [&ddp](int i, const std::vector<float>& g) {
     float* dst = ddp.main_grad(i).data_as<float>();
     for (size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
   };
   m.grad_ready = [&ddp](int i) { ddp.grad_ready(i); };
   m.before_forward = [&ddp](const std::vector<int>& params) { ddp.before_forward(params); };
-  const auto plain = m.param;
-  const auto data_grad = m.param_for_data_grad;
-  m.param_for_data_grad = [plain, data_grad](int i) {
-    std::vector<float> v = data_grad(i);
-    return v.empty() ? plain(i) : v;
-  };
   return m;
 }
 
