@@ -13,6 +13,7 @@
 #include "layout_cmd.h"
 #include "quantize_cmd.h"
 #include "selfcheck.h"
+#include "train_cmd.h"
 
 namespace {
 
@@ -79,12 +80,15 @@ int main(int argc, char** argv) {
   auto* layout_cmd = mxddp::app::add_layout_command(app, layout);
   mxddp::app::QuantizeArgs quantize;
   auto* quantize_cmd = mxddp::app::add_quantize_command(app, quantize);
+  mxddp::app::TrainArgs train;
+  auto* train_cmd = mxddp::app::add_train_command(app, train);
   mxddp::app::CkptArgs ckpt;
   auto* inspect_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
+    if (train_cmd->parsed()) return mxddp::app::run_train_command(argc, argv, train);
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
     if (inspect_cmd->parsed()) return mxddp::app::run_ckpt_inspect(ckpt);
     if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);

@@ -1,0 +1,243 @@
+// `mxddp train`: see train_cmd.h. Rank 0 prints and writes the report; every rank trains.
+#include "train_cmd.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include <mxddp/comm.h>
+#include <mxddp/quant.h>
+
+#include "train_report.h"
+
+namespace mxddp::app {
+
+CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
+  TrainConfig& c = a.config;
+  auto* cmd = app.add_subcommand("train", "Train the reference GPT with data parallelism");
+  cmd->option_defaults()->always_capture_default();
+  cmd->add_option("--backend", a.backend, "local (ranks as threads) or mpi (under mpirun)")
+      ->check(CLI::IsMember({"local", "mpi"}));
+  cmd->add_option("--ranks", a.ranks, "Ranks of the local backend")->check(CLI::Range(1, 256));
+  cmd->add_option("--timeout-ms", a.timeout_ms, "Local backend: how long a rank waits for its peers")->check(CLI::PositiveNumber);
+
+  auto* model = cmd->add_option_group("model");
+  model->add_option("--model", a.model, "Preset: tiny, small (~10.8M params) or gpt2-124m (GPT-2 small's shape)")
+      ->check(CLI::IsMember(gpt_preset_names()));
+  model->add_option("--num-layers", a.num_layers, "Override the preset's decoder layers")->check(CLI::PositiveNumber);
+  model->add_option("--hidden-size", a.hidden_size, "Override the preset's hidden size")->check(CLI::PositiveNumber);
+  model->add_option("--num-attention-heads", a.num_attention_heads, "Override the preset's heads")->check(CLI::PositiveNumber);
+  model->add_option("--seq-length", a.seq_length, "Override the preset's sequence length")->check(CLI::PositiveNumber);
+  model->add_flag("--recompute-activations", c.recompute_activations, "Recompute each layer's activations in backward");
+
+  auto* batch = cmd->add_option_group("batch and schedule");
+  batch->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per rank per micro-batch")->check(CLI::PositiveNumber);
+  batch->add_option("--global-batch-size", c.global_batch_size, "Sequences per iteration (accumulation = global / (micro x dp))")
+      ->check(CLI::PositiveNumber);
+  batch->add_option("--train-iters", c.train_iters, "Iterations (optimizer steps) in all, counting resumed ones")
+      ->check(CLI::NonNegativeNumber);
+  batch->add_option("--lr", c.lr, "Peak learning rate")->check(CLI::NonNegativeNumber);
+  batch->add_option("--min-lr", c.min_lr, "Learning rate at the end of the decay")->check(CLI::NonNegativeNumber);
+  batch->add_option("--lr-warmup-iters", c.lr_warmup_iters, "Linear warmup iterations")->check(CLI::NonNegativeNumber);
+  batch->add_option("--lr-decay-iters", c.lr_decay_iters, "Decay ends here (0: --train-iters)")->check(CLI::NonNegativeNumber);
+  batch->add_option("--lr-decay-style", c.lr_decay_style, "cosine, linear or constant")
+      ->check(CLI::IsMember({"cosine", "linear", "constant"}));
+
+  auto* opt = cmd->add_option_group("optimizer");
+  opt->add_option("--optimizer", c.optimizer.optimizer, "adam (AdamW) or sgd")->check(CLI::IsMember({"adam", "sgd"}));
+  opt->add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay (2-D params only)")
+      ->check(CLI::NonNegativeNumber);
+  opt->add_option("--clip-grad", c.optimizer.clip_grad, "Max global grad norm (0: no clipping)")->check(CLI::NonNegativeNumber);
+  opt->add_option("--adam-beta1", c.optimizer.adam_beta1, "Adam beta1")->check(CLI::Range(0.0, 1.0));
+  opt->add_option("--adam-beta2", c.optimizer.adam_beta2, "Adam beta2")->check(CLI::Range(0.0, 1.0));
+  opt->add_option("--adam-eps", c.optimizer.adam_eps, "Adam epsilon")->check(CLI::PositiveNumber);
+  opt->add_option("--sgd-momentum", c.optimizer.sgd_momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+
+  auto* ddp = cmd->add_option_group("data parallelism (DdpConfig; the distributed optimizer is always on)");
+  DdpConfig& d = c.ddp;
+  ddp->add_flag("--overlap-grad-reduce", d.overlap_grad_reduce, "Reduce-scatter bucket groups during backward");
+  ddp->add_option("--bucket-size,--ddp-bucket-size", d.bucket_size, "Bucket size in elements (with --overlap-grad-reduce)")
+      ->check(CLI::PositiveNumber);
+  ddp->add_option("--buckets-per-group", d.buckets_per_group, "Buckets per bucket group (one collective call each)")
+      ->check(CLI::PositiveNumber);
+  ddp->add_flag("--pad-buckets-for-high-nccl-busbw,--ddp-pad-buckets-for-high-nccl-busbw", d.pad_buckets_for_high_nccl_busbw,
+                "Pad bucket ends to lcm(dp, 128, 65536)");
+  ddp->add_flag("--average-in-collective,--ddp-average-in-collective", d.average_in_collective,
+                "Average in the collective instead of pre-scaling by 1/dp");
+  ddp->add_flag("--check-for-nan-in-grad,--check-for-nan-in-loss-and-grad", d.check_for_nan_in_grad,
+                "Fail on a NaN or Inf gradient before reducing it");
+  ddp->add_flag("--force-all-reduce", d.force_all_reduce, "All-reduce gradients even with the distributed optimizer");
+  ddp->add_flag("--overlap-param-gather", d.overlap_param_gather, "Gather params group by group in the forward pre-hooks");
+  ddp->add_flag("--overlap-param-gather-with-optimizer-step", d.overlap_param_gather_with_optimizer_step,
+                "Start each group's gather as soon as the optimizer has updated it");
+  ddp->add_flag("--fp8-param-gather", d.fp8_param_gather, "Keep the linear weights as MXFP8 (quantized after each gather)");
+  ddp->add_option("--mxfp8-elem", a.mxfp8_elem, "MXFP8 element format: e4m3 or e5m2")->check(CLI::IsMember({"e4m3", "e5m2"}));
+  ddp->add_option("--mxfp8-scale-mode", a.mxfp8_scale_mode, "MXFP8 scale rule: rceil or floor")
+      ->check(CLI::IsMember({"rceil", "floor"}));
+  ddp->add_flag("--reuse-grad-buf-for-mxfp8-param-ag", d.reuse_grad_buf_for_mxfp8_param_ag,
+                "Stage the param all-gather in the grad buffer (no BF16 param buffer)");
+
+  auto* data = cmd->add_option_group("data, evaluation and checkpoints");
+  data->add_option("--seed", c.seed, "Seed of the initialization and the sampling");
+  data->add_option("--data", c.data_path, "Text file to train on, as bytes (default: the built-in corpus)");
+  data->add_option("--corpus-bytes", c.corpus_bytes, "Size of the built-in corpus")->check(CLI::PositiveNumber);
+  data->add_option("--valid-fraction", c.valid_fraction, "Fraction of the data kept for validation")->check(CLI::Range(0.0, 0.99));
+  data->add_option("--eval-interval", c.eval_interval, "Validation every N iterations (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  data->add_option("--eval-iters", c.eval_iters, "Global batches per validation (0: none)")->check(CLI::NonNegativeNumber);
+  data->add_option("--save", c.save_dir, "Checkpoint directory (written atomically, replaced at each save)");
+  data->add_option("--save-interval", c.save_interval, "Save every N iterations (and at the end)")->check(CLI::NonNegativeNumber);
+  data->add_option("--load", c.load_dir, "Resume from this checkpoint (any data-parallel size)");
+
+  auto* out = cmd->add_option_group("output");
+  out->add_option("--report", a.report, "Write a JSON report here");
+  out->add_option("--log-interval", a.log_interval, "Plain progress line every N iterations (0: about 20 lines)")
+      ->check(CLI::NonNegativeNumber);
+  out->add_option("--blas-threads", a.blas_threads, "OpenBLAS threads per rank (0: cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
+  return cmd;
+}
+
+namespace {
+
+// Rank 0's view of the run on stdout: a progress bar on a terminal, plain lines otherwise.
+class Progress {
+ public:
+  Progress(int64_t total, int64_t log_interval)
+      : total_(total), tty_(isatty(STDOUT_FILENO) == 1),
+        log_interval_(log_interval > 0 ? log_interval : std::max<int64_t>(1, total / 20)) {}
+
+  void step(const StepRecord& r, int64_t tokens_per_iteration) {
+    ms_sum_ += r.step_ms;
+    ++steps_;
+    const double ms_per_iter = ms_sum_ / static_cast<double>(steps_);
+    const double tokens_per_s = static_cast<double>(tokens_per_iteration) / (ms_per_iter / 1e3);
+    const auto eta_s = static_cast<int64_t>(static_cast<double>(total_ - r.iteration) * ms_per_iter / 1e3);
+    if (tty_) {
+      constexpr int kWidth = 24;
+      const int filled = static_cast<int>(kWidth * r.iteration / std::max<int64_t>(1, total_));
+      std::printf("\r[%s%s] %lld/%lld loss %.4f | %.1fk tok/s | ETA %lld:%02lld ", std::string(static_cast<size_t>(filled), '#').c_str(),
+                  std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), static_cast<long long>(r.iteration),
+                  static_cast<long long>(total_), r.loss, tokens_per_s / 1e3, static_cast<long long>(eta_s / 60),
+                  static_cast<long long>(eta_s % 60));
+      line_open_ = true;
+    } else if (r.iteration % log_interval_ == 0 || r.iteration == total_ || steps_ == 1) {
+      std::printf("iter %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f%s | %.1fk tok/s | %.1f ms/iter | ETA %llds\n",
+                  static_cast<long long>(r.iteration), static_cast<long long>(total_), r.loss, r.lr, r.grad_norm,
+                  r.skipped ? " (skipped)" : "", tokens_per_s / 1e3, ms_per_iter, static_cast<long long>(eta_s));
+    }
+    std::fflush(stdout);
+  }
+  void message(const std::string& text) {
+    if (line_open_) std::printf("\n");
+    line_open_ = false;
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  int64_t total_;
+  bool tty_;
+  int64_t log_interval_;
+  double ms_sum_ = 0;
+  int64_t steps_ = 0;
+  bool line_open_ = false;
+};
+
+TrainCallbacks rank0_callbacks(Progress& progress, const TrainConfig& c) {
+  TrainCallbacks cb;
+  const int64_t tokens = int64_t{c.global_batch_size} * c.model.seq_length;
+  cb.on_step = [&progress, tokens](const StepRecord& r) { progress.step(r, tokens); };
+  cb.on_eval = [&progress](const EvalRecord& e) {
+    progress.message(fmt::format("validation at iter {}: loss {:.4f}", e.iteration, e.loss));
+  };
+  cb.on_save = [&progress](int64_t it, const std::string& dir) {
+    progress.message(fmt::format("saved checkpoint at iter {} to {}", it, dir));
+  };
+  return cb;
+}
+
+void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
+  if (r.steps.empty()) {
+    std::printf("nothing to train: the checkpoint is at iteration %lld of %lld\n", static_cast<long long>(r.start_iteration),
+                static_cast<long long>(c.train_iters));
+    return;
+  }
+  std::printf("trained iterations %lld..%lld: loss %.4f -> %.4f (unigram entropy of the data %.4f nats)\n",
+              static_cast<long long>(r.steps.front().iteration), static_cast<long long>(r.steps.back().iteration),
+              r.steps.front().loss, r.steps.back().loss, r.unigram_entropy);
+  if (!r.evals.empty()) std::printf("final validation loss %.4f\n", r.evals.back().loss);
+  std::printf("throughput %.0f tokens/s on %d ranks, %.2f GFLOP/s of model math\n", r.tokens_per_second, dp,
+              r.tokens_per_second * c.model.train_flops_per_token() / 1e9);
+  const RankMemory& m = r.memory_by_rank.front();
+  std::printf("rank 0 memory, steady-state peak (MiB):");
+  for (int k = 0; k < kNumMemoryCategories; ++k) {
+    const auto cat = static_cast<MemoryCategory>(k);
+    if (m.steady.peak(cat) > 0)
+      std::printf(" %s %.2f", std::string(memory_category_name(cat)).c_str(), static_cast<double>(m.steady.peak(cat)) / 1048576.0);
+  }
+  std::printf(" | total %.2f; scratch allocations after the first iteration: %lld\n",
+              static_cast<double>(m.steady.total_peak_bytes) / 1048576.0,
+              static_cast<long long>(m.scratch_allocations_after_warmup));
+}
+
+// Everything the flags say, put together and checked before any rank starts.
+void finish_config(TrainArgs& a) {
+  GptConfig& m = a.config.model;
+  m = gpt_preset(a.model);
+  if (a.num_layers > 0) m.num_layers = a.num_layers;
+  if (a.hidden_size > 0) m.hidden_size = a.hidden_size;
+  if (a.num_attention_heads > 0) m.num_attention_heads = a.num_attention_heads;
+  if (a.seq_length > 0) m.seq_length = a.seq_length;
+  a.config.ddp.mxfp8_elem = parse_fp8_format(a.mxfp8_elem);
+  a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
+}
+
+int local_ranks_on_this_machine(const TrainArgs& a) {
+  if (a.backend == "local") return a.ranks;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+}  // namespace
+
+int run_train_command(int argc, char** argv, TrainArgs& a) {
+  finish_config(a);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  set_compute_threads(a.blas_threads > 0 ? a.blas_threads : std::max(1, cores / local_ranks_on_this_machine(a)));
+
+  auto run_rank = [&a](Communicator& comm) -> TrainResult {
+    if (comm.rank() != 0) return train(comm, a.config);
+    a.config.validate(comm.size());  // a bad flag fails before the banner
+    std::printf("mxddp train: %s on %d %s rank(s); global batch %d = %d micro x %d dp x %d accumulation; %lld "
+                "iterations%s\n",
+                a.config.model.describe().c_str(), comm.size(), std::string(comm.backend_name()).c_str(),
+                a.config.global_batch_size, a.config.micro_batch_size, comm.size(),
+                a.config.accumulation_steps(comm.size()), static_cast<long long>(a.config.train_iters),
+                a.config.load_dir.empty() ? "" : (" (resuming from " + a.config.load_dir + ")").c_str());
+    std::fflush(stdout);
+    Progress progress(a.config.train_iters, a.log_interval);
+    TrainResult r = train(comm, a.config, rank0_callbacks(progress, a.config));
+    progress.message("");
+    print_summary(a.config, r, comm.size());
+    if (!a.report.empty()) {
+      write_train_report(a.report, a.config, r, comm.size(), std::string(comm.backend_name()));
+      std::printf("report written to %s\n", a.report.c_str());
+    }
+    return r;
+  };
+
+  if (a.backend == "mpi") {
+    MpiRuntime runtime(&argc, &argv);
+    auto comm = make_mpi_communicator();
+    run_rank(*comm);
+    return 0;
+  }
+  run_local(a.ranks, [&](Communicator& comm) { run_rank(comm); }, {.timeout_ms = a.timeout_ms});
+  return 0;
+}
+
+}  // namespace mxddp::app

@@ -1,0 +1,34 @@
+// `mxddp train`: trains the reference GPT on the local (ranks as threads) or MPI backend with every
+// DDP and optimizer option, shows progress, and writes a JSON report. Flags use the config names
+// of the library in kebab-case (Megatron's names), with Megatron's command-line spellings as
+// aliases where they differ (--ddp-bucket-size for --bucket-size, ...).
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include <mxddp/train.h>
+
+namespace mxddp::app {
+
+struct TrainArgs {
+  std::string backend = "local";
+  int ranks = 4;
+  int64_t timeout_ms = 600'000;
+  std::string model = "tiny";
+  // Overrides of the preset (0: the preset's value).
+  int num_layers = 0, hidden_size = 0, num_attention_heads = 0, seq_length = 0;
+  std::string mxfp8_elem = "e4m3";
+  std::string mxfp8_scale_mode = "rceil";
+  int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)
+  int blas_threads = 0;      // 0: cores / ranks on this machine
+  std::string report;
+  TrainConfig config;
+};
+
+CLI::App* add_train_command(CLI::App& app, TrainArgs& args);
+// Runs the training; returns the exit status. argc/argv go to MPI_Init with --backend mpi.
+int run_train_command(int argc, char** argv, TrainArgs& args);
+
+}  // namespace mxddp::app

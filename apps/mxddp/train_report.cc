@@ -1,0 +1,131 @@
+// `mxddp train --report`: see train_report.h.
+#include "train_report.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace mxddp::app {
+
+namespace {
+
+nlohmann::json memory_json(const MemoryUsage& u) {
+  nlohmann::json j;
+  for (int k = 0; k < kNumMemoryCategories; ++k) {
+    const auto c = static_cast<MemoryCategory>(k);
+    j[std::string(memory_category_name(c))] = {{"live_bytes", u.live(c)}, {"peak_bytes", u.peak(c)}};
+  }
+  j["total"] = {{"live_bytes", u.total_live_bytes}, {"peak_bytes", u.total_peak_bytes}};
+  return j;
+}
+
+nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& backend) {
+  const DdpConfig& d = c.ddp;
+  return {
+      {"backend", backend},
+      {"dp", dp},
+      {"model",
+       {{"num_layers", c.model.num_layers},
+        {"hidden_size", c.model.hidden_size},
+        {"num_attention_heads", c.model.num_attention_heads},
+        {"seq_length", c.model.seq_length},
+        {"vocab_size", c.model.vocab_size},
+        {"num_params", c.model.num_params()},
+        {"train_flops_per_token", c.model.train_flops_per_token()}}},
+      {"recompute_activations", c.recompute_activations},
+      {"micro_batch_size", c.micro_batch_size},
+      {"global_batch_size", c.global_batch_size},
+      {"accumulation_steps", c.accumulation_steps(dp)},
+      {"train_iters", c.train_iters},
+      {"lr", c.lr},
+      {"min_lr", c.min_lr},
+      {"lr_warmup_iters", c.lr_warmup_iters},
+      {"lr_decay_iters", c.lr_decay_iters},
+      {"lr_decay_style", c.lr_decay_style},
+      {"optimizer",
+       {{"optimizer", c.optimizer.optimizer},
+        {"weight_decay", c.optimizer.weight_decay},
+        {"clip_grad", c.optimizer.clip_grad},
+        {"adam_beta1", c.optimizer.adam_beta1},
+        {"adam_beta2", c.optimizer.adam_beta2},
+        {"adam_eps", c.optimizer.adam_eps},
+        {"sgd_momentum", c.optimizer.sgd_momentum}}},
+      {"ddp",
+       {{"use_distributed_optimizer", true},
+        {"grad_reduce_in_fp32", d.grad_reduce_in_fp32},
+        {"overlap_grad_reduce", d.overlap_grad_reduce},
+        {"bucket_size", d.bucket_size ? nlohmann::json(*d.bucket_size) : nlohmann::json(nullptr)},
+        {"buckets_per_group", d.buckets_per_group},
+        {"pad_buckets_for_high_nccl_busbw", d.pad_buckets_for_high_nccl_busbw},
+        {"average_in_collective", d.average_in_collective},
+        {"check_for_nan_in_grad", d.check_for_nan_in_grad},
+        {"force_all_reduce", d.force_all_reduce},
+        {"overlap_param_gather", d.overlap_param_gather},
+        {"overlap_param_gather_with_optimizer_step", d.overlap_param_gather_with_optimizer_step},
+        {"fp8_param_gather", d.fp8_param_gather},
+        {"mxfp8_elem", std::string(fp8_format_name(d.mxfp8_elem))},
+        {"mxfp8_scale_mode", std::string(scale_mode_name(d.mxfp8_scale_mode))},
+        {"reuse_grad_buf_for_mxfp8_param_ag", d.reuse_grad_buf_for_mxfp8_param_ag}}},
+      {"seed", c.seed},
+      {"data", c.data_path.empty() ? nlohmann::json("builtin") : nlohmann::json(c.data_path)},
+      {"corpus_bytes", c.corpus_bytes},
+      {"valid_fraction", c.valid_fraction},
+      {"eval_interval", c.eval_interval},
+      {"eval_iters", c.eval_iters},
+      {"save", c.save_dir},
+      {"save_interval", c.save_interval},
+      {"load", c.load_dir},
+  };
+}
+
+}  // namespace
+
+void write_train_report(const std::string& path, const TrainConfig& config, const TrainResult& r, int dp,
+                        const std::string& backend) {
+  nlohmann::json j;
+  j["config"] = config_json(config, dp, backend);
+  j["start_iteration"] = r.start_iteration;
+  j["unigram_entropy_nats"] = r.unigram_entropy;
+  nlohmann::json steps = nlohmann::json::array();
+  for (const StepRecord& s : r.steps)
+    steps.push_back({{"iteration", s.iteration},
+                     {"loss", s.loss},
+                     {"lr", s.lr},
+                     {"grad_norm", s.grad_norm},
+                     {"skipped", s.skipped},
+                     {"forward_ms", s.forward_ms},
+                     {"backward_ms", s.backward_ms},
+                     {"exposed_comm_ms", s.comm_ms},
+                     {"optimizer_ms", s.optimizer_ms},
+                     {"step_ms", s.step_ms}});
+  j["steps"] = std::move(steps);
+  nlohmann::json evals = nlohmann::json::array();
+  for (const EvalRecord& e : r.evals) evals.push_back({{"iteration", e.iteration}, {"loss", e.loss}});
+  j["validation"] = std::move(evals);
+  j["throughput"] = {{"tokens_per_iteration", r.tokens_per_iteration},
+                     {"tokens_per_second", r.tokens_per_second},
+                     {"model_flops_per_second", r.tokens_per_second * config.model.train_flops_per_token()},
+                     {"train_seconds", r.train_seconds}};
+  nlohmann::json memory = nlohmann::json::array();
+  for (size_t rank = 0; rank < r.memory_by_rank.size(); ++rank) {
+    const RankMemory& m = r.memory_by_rank[rank];
+    memory.push_back({{"rank", rank},
+                      {"overall", memory_json(m.overall)},
+                      {"steady_state", memory_json(m.steady)},
+                      {"scratch_allocations_after_warmup", m.scratch_allocations_after_warmup}});
+  }
+  j["memory"] = std::move(memory);
+
+  const std::string tmp = path + ".partial";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    MXDDP_CHECK(out.good(), "--report '{}': cannot write {}", path, tmp);
+    out << j.dump(2) << '\n';
+    out.flush();
+    MXDDP_CHECK(out.good(), "--report '{}': write to {} failed", path, tmp);
+  }
+  MXDDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--report '{}': cannot rename {} into place", path, tmp);
+}
+
+}  // namespace mxddp::app

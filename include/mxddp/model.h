@@ -1,0 +1,163 @@
+// mxddp model: the reference GPT and its data, written against the public API like any user's
+// model (it never reaches into library internals).
+//
+// Owns:
+//   GptConfig and its presets; the param list (registration order = forward order, Megatron's
+//   names) and a deterministic GPT-2-style initialization;
+//   GptModel: a GPT-2 decoder (token + position embeddings, pre-LayerNorm blocks with causal
+//   multi-head attention and a GELU MLP, a final LayerNorm, an LM head tied to the token
+//   embedding) with a hand-written forward and backward on the CPU over a DistributedDataParallel:
+//   BF16 params (or MXFP8 with fp8_param_gather) converted into f32 scratch from a
+//   GlobalMemoryBuffer, f32 compute with OpenBLAS, weight gradients accumulated straight into
+//   main_grad and reported with grad_ready the moment they are final, before_forward per module;
+//   TokenDataset: byte-level tokens (vocabulary 256) from a text file or the built-in corpus,
+//   a train/validation split, and deterministic rank-disjoint sampling.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <mxddp/ddp.h>
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+// ----------------------------------------------------------------------------------------------
+// Configuration and params
+// ----------------------------------------------------------------------------------------------
+
+struct GptConfig {
+  int vocab_size = 256;  // byte-level tokens
+  int num_layers = 2;
+  int hidden_size = 64;
+  int num_attention_heads = 4;
+  int seq_length = 64;  // tokens per sequence (and rows of the position embedding)
+
+  void validate() const;  // throws Error naming a bad value
+  int64_t num_params() const;
+  // Matrix-product FLOPs of one training token (forward + backward = 3 x forward), counting
+  // the attention products at full T x T as computed.
+  double train_flops_per_token() const;
+  std::string describe() const;  // "2 layers, hidden 64, 4 heads, seq 64, 0.12M params"
+};
+
+// "tiny" (2 x 64, seq 64), "small" (6 x 384, seq 256, ~10.8M params), "gpt2-124m" (GPT-2 small's
+// shape: 12 x 768, 12 heads, seq 1024; 85.8M params with the byte-level vocabulary).
+GptConfig gpt_preset(std::string_view name);
+std::vector<std::string> gpt_preset_names();
+
+// A decoder layer's params, in registration order; layer l's param k has index 2 + 12 l + k.
+enum LayerParam : int {
+  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B, kLayerParamCount
+};
+
+// Registration indices of the params.
+struct GptParamIds {
+  explicit GptParamIds(const GptConfig& config) : num_layers(config.num_layers) {}
+  int wte() const { return 0; }  // [V, C], the shared embedding (also the LM head)
+  int wpe() const { return 1; }  // [T, C]
+  int layer(int l, LayerParam p) const { return 2 + kLayerParamCount * l + static_cast<int>(p); }
+  int final_norm_weight() const { return 2 + kLayerParamCount * num_layers; }
+  int final_norm_bias() const { return final_norm_weight() + 1; }
+  int count() const { return final_norm_bias() + 1; }
+  int num_layers;
+};
+
+// The param list. Linear weights are [out, in]; with mxfp8_linear_weights they are marked MXFP8
+// (for fp8_param_gather). The token embedding is marked as the shared embedding.
+std::vector<ParamSpec> gpt_param_specs(const GptConfig& config, bool mxfp8_linear_weights = false);
+
+// GPT-2's initialization, deterministic from the seed: linear weights and embeddings N(0, 0.02),
+// the residual projections (attention output, second MLP layer) N(0, 0.02 / sqrt(2 L)), biases 0,
+// norm weights 1. One f32 vector per param, in registration order.
+std::vector<std::vector<float>> gpt_init_params(const GptConfig& config, uint64_t seed);
+
+// ----------------------------------------------------------------------------------------------
+// The model over DistributedDataParallel
+// ----------------------------------------------------------------------------------------------
+
+struct GptModelOptions {
+  // Drop each layer's activations after its forward and recompute them in backward: activation
+  // scratch falls from L layers' worth to one.
+  bool recompute_activations = false;
+};
+
+// Time spent in the model since the last reset, in ms. param_wait_ms is the time before_forward
+// spent waiting for param all-gathers (exposed communication); forward_ms excludes it.
+struct GptTimings {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double param_wait_ms = 0;
+};
+
+class GptModel {
+ public:
+  // ddp must hold gpt_param_specs(config, ...) and keep f32 gradients (grad_reduce_in_fp32),
+  // which the weight-gradient products accumulate into with beta = 1. ddp and scratch must
+  // outlive the model.
+  GptModel(DistributedDataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
+           const GptModelOptions& options = {});
+  ~GptModel();
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  // tokens: [micro_batch, seq_length + 1] (inputs: each row's first T, targets: its last T).
+  // Forward and backward; accumulates the gradient of loss_scale x (mean loss over the
+  // micro-batch's tokens) into main_grad and reports every param ready. Returns the mean loss.
+  double forward_backward(const int32_t* tokens, int micro_batch, float loss_scale);
+  // Forward only: the mean loss.
+  double evaluate(const int32_t* tokens, int micro_batch);
+
+  const GptConfig& config() const;
+  const GptTimings& timings() const;
+  void reset_timings();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Threads each BLAS call may use (OpenBLAS's pool is per process, so with ranks as threads give
+// each rank cores / ranks). 0 restores OpenBLAS's default.
+void set_compute_threads(int threads);
+int compute_threads();
+
+// ----------------------------------------------------------------------------------------------
+// Data
+// ----------------------------------------------------------------------------------------------
+
+// The built-in corpus: deterministic English-like text from a small grammar (a fixed vocabulary
+// of words in sentence templates), `bytes` long. Byte-level unigram entropy about 2.9 nats; a
+// model that learns the words and the grammar gets well below it.
+std::string builtin_corpus(int64_t bytes, uint64_t seed = 0);
+
+// Byte-level tokens with a train/validation split: the last valid_fraction of the bytes are
+// validation. Sampling is stateless: sequence j of iteration i starts at a position hashed from
+// (seed, i, j), so a run resumed at iteration i reads what the uninterrupted run would have, at
+// any data-parallel size. A global batch of G sequences gives rank r of dp the sequences
+// [r G/dp, (r+1) G/dp), split into micro-batches in order.
+class TokenDataset {
+ public:
+  TokenDataset(std::string text, double valid_fraction, int seq_length);
+  static TokenDataset from_file(const std::string& path, double valid_fraction, int seq_length);
+
+  int64_t train_tokens() const { return split_; }
+  int64_t valid_tokens() const { return static_cast<int64_t>(bytes_.size()) - split_; }
+  // Entropy of the training split's byte frequencies, in nats: the loss of the best model that
+  // ignores context.
+  double unigram_entropy() const;
+
+  // tokens [count, seq_length + 1] <- sequences [first, first + count) of the global batch of
+  // `iteration` (training split) or of validation batch `iteration` (validation split).
+  void fill_batch(bool valid, uint64_t seed, int64_t iteration, int64_t first, int count, int32_t* tokens) const;
+
+ private:
+  std::string bytes_;
+  int64_t split_ = 0;
+  int seq_length_ = 0;
+};
+
+}  // namespace mxddp

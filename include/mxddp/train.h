@@ -1,0 +1,102 @@
+// mxddp train: the training loop that `mxddp train` runs, as a library function so tests drive
+// the same code the command does.
+//
+// Owns: TrainConfig (the model, batch sizes, the learning-rate schedule, every DDP and optimizer
+// option, data, evaluation and checkpointing), train(), and what it reports (per-step losses and
+// timings, validation losses, throughput, per-rank memory). One iteration is the design's:
+//   zero_grad (zero the grad buffer; with MXFP8 reuse also stage and start the param gathers),
+//   micro-batches 1..k-1 under no_sync, micro-batch k reporting gradients as they are final,
+//   finish_grad_sync, the optimizer step.
+// Evaluation, checkpoint saves and the end of training go through force_param_sync.
+// train() always uses the distributed optimizer, the library's optimizer.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <mxddp/checkpoint.h>
+#include <mxddp/model.h>
+
+namespace mxddp {
+
+struct TrainConfig {
+  GptConfig model = gpt_preset("tiny");
+  bool recompute_activations = false;
+  int micro_batch_size = 4;
+  // Sequences per iteration; gradient accumulation runs global / (micro x dp) micro-batches.
+  int global_batch_size = 32;
+  int64_t train_iters = 300;
+  // Learning rate: linear warmup from lr / lr_warmup_iters to lr, then decay to min_lr by
+  // lr_decay_iters (0 = train_iters), "cosine", "linear" or "constant".
+  float lr = 2e-3f;
+  float min_lr = 2e-4f;
+  int64_t lr_warmup_iters = 30;
+  int64_t lr_decay_iters = 0;
+  std::string lr_decay_style = "cosine";
+  OptimizerConfig optimizer;  // its lr is the schedule's
+  DdpConfig ddp;              // use_distributed_optimizer is forced on
+  uint64_t seed = 1234;       // initialization and sampling
+  // Data: a text file, or (empty) the built-in corpus of corpus_bytes.
+  std::string data_path;
+  int64_t corpus_bytes = 1 << 20;
+  double valid_fraction = 0.1;
+  // Validation loss every eval_interval iterations and after the last (0: only after the last),
+  // over eval_iters global batches of the validation split. eval_iters 0 disables evaluation.
+  int64_t eval_interval = 100;
+  int eval_iters = 2;
+  // Checkpoints: every save_interval iterations and after the last, when save_dir is set.
+  std::string save_dir;
+  int64_t save_interval = 0;
+  std::string load_dir;  // resume from here (any dp size)
+
+  void validate(int dp) const;  // throws Error naming a bad value
+  int accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
+};
+
+// The schedule's learning rate for (0-based) iteration it.
+float learning_rate(const TrainConfig& config, int64_t iteration);
+
+struct StepRecord {
+  int64_t iteration = 0;  // 1-based: the number of optimizer steps taken after this one
+  double loss = 0;        // mean over the global batch, before the update
+  double lr = 0;
+  double grad_norm = 0;
+  bool skipped = false;
+  // This rank's time, ms. comm_ms is exposed communication: waits for param gathers in the
+  // forward pre-hooks plus finish_grad_sync. optimizer_ms: zero_grad and step.
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, optimizer_ms = 0, step_ms = 0;
+};
+
+struct EvalRecord {
+  int64_t iteration = 0;
+  double loss = 0;
+};
+
+struct RankMemory {
+  MemoryUsage overall;  // peak and live bytes over the whole run
+  MemoryUsage steady;   // peaks after the first iteration (the steady state)
+  int64_t scratch_allocations_after_warmup = 0;  // global memory buffer (re)allocations; 0 expected
+};
+
+struct TrainResult {
+  int64_t start_iteration = 0;  // > 0 when resumed
+  std::vector<StepRecord> steps;
+  std::vector<EvalRecord> evals;
+  double unigram_entropy = 0;  // of the training split, nats
+  int64_t tokens_per_iteration = 0;
+  double train_seconds = 0;
+  double tokens_per_second = 0;
+  std::vector<RankMemory> memory_by_rank;  // [dp], on every rank
+};
+
+struct TrainCallbacks {
+  std::function<void(const StepRecord&)> on_step;  // after every iteration, on every rank
+  std::function<void(const EvalRecord&)> on_eval;
+  std::function<void(int64_t iteration, const std::string& dir)> on_save;
+};
+
+// Collective: every rank of comm calls it with the same config.
+TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks = {});
+
+}  // namespace mxddp

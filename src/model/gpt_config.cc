@@ -1,0 +1,97 @@
+// GptConfig, its presets, the param list and the initialization of the reference GPT.
+#include <cmath>
+
+#include <mxddp/model.h>
+
+#include "random.h"
+
+namespace mxddp {
+
+void GptConfig::validate() const {
+  MXDDP_CHECK(vocab_size >= 1 && vocab_size <= 256, "vocab size {} is not valid: tokens are bytes, so 1..256", vocab_size);
+  MXDDP_CHECK(num_layers >= 1, "--num-layers {} is not valid: at least 1", num_layers);
+  MXDDP_CHECK(hidden_size >= 1, "--hidden-size {} is not valid: at least 1", hidden_size);
+  MXDDP_CHECK(num_attention_heads >= 1 && hidden_size % num_attention_heads == 0,
+              "--num-attention-heads {} is not valid for --hidden-size {}: it must divide the hidden size",
+              num_attention_heads, hidden_size);
+  MXDDP_CHECK(seq_length >= 1, "--seq-length {} is not valid: at least 1", seq_length);
+}
+
+int64_t GptConfig::num_params() const {
+  const int64_t c = hidden_size;
+  const int64_t per_layer = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
+  return int64_t{vocab_size} * c + int64_t{seq_length} * c + num_layers * per_layer + 2 * c;
+}
+
+double GptConfig::train_flops_per_token() const {
+  const double c = hidden_size, t = seq_length;
+  const double linear = num_layers * (3 * c * c + c * c + 8 * c * c) + vocab_size * c;  // multiply-adds
+  const double attention = num_layers * 2 * t * c;                                     // q k^T and p v
+  return 3.0 * 2.0 * (linear + attention);
+}
+
+std::string GptConfig::describe() const {
+  return fmt::format("{} layers, hidden {}, {} heads, seq {}, {:.2f}M params", num_layers, hidden_size,
+                     num_attention_heads, seq_length, static_cast<double>(num_params()) / 1e6);
+}
+
+std::vector<std::string> gpt_preset_names() { return {"tiny", "small", "gpt2-124m"}; }
+
+GptConfig gpt_preset(std::string_view name) {
+  if (name == "tiny") return GptConfig{.num_layers = 2, .hidden_size = 64, .num_attention_heads = 4, .seq_length = 64};
+  if (name == "small") return GptConfig{.num_layers = 6, .hidden_size = 384, .num_attention_heads = 6, .seq_length = 256};
+  if (name == "gpt2-124m")
+    return GptConfig{.num_layers = 12, .hidden_size = 768, .num_attention_heads = 12, .seq_length = 1024};
+  MXDDP_FAIL("model preset '{}' is not known; valid: tiny, small, gpt2-124m", name);
+}
+
+std::vector<ParamSpec> gpt_param_specs(const GptConfig& config, bool mxfp8_linear_weights) {
+  config.validate();
+  const int64_t c = config.hidden_size;
+  std::vector<ParamSpec> specs;
+  specs.push_back({"embedding.word_embeddings.weight", Shape{config.vocab_size, c}, /*shared_embedding=*/true});
+  specs.push_back({"embedding.position_embeddings.weight", Shape{config.seq_length, c}});
+  for (int l = 0; l < config.num_layers; ++l) {
+    const std::string p = fmt::format("decoder.layers.{}.", l);
+    auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+      specs.push_back({p + name + ".weight", Shape{out, in}, false, mxfp8_linear_weights});
+      specs.push_back({p + name + ".bias", Shape{out}});
+    };
+    specs.push_back({p + "input_layernorm.weight", Shape{c}});
+    specs.push_back({p + "input_layernorm.bias", Shape{c}});
+    linear("self_attention.linear_qkv", 3 * c, c);
+    linear("self_attention.linear_proj", c, c);
+    specs.push_back({p + "pre_mlp_layernorm.weight", Shape{c}});
+    specs.push_back({p + "pre_mlp_layernorm.bias", Shape{c}});
+    linear("mlp.linear_fc1", 4 * c, c);
+    linear("mlp.linear_fc2", c, 4 * c);
+  }
+  specs.push_back({"decoder.final_layernorm.weight", Shape{c}});
+  specs.push_back({"decoder.final_layernorm.bias", Shape{c}});
+  return specs;
+}
+
+std::vector<std::vector<float>> gpt_init_params(const GptConfig& config, uint64_t seed) {
+  const std::vector<ParamSpec> specs = gpt_param_specs(config);
+  const GptParamIds ids(config);
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.num_layers);
+  std::vector<std::vector<float>> values(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<float>& v = values[i];
+    v.resize(static_cast<size_t>(specs[i].shape.numel()));
+    const std::string& name = specs[i].name;
+    const bool is_norm_weight = name.ends_with("layernorm.weight");
+    if (specs[i].shape.ndim() == 1) {
+      std::fill(v.begin(), v.end(), is_norm_weight ? 1.0f : 0.0f);
+      continue;
+    }
+    const bool residual = name.ends_with("linear_proj.weight") || name.ends_with("linear_fc2.weight");
+    const double stddev = residual ? residual_std : 0.02;
+    model::Rng rng(model::mix_hash(seed, i, 0x6770u));  // one stream per param: order-independent
+    for (float& x : v) x = static_cast<float>(stddev * rng.normal());
+  }
+  MXDDP_ASSERT(static_cast<int>(values.size()) == ids.count());
+  return values;
+}
+
+}  // namespace mxddp

@@ -1,0 +1,195 @@
+// The reference GPT's forward and backward as one template over the element type, independent of
+// where params, gradients and scratch live: GptAccess says how to read a weight, where a
+// gradient accumulates, and how to get scratch. GptModel (gpt_model.cc) runs it in f32 over a
+// DistributedDataParallel; the gradient test runs it in f64 over plain arrays.
+//
+// Per micro-batch: B sequences of T tokens, N = B*T rows, C hidden, H heads, V vocabulary.
+// Activations (scratch, by name; "l<i>/" per layer, or one shared "rc/" set when recomputing):
+//   res/<l>   [N, C]  the residual stream entering layer l (l = 0..L; res/L enters the final norm)
+//   ln1, ln2  [N, C]  layer norms; *_mean, *_rstd [N]
+//   qkv       [N, 3C] fused q | k | v
+//   probs     [B, H, T, T] causal softmax
+//   atty      [N, C]  attention output before the projection
+//   xmid      [N, C]  residual after attention
+//   fc1, gelu [N, 4C]
+//   lnf [N, C], logits [N, V] (overwritten by their gradient in backward)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <mxddp/model.h>
+
+#include "gpt_ops.h"
+
+namespace mxddp::model {
+
+// Which copy of a weight a product wants: with MXFP8 params, the forward product reads the
+// row-wise quantized weight and the data-gradient product the column-wise one.
+enum class WeightUse : uint8_t { kForward, kDataGrad };
+
+template <typename Real>
+struct GptAccess {
+  // The values of param i, valid until the next weight() call for a param of the same role.
+  std::function<const Real*(int param, WeightUse use)> weight;
+  std::function<Real*(int param)> grad;  // where param i's gradient accumulates (+=)
+  std::function<void(int param)> grad_ready = [](int) {};
+  std::function<void(const std::vector<int>& params)> before_forward = [](const std::vector<int>&) {};
+  // Scratch of at least numel elements, the same storage for the same name (contents kept).
+  std::function<Real*(const std::string& name, int64_t numel)> scratch;
+};
+
+template <typename Real>
+class GptGraph {
+ public:
+  GptGraph(const GptConfig& config, GptAccess<Real> access, bool recompute_activations)
+      : cfg_(config), ids_(config), access_(std::move(access)), recompute_(recompute_activations) {}
+
+  // tokens [batch, T + 1]: inputs are each row's first T, targets its last T. Returns the summed
+  // loss over the batch's B*T tokens. With grad_scale != 0 the loss's gradient is kept for
+  // backward(), which then accumulates every param's gradient of grad_scale * (summed loss) and
+  // reports each ready.
+  double forward(const int32_t* tokens, int batch, Real grad_scale) {
+    const int seq = cfg_.seq_length, n = batch * seq;
+    inputs_.resize(static_cast<size_t>(n));
+    targets_.resize(static_cast<size_t>(n));
+    for (int b = 0; b < batch; ++b)
+      for (int t = 0; t < seq; ++t) {
+        inputs_[static_cast<size_t>(b * seq + t)] = tokens[b * (seq + 1) + t];
+        targets_[static_cast<size_t>(b * seq + t)] = tokens[b * (seq + 1) + t + 1];
+      }
+    batch_ = batch;
+    backward_ready_ = grad_scale != Real(0);
+    return forward_pass(grad_scale);
+  }
+
+  void backward() {
+    MXDDP_CHECK(backward_ready_, "backward() needs a forward() with a non-zero grad_scale just before it");
+    backward_ready_ = false;
+    backward_pass();
+  }
+
+ private:
+  struct LayerActs {
+    Real *ln1, *ln1_mean, *ln1_rstd, *qkv, *probs, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fc1, *gelu;
+  };
+
+  int rows() const { return batch_ * cfg_.seq_length; }
+  Real* scratch(const std::string& name, int64_t numel) { return access_.scratch(name, numel); }
+  Real* res(int layer) { return scratch(fmt::format("res/{}", layer), int64_t{rows()} * cfg_.hidden_size); }
+  const Real* w(int param, WeightUse use = WeightUse::kForward) { return access_.weight(param, use); }
+  Real* g(int param) { return access_.grad(param); }
+  void ready(std::initializer_list<int> params) {
+    for (int p : params) access_.grad_ready(p);
+  }
+
+  LayerActs acts(int layer) {
+    const std::string prefix = recompute_ ? std::string("rc/") : fmt::format("l{}/", layer);
+    const int64_t n = rows(), c = cfg_.hidden_size, t = cfg_.seq_length;
+    const int64_t probs = int64_t{batch_} * cfg_.num_attention_heads * t * t;
+    return {scratch(prefix + "ln1", n * c), scratch(prefix + "ln1_mean", n), scratch(prefix + "ln1_rstd", n),
+            scratch(prefix + "qkv", 3 * n * c), scratch(prefix + "probs", probs), scratch(prefix + "atty", n * c),
+            scratch(prefix + "xmid", n * c), scratch(prefix + "ln2", n * c), scratch(prefix + "ln2_mean", n),
+            scratch(prefix + "ln2_rstd", n), scratch(prefix + "fc1", 4 * n * c), scratch(prefix + "gelu", 4 * n * c)};
+  }
+
+  // Layer l: res/l -> res/(l+1), keeping its activations in `a`.
+  void layer_forward(int l, const LayerActs& a) {
+    const int n = rows(), c = cfg_.hidden_size;
+    const Real* x = res(l);
+    Real* out = res(l + 1);
+    layernorm_forward(x, w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd, n, c);
+    linear_forward(a.ln1, w(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
+    attention_forward(a.qkv, a.probs, a.atty, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
+    linear_forward(a.atty, w(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
+    for (int64_t i = 0; i < int64_t{n} * c; ++i) a.xmid[i] += x[i];
+    layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, n, c);
+    linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
+    gelu_forward(a.fc1, a.gelu, int64_t{n} * 4 * c);
+    linear_forward(a.gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), out, n, 4 * c, c);
+    for (int64_t i = 0; i < int64_t{n} * c; ++i) out[i] += a.xmid[i];
+  }
+
+  double forward_pass(Real grad_scale) {
+    const int n = rows(), c = cfg_.hidden_size, v = cfg_.vocab_size;
+    access_.before_forward({ids_.wte(), ids_.wpe()});
+    embedding_forward(inputs_.data(), w(ids_.wte()), w(ids_.wpe()), res(0), batch_, cfg_.seq_length, c);
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      std::vector<int> params(kLayerParamCount);
+      for (int k = 0; k < kLayerParamCount; ++k) params[static_cast<size_t>(k)] = ids_.layer(l, static_cast<LayerParam>(k));
+      access_.before_forward(params);
+      layer_forward(l, acts(l));
+    }
+    access_.before_forward({ids_.final_norm_weight(), ids_.final_norm_bias()});
+    Real* lnf = scratch("lnf", int64_t{n} * c);
+    layernorm_forward(res(cfg_.num_layers), w(ids_.final_norm_weight()), w(ids_.final_norm_bias()), lnf,
+                      scratch("lnf_mean", n), scratch("lnf_rstd", n), n, c);
+    // The LM head is the token embedding, transposed: logits [N, V] = lnf wte^T.
+    Real* logits = scratch("logits", int64_t{n} * v);
+    gemm(Op::kN, Op::kT, n, v, c, Real(1), lnf, c, w(ids_.wte()), c, Real(0), logits, v);
+    return cross_entropy(logits, targets_.data(), n, v, grad_scale);
+  }
+
+  void backward_pass() {
+    const int n = rows(), c = cfg_.hidden_size, v = cfg_.vocab_size, L = cfg_.num_layers;
+    const Real* lnf = scratch("lnf", int64_t{n} * c);
+    const Real* dlogits = scratch("logits", int64_t{n} * v);
+    Real* dres = scratch("grad/dres", int64_t{n} * c);  // dL/d(residual stream), carried down
+    Real* dln = scratch("grad/dc", int64_t{n} * c);
+    gemm(Op::kT, Op::kN, v, c, n, Real(1), dlogits, v, lnf, c, Real(1), g(ids_.wte()), c);
+    gemm(Op::kN, Op::kN, n, c, v, Real(1), dlogits, v, w(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
+    std::fill(dres, dres + int64_t{n} * c, Real(0));
+    layernorm_backward(dln, res(L), w(ids_.final_norm_weight()), scratch("lnf_mean", n), scratch("lnf_rstd", n), dres,
+                       g(ids_.final_norm_weight()), g(ids_.final_norm_bias()), n, c);
+    ready({ids_.final_norm_weight(), ids_.final_norm_bias()});
+    for (int l = L - 1; l >= 0; --l) layer_backward(l, dres);
+    embedding_backward(inputs_.data(), dres, g(ids_.wte()), g(ids_.wpe()), batch_, cfg_.seq_length, c);
+    ready({ids_.wpe(), ids_.wte()});
+  }
+
+  // dres: dL/d res/(l+1) in, dL/d res/l out.
+  void layer_backward(int l, Real* dres) {
+    const int n = rows(), c = cfg_.hidden_size;
+    const LayerActs a = acts(l);
+    if (recompute_) layer_forward(l, a);  // the activations were dropped after forward
+    const Real* x = res(l);
+    Real* dln = scratch("grad/dc", int64_t{n} * c);
+    Real* d4c = scratch("grad/d4c", int64_t{n} * 4 * c);
+    Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
+    Real* dp = scratch("grad/dprobs", int64_t{cfg_.seq_length} * cfg_.seq_length);
+    auto id = [&](LayerParam p) { return ids_.layer(l, p); };
+
+    linear_backward_weight(dres, a.gelu, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
+    ready({id(kFc2W), id(kFc2B)});
+    linear_backward_data(dres, w(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+    gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
+    linear_backward_weight(d4c, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
+    ready({id(kFc1W), id(kFc1B)});
+    linear_backward_data(d4c, w(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
+    // dres becomes dL/dxmid: the residual path plus the pre-MLP norm's path.
+    layernorm_backward(dln, a.xmid, w(id(kLn2W)), a.ln2_mean, a.ln2_rstd, dres, g(id(kLn2W)), g(id(kLn2B)), n, c);
+    ready({id(kLn2W), id(kLn2B)});
+
+    linear_backward_weight(dres, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
+    ready({id(kProjW), id(kProjB)});
+    linear_backward_data(dres, w(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
+    attention_backward(dln, a.qkv, a.probs, d3c, dp, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
+    linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
+    ready({id(kQkvW), id(kQkvB)});
+    linear_backward_data(d3c, w(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
+    layernorm_backward(dln, x, w(id(kLn1W)), a.ln1_mean, a.ln1_rstd, dres, g(id(kLn1W)), g(id(kLn1B)), n, c);
+    ready({id(kLn1W), id(kLn1B)});
+  }
+
+  GptConfig cfg_;
+  GptParamIds ids_;
+  GptAccess<Real> access_;
+  bool recompute_;
+  int batch_ = 0;
+  bool backward_ready_ = false;
+  std::vector<int32_t> inputs_, targets_;  // [N]
+};
+
+}  // namespace mxddp::model

@@ -1,0 +1,139 @@
+// GptModel: the f32 GptGraph over a DistributedDataParallel. This file is the model's side of the
+// DDP protocol: where weights come from (the bf16 param, or an MXFP8 param dequantized in the
+// orientation the product needs), where gradients go (main_grad, accumulated), when they are
+// reported, and which params a module's forward pre-hook asks for.
+#include <chrono>
+#include <cstring>
+
+#include <mxddp/model.h>
+#include <mxddp/quant.h>
+
+#include "gpt_graph.h"
+
+namespace mxddp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// A param's role, its name without the layer: layers take turns using the same weight scratch.
+std::string role_of(const std::string& name) {
+  constexpr std::string_view kLayers = "decoder.layers.";
+  if (!name.starts_with(kLayers)) return name;
+  const size_t dot = name.find('.', kLayers.size());
+  std::string role = "layer.";
+  role.append(name, dot + 1);
+  return role;
+}
+
+}  // namespace
+
+struct GptModel::Impl {
+  DistributedDataParallel& ddp;
+  GlobalMemoryBuffer& pool;
+  GptConfig config;
+  std::vector<ParamSpec> specs;
+  std::vector<std::string> weight_key;        // [param] scratch name of its f32 copy (forward)
+  std::vector<std::string> weight_key_dgrad;  // [param] ... of its column-wise copy (MXFP8 only)
+  std::vector<bool> is_mxfp8;                 // [param]
+  GptTimings timings;
+  std::unique_ptr<model::GptGraph<float>> graph;
+
+  Impl(DistributedDataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
+
+  const float* weight(int i, model::WeightUse use) {
+    const ParamSpec& spec = specs[static_cast<size_t>(i)];
+    const bool dgrad = is_mxfp8[static_cast<size_t>(i)] && use == model::WeightUse::kDataGrad;
+    TensorView out = pool.get_tensor(spec.shape, DType::kF32, (dgrad ? weight_key_dgrad : weight_key)[static_cast<size_t>(i)]);
+    if (is_mxfp8[static_cast<size_t>(i)]) {
+      const Mxfp8Tensor& q = ddp.mxfp8_param(i);
+      const QuantAxis axis = dgrad ? QuantAxis::kCol : QuantAxis::kRow;
+      mx_dequantize(q.data(axis), q.scales(axis), out, q.options(axis));
+    } else {
+      const TensorView p = ddp.param(i);
+      if (p.dtype == DType::kBF16) convert_bf16_to_f32(p.data_as<const bf16_bits>(), out.data_as<float>(), static_cast<size_t>(p.numel()));
+      else std::memcpy(out.data, p.data, static_cast<size_t>(p.numel()) * sizeof(float));
+    }
+    return out.data_as<const float>();
+  }
+};
+
+GptModel::GptModel(DistributedDataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
+                   const GptModelOptions& options)
+    : impl_(std::make_unique<Impl>(ddp, scratch, config)) {
+  config.validate();
+  Impl& m = *impl_;
+  m.specs = ddp.buffer().params();
+  const std::vector<ParamSpec> expected = gpt_param_specs(config);
+  MXDDP_CHECK(m.specs.size() == expected.size(), "the DDP holds {} params but a GPT of {} has {}", m.specs.size(),
+              config.describe(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i)
+    MXDDP_CHECK(m.specs[i].name == expected[i].name && m.specs[i].shape == expected[i].shape,
+                "param {} of the DDP is '{}' {}, but the GPT's is '{}' {}", i, m.specs[i].name,
+                m.specs[i].shape.to_string(), expected[i].name, expected[i].shape.to_string());
+  MXDDP_CHECK(ddp.config().grad_reduce_in_fp32,
+              "the GPT accumulates weight gradients into main_grad with sgemm (beta = 1), so it needs f32 "
+              "gradients: grad_reduce_in_fp32 must be true");
+  MXDDP_CHECK(ddp.config().param_dtype == DType::kBF16 || ddp.config().param_dtype == DType::kF32,
+              "param dtype {} is not supported by the GPT; valid: bf16, f32", dtype_name(ddp.config().param_dtype));
+  for (const ParamSpec& s : m.specs) {
+    const std::string role = role_of(s.name);
+    m.weight_key.push_back(fmt::format("w/{}", role));
+    m.weight_key_dgrad.push_back(fmt::format("w/{}/col", role));
+    m.is_mxfp8.push_back(ddp.config().fp8_param_gather && s.mxfp8);
+  }
+
+  model::GptAccess<float> access;
+  access.weight = [&m](int i, model::WeightUse use) { return m.weight(i, use); };
+  access.grad = [&m](int i) { return m.ddp.main_grad(i).data_as<float>(); };
+  access.grad_ready = [&m](int i) { m.ddp.grad_ready(i); };
+  access.before_forward = [&m](const std::vector<int>& params) {
+    const auto t0 = Clock::now();
+    m.ddp.before_forward(params);
+    m.timings.param_wait_ms += ms_since(t0);
+  };
+  access.scratch = [&m](const std::string& name, int64_t numel) {
+    return m.pool.get_tensor(Shape{numel}, DType::kF32, name).data_as<float>();
+  };
+  m.graph = std::make_unique<model::GptGraph<float>>(config, std::move(access), options.recompute_activations);
+}
+
+GptModel::~GptModel() = default;
+
+double GptModel::forward_backward(const int32_t* tokens, int micro_batch, float loss_scale) {
+  MXDDP_CHECK(micro_batch >= 1, "micro-batch size {} is not valid: at least 1", micro_batch);
+  MXDDP_CHECK(loss_scale != 0.0f, "loss scale 0 would make every gradient zero");
+  Impl& m = *impl_;
+  const int n = micro_batch * m.config.seq_length;
+  const double wait0 = m.timings.param_wait_ms;
+  auto t0 = Clock::now();
+  const double loss = m.graph->forward(tokens, micro_batch, loss_scale / static_cast<float>(n));
+  m.timings.forward_ms += ms_since(t0) - (m.timings.param_wait_ms - wait0);
+  t0 = Clock::now();
+  m.graph->backward();
+  m.timings.backward_ms += ms_since(t0);
+  return loss / n;
+}
+
+double GptModel::evaluate(const int32_t* tokens, int micro_batch) {
+  MXDDP_CHECK(micro_batch >= 1, "micro-batch size {} is not valid: at least 1", micro_batch);
+  return impl_->graph->forward(tokens, micro_batch, 0.0f) / (micro_batch * impl_->config.seq_length);
+}
+
+const GptConfig& GptModel::config() const { return impl_->config; }
+const GptTimings& GptModel::timings() const { return impl_->timings; }
+void GptModel::reset_timings() { impl_->timings = {}; }
+
+}  // namespace mxddp
+
+namespace mxddp {
+
+void set_compute_threads(int threads) {
+  MXDDP_CHECK(threads >= 0, "compute threads {} is not valid: 0 (OpenBLAS's default) or more", threads);
+  openblas_set_num_threads(threads);
+}
+
+int compute_threads() { return openblas_get_num_threads(); }
+
+}  // namespace mxddp

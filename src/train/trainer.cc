@@ -1,0 +1,207 @@
+// The training loop behind `mxddp train` (see train.h): builds the DDP, the distributed optimizer
+// and the GPT for this rank, resumes from a checkpoint, runs the iterations, evaluates, saves, and
+// gathers what every rank used in memory.
+#include <chrono>
+#include <cmath>
+#include <numbers>
+
+#include <mxddp/train.h>
+
+namespace mxddp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double all_reduce_mean(Communicator& comm, double local) {
+  float v = static_cast<float>(local);
+  comm.all_reduce(TensorView{&v, DType::kF32, Shape{1}, Device::cpu()}, {.op = ReduceOp::kAvg});
+  return v;
+}
+
+// Every rank's RankMemory, all-gathered as raw bytes.
+std::vector<RankMemory> gather_memory(Communicator& comm, const RankMemory& mine) {
+  std::vector<RankMemory> all(static_cast<size_t>(comm.size()));
+  static_assert(std::is_trivially_copyable_v<RankMemory>);
+  const auto bytes = static_cast<int64_t>(sizeof(RankMemory));
+  comm.all_gather(TensorView{const_cast<RankMemory*>(&mine), DType::kU8, Shape{bytes}, Device::cpu()},
+                  TensorView{all.data(), DType::kU8, Shape{bytes * comm.size()}, Device::cpu()});
+  return all;
+}
+
+MemoryUsage max_usage(const MemoryUsage& a, const MemoryUsage& b) {
+  MemoryUsage m = b;  // live bytes: the later one
+  for (size_t c = 0; c < m.peak_bytes.size(); ++c) m.peak_bytes[c] = std::max(a.peak_bytes[c], b.peak_bytes[c]);
+  m.total_peak_bytes = std::max(a.total_peak_bytes, b.total_peak_bytes);
+  return m;
+}
+
+std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t iteration) {
+  return {{"iteration", std::to_string(iteration)},
+          {"model", c.model.describe()},
+          {"seed", std::to_string(c.seed)},
+          {"global_batch_size", std::to_string(c.global_batch_size)}};
+}
+
+}  // namespace
+
+void TrainConfig::validate(int dp) const {
+  model.validate();
+  MXDDP_CHECK(micro_batch_size >= 1, "--micro-batch-size {} is not valid: at least 1", micro_batch_size);
+  MXDDP_CHECK(global_batch_size >= 1 && global_batch_size % (micro_batch_size * dp) == 0,
+              "--global-batch-size {} is not valid: it must be a positive multiple of --micro-batch-size x "
+              "data-parallel size = {} x {} = {}", global_batch_size, micro_batch_size, dp, micro_batch_size * dp);
+  MXDDP_CHECK(train_iters >= 0, "--train-iters {} is not valid: 0 or more", train_iters);
+  MXDDP_CHECK(std::isfinite(lr) && lr >= 0, "--lr {} is not valid: finite and >= 0", lr);
+  MXDDP_CHECK(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr, "--min-lr {} is not valid: in [0, --lr = {}]",
+              min_lr, lr);
+  MXDDP_CHECK(lr_warmup_iters >= 0, "--lr-warmup-iters {} is not valid: 0 or more", lr_warmup_iters);
+  MXDDP_CHECK(lr_decay_iters >= 0, "--lr-decay-iters {} is not valid: 0 (= --train-iters) or more", lr_decay_iters);
+  MXDDP_CHECK(lr_decay_style == "cosine" || lr_decay_style == "linear" || lr_decay_style == "constant",
+              "--lr-decay-style '{}' is not valid: cosine, linear or constant", lr_decay_style);
+  MXDDP_CHECK(eval_interval >= 0, "--eval-interval {} is not valid: 0 (only at the end) or more", eval_interval);
+  MXDDP_CHECK(eval_iters >= 0, "--eval-iters {} is not valid: 0 (no evaluation) or more", eval_iters);
+  MXDDP_CHECK(eval_iters == 0 || valid_fraction > 0, "--eval-iters {} needs a validation split: --valid-fraction is 0",
+              eval_iters);
+  MXDDP_CHECK(save_interval >= 0, "--save-interval {} is not valid: 0 (only at the end) or more", save_interval);
+  MXDDP_CHECK(save_interval == 0 || !save_dir.empty(), "--save-interval {} needs --save DIR", save_interval);
+  MXDDP_CHECK(corpus_bytes >= 1, "corpus size {} is not valid: at least 1 byte", corpus_bytes);
+}
+
+float learning_rate(const TrainConfig& c, int64_t it) {
+  if (c.lr_warmup_iters > 0 && it < c.lr_warmup_iters)
+    return c.lr * static_cast<float>(it + 1) / static_cast<float>(c.lr_warmup_iters);
+  if (c.lr_decay_style == "constant") return c.lr;
+  const int64_t decay_end = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
+  const int64_t span = decay_end - c.lr_warmup_iters;
+  if (span <= 0 || it >= decay_end) return c.min_lr;
+  const double progress = static_cast<double>(it - c.lr_warmup_iters) / static_cast<double>(span);
+  const double coeff = c.lr_decay_style == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) : 1.0 - progress;
+  return static_cast<float>(c.min_lr + coeff * (c.lr - c.min_lr));
+}
+
+TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks) {
+  const int dp = comm.size(), rank = comm.rank();
+  config.validate(dp);
+  const GptConfig& mc = config.model;
+  const int mb = config.micro_batch_size, accum = config.accumulation_steps(dp);
+  const int local_batch = config.global_batch_size / dp;
+
+  const TokenDataset data = config.data_path.empty()
+                                ? TokenDataset(builtin_corpus(config.corpus_bytes), config.valid_fraction, mc.seq_length)
+                                : TokenDataset::from_file(config.data_path, config.valid_fraction, mc.seq_length);
+
+  MemoryTracker tracker;
+  GlobalMemoryBuffer pool(tracker);
+  DdpConfig ddp_config = config.ddp;
+  ddp_config.use_distributed_optimizer = true;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  {
+    std::vector<std::vector<float>> init = gpt_init_params(mc, config.seed);  // freed once copied in
+    const std::vector<ParamSpec> specs = gpt_param_specs(mc, ddp_config.fp8_param_gather);
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+    ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
+  }
+  DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
+  GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations});
+
+  TrainResult result;
+  result.unigram_entropy = data.unigram_entropy();
+  result.tokens_per_iteration = int64_t{config.global_batch_size} * mc.seq_length;
+  if (!config.load_dir.empty()) {
+    const auto meta = load_checkpoint(config.load_dir, optimizer);
+    const auto it = meta.find("iteration");
+    MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
+                config.load_dir);
+    result.start_iteration = std::stoll(it->second);
+  }
+
+  std::vector<int32_t> tokens(static_cast<size_t>(mb) * (mc.seq_length + 1));  // [micro-batch, T + 1]
+  auto evaluate = [&](int64_t iteration) {
+    optimizer.force_param_sync();  // the model params must be the main params' (MXFP8 reuse: re-staged)
+    double sum = 0;
+    for (int e = 0; e < config.eval_iters; ++e)
+      for (int m = 0; m < accum; ++m) {
+        data.fill_batch(true, config.seed, e, int64_t{rank} * local_batch + int64_t{m} * mb, mb, tokens.data());
+        sum += model.evaluate(tokens.data(), mb);
+      }
+    const EvalRecord record{iteration, all_reduce_mean(comm, sum / (config.eval_iters * accum))};
+    result.evals.push_back(record);
+    if (callbacks.on_eval) callbacks.on_eval(record);
+  };
+  auto save = [&](int64_t iteration) {
+    save_checkpoint(config.save_dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration)});
+    if (callbacks.on_save) callbacks.on_save(iteration, config.save_dir);
+  };
+
+  MemoryUsage warmup_usage;
+  int64_t allocations_at_warmup = 0;
+  const auto t_train = Clock::now();
+  for (int64_t it = result.start_iteration; it < config.train_iters; ++it) {
+    const auto t_step = Clock::now();
+    optimizer.set_lr(learning_rate(config, it));
+    model.reset_timings();
+    StepRecord rec;
+    rec.iteration = it + 1;
+    rec.lr = optimizer.lr();
+
+    auto t0 = Clock::now();
+    optimizer.zero_grad();
+    rec.optimizer_ms = ms_since(t0);
+    double loss_sum = 0;
+    for (int m = 0; m < accum; ++m) {
+      data.fill_batch(false, config.seed, it, int64_t{rank} * local_batch + int64_t{m} * mb, mb, tokens.data());
+      const float loss_scale = 1.0f / static_cast<float>(accum);  // the gradient of the mean over micro-batches
+      if (m + 1 < accum) {
+        auto no_sync = ddp->no_sync();
+        loss_sum += model.forward_backward(tokens.data(), mb, loss_scale);
+      } else {
+        loss_sum += model.forward_backward(tokens.data(), mb, loss_scale);
+      }
+    }
+    t0 = Clock::now();
+    ddp->finish_grad_sync();
+    rec.comm_ms = ms_since(t0) + model.timings().param_wait_ms;
+    t0 = Clock::now();
+    const StepResult step = optimizer.step();
+    rec.optimizer_ms += ms_since(t0);
+    rec.forward_ms = model.timings().forward_ms;
+    rec.backward_ms = model.timings().backward_ms;
+    rec.grad_norm = step.grad_norm;
+    rec.skipped = step.skipped;
+    rec.loss = all_reduce_mean(comm, loss_sum / accum);
+    rec.step_ms = ms_since(t_step);
+    result.steps.push_back(rec);
+    if (callbacks.on_step) callbacks.on_step(rec);
+
+    if (it == result.start_iteration) {
+      // Everything the run needs is allocated by now; from here on the peaks are the steady state.
+      warmup_usage = tracker.usage();
+      allocations_at_warmup = pool.allocation_count();
+      tracker.reset_peaks();
+    }
+    const bool last = it + 1 == config.train_iters;
+    if (config.eval_iters > 0 && (last || (config.eval_interval > 0 && (it + 1) % config.eval_interval == 0)))
+      evaluate(it + 1);
+    if (!config.save_dir.empty() && (last || (config.save_interval > 0 && (it + 1) % config.save_interval == 0)))
+      save(it + 1);
+  }
+  optimizer.force_param_sync();  // end of training: the model holds the final params
+  result.train_seconds = std::chrono::duration<double>(Clock::now() - t_train).count();
+  double step_ms_sum = 0;  // iterations only: evaluation and saves are not training throughput
+  for (const StepRecord& r : result.steps) step_ms_sum += r.step_ms;
+  if (step_ms_sum > 0)
+    result.tokens_per_second = static_cast<double>(result.steps.size()) *
+                               static_cast<double>(result.tokens_per_iteration) / (step_ms_sum / 1e3);
+
+  RankMemory mine;
+  mine.steady = tracker.usage();
+  mine.overall = result.steps.empty() ? mine.steady : max_usage(warmup_usage, mine.steady);
+  mine.scratch_allocations_after_warmup = result.steps.empty() ? 0 : pool.allocation_count() - allocations_at_warmup;
+  result.memory_by_rank = gather_memory(comm, mine);
+  return result;
+}
+
+}  // namespace mxddp
