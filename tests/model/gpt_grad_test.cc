@@ -1,0 +1,220 @@
+// The reference GPT's backward: every param's gradient against central finite differences of
+// the forward, all in f64 on a tiny model; recomputation giving the same gradients; and the f32
+// model over DistributedDataParallel (bf16 params, gradients accumulated into main_grad and
+// reported with grad_ready) agreeing with the f64 reference.
+#include <map>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <mxddp/model.h>
+
+#include "model/gpt_graph.h"
+#include "model/random.h"
+
+namespace mxddp::testing {
+namespace {
+
+// vocab 40: every logit matters; seq 5 and 2 heads: a non-trivial causal mask per head.
+GptConfig grad_check_config() {
+  return GptConfig{.vocab_size = 40, .num_layers = 2, .hidden_size = 8, .num_attention_heads = 2, .seq_length = 5};
+}
+constexpr int kBatch = 2;
+
+// Random params large enough that every nonlinearity is away from its linear regime.
+std::vector<std::vector<double>> random_params(const GptConfig& c, uint64_t seed) {
+  model::Rng rng(seed);
+  std::vector<std::vector<double>> v;
+  for (const ParamSpec& s : gpt_param_specs(c)) {
+    std::vector<double> p(static_cast<size_t>(s.shape.numel()));
+    const bool norm_weight = s.name.ends_with("layernorm.weight");
+    for (double& x : p) x = (norm_weight ? 1.0 : 0.0) + 0.3 * rng.normal();
+    v.push_back(std::move(p));
+  }
+  return v;
+}
+
+std::vector<int32_t> random_tokens(const GptConfig& c, uint64_t seed) {
+  model::Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(kBatch) * (c.seq_length + 1));
+  for (int32_t& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab_size)));
+  return t;
+}
+
+// The graph in f64 over plain vectors.
+struct ReferenceGpt {
+  GptConfig config;
+  std::vector<std::vector<double>> params, grads;
+  std::map<std::string, std::vector<double>> scratch;
+  std::vector<int> ready_count;
+
+  ReferenceGpt(const GptConfig& c, std::vector<std::vector<double>> p) : config(c), params(std::move(p)) {
+    for (const auto& x : params) grads.emplace_back(x.size(), 0.0);
+    ready_count.assign(params.size(), 0);
+  }
+
+  model::GptAccess<double> access() {
+    model::GptAccess<double> a;
+    a.weight = [this](int i, model::WeightUse) { return params[static_cast<size_t>(i)].data(); };
+    a.grad = [this](int i) { return grads[static_cast<size_t>(i)].data(); };
+    a.grad_ready = [this](int i) { ++ready_count[static_cast<size_t>(i)]; };
+    a.scratch = [this](const std::string& name, int64_t n) {
+      auto& v = scratch[name];
+      if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+      return v.data();
+    };
+    return a;
+  }
+
+  double loss(const std::vector<int32_t>& tokens, bool recompute = false) {
+    model::GptGraph<double> g(config, access(), recompute);
+    return g.forward(tokens.data(), kBatch, 0.0);
+  }
+  double loss_and_grad(const std::vector<int32_t>& tokens, bool recompute = false) {
+    model::GptGraph<double> g(config, access(), recompute);
+    const double l = g.forward(tokens.data(), kBatch, 1.0);
+    g.backward();
+    return l;
+  }
+};
+
+TEST(GptGradient, EveryParamMatchesFiniteDifferencesInDouble) {
+  const GptConfig c = grad_check_config();
+  const auto tokens = random_tokens(c, 7);
+  ReferenceGpt ref(c, random_params(c, 11));
+  ref.loss_and_grad(tokens);
+  const auto specs = gpt_param_specs(c);
+  constexpr double kStep = 1e-5;
+  int64_t checked = 0;
+  for (size_t p = 0; p < specs.size(); ++p) {
+    EXPECT_EQ(ref.ready_count[p], 1) << specs[p].name << " must be reported ready exactly once";
+    double max_abs = 0;
+    for (double g : ref.grads[p]) max_abs = std::max(max_abs, std::abs(g));
+    EXPECT_GT(max_abs, 1e-6) << specs[p].name << ": a zero gradient checks nothing";
+    for (size_t k = 0; k < ref.params[p].size(); ++k) {
+      const double saved = ref.params[p][k];
+      ref.params[p][k] = saved + kStep;
+      const double up = ref.loss(tokens);
+      ref.params[p][k] = saved - kStep;
+      const double down = ref.loss(tokens);
+      ref.params[p][k] = saved;
+      const double fd = (up - down) / (2 * kStep);
+      ASSERT_NEAR(ref.grads[p][k], fd, 1e-7 + 1e-6 * std::abs(fd)) << specs[p].name << " element " << k;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, c.num_params());
+}
+
+TEST(GptGradient, RecomputeGivesTheSameLossAndGradientsBitwise) {
+  const GptConfig c = grad_check_config();
+  const auto tokens = random_tokens(c, 3);
+  ReferenceGpt plain(c, random_params(c, 5)), recompute(c, random_params(c, 5));
+  EXPECT_EQ(plain.loss_and_grad(tokens, false), recompute.loss_and_grad(tokens, true));
+  EXPECT_EQ(plain.grads, recompute.grads);
+}
+
+TEST(GptGradient, BackwardWithoutForwardIsAnError) {
+  ReferenceGpt ref(grad_check_config(), random_params(grad_check_config(), 1));
+  model::GptGraph<double> g(ref.config, ref.access(), false);
+  EXPECT_THROW(g.backward(), Error);
+}
+
+// The f32 model over DDP (bf16 params) against the f64 reference on the same bf16-rounded values.
+TEST(GptModelOverDdp, GradientsInMainGradMatchTheDoubleReference) {
+  set_compute_threads(1);
+  const GptConfig c = grad_check_config();
+  const auto tokens = random_tokens(c, 9);
+  auto init = random_params(c, 13);
+  for (auto& p : init)
+    for (double& x : p) x = bf16_to_f32(f32_to_bf16(static_cast<float>(x)));  // what the bf16 buffer holds
+  ReferenceGpt ref(c, init);
+  const double ref_loss = ref.loss_and_grad(tokens);
+
+  run_local(1, [&](Communicator& comm) {
+    std::vector<std::vector<float>> init_f32;
+    for (const auto& p : init) init_f32.emplace_back(p.begin(), p.end());
+    const auto specs = gpt_param_specs(c);
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init_f32[i].data(), DType::kF32, specs[i].shape});
+    MemoryTracker tracker;
+    GlobalMemoryBuffer pool(tracker);
+    // Small buckets with overlap: every group must go out during backward, so every param must
+    // have been reported with grad_ready by the time forward_backward returns.
+    DdpConfig cfg{.overlap_grad_reduce = true, .use_distributed_optimizer = true, .bucket_size = 200};
+    DistributedDataParallel ddp(comm, specs, cfg, tracker, views);
+    ASSERT_GT(ddp.num_bucket_groups(), 3);
+    GptModel model(ddp, pool, c);
+    ddp.zero_grad_buffer();
+    const double loss = model.forward_backward(tokens.data(), kBatch, 1.0f);
+    for (int g = 0; g < ddp.num_bucket_groups(); ++g) EXPECT_TRUE(ddp.bucket_group_issued(g)) << "group " << g;
+    ddp.finish_grad_sync();
+    const double n = kBatch * c.seq_length;
+    EXPECT_NEAR(loss, ref_loss / n, 1e-5 * ref_loss / n);
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const float* g = ddp.main_grad(static_cast<int>(p)).data_as<float>();
+      double max_abs = 0;
+      for (double x : ref.grads[p]) max_abs = std::max(max_abs, std::abs(x) / n);
+      for (size_t k = 0; k < ref.grads[p].size(); ++k)
+        ASSERT_NEAR(g[k], ref.grads[p][k] / n, 1e-4 * max_abs + 1e-7) << specs[p].name << " element " << k;
+    }
+  });
+}
+
+TEST(GptModelOverDdp, RejectsAParamListThatIsNotTheGpts) {
+  run_local(1, [](Communicator& comm) {
+    MemoryTracker tracker;
+    GlobalMemoryBuffer pool(tracker);
+    const GptConfig c = grad_check_config();
+    GptConfig other = c;
+    other.hidden_size = 16;
+    DistributedDataParallel ddp(comm, gpt_param_specs(other), {.use_distributed_optimizer = true}, tracker);
+    try {
+      GptModel model(ddp, pool, c);
+      FAIL() << "expected an Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("embedding.word_embeddings.weight"), std::string::npos) << e.what();
+    }
+    DistributedDataParallel bf16_grads(comm, gpt_param_specs(c), {.grad_reduce_in_fp32 = false, .use_distributed_optimizer = true},
+                                       tracker);
+    EXPECT_THROW(GptModel(bf16_grads, pool, c), Error);
+  });
+}
+
+TEST(GptConfig, PresetsAndBadValues) {
+  EXPECT_EQ(gpt_preset("tiny").num_layers, 2);
+  const GptConfig small = gpt_preset("small");
+  EXPECT_GT(small.num_params(), 10'000'000);
+  EXPECT_LT(small.num_params(), 11'000'000);
+  const GptConfig gpt2 = gpt_preset("gpt2-124m");
+  EXPECT_EQ(gpt2.num_layers, 12);
+  EXPECT_EQ(gpt2.hidden_size, 768);
+  // The param list's sizes add up to num_params.
+  int64_t total = 0;
+  for (const ParamSpec& s : gpt_param_specs(gpt2)) total += s.shape.numel();
+  EXPECT_EQ(total, gpt2.num_params());
+  EXPECT_THROW(gpt_preset("gpt5"), Error);
+  GptConfig bad = gpt_preset("tiny");
+  bad.num_attention_heads = 3;
+  EXPECT_THROW(bad.validate(), Error);
+  bad = gpt_preset("tiny");
+  bad.vocab_size = 300;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
+TEST(GptConfig, InitializationIsDeterministicAndGpt2Like) {
+  const GptConfig c = gpt_preset("tiny");
+  const auto a = gpt_init_params(c, 1), b = gpt_init_params(c, 1), other = gpt_init_params(c, 2);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);
+  const GptParamIds ids(c);
+  double sum_sq = 0;
+  for (float x : a[static_cast<size_t>(ids.layer(0, kQkvW))]) sum_sq += double{x} * x;
+  const double std_qkv = std::sqrt(sum_sq / static_cast<double>(a[static_cast<size_t>(ids.layer(0, kQkvW))].size()));
+  EXPECT_NEAR(std_qkv, 0.02, 0.002);
+  for (float x : a[static_cast<size_t>(ids.layer(1, kLn2W))]) EXPECT_EQ(x, 1.0f);
+  for (float x : a[static_cast<size_t>(ids.layer(1, kFc1B))]) EXPECT_EQ(x, 0.0f);
+}
+
+}  // namespace
+}  // namespace mxddp::testing
