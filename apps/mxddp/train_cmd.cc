@@ -18,7 +18,8 @@ namespace mxddp::app {
 CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   TrainConfig& c = a.config;
   auto* cmd = app.add_subcommand("train", "Train the reference GPT with data parallelism");
-  cmd->option_defaults()->always_capture_default();
+  // A later flag overrides an earlier one (scripts append overrides to a base command line).
+  cmd->option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--backend", a.backend, "local (ranks as threads) or mpi (under mpirun)")
       ->check(CLI::IsMember({"local", "mpi"}));
   cmd->add_option("--ranks", a.ranks, "Ranks of the local backend")->check(CLI::Range(1, 256));

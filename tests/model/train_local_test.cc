@@ -1,0 +1,171 @@
+// The training loop on the in-process backend: the same global batch gives the same losses at
+// dp 1, 2 and 4; overlap and recomputation change nothing but timing and memory; the loss falls
+// well below the data's unigram entropy; a run saved at iteration k and resumed (at the same dp
+// or another) reproduces the uninterrupted run; no scratch allocation after the first iteration.
+#include <unistd.h>
+
+#include "model/train_util.h"
+
+namespace mxddp::testing {
+namespace {
+
+TEST(TrainLocal, SameGlobalBatchGivesTheSameLossesAtDp124) {
+  const TrainConfig c = small_train_config();  // accumulation 4, 2 and 1 micro-batches
+  const TrainResult dp1 = train_local(1, c);
+  ASSERT_EQ(dp1.steps.size(), 4u);
+  for (int dp : {2, 4}) {
+    const auto all = train_local_all(dp, c);
+    for (const TrainResult& r : all) EXPECT_EQ(losses(r), losses(all.front())) << "every rank reports the same loss";
+    expect_close(losses(all.front()), losses(dp1), 1e-5, dp == 2 ? "dp 2 vs dp 1" : "dp 4 vs dp 1");
+    ASSERT_EQ(all.front().evals.size(), 1u);
+    EXPECT_NEAR(all.front().evals[0].loss, dp1.evals[0].loss, 1e-5 * dp1.evals[0].loss);
+  }
+  EXPECT_LT(dp1.steps.back().loss, dp1.steps.front().loss);
+}
+
+TEST(TrainLocal, OverlapChangesNothingButTiming) {
+  TrainConfig c = small_train_config();
+  const auto base = losses(train_local(2, c));
+  c.ddp.overlap_grad_reduce = true;
+  c.ddp.bucket_size = 3000;  // several bucket groups
+  c.ddp.overlap_param_gather = true;
+  EXPECT_EQ(losses(train_local(2, c)), base) << "overlapped grad reduce and param gather";
+  c.ddp.overlap_param_gather_with_optimizer_step = true;
+  EXPECT_EQ(losses(train_local(2, c)), base) << "param gather overlapped with the optimizer step";
+  c.ddp.buckets_per_group = 2;
+  c.ddp.average_in_collective = true;
+  c.ddp.check_for_nan_in_grad = true;
+  expect_close(losses(train_local(2, c)), base, 1e-6, "grouped buckets, averaged in the collective");
+}
+
+TEST(TrainLocal, RecomputeGivesTheSameLossesInLessScratch) {
+  TrainConfig c = small_train_config();
+  c.model.num_layers = 4;
+  const TrainResult plain = train_local(2, c);
+  c.recompute_activations = true;
+  const TrainResult recompute = train_local(2, c);
+  EXPECT_EQ(losses(recompute), losses(plain));
+  const int64_t scratch_plain = plain.memory_by_rank[0].steady.peak(MemoryCategory::kScratch);
+  const int64_t scratch_recompute = recompute.memory_by_rank[0].steady.peak(MemoryCategory::kScratch);
+  // One layer's activations instead of four (the residual streams and the head stay).
+  EXPECT_LT(static_cast<double>(scratch_recompute), 0.6 * static_cast<double>(scratch_plain));
+}
+
+TEST(TrainLocal, SteadyStateAllocatesNothingAndEveryRankReportsItsMemory) {
+  TrainConfig c = small_train_config();
+  c.train_iters = 5;
+  c.eval_interval = 2;  // evaluations in the steady state use the same scratch
+  const TrainResult r = train_local(4, c);
+  ASSERT_EQ(r.memory_by_rank.size(), 4u);
+  EXPECT_EQ(r.evals.size(), 3u);
+  for (const RankMemory& m : r.memory_by_rank) {
+    EXPECT_EQ(m.scratch_allocations_after_warmup, 0);
+    EXPECT_EQ(m.steady.peak(MemoryCategory::kScratch), m.steady.live(MemoryCategory::kScratch));
+    EXPECT_GT(m.steady.live(MemoryCategory::kScratch), 0);
+    // bf16 params, f32 grads, and this rank's quarter of the f32 main params and two Adam moments.
+    const int64_t params = m.steady.live(MemoryCategory::kParams) / 2;
+    EXPECT_GE(params, c.model.num_params());
+    EXPECT_EQ(m.steady.live(MemoryCategory::kGrads), 4 * params);
+    EXPECT_EQ(m.steady.live(MemoryCategory::kMainParams), params);
+    EXPECT_EQ(m.steady.live(MemoryCategory::kOptimizerState), 2 * params);
+    EXPECT_GE(m.overall.total_peak_bytes, m.steady.total_peak_bytes);
+  }
+}
+
+TEST(TrainLocal, LossFallsWellBelowTheUnigramEntropy) {
+  TrainConfig c;  // the default model and data, in a run half the default length
+  c.train_iters = 150;
+  c.eval_iters = 2;
+  c.eval_interval = 0;
+  const TrainResult r = train_local(2, c);
+  ASSERT_EQ(r.steps.size(), 150u);
+  EXPECT_NEAR(r.steps.front().loss, std::log(256.0), 0.05) << "an untrained model is uniform over bytes";
+  EXPECT_NEAR(r.unigram_entropy, 2.92, 0.05);
+  // Stated threshold: 60% of the unigram entropy, i.e. the model uses context.
+  EXPECT_LT(r.steps.back().loss, 0.6 * r.unigram_entropy);
+  EXPECT_LT(r.evals.back().loss, 0.6 * r.unigram_entropy);
+  for (const StepRecord& s : r.steps) EXPECT_FALSE(s.skipped);
+}
+
+TEST(TrainLocal, ResumeReproducesTheUninterruptedRunAtTheSameAndAnotherDp) {
+  TempDir dir("mxddp_resume");
+  TrainConfig c = small_train_config();
+  c.train_iters = 6;
+  const TrainResult full2 = train_local(2, c);
+  const TrainResult full4 = train_local(4, c);
+
+  TrainConfig first = c;
+  first.train_iters = 3;
+  first.save_dir = dir / "ckpt";
+  const std::vector<double> full2_losses = losses(full2), full4_losses = losses(full4);
+  const TrainResult head = train_local(2, first);
+  EXPECT_EQ(losses(head), std::vector<double>(full2_losses.begin(), full2_losses.begin() + 3));
+
+  TrainConfig rest = c;
+  rest.load_dir = dir / "ckpt";
+  const TrainResult same_dp = train_local(2, rest);
+  EXPECT_EQ(same_dp.start_iteration, 3);
+  ASSERT_EQ(same_dp.steps.size(), 3u);
+  EXPECT_EQ(same_dp.steps.front().iteration, 4);
+  EXPECT_EQ(losses(same_dp), std::vector<double>(full2_losses.begin() + 3, full2_losses.end())) << "bitwise at the same dp";
+  EXPECT_EQ(same_dp.evals.back().loss, full2.evals.back().loss);
+
+  const TrainResult other_dp = train_local(4, rest);
+  expect_close(losses(other_dp), std::vector<double>(full4_losses.begin() + 3, full4_losses.end()), 1e-5,
+               "saved at dp 2, resumed at dp 4, vs uninterrupted at dp 4");
+}
+
+TEST(TrainLocal, ResumingAnotherModelFailsAndNamesTheMismatch) {
+  TempDir dir("mxddp_resume_bad");
+  TrainConfig c = small_train_config();
+  c.train_iters = 1;
+  c.save_dir = dir / "ckpt";
+  train_local(1, c);
+  TrainConfig other = small_train_config();
+  other.model.hidden_size = 64;
+  other.load_dir = dir / "ckpt";
+  EXPECT_THROW(train_local(1, other), Error);
+  TrainConfig missing = small_train_config();
+  missing.load_dir = dir / "nothing-here";
+  EXPECT_THROW(train_local(1, missing), Error);
+}
+
+TEST(TrainLocal, BadConfigsAreClearErrors) {
+  TrainConfig c = small_train_config();
+  c.global_batch_size = 6;  // not a multiple of micro 2 x dp 4
+  try {
+    train_local(4, c);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--global-batch-size 6"), std::string::npos) << e.what();
+  }
+  c = small_train_config();
+  c.lr_decay_style = "step";
+  EXPECT_THROW(c.validate(1), Error);
+  c = small_train_config();
+  c.min_lr = 2 * c.lr;
+  EXPECT_THROW(c.validate(1), Error);
+  c = small_train_config();
+  c.save_interval = 2;
+  EXPECT_THROW(c.validate(1), Error) << "a save interval without a directory";
+}
+
+TEST(LearningRate, WarmupThenCosineToMin) {
+  TrainConfig c;
+  c.lr = 1.0f;
+  c.min_lr = 0.1f;
+  c.lr_warmup_iters = 10;
+  c.train_iters = 110;
+  EXPECT_FLOAT_EQ(learning_rate(c, 0), 0.1f);
+  EXPECT_FLOAT_EQ(learning_rate(c, 9), 1.0f);
+  EXPECT_FLOAT_EQ(learning_rate(c, 10), 1.0f);
+  EXPECT_NEAR(learning_rate(c, 60), 0.55f, 1e-6);
+  EXPECT_FLOAT_EQ(learning_rate(c, 110), 0.1f);
+  c.lr_decay_style = "linear";
+  EXPECT_NEAR(learning_rate(c, 35), 0.775f, 1e-6);
+  c.lr_decay_style = "constant";
+  EXPECT_FLOAT_EQ(learning_rate(c, 100), 1.0f);
+}
+
+}  // namespace
+}  // namespace mxddp::testing

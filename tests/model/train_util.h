@@ -1,0 +1,65 @@
+// Helpers for the training tests: a small, fast config and a local-backend run that returns
+// every rank's result.
+#pragma once
+
+#include <filesystem>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <mxddp/train.h>
+
+namespace mxddp::testing {
+
+// 2 layers x 32, seq 32; global batch 8 in micro-batches of 2; a schedule that does not depend on
+// train_iters (lr_decay_iters fixed), so a run cut short is a prefix of a longer one.
+inline TrainConfig small_train_config() {
+  TrainConfig c;
+  c.model = GptConfig{.num_layers = 2, .hidden_size = 32, .num_attention_heads = 2, .seq_length = 32};
+  c.micro_batch_size = 2;
+  c.global_batch_size = 8;
+  c.train_iters = 4;
+  c.lr = 1e-2f;
+  c.min_lr = 1e-3f;
+  c.lr_warmup_iters = 1;
+  c.lr_decay_iters = 8;
+  c.corpus_bytes = 1 << 16;
+  c.eval_iters = 1;
+  c.eval_interval = 0;
+  return c;
+}
+
+// Runs train() on dp in-process ranks; result [rank].
+inline std::vector<TrainResult> train_local_all(int dp, const TrainConfig& config) {
+  set_compute_threads(1);  // ranks are threads already
+  std::vector<TrainResult> results(static_cast<size_t>(dp));
+  run_local(dp, [&](Communicator& comm) { results[static_cast<size_t>(comm.rank())] = train(comm, config); });
+  return results;
+}
+
+inline TrainResult train_local(int dp, const TrainConfig& config) { return train_local_all(dp, config).front(); }
+
+inline std::vector<double> losses(const TrainResult& r) {
+  std::vector<double> v;
+  for (const StepRecord& s : r.steps) v.push_back(s.loss);
+  return v;
+}
+
+inline void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << what << ", step " << i + 1;
+}
+
+// A fresh directory under the temp dir, removed when the test ends.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& leaf) const { return (path / leaf).string(); }
+};
+
+}  // namespace mxddp::testing
