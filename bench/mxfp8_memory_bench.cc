@@ -1,22 +1,21 @@
 // Memory with MXFP8 params: per-rank bytes by category, as the memory tracker counts them, for
-// the GPT-2-124M parameter list with its linear weights (attention and MLP matrices) marked MXFP8,
-// distributed optimizer with fp8_param_gather, reuse_grad_buf_for_mxfp8_param_ag off and on, at
-// dp 1, 2, 4. The saving should be the BF16 param buffer: 2 bytes per buffer element.
+// the reference GPT's param list (`mxddp train --fp8-param-gather`: the linear weights marked
+// MXFP8) of a preset (argument 1, default gpt2-124m), distributed optimizer with
+// fp8_param_gather, reuse_grad_buf_for_mxfp8_param_ag off and on, at dp 1, 2, 4. The saving
+// should be the BF16 param buffer: 2 bytes per buffer element.
 #include <cstdio>
 #include <mutex>
 
+#include <mxddp/model.h>
 #include <mxddp/optim.h>
 
-#include "gpt2_params.h"
-
-int main() {
+int main(int argc, char** argv) {
   using namespace mxddp;
-  std::vector<ParamSpec> params = bench::gpt2_124m_params();
-  for (ParamSpec& p : params) {
-    const bool linear = p.name.find(".attn.") != std::string::npos || p.name.find(".mlp.") != std::string::npos;
-    p.mxfp8 = linear && p.shape.ndim() == 2;
-  }
-  std::printf("GPT-2 124M params, linear weights MXFP8 (E4M3, both orientations), AdamW; MiB per rank\n");
+  const std::string preset = argc > 1 ? argv[1] : "gpt2-124m";
+  const GptConfig model = gpt_preset(preset);
+  const std::vector<ParamSpec> params = gpt_param_specs(model, /*mxfp8_linear_weights=*/true);
+  std::printf("reference GPT '%s' (%s), linear weights MXFP8 (E4M3, both orientations), AdamW; MiB per rank\n",
+              preset.c_str(), model.describe().c_str());
   std::printf("%3s %6s %9s %9s %9s %12s %9s %10s %12s %18s\n", "dp", "reuse", "params", "grads", "mxfp8", "main_params",
               "opt_state", "total", "saving", "2 x buffer numel");
   for (int dp : {1, 2, 4}) {

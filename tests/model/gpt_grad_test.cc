@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <mxddp/model.h>
+#include <mxddp/quant.h>
 
 #include "model/gpt_graph.h"
 #include "model/random.h"
@@ -45,6 +46,8 @@ std::vector<int32_t> random_tokens(const GptConfig& c, uint64_t seed) {
 struct ReferenceGpt {
   GptConfig config;
   std::vector<std::vector<double>> params, grads;
+  // When set, what the data-gradient products read instead of params (MXFP8: column-wise).
+  std::vector<std::vector<double>> dgrad_params;
   std::map<std::string, std::vector<double>> scratch;
   std::vector<int> ready_count;
 
@@ -55,7 +58,10 @@ struct ReferenceGpt {
 
   model::GptAccess<double> access() {
     model::GptAccess<double> a;
-    a.weight = [this](int i, model::WeightUse) { return params[static_cast<size_t>(i)].data(); };
+    a.weight = [this](int i, model::WeightUse use) {
+      const bool dgrad = use == model::WeightUse::kDataGrad && !dgrad_params.empty();
+      return (dgrad ? dgrad_params : params)[static_cast<size_t>(i)].data();
+    };
     a.grad = [this](int i) { return grads[static_cast<size_t>(i)].data(); };
     a.grad_ready = [this](int i) { ++ready_count[static_cast<size_t>(i)]; };
     a.scratch = [this](const std::string& name, int64_t n) {
@@ -158,6 +164,76 @@ TEST(GptModelOverDdp, GradientsInMainGradMatchTheDoubleReference) {
       for (size_t k = 0; k < ref.grads[p].size(); ++k)
         ASSERT_NEAR(g[k], ref.grads[p][k] / n, 1e-4 * max_abs + 1e-7) << specs[p].name << " element " << k;
     }
+  });
+}
+
+// With fp8_param_gather the forward products must read the row-wise MXFP8 weights and the
+// data-gradient products the column-wise ones. E4M3 elements are floating point, so the two
+// orientations of one weight differ only in blocks with a wide range; to make the check sharp the
+// test overwrites each column-wise copy with another matrix's. The f32 model must then match an
+// f64 reference that reads exactly those, and fail against one that reads the row-wise weights
+// everywhere.
+TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradients) {
+  set_compute_threads(1);
+  const GptConfig c = grad_check_config();
+  const auto tokens = random_tokens(c, 21);
+  const auto init = random_params(c, 23), other = random_params(c, 29);
+  const auto specs = gpt_param_specs(c, /*mxfp8_linear_weights=*/true);
+  run_local(1, [&](Communicator& comm) {
+    std::vector<std::vector<float>> init_f32;
+    for (const auto& p : init) init_f32.emplace_back(p.begin(), p.end());
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init_f32[i].data(), DType::kF32, specs[i].shape});
+    MemoryTracker tracker;
+    GlobalMemoryBuffer pool(tracker);
+    DistributedDataParallel ddp(comm, specs, {.use_distributed_optimizer = true, .fp8_param_gather = true}, tracker, views);
+    auto dequantized = [](const Mxfp8Tensor& q, QuantAxis axis, const Shape& shape) {
+      std::vector<float> v(static_cast<size_t>(shape.numel()));
+      mx_dequantize(q.data(axis), q.scales(axis), {v.data(), DType::kF32, shape}, q.options(axis));
+      return std::vector<double>(v.begin(), v.end());
+    };
+    std::vector<std::vector<double>> row(specs.size()), col(specs.size());
+    int mxfp8_params = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!specs[i].mxfp8) {
+        const TensorView p = ddp.param(static_cast<int>(i));
+        std::vector<float> v(static_cast<size_t>(p.numel()));
+        convert_bf16_to_f32(p.data_as<const bf16_bits>(), v.data(), v.size());
+        row[i] = col[i] = std::vector<double>(v.begin(), v.end());
+        continue;
+      }
+      ++mxfp8_params;
+      const Mxfp8Tensor& q = ddp.mxfp8_param(static_cast<int>(i));
+      std::vector<float> replacement(other[i].begin(), other[i].end());
+      mx_quantize({replacement.data(), DType::kF32, specs[i].shape}, q.data(QuantAxis::kCol), q.scales(QuantAxis::kCol),
+                  q.options(QuantAxis::kCol));
+      row[i] = dequantized(q, QuantAxis::kRow, specs[i].shape);
+      col[i] = dequantized(q, QuantAxis::kCol, specs[i].shape);
+    }
+    EXPECT_EQ(mxfp8_params, 4 * c.num_layers);
+    ReferenceGpt ref(c, row), row_everywhere(c, row);
+    ref.dgrad_params = col;
+    const double ref_loss = ref.loss_and_grad(tokens);
+    row_everywhere.loss_and_grad(tokens);
+
+    GptModel model(ddp, pool, c);
+    ddp.zero_grad_buffer();
+    const double loss = model.forward_backward(tokens.data(), kBatch, 1.0f);
+    ddp.finish_grad_sync();
+    const double n = kBatch * c.seq_length;
+    EXPECT_NEAR(loss, ref_loss / n, 1e-5 * ref_loss / n);
+    int64_t wrong_if_row_everywhere = 0;  // elements that would fail the check with row-wise dgrads
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const float* g = ddp.main_grad(static_cast<int>(p)).data_as<float>();
+      double max_abs = 0;
+      for (double x : ref.grads[p]) max_abs = std::max(max_abs, std::abs(x) / n);
+      const double tol = 1e-4 * max_abs + 1e-7;
+      for (size_t k = 0; k < ref.grads[p].size(); ++k) {
+        ASSERT_NEAR(g[k], ref.grads[p][k] / n, tol) << specs[p].name << " element " << k;
+        wrong_if_row_everywhere += std::abs(g[k] - row_everywhere.grads[p][k] / n) > tol;
+      }
+    }
+    EXPECT_GT(wrong_if_row_everywhere, 100) << "the check must tell the orientations apart";
   });
 }
 
