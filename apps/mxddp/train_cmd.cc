@@ -189,10 +189,10 @@ void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
 void finish_config(TrainArgs& a) {
   GptConfig& m = a.config.model;
   m = gpt_preset(a.model);
-  if (a.num_layers > 0) m.num_layers = a.num_layers;
-  if (a.hidden_size > 0) m.hidden_size = a.hidden_size;
-  if (a.num_attention_heads > 0) m.num_attention_heads = a.num_attention_heads;
-  if (a.seq_length > 0) m.seq_length = a.seq_length;
+  m.num_layers = a.num_layers.value_or(m.num_layers);
+  m.hidden_size = a.hidden_size.value_or(m.hidden_size);
+  m.num_attention_heads = a.num_attention_heads.value_or(m.num_attention_heads);
+  m.seq_length = a.seq_length.value_or(m.seq_length);
   a.config.ddp.mxfp8_elem = parse_fp8_format(a.mxfp8_elem);
   a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
 }

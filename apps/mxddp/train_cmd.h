@@ -4,6 +4,7 @@
 // aliases where they differ (--ddp-bucket-size for --bucket-size, ...).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -17,8 +18,8 @@ struct TrainArgs {
   int ranks = 4;
   int64_t timeout_ms = 600'000;
   std::string model = "tiny";
-  // Overrides of the preset (0: the preset's value).
-  int num_layers = 0, hidden_size = 0, num_attention_heads = 0, seq_length = 0;
+  // Overrides of the preset.
+  std::optional<int> num_layers, hidden_size, num_attention_heads, seq_length;
   std::string mxfp8_elem = "e4m3";
   std::string mxfp8_scale_mode = "rceil";
   int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)

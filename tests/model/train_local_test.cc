@@ -36,6 +36,12 @@ TEST(TrainLocal, OverlapChangesNothingButTiming) {
   c.ddp.average_in_collective = true;
   c.ddp.check_for_nan_in_grad = true;
   expect_close(losses(train_local(2, c)), base, 1e-6, "grouped buckets, averaged in the collective");
+  // Other layouts and collectives: the same math up to the grad norm's summation order.
+  TrainConfig other = small_train_config();
+  other.ddp.pad_buckets_for_high_nccl_busbw = true;
+  expect_close(losses(train_local(2, other)), base, 1e-6, "buckets padded for NCCL bus bandwidth");
+  other.ddp.force_all_reduce = true;
+  expect_close(losses(train_local(2, other)), base, 1e-6, "all-reduce instead of reduce-scatter");
 }
 
 TEST(TrainLocal, RecomputeGivesTheSameLossesInLessScratch) {
