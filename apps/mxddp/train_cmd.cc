@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -197,6 +198,13 @@ void finish_config(TrainArgs& a) {
   a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
 }
 
+// A report that cannot be written should fail now, not after the training.
+void check_report_path(const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+  MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': directory {} does not exist", path, parent.string());
+}
+
 int local_ranks_on_this_machine(const TrainArgs& a) {
   if (a.backend == "local") return a.ranks;
   if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
@@ -207,6 +215,7 @@ int local_ranks_on_this_machine(const TrainArgs& a) {
 
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_config(a);
+  check_report_path(a.report);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(a.blas_threads > 0 ? a.blas_threads : std::max(1, cores / local_ranks_on_this_machine(a)));
 

@@ -3,6 +3,7 @@
 // gathers what every rank used in memory.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <numbers>
 
 #include <mxddp/train.h>
@@ -42,6 +43,16 @@ std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int
           {"model", c.model.describe()},
           {"seed", std::to_string(c.seed)},
           {"global_batch_size", std::to_string(c.global_batch_size)}};
+}
+
+// Saves replace the checkpoint at --save, so a path that holds something else must be refused
+// before training starts, not deleted after it.
+void check_save_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (dir.empty() || !fs::exists(dir)) return;
+  MXDDP_CHECK(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(fs::path(dir) / "manifest.json")),
+              "--save '{}' exists and is not an mxddp checkpoint (no manifest.json); saving would replace it. Give a "
+              "new path, an empty directory or an existing checkpoint", dir);
 }
 
 }  // namespace
@@ -84,6 +95,7 @@ float learning_rate(const TrainConfig& c, int64_t it) {
 TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks) {
   const int dp = comm.size(), rank = comm.rank();
   config.validate(dp);
+  check_save_dir(config.save_dir);
   const GptConfig& mc = config.model;
   const int mb = config.micro_batch_size, accum = config.accumulation_steps(dp);
   const int local_batch = config.global_batch_size / dp;

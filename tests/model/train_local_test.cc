@@ -4,6 +4,8 @@
 // or another) reproduces the uninterrupted run; no scratch allocation after the first iteration.
 #include <unistd.h>
 
+#include <fstream>
+
 #include "model/train_util.h"
 
 namespace mxddp::testing {
@@ -134,6 +136,27 @@ TEST(TrainLocal, ResumingAnotherModelFailsAndNamesTheMismatch) {
   TrainConfig missing = small_train_config();
   missing.load_dir = dir / "nothing-here";
   EXPECT_THROW(train_local(1, missing), Error);
+}
+
+TEST(TrainLocal, RefusesToSaveOverSomethingThatIsNotACheckpoint) {
+  TempDir dir("mxddp_save_guard");
+  std::filesystem::create_directories(dir / "precious");
+  std::ofstream(dir / "precious/notes.txt") << "keep me";
+  TrainConfig c = small_train_config();
+  c.train_iters = 1;
+  c.save_dir = dir / "precious";
+  try {
+    train_local(1, c);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not an mxddp checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir / "precious/notes.txt"));
+  // An existing checkpoint is replaced.
+  c.save_dir = dir / "ckpt";
+  train_local(1, c);
+  c.train_iters = 2;
+  EXPECT_EQ(train_local(1, c).steps.size(), 2u);
 }
 
 TEST(TrainLocal, BadConfigsAreClearErrors) {
