@@ -50,6 +50,7 @@ struct ReferenceGpt {
   std::vector<std::vector<double>> dgrad_params;
   std::map<std::string, std::vector<double>> scratch;
   std::vector<int> ready_count;
+  std::vector<int> ready_order;
 
   ReferenceGpt(const GptConfig& c, std::vector<std::vector<double>> p) : config(c), params(std::move(p)) {
     for (const auto& x : params) grads.emplace_back(x.size(), 0.0);
@@ -63,7 +64,10 @@ struct ReferenceGpt {
       return (dgrad ? dgrad_params : params)[static_cast<size_t>(i)].data();
     };
     a.grad = [this](int i) { return grads[static_cast<size_t>(i)].data(); };
-    a.grad_ready = [this](int i) { ++ready_count[static_cast<size_t>(i)]; };
+    a.grad_ready = [this](int i) {
+      ++ready_count[static_cast<size_t>(i)];
+      ready_order.push_back(i);
+    };
     a.scratch = [this](const std::string& name, int64_t n) {
       auto& v = scratch[name];
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
@@ -118,6 +122,24 @@ TEST(GptGradient, RecomputeGivesTheSameLossAndGradientsBitwise) {
   ReferenceGpt plain(c, random_params(c, 5)), recompute(c, random_params(c, 5));
   EXPECT_EQ(plain.loss_and_grad(tokens, false), recompute.loss_and_grad(tokens, true));
   EXPECT_EQ(plain.grads, recompute.grads);
+}
+
+// Each gradient is reported the moment it is final: the final norm's first, then each layer's
+// from the top down in the order backward produces them, and the embeddings last (the tied token
+// embedding gets its LM-head part first and its lookup part at the very end). Since the buffer
+// lays params out in reverse registration order, bucket 0 fills first and goes out first.
+TEST(GptGradient, GradientsAreReportedInBackwardOrder) {
+  const GptConfig c = grad_check_config();
+  ReferenceGpt ref(c, random_params(c, 2));
+  ref.loss_and_grad(random_tokens(c, 2));
+  const GptParamIds ids(c);
+  std::vector<int> expected = {ids.final_norm_weight(), ids.final_norm_bias()};
+  for (int l = c.num_layers - 1; l >= 0; --l)
+    for (LayerParam p : {kFc2W, kFc2B, kFc1W, kFc1B, kLn2W, kLn2B, kProjW, kProjB, kQkvW, kQkvB, kLn1W, kLn1B})
+      expected.push_back(ids.layer(l, p));
+  expected.push_back(ids.wpe());
+  expected.push_back(ids.wte());
+  EXPECT_EQ(ref.ready_order, expected);
 }
 
 TEST(GptGradient, BackwardWithoutForwardIsAnError) {
