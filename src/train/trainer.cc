@@ -127,7 +127,15 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     const auto it = meta.find("iteration");
     MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
                 config.load_dir);
-    result.start_iteration = std::stoll(it->second);
+    size_t used = 0;
+    try {
+      result.start_iteration = std::stoll(it->second, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MXDDP_CHECK(used > 0 && used == it->second.size() && result.start_iteration >= 0,
+                "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", config.load_dir,
+                it->second);
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(mb) * (mc.seq_length + 1));  // [micro-batch, T + 1]
