@@ -198,11 +198,15 @@ void finish_config(TrainArgs& a) {
   a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
 }
 
-// A report that cannot be written should fail now, not after the training.
-void check_report_path(const std::string& path) {
+// A report that cannot be written should fail now, not after the training. Like --save, missing
+// parent directories are created.
+void prepare_report_path(const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
-  MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': directory {} does not exist", path, parent.string());
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': {} is not a directory and cannot be created{}",
+              path, parent.string(), ec ? " (" + ec.message() + ")" : "");
 }
 
 int local_ranks_on_this_machine(const TrainArgs& a) {
@@ -215,7 +219,7 @@ int local_ranks_on_this_machine(const TrainArgs& a) {
 
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_config(a);
-  check_report_path(a.report);
+  prepare_report_path(a.report);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(a.blas_threads > 0 ? a.blas_threads : std::max(1, cores / local_ranks_on_this_machine(a)));
 
