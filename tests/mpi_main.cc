@@ -3,14 +3,28 @@
 #include "mpi_main.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 namespace mxddp::testing {
 
 Communicator* g_mpi_comm = nullptr;
+
+std::string shared_temp_dir(const std::string& stem) {
+  const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("{}_{}", stem, ::getpid())).string();
+  std::vector<char> name(256, '\0');
+  MXDDP_CHECK(dir.size() < name.size(), "temp path '{}' is longer than {} bytes", dir, name.size() - 1);
+  std::copy(dir.begin(), dir.end(), name.begin());
+  g_mpi_comm->broadcast(TensorView{name.data(), DType::kU8, Shape{static_cast<int64_t>(name.size())}, Device::cpu()},
+                        {.root = 0});
+  return name.data();
+}
 
 namespace {
 class FailurePrinter : public ::testing::EmptyTestEventListener {

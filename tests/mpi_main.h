@@ -4,6 +4,11 @@
 
 #include <mxddp/comm.h>
 
+#include <string>
+
 namespace mxddp::testing {
 extern Communicator* g_mpi_comm;  // valid while the tests run
+
+// A path under the temp dir named by rank 0 (stem + its pid), the same on every process.
+std::string shared_temp_dir(const std::string& stem);
 }

@@ -139,12 +139,14 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(mb) * (mc.seq_length + 1));  // [micro-batch, T + 1]
+  // This rank's micro-batch m starts at this sequence of a global batch (see TokenDataset).
+  auto first_sequence = [&](int m) { return int64_t{rank} * local_batch + int64_t{m} * mb; };
   auto evaluate = [&](int64_t iteration) {
     optimizer.force_param_sync();  // the model params must be the main params' (MXFP8 reuse: re-staged)
     double sum = 0;
     for (int e = 0; e < config.eval_iters; ++e)
       for (int m = 0; m < accum; ++m) {
-        data.fill_batch(true, config.seed, e, int64_t{rank} * local_batch + int64_t{m} * mb, mb, tokens.data());
+        data.fill_batch(true, config.seed, e, first_sequence(m), mb, tokens.data());
         sum += model.evaluate(tokens.data(), mb);
       }
     const EvalRecord record{iteration, all_reduce_mean(comm, sum / (config.eval_iters * accum))};
@@ -172,7 +174,7 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     rec.optimizer_ms = ms_since(t0);
     double loss_sum = 0;
     for (int m = 0; m < accum; ++m) {
-      data.fill_batch(false, config.seed, it, int64_t{rank} * local_batch + int64_t{m} * mb, mb, tokens.data());
+      data.fill_batch(false, config.seed, it, first_sequence(m), mb, tokens.data());
       const float loss_scale = 1.0f / static_cast<float>(accum);  // the gradient of the mean over micro-batches
       if (m + 1 < accum) {
         auto no_sync = ddp->no_sync();

@@ -88,6 +88,38 @@ struct ReferenceGpt {
   }
 };
 
+// f32 copies of f64 params, and views of them as a DDP's initial values.
+struct F32Params {
+  std::vector<std::vector<float>> values;
+  std::vector<TensorView> views;
+  F32Params(const std::vector<std::vector<double>>& params, const std::vector<ParamSpec>& specs) {
+    for (const auto& p : params) values.emplace_back(p.begin(), p.end());
+    for (size_t i = 0; i < specs.size(); ++i) views.push_back({values[i].data(), DType::kF32, specs[i].shape});
+  }
+};
+
+// main_grad against expected.grads / n, element by element. The tolerance of a param is 1e-4 of
+// the largest |tolerance_from.grads| / n in it, plus 1e-7.
+struct GradMismatches {
+  int64_t count = 0;
+  std::string first;  // the first element out of tolerance, for the failure message
+};
+GradMismatches main_grad_mismatches(const DistributedDataParallel& ddp, const ReferenceGpt& expected,
+                                    const ReferenceGpt& tolerance_from, double n) {
+  GradMismatches m;
+  const auto& specs = ddp.buffer().params();
+  for (size_t p = 0; p < specs.size(); ++p) {
+    const float* g = ddp.main_grad(static_cast<int>(p)).data_as<float>();
+    double max_abs = 0;
+    for (double x : tolerance_from.grads[p]) max_abs = std::max(max_abs, std::abs(x) / n);
+    const double tol = 1e-4 * max_abs + 1e-7;
+    for (size_t k = 0; k < expected.grads[p].size(); ++k)
+      if (std::abs(g[k] - expected.grads[p][k] / n) > tol && m.count++ == 0)
+        m.first = fmt::format("{} element {}: {} vs {} (tolerance {})", specs[p].name, k, g[k], expected.grads[p][k] / n, tol);
+  }
+  return m;
+}
+
 TEST(GptGradient, EveryParamMatchesFiniteDifferencesInDouble) {
   const GptConfig c = grad_check_config();
   const auto tokens = random_tokens(c, 7);
@@ -160,17 +192,14 @@ TEST(GptModelOverDdp, GradientsInMainGradMatchTheDoubleReference) {
   const double ref_loss = ref.loss_and_grad(tokens);
 
   run_local(1, [&](Communicator& comm) {
-    std::vector<std::vector<float>> init_f32;
-    for (const auto& p : init) init_f32.emplace_back(p.begin(), p.end());
     const auto specs = gpt_param_specs(c);
-    std::vector<TensorView> views;
-    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init_f32[i].data(), DType::kF32, specs[i].shape});
+    const F32Params init_f32(init, specs);
     MemoryTracker tracker;
     GlobalMemoryBuffer pool(tracker);
     // Small buckets with overlap: every group must go out during backward, so every param must
     // have been reported with grad_ready by the time forward_backward returns.
     DdpConfig cfg{.overlap_grad_reduce = true, .use_distributed_optimizer = true, .bucket_size = 200};
-    DistributedDataParallel ddp(comm, specs, cfg, tracker, views);
+    DistributedDataParallel ddp(comm, specs, cfg, tracker, init_f32.views);
     ASSERT_GT(ddp.num_bucket_groups(), 3);
     GptModel model(ddp, pool, c);
     ddp.zero_grad_buffer();
@@ -179,13 +208,8 @@ TEST(GptModelOverDdp, GradientsInMainGradMatchTheDoubleReference) {
     ddp.finish_grad_sync();
     const double n = kBatch * c.seq_length;
     EXPECT_NEAR(loss, ref_loss / n, 1e-5 * ref_loss / n);
-    for (size_t p = 0; p < specs.size(); ++p) {
-      const float* g = ddp.main_grad(static_cast<int>(p)).data_as<float>();
-      double max_abs = 0;
-      for (double x : ref.grads[p]) max_abs = std::max(max_abs, std::abs(x) / n);
-      for (size_t k = 0; k < ref.grads[p].size(); ++k)
-        ASSERT_NEAR(g[k], ref.grads[p][k] / n, 1e-4 * max_abs + 1e-7) << specs[p].name << " element " << k;
-    }
+    const GradMismatches m = main_grad_mismatches(ddp, ref, ref, n);
+    EXPECT_EQ(m.count, 0) << m.first;
   });
 }
 
@@ -202,13 +226,11 @@ TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradient
   const auto init = random_params(c, 23), other = random_params(c, 29);
   const auto specs = gpt_param_specs(c, /*mxfp8_linear_weights=*/true);
   run_local(1, [&](Communicator& comm) {
-    std::vector<std::vector<float>> init_f32;
-    for (const auto& p : init) init_f32.emplace_back(p.begin(), p.end());
-    std::vector<TensorView> views;
-    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init_f32[i].data(), DType::kF32, specs[i].shape});
+    const F32Params init_f32(init, specs);
     MemoryTracker tracker;
     GlobalMemoryBuffer pool(tracker);
-    DistributedDataParallel ddp(comm, specs, {.use_distributed_optimizer = true, .fp8_param_gather = true}, tracker, views);
+    DistributedDataParallel ddp(comm, specs, {.use_distributed_optimizer = true, .fp8_param_gather = true}, tracker,
+                                init_f32.views);
     auto dequantized = [](const Mxfp8Tensor& q, QuantAxis axis, const Shape& shape) {
       std::vector<float> v(static_cast<size_t>(shape.numel()));
       mx_dequantize(q.data(axis), q.scales(axis), {v.data(), DType::kF32, shape}, q.options(axis));
@@ -244,18 +266,11 @@ TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradient
     ddp.finish_grad_sync();
     const double n = kBatch * c.seq_length;
     EXPECT_NEAR(loss, ref_loss / n, 1e-5 * ref_loss / n);
-    int64_t wrong_if_row_everywhere = 0;  // elements that would fail the check with row-wise dgrads
-    for (size_t p = 0; p < specs.size(); ++p) {
-      const float* g = ddp.main_grad(static_cast<int>(p)).data_as<float>();
-      double max_abs = 0;
-      for (double x : ref.grads[p]) max_abs = std::max(max_abs, std::abs(x) / n);
-      const double tol = 1e-4 * max_abs + 1e-7;
-      for (size_t k = 0; k < ref.grads[p].size(); ++k) {
-        ASSERT_NEAR(g[k], ref.grads[p][k] / n, tol) << specs[p].name << " element " << k;
-        wrong_if_row_everywhere += std::abs(g[k] - row_everywhere.grads[p][k] / n) > tol;
-      }
-    }
-    EXPECT_GT(wrong_if_row_everywhere, 100) << "the check must tell the orientations apart";
+    const GradMismatches m = main_grad_mismatches(ddp, ref, ref, n);
+    EXPECT_EQ(m.count, 0) << m.first;
+    // Elements that would fail the same check with row-wise weights in the data gradients.
+    EXPECT_GT(main_grad_mismatches(ddp, row_everywhere, ref, n).count, 100)
+        << "the check must tell the orientations apart";
   });
 }
 

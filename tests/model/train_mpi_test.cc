@@ -1,7 +1,5 @@
 // The training loop under mpirun (-np 2 and -np 4): the same global batch gives the losses of a
 // single-rank run, and a run saved and resumed across processes reproduces the uninterrupted one.
-#include <unistd.h>
-
 #include "model/train_util.h"
 #include "mpi_main.h"
 
@@ -10,15 +8,6 @@ namespace {
 
 // OpenMPI reduces in its own order, so the last bits differ from the single rank's.
 constexpr double kMpiRelTol = 1e-5;
-
-// Rank 0 picks a directory name; every process gets the same one.
-std::string shared_temp_dir(const std::string& stem) {
-  std::string dir = (std::filesystem::temp_directory_path() / fmt::format("{}_{}", stem, ::getpid())).string();
-  std::vector<char> name(256, '\0');
-  std::copy(dir.begin(), dir.end(), name.begin());
-  g_mpi_comm->broadcast(TensorView{name.data(), DType::kU8, Shape{256}, Device::cpu()});
-  return name.data();
-}
 
 TEST(TrainMpi, SameGlobalBatchGivesTheSingleRankLosses) {
   set_compute_threads(1);

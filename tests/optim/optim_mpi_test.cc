@@ -37,12 +37,7 @@ TEST(OptimMpi, OverlapParamGatherGivesTheSameParams) {
 }
 
 TEST(OptimMpi, SaveAndResumeContinuesTheRun) {
-  // Rank 0 picks the directory; every process uses the same one.
-  std::string dir = (std::filesystem::temp_directory_path() / fmt::format("mxddp_mpi_ckpt_{}", ::getpid())).string();
-  std::vector<char> name(256, 0);
-  std::copy(dir.begin(), dir.end(), name.begin());
-  g_mpi_comm->broadcast(TensorView{name.data(), DType::kU8, Shape{256}, Device::cpu()}, {.root = 0});
-  dir = name.data();
+  const std::string dir = shared_temp_dir("mxddp_mpi_ckpt");
   auto train = [&](int first, int last, bool load, bool save) {
     MemoryTracker tracker;
     auto init = mlp_init();
