@@ -5,6 +5,9 @@
 // optimizer, an all-reduce without it. With overlap_grad_reduce a bucket group's collective starts
 // the moment its last gradient is reported, while backward goes on.
 //
+// The param all-gather of the distributed optimizer and the MXFP8 param copies live in
+// src/ddp/param_sync.h and src/ddp/model_params.h; DDP owns one of each.
+//
 // Protocol, per iteration (a global batch of one or more micro-batches):
 //   zero_grad_buffer();
 //   for each micro-batch but the last:  { auto scope = ddp.no_sync(); forward; backward; }
@@ -22,8 +25,11 @@
 #include <optional>
 #include <vector>
 
+#include <memory>
+
 #include <mxddp/buffer.h>
 #include <mxddp/comm.h>
+#include <mxddp/data_parallel.h>
 #include <mxddp/quant.h>
 
 namespace mxddp {
@@ -65,94 +71,85 @@ struct DdpConfig {
   LayoutOptions layout_options(int dp) const;
 };
 
-class DistributedDataParallel {
+class ModelParamStore;  // src/ddp/model_params.h
+class ParamSync;        // src/ddp/param_sync.h: the param all-gather and the MXFP8 reuse mechanism
+
+class DistributedDataParallel final : public DataParallel {
  public:
   // comm and tracker must outlive this object. initial_values: as for ParamAndGradBuffer.
   DistributedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params, const DdpConfig& config,
                           MemoryTracker& tracker, const std::vector<TensorView>& initial_values = {});
-  ~DistributedDataParallel();  // waits for collectives still in flight
+  ~DistributedDataParallel() override;  // waits for collectives still in flight
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   const DdpConfig& config() const { return config_; }
-  Communicator& communicator() const { return comm_; }
+  Communicator& communicator() const override { return comm_; }
+  const std::vector<ParamSpec>& params() const override { return buffer_.params(); }
+  DType param_dtype() const override { return config_.param_dtype; }
+  DType grad_dtype() const override { return buffer_.grad_buffer().dtype; }
+  std::string describe() const override { return "ddp"; }
   ParamAndGradBuffer& buffer() { return buffer_; }
   const ParamAndGradBuffer& buffer() const { return buffer_; }
-  int num_params() const { return buffer_.num_params(); }
-  // The model's view of a param (bf16). With fp8_param_gather this is the param's own copy, and a
-  // param marked mxfp8 has none: use mxfp8_param.
-  TensorView param(int index) const;
-  const Mxfp8Tensor& mxfp8_param(int index) const;
-  TensorView main_grad(int index) const { return buffer_.main_grad(index); }
-  // True once a gradient has been reported since the last zero_grad_buffer.
-  bool grads_live() const { return grads_live_; }
-  // With reuse_grad_buf_for_mxfp8_param_ag, the initial params stay in the (shared) param buffer
-  // only until the first zero_grad_buffer; the optimizer takes its main params from them.
-  bool param_buffer_holds_initial_params() const { return param_buffer_holds_params_; }
+  ParamSync& param_sync() { return *param_sync_; }
 
+  // ---- The model's side (DataParallel). With fp8_param_gather param() is the param's own copy,
+  // and a param marked mxfp8 has none: use mxfp8_param.
+  TensorView param(int index) const override;
+  bool is_mxfp8(int index) const override;
+  const Mxfp8Tensor& mxfp8_param(int index) const override;
+  TensorView main_grad(int index) override { return buffer_.main_grad(index); }
+  TensorView main_grad(int index) const { return buffer_.main_grad(index); }
   // The gradient of param `index` in main_grad is final for this micro-batch. Throws if it was
   // already reported in this micro-batch.
-  void grad_ready(int index);
+  void grad_ready(int index) override;
+  // The forward pre-hook: waits for the param gathers these params need (overlap_param_gather).
+  void before_forward(const std::vector<int>& module_params) override;
+  // DDP keeps every param resident and reduces buckets as their gradients are reported, so the
+  // other hooks have nothing to do.
+  void after_forward(const std::vector<int>&) override {}
+  void before_backward(const std::vector<int>&) override {}
+  void after_backward(const std::vector<int>&) override {}
+  void release_gathered_params() override {}
+  // True once a gradient has been reported since the last zero_grad_buffer.
+  bool grads_live() const { return grads_live_; }
+
   // Issues what has not been issued (everything, without overlap), waits for all collectives and
   // starts the next iteration's bookkeeping. With overlap on, every param must have reported
   // grad_ready; the error names those that did not.
-  void finish_grad_sync();
+  void finish_grad_sync() override;
   // Zeroes the whole grad buffer (after waiting for any collective still reading it).
-  void zero_grad_buffer();
+  void zero_grad_buffer() override;
   // Copies rank 0's param buffer to every rank.
   void broadcast_params();
 
-  // ---- Param sync (distributed optimizer): all-gathers every bucket's shards of the param buffer.
-  // Groups are gathered in reverse index order, so the first gather holds the first layers.
-  //
-  // Starts a param sync of what the optimizer has staged into this rank's shards. With
-  // overlap_param_gather (and not force_sync) only the first group is dispatched, and before_forward
-  // gathers the rest as the model reaches them; otherwise everything is gathered before returning.
+  // ---- The optimizer's side (DataParallel): buckets, shards, and the param sync.
+  const ParamLayout& layout() const override { return buffer_.layout(); }
+  OptimizerBucket optimizer_bucket(int bucket) const override;
+  OptimizerBucketIo optimizer_io(int bucket) const override;
+  TensorView initial_params(int bucket) const override;
+  void step_and_sync_params(const std::function<void(int bucket)>& update) override;
+  void start_iteration(const std::function<void()>& stage) override;
+  void force_param_sync(const std::function<void()>& stage) override;
+  // Starts a param sync of what is staged in this rank's shards (see ParamSync::start).
   void start_param_sync(bool force_sync = false);
-  // The pieces of start_param_sync for a caller that dispatches group by group (the optimizer with
-  // overlap_param_gather_with_optimizer_step): begin a sync with nothing dispatched, then dispatch
-  // the gathers one at a time, in gather order (groups num_groups-1 down to 0).
-  void begin_param_sync();
-  void dispatch_next_param_gather();
-  // The bucket group whose gather dispatch_next_param_gather would dispatch (-1 when none is left).
+  bool param_sync_pending() const;
   int next_param_gather_group() const;
-  // Waits for `group`'s gather and those of the groups gathered before it (dispatching them if
-  // needed), then dispatches the next group so it overlaps the caller's compute.
-  void finish_param_sync(int group);
-  // The forward pre-hook: call before a module uses these params (registration indices).
-  void before_forward(const std::vector<int>& params);
-  // Waits for the gathers already dispatched, dispatching nothing new (before the shards change).
-  void wait_param_gathers_in_flight();
-  // Dispatches every gather not yet dispatched and waits for all of them.
-  void complete_param_sync();
-  bool param_sync_pending() const { return gather_pending_; }
   int group_of_param(int index) const { return group_of_param_.at(static_cast<size_t>(index)); }
 
-  // While a scope is alive, grad_ready only records readiness (gradient accumulation across
-  // micro-batches); nothing is communicated.
-  class NoSyncScope {
-   public:
-    explicit NoSyncScope(DistributedDataParallel& ddp);
-    ~NoSyncScope();
-    NoSyncScope(const NoSyncScope&) = delete;
-    NoSyncScope& operator=(const NoSyncScope&) = delete;
-
-   private:
-    DistributedDataParallel& ddp_;
-  };
-  [[nodiscard]] NoSyncScope no_sync() { return NoSyncScope(*this); }
+  using DataParallel::no_sync;
 
   // Observability for tests and benchmarks.
   int num_bucket_groups() const { return static_cast<int>(buffer_.bucket_groups().size()); }
   bool bucket_group_issued(int group) const;     // its collectives were handed to the communicator
   bool bucket_group_completed(int group) const;  // and have all finished
 
+ protected:
+  void enter_no_sync() override { ++no_sync_depth_; }
+  void exit_no_sync() override;
+
  private:
   void issue_group(int group);
-  void dispatch_gather(int position);  // position k gathers group num_groups-1-k
-  void wait_gather(int group);         // waits, then (once) moves the group's params out
-  void on_group_gathered(int group);   // MXFP8 quantize / BF16 copy, and zero the staging (reuse)
-  void check_no_live_grads_under_staging() const;
   void issue_ready_groups_in_order();
   void wait_all_issued();
   void reset_iteration();
@@ -170,16 +167,9 @@ class DistributedDataParallel {
   int next_group_ = 0;                  // groups [0, next_group_) are issued
   std::vector<std::vector<Work>> works_;  // [num groups]
   int no_sync_depth_ = 0;
-  // Param sync state.
-  bool gather_pending_ = false;
-  int gather_next_position_ = 0;                 // positions [0, this) are dispatched
-  std::vector<std::vector<Work>> gather_works_;  // [num groups]
-  std::vector<bool> gather_waited_;              // [num groups]
   bool grads_live_ = false;
-  bool param_buffer_holds_params_ = true;
-  // fp8_param_gather storage, [num params]: one of the two per param.
-  std::vector<std::unique_ptr<Mxfp8Tensor>> mxfp8_;
-  std::vector<HostBuffer> own_bf16_;
+  std::unique_ptr<ModelParamStore> store_;  // with fp8_param_gather
+  std::unique_ptr<ParamSync> param_sync_;
 };
 
 }  // namespace mxddp

@@ -35,8 +35,9 @@ enum class MemoryCategory : uint8_t {
   kMxfp8,           // MXFP8 param storage (data and scales)
   kScratch,         // the global memory buffer
   kComm,            // communication staging (e.g. f32 accumulation of a bf16 collective)
+  kGathered,        // FSDP's transient unsharded params and grads, live only around their unit's use
 };
-inline constexpr int kNumMemoryCategories = 7;
+inline constexpr int kNumMemoryCategories = 8;
 std::string_view memory_category_name(MemoryCategory category);  // "params", "grads", ...
 
 struct MemoryUsage {

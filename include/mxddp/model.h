@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include <mxddp/data_parallel.h>
 #include <mxddp/ddp.h>
 #include <mxddp/memory.h>
 
@@ -85,8 +86,9 @@ struct GptModelOptions {
   bool recompute_activations = false;
 };
 
-// Time spent in the model since the last reset, in ms. param_wait_ms is the time before_forward
-// spent waiting for param all-gathers (exposed communication); forward_ms excludes it.
+// Time spent in the model since the last reset, in ms. param_wait_ms is the time the pre-forward
+// and pre-backward hooks spent waiting for param all-gathers (exposed communication);
+// forward_ms and backward_ms exclude it.
 struct GptTimings {
   double forward_ms = 0;
   double backward_ms = 0;
@@ -95,10 +97,11 @@ struct GptTimings {
 
 class GptModel {
  public:
-  // ddp must hold gpt_param_specs(config, ...) and keep f32 gradients (grad_reduce_in_fp32),
-  // which the weight-gradient products accumulate into with beta = 1. ddp and scratch must
-  // outlive the model.
-  GptModel(DistributedDataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
+  // dp (DistributedDataParallel or FullyShardedDataParallel) must hold gpt_param_specs(config, ...)
+  // and keep f32 gradients (grad_reduce_in_fp32), which the weight-gradient products accumulate
+  // into with beta = 1. Each decoder layer is one module for the hooks; the embeddings and the
+  // final norm are modules of their own. dp and scratch must outlive the model.
+  GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
            const GptModelOptions& options = {});
   ~GptModel();
   GptModel(const GptModel&) = delete;

@@ -9,8 +9,11 @@
 //   3. AdamW (or SGD with momentum) on the shard;
 //   4. staging: the updated main params cast to BF16 (round to nearest even) into this rank's shard
 //      of the param buffer (in the same pass as the update);
-//   5. the param all-gather (DistributedDataParallel::start_param_sync), at once or, with
-//      overlap_param_gather, group by group in the forward pre-hooks.
+//   5. the param all-gather, started by the data-parallel side (DataParallel::step_and_sync_params):
+//      at once or, with overlap_param_gather, group by group in the forward pre-hooks.
+// It runs over any DataParallel: DistributedDataParallel with use_distributed_optimizer, or
+// FullyShardedDataParallel (where no_shard keeps a replicated optimizer: every rank updates the
+// whole model, and owns only its layout shard for the grad norm and checkpoints).
 // Weight decay applies to params of two or more dimensions only (not to biases and norms), as
 // Megatron's default param groups do.
 #pragma once
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <mxddp/data_parallel.h>
 #include <mxddp/ddp.h>
 #include <mxddp/memory.h>
 
@@ -42,11 +46,11 @@ struct StepResult {
 
 class DistributedOptimizer {
  public:
-  // ddp must use the distributed optimizer layout; ddp and tracker must outlive this object.
-  // Main params are initialized from ddp's current params.
-  DistributedOptimizer(DistributedDataParallel& ddp, const OptimizerConfig& config, MemoryTracker& tracker);
+  // dp (a DDP with use_distributed_optimizer, or an FSDP) and tracker must outlive this object.
+  // Main params are initialized from dp's current params.
+  DistributedOptimizer(DataParallel& dp, const OptimizerConfig& config, MemoryTracker& tracker);
 
-  // Call after ddp.finish_grad_sync(). Collective: every rank must call it.
+  // Call after finish_grad_sync(). Collective: every rank must call it.
   // With reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params: staging and the
   // gathers wait for zero_grad(), when no gradients live in the buffer they stage in.
   StepResult step();
@@ -60,16 +64,21 @@ class DistributedOptimizer {
   // what has not been gathered. With reuse_grad_buf_for_mxfp8_param_ag it first zeroes the grad
   // buffer (the staging area) and then re-stages and gathers everything. Collective.
   void force_param_sync();
-  // Casts the main params (BF16, round to nearest even) into this rank's shards of the param buffer.
+  // Casts the main params (BF16, round to nearest even) into where each bucket stages its params
+  // (this rank's shards of the param buffer).
   void stage_main_params();
 
   const OptimizerConfig& config() const { return config_; }
   float lr() const { return config_.lr; }
   void set_lr(float lr);
   int64_t step_count() const { return step_count_; }
-  DistributedDataParallel& ddp() const { return ddp_; }
+  DataParallel& data_parallel() const { return dp_; }
+  int num_buckets() const { return static_cast<int>(main_.size()); }
+  // Which elements each bucket's views hold (see OptimizerBucket).
+  const OptimizerBucket& bucket(int b) const { return buckets_.at(static_cast<size_t>(b)); }
 
-  // This rank's state, one f32 view per bucket: [shard size] (padding included, kept at zero).
+  // This rank's state, one f32 view per bucket: [OptimizerBucket::numel] (the shard; padding
+  // included, kept at zero).
   // state_count() is 2 for adam (exp_avg, exp_avg_sq) and 1 for sgd (momentum_buffer).
   TensorView main_params(int bucket) const;
   int state_count() const { return static_cast<int>(state_.size()); }
@@ -85,7 +94,8 @@ class DistributedOptimizer {
   // The update of one bucket's shard, with the staging into the param buffer fused in.
   void update_bucket(int bucket, double clip_coeff);
 
-  DistributedDataParallel& ddp_;
+  DataParallel& dp_;
+  std::vector<OptimizerBucket> buckets_;        // [bucket]
   OptimizerConfig config_;
   int64_t step_count_ = 0;
   std::vector<HostBuffer> main_;                // [bucket] f32 [shard size], kMainParams

@@ -68,28 +68,33 @@ Shape shape_from_json(const json& j) {
 
 json config_json(const DistributedOptimizer& opt) {
   const OptimizerConfig& o = opt.config();
-  const DdpConfig& d = opt.ddp().config();
-  return {{"optimizer", {{"optimizer", o.optimizer}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-                         {"adam_beta1", o.adam_beta1}, {"adam_beta2", o.adam_beta2}, {"adam_eps", o.adam_eps},
-                         {"sgd_momentum", o.sgd_momentum}, {"clip_grad", o.clip_grad}}},
-          {"ddp", {{"grad_reduce_in_fp32", d.grad_reduce_in_fp32}, {"overlap_grad_reduce", d.overlap_grad_reduce},
-                   {"use_distributed_optimizer", d.use_distributed_optimizer},
-                   {"bucket_size", d.bucket_size ? json(*d.bucket_size) : json(nullptr)},
-                   {"pad_buckets_for_high_nccl_busbw", d.pad_buckets_for_high_nccl_busbw},
-                   {"average_in_collective", d.average_in_collective},
-                   {"overlap_param_gather", d.overlap_param_gather}, {"param_dtype", dtype_name(d.param_dtype)}}}};
+  json j = {{"optimizer", {{"optimizer", o.optimizer}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
+                           {"adam_beta1", o.adam_beta1}, {"adam_beta2", o.adam_beta2}, {"adam_eps", o.adam_eps},
+                           {"sgd_momentum", o.sgd_momentum}, {"clip_grad", o.clip_grad}}},
+            {"data_parallel", opt.data_parallel().describe()}};
+  // What the layout was computed from; a load recomputes its own and reshards to it.
+  if (const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&opt.data_parallel())) {
+    const DdpConfig& d = ddp->config();
+    j["ddp"] = {{"grad_reduce_in_fp32", d.grad_reduce_in_fp32}, {"overlap_grad_reduce", d.overlap_grad_reduce},
+                {"use_distributed_optimizer", d.use_distributed_optimizer},
+                {"bucket_size", d.bucket_size ? json(*d.bucket_size) : json(nullptr)},
+                {"pad_buckets_for_high_nccl_busbw", d.pad_buckets_for_high_nccl_busbw},
+                {"average_in_collective", d.average_in_collective},
+                {"overlap_param_gather", d.overlap_param_gather}, {"param_dtype", dtype_name(d.param_dtype)}};
+  }
+  return j;
 }
 
 // This rank's file: every slice of its shards, for the main params, each state and the model.
 std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
-  const ParamAndGradBuffer& buf = opt.ddp().buffer();
-  const int rank = opt.ddp().communicator().rank();
+  const DataParallel& dp = opt.data_parallel();
+  const int rank = dp.communicator().rank();
   std::vector<ckpt::TensorToWrite> tensors;
-  for (size_t b = 0; b < buf.layout().buckets.size(); ++b) {
-    const TensorView param_shard = buf.param_shard(static_cast<int>(b), rank);
+  for (int b = 0; b < opt.num_buckets(); ++b) {
+    const TensorView param_shard = dp.optimizer_io(b).params;
     const size_t param_elem = dtype_size_bytes(param_shard.dtype);
-    for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
-      const std::string& name = buf.params()[static_cast<size_t>(r.param)].name;
+    for (const ShardParamRange& r : opt.bucket(b).owned) {
+      const std::string& name = dp.params()[static_cast<size_t>(r.param)].name;
       const int64_t n = r.in_shard.size();
       tensors.push_back({slice_name("main", name, r.in_param), DType::kF32, n,
                          opt.main_params(static_cast<int>(b)).data_as<const float>() + r.in_shard.start});
@@ -154,8 +159,8 @@ void publish(const std::string& partial, const std::string& dir, bool overwrite)
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const SaveOptions& options) {
-  Communicator& comm = opt.ddp().communicator();
-  const ParamAndGradBuffer& buf = opt.ddp().buffer();
+  Communicator& comm = opt.data_parallel().communicator();
+  const DataParallel& buf = opt.data_parallel();
   const std::string partial = dir + ".partial";
   opt.force_param_sync();
   agreed(comm, "checkpoint save (preparing the directory)", [&] {
@@ -210,9 +215,8 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
 }
 
 std::map<std::string, std::string> load_checkpoint(const std::string& dir, DistributedOptimizer& opt) {
-  Communicator& comm = opt.ddp().communicator();
-  const ParamAndGradBuffer& buf = opt.ddp().buffer();
-  const int rank = comm.rank();
+  Communicator& comm = opt.data_parallel().communicator();
+  const DataParallel& buf = opt.data_parallel();
   const size_t num_buckets = buf.layout().buckets.size();
   // Staging: [bucket] main and [state][bucket], shard-sized, padding zero. Nothing live changes
   // until every rank has everything.
@@ -251,10 +255,10 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, Distr
       return files[name];
     };
     for (size_t b = 0; b < num_buckets; ++b) {
-      const int64_t shard_numel = buf.layout().shards[static_cast<size_t>(rank)][b].range.size();
-      main[b].assign(static_cast<size_t>(shard_numel), 0.0f);
-      for (auto& s : state) s[b].assign(static_cast<size_t>(shard_numel), 0.0f);
-      for (const ShardParamRange& need : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
+      const OptimizerBucket& bucket = opt.bucket(static_cast<int>(b));
+      main[b].assign(static_cast<size_t>(bucket.numel), 0.0f);
+      for (auto& s : state) s[b].assign(static_cast<size_t>(bucket.numel), 0.0f);
+      for (const ShardParamRange& need : bucket.update) {
         const std::string& name = buf.params()[static_cast<size_t>(need.param)].name;
         int64_t covered = 0;
         for (const json& slice : saved_params[static_cast<size_t>(need.param)].at("slices")) {

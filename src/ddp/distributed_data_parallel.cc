@@ -5,6 +5,9 @@
 
 #include <mxddp/ddp.h>
 
+#include "model_params.h"
+#include "param_sync.h"
+
 namespace mxddp {
 
 LayoutOptions DdpConfig::layout_options(int dp) const {
@@ -60,70 +63,45 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::
     ++group_param_count_[static_cast<size_t>(g)];
   }
   works_.resize(groups.size());
-  gather_works_.resize(groups.size());
-  gather_waited_.assign(groups.size(), false);
   reset_iteration();
-  if (config_.fp8_param_gather) {
-    // Every rank holds the full initial params in the param buffer: move them out like a gather
-    // would, but leave the buffer as it is (the optimizer takes its main params from it).
-    mxfp8_.resize(params.size());
-    own_bf16_.resize(params.size());
-    for (size_t p = 0; p < params.size(); ++p) {
-      const TensorView staged = buffer_.param_data(static_cast<int>(p));
-      if (params[p].mxfp8) {
-        mxfp8_[p] = std::make_unique<Mxfp8Tensor>(params[p].shape[0], params[p].shape[1], config_.mxfp8_elem,
-                                                  config_.mxfp8_scale_mode, tracker);
-        mxfp8_[p]->quantize_from(staged);
-      } else {
-        own_bf16_[p] = HostBuffer(staged.nbytes(), MemoryCategory::kParams, tracker);
-        std::memcpy(own_bf16_[p].data(), staged.data, staged.nbytes());
-      }
-    }
-  }
+  // Every rank holds the full initial params in the param buffer: the store takes its copies like
+  // a gather would, and the buffer stays as it is (the optimizer takes its main params from it).
+  if (config_.fp8_param_gather)
+    store_ = std::make_unique<ModelParamStore>(buffer_, config_.mxfp8_elem, config_.mxfp8_scale_mode, tracker);
+  param_sync_ = std::make_unique<ParamSync>(
+      comm_, buffer_, store_.get(),
+      ParamSyncOptions{.overlap_param_gather = config_.overlap_param_gather,
+                       .reuse_grad_buf_for_mxfp8_param_ag = config_.reuse_grad_buf_for_mxfp8_param_ag},
+      [this] { return grads_live_; });
 }
 
 TensorView DistributedDataParallel::param(int index) const {
-  if (!config_.fp8_param_gather) return buffer_.param_data(index);
+  if (!store_) return buffer_.param_data(index);
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
-  const ParamSpec& spec = buffer_.params()[static_cast<size_t>(index)];
-  MXDDP_CHECK(!mxfp8_[static_cast<size_t>(index)], "param '{}' is kept as MXFP8: read it with mxfp8_param({})", spec.name,
-              index);
-  return own_bf16_[static_cast<size_t>(index)].view(DType::kBF16, spec.shape);
+  return store_->bf16(index);
+}
+
+bool DistributedDataParallel::is_mxfp8(int index) const {
+  MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
+  return store_ && store_->is_mxfp8(index);
 }
 
 const Mxfp8Tensor& DistributedDataParallel::mxfp8_param(int index) const {
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
-  MXDDP_CHECK(config_.fp8_param_gather && mxfp8_[static_cast<size_t>(index)],
-              "param '{}' is not an MXFP8 param (mark it mxfp8 and turn on fp8_param_gather)",
+  MXDDP_CHECK(store_, "param '{}' is not an MXFP8 param (mark it mxfp8 and turn on fp8_param_gather)",
               buffer_.params()[static_cast<size_t>(index)].name);
-  return *mxfp8_[static_cast<size_t>(index)];
-}
-
-void DistributedDataParallel::on_group_gathered(int group) {
-  if (!config_.fp8_param_gather) return;
-  for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)]) {
-    for (int p : buffer_.layout().buckets[static_cast<size_t>(b)].params) {
-      const TensorView gathered = buffer_.param_data(p);
-      if (mxfp8_[static_cast<size_t>(p)]) mxfp8_[static_cast<size_t>(p)]->quantize_from(gathered);
-      else std::memcpy(own_bf16_[static_cast<size_t>(p)].data(), gathered.data, gathered.nbytes());
-    }
-    // The staging view overlaps other buckets' gradients: leave it zero for them.
-    if (config_.reuse_grad_buf_for_mxfp8_param_ag) {
-      const TensorView staging = buffer_.bucket_params(b);
-      std::memset(staging.data, 0, staging.nbytes());
-    }
-  }
+  return store_->mxfp8(index);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  for (auto* all : {&works_, &gather_works_})
-    for (auto& group : *all)
-      for (Work& w : group) {
-        try {
-          w.wait();
-        } catch (...) {  // a destructor cannot report it; finish_grad_sync / the param sync would have
-        }
+  param_sync_.reset();  // waits for its gathers
+  for (auto& group : works_)
+    for (Work& w : group) {
+      try {
+        w.wait();
+      } catch (...) {  // a destructor cannot report it; finish_grad_sync would have
       }
+    }
 }
 
 void DistributedDataParallel::reset_iteration() {
@@ -220,12 +198,7 @@ void DistributedDataParallel::finish_grad_sync() {
 
 void DistributedDataParallel::zero_grad_buffer() {
   wait_all_issued();  // a collective may still be reading the buffer
-  // With reuse, a pending param sync stages in this buffer: finish it (from the still-valid
-  // staging) before the zeros would be gathered as params.
-  if (config_.reuse_grad_buf_for_mxfp8_param_ag) {
-    complete_param_sync();
-    param_buffer_holds_params_ = false;
-  }
+  param_sync_->before_zero_grad_buffer();  // with reuse, a pending sync stages in this buffer
   const TensorView grads = buffer_.grad_buffer();
   std::memset(grads.data, 0, grads.nbytes());
   grads_live_ = false;
@@ -234,91 +207,61 @@ void DistributedDataParallel::zero_grad_buffer() {
 
 void DistributedDataParallel::broadcast_params() { comm_.broadcast(buffer_.param_buffer(), {.root = 0}); }
 
-void DistributedDataParallel::check_no_live_grads_under_staging() const {
-  // With reuse the gather stages in the grad buffer: gradients there would be gathered as params.
-  MXDDP_CHECK(!(config_.reuse_grad_buf_for_mxfp8_param_ag && grads_live_),
-              "param all-gather while gradients live in the grad buffer it stages in "
-              "(reuse_grad_buf_for_mxfp8_param_ag): zero the grad buffer and re-stage the main params first "
-              "(DistributedOptimizer::zero_grad or force_param_sync)");
+void DistributedDataParallel::before_forward(const std::vector<int>& module_params) {
+  param_sync_->before_forward(module_params);
 }
 
-void DistributedDataParallel::dispatch_gather(int position) {
-  check_no_live_grads_under_staging();
-  const int group = num_bucket_groups() - 1 - position;
-  auto& works = gather_works_[static_cast<size_t>(group)];
-  for (int b : buffer_.bucket_groups()[static_cast<size_t>(group)])
-    works.push_back(comm_.all_gather(buffer_.param_shard(b, comm_.rank()), buffer_.bucket_params(b), {.async_op = true}));
+void DistributedDataParallel::start_param_sync(bool force_sync) { param_sync_->start(force_sync); }
+bool DistributedDataParallel::param_sync_pending() const { return param_sync_->pending(); }
+int DistributedDataParallel::next_param_gather_group() const { return param_sync_->next_group(); }
+
+OptimizerBucket DistributedDataParallel::optimizer_bucket(int bucket) const {
+  const BucketShard& shard = buffer_.layout().shards.at(static_cast<size_t>(comm_.rank())).at(static_cast<size_t>(bucket));
+  return OptimizerBucket{.numel = shard.range.size(), .update = shard.params, .owned = shard.params};
 }
 
-void DistributedDataParallel::begin_param_sync() {
+OptimizerBucketIo DistributedDataParallel::optimizer_io(int bucket) const {
+  // Under reuse the param shard is grad memory until the step is over: staging waits for
+  // start_iteration.
+  return OptimizerBucketIo{.grads = buffer_.grad_shard(bucket, comm_.rank()),
+                           .params = buffer_.param_shard(bucket, comm_.rank()),
+                           .stage_in_step = !config_.reuse_grad_buf_for_mxfp8_param_ag};
+}
+
+TensorView DistributedDataParallel::initial_params(int bucket) const {
+  MXDDP_CHECK(param_sync_->param_buffer_holds_params(),
+              "construct the DistributedOptimizer before the first zero_grad_buffer: with "
+              "reuse_grad_buf_for_mxfp8_param_ag the initial params live in the grad buffer until then");
+  return buffer_.param_shard(bucket, comm_.rank());
+}
+
+void DistributedDataParallel::step_and_sync_params(const std::function<void(int bucket)>& update) {
   MXDDP_CHECK(config_.use_distributed_optimizer,
-              "start_param_sync: params are sharded (and gathered) only with use_distributed_optimizer");
-  check_no_live_grads_under_staging();  // before any state changes: a refused sync leaves none behind
-  if (gather_pending_) complete_param_sync();  // the previous sync still owns the buffer
-  gather_pending_ = true;
-  gather_next_position_ = 0;
-  for (auto& w : gather_works_) w.clear();
-  gather_waited_.assign(gather_waited_.size(), false);
-}
-
-void DistributedDataParallel::dispatch_next_param_gather() {
-  MXDDP_CHECK(gather_pending_, "dispatch_next_param_gather outside a param sync (call begin_param_sync first)");
-  if (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
-}
-
-int DistributedDataParallel::next_param_gather_group() const {
-  return gather_pending_ && gather_next_position_ < num_bucket_groups() ? num_bucket_groups() - 1 - gather_next_position_ : -1;
-}
-
-void DistributedDataParallel::start_param_sync(bool force_sync) {
-  begin_param_sync();
-  if (force_sync || !config_.overlap_param_gather) complete_param_sync();
-  else dispatch_next_param_gather();
-}
-
-void DistributedDataParallel::finish_param_sync(int group) {
-  MXDDP_CHECK(group >= 0 && group < num_bucket_groups(), "bucket group {} out of range; valid: 0..{}", group,
-              num_bucket_groups() - 1);
-  if (!gather_pending_ || gather_waited_[static_cast<size_t>(group)]) return;
-  // Waits for this group and every group gathered before it, so a module never sees a group whose
-  // gather is still running even if an earlier module's hook was skipped.
-  const int position = num_bucket_groups() - 1 - group;
-  while (gather_next_position_ <= position) dispatch_gather(gather_next_position_++);
-  for (int p = 0; p <= position; ++p) wait_gather(num_bucket_groups() - 1 - p);
-  // Prefetch: the next group's gather overlaps the compute that follows.
-  if (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
-  if (std::all_of(gather_waited_.begin(), gather_waited_.end(), [](bool w) { return w; })) gather_pending_ = false;
-}
-
-void DistributedDataParallel::before_forward(const std::vector<int>& params) {
-  if (!gather_pending_) return;
-  // Finish the groups these params need in gather order (highest group index first).
-  std::vector<int> groups;
-  for (int p : params) {
-    MXDDP_CHECK(p >= 0 && p < num_params(), "before_forward: param index {} out of range; valid: 0..{}", p,
-                num_params() - 1);
-    groups.push_back(group_of_param_[static_cast<size_t>(p)]);
+              "the distributed optimizer needs a DistributedDataParallel built with use_distributed_optimizer");
+  if (config_.overlap_param_gather_with_optimizer_step) {
+    // Update group by group in gather order; each group's gather runs while later groups update.
+    ParamSync& sync = *param_sync_;
+    sync.begin();
+    for (int g = sync.next_group(); g >= 0; g = sync.next_group()) {
+      for (int b : buffer_.bucket_groups()[static_cast<size_t>(g)]) update(b);
+      sync.dispatch_next();
+    }
+    return;
   }
-  std::sort(groups.rbegin(), groups.rend());
-  for (int g : groups) finish_param_sync(g);
+  for (int b = 0; b < static_cast<int>(buffer_.layout().buckets.size()); ++b) update(b);
+  // Under reuse nothing is staged yet: the gathers wait for start_iteration.
+  if (!config_.reuse_grad_buf_for_mxfp8_param_ag) param_sync_->start();
 }
 
-void DistributedDataParallel::wait_gather(int group) {
-  if (gather_waited_[static_cast<size_t>(group)]) return;
-  for (Work& w : gather_works_[static_cast<size_t>(group)]) w.wait();
-  gather_waited_[static_cast<size_t>(group)] = true;
-  on_group_gathered(group);
+void DistributedDataParallel::start_iteration(const std::function<void()>& stage) {
+  zero_grad_buffer();
+  if (!config_.reuse_grad_buf_for_mxfp8_param_ag) return;
+  stage();
+  param_sync_->start();
 }
 
-void DistributedDataParallel::wait_param_gathers_in_flight() {
-  for (int position = 0; position < gather_next_position_; ++position) wait_gather(num_bucket_groups() - 1 - position);
-}
-
-void DistributedDataParallel::complete_param_sync() {
-  if (!gather_pending_) return;
-  while (gather_next_position_ < num_bucket_groups()) dispatch_gather(gather_next_position_++);
-  wait_param_gathers_in_flight();
-  gather_pending_ = false;
+void DistributedDataParallel::force_param_sync(const std::function<void()>& stage) {
+  param_sync_->force(stage, [this] { zero_grad_buffer(); });
 }
 
 bool DistributedDataParallel::bucket_group_issued(int group) const {
@@ -334,13 +277,11 @@ bool DistributedDataParallel::bucket_group_completed(int group) const {
   return true;
 }
 
-DistributedDataParallel::NoSyncScope::NoSyncScope(DistributedDataParallel& ddp) : ddp_(ddp) { ++ddp_.no_sync_depth_; }
-
-DistributedDataParallel::NoSyncScope::~NoSyncScope() {
-  if (--ddp_.no_sync_depth_ == 0) {
+void DistributedDataParallel::exit_no_sync() {
+  if (--no_sync_depth_ == 0) {
     // A micro-batch that ended with some params unreported leaves nothing behind.
-    ddp_.ready_.assign(ddp_.ready_.size(), false);
-    ddp_.ready_count_ = 0;
+    ready_.assign(ready_.size(), false);
+    ready_count_ = 0;
   }
 }
 

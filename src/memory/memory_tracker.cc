@@ -13,6 +13,7 @@ std::string_view memory_category_name(MemoryCategory category) {
     case MemoryCategory::kMxfp8: return "mxfp8";
     case MemoryCategory::kScratch: return "scratch";
     case MemoryCategory::kComm: return "comm";
+    case MemoryCategory::kGathered: return "gathered";
   }
   MXDDP_FAIL("unknown memory category {}", static_cast<int>(category));
 }

@@ -36,7 +36,11 @@ struct GptAccess {
   std::function<const Real*(int param, WeightUse use)> weight;
   std::function<Real*(int param)> grad;  // where param i's gradient accumulates (+=)
   std::function<void(int param)> grad_ready = [](int) {};
+  // The module hooks of DataParallel (data_parallel.h), each with the module's params.
   std::function<void(const std::vector<int>& params)> before_forward = [](const std::vector<int>&) {};
+  std::function<void(const std::vector<int>& params)> after_forward = [](const std::vector<int>&) {};
+  std::function<void(const std::vector<int>& params)> before_backward = [](const std::vector<int>&) {};
+  std::function<void(const std::vector<int>& params)> after_backward = [](const std::vector<int>&) {};
   // Scratch of at least numel elements, the same storage for the same name (contents kept).
   std::function<Real*(const std::string& name, int64_t numel)> scratch;
 };
@@ -112,15 +116,23 @@ class GptGraph {
     for (int64_t i = 0; i < int64_t{n} * c; ++i) out[i] += a.xmid[i];
   }
 
+  std::vector<int> layer_params(int l) const {
+    std::vector<int> params(kLayerParamCount);
+    for (int k = 0; k < kLayerParamCount; ++k) params[static_cast<size_t>(k)] = ids_.layer(l, static_cast<LayerParam>(k));
+    return params;
+  }
+
   double forward_pass(Real grad_scale) {
     const int n = rows(), c = cfg_.hidden_size, v = cfg_.vocab_size;
+    // The embeddings and the final norm are modules whose params stay resident through backward
+    // (the LM head reuses wte), so only the layers get post-forward hooks.
     access_.before_forward({ids_.wte(), ids_.wpe()});
     embedding_forward(inputs_.data(), w(ids_.wte()), w(ids_.wpe()), res(0), batch_, cfg_.seq_length, c);
     for (int l = 0; l < cfg_.num_layers; ++l) {
-      std::vector<int> params(kLayerParamCount);
-      for (int k = 0; k < kLayerParamCount; ++k) params[static_cast<size_t>(k)] = ids_.layer(l, static_cast<LayerParam>(k));
+      const std::vector<int> params = layer_params(l);
       access_.before_forward(params);
       layer_forward(l, acts(l));
+      access_.after_forward(params);
     }
     access_.before_forward({ids_.final_norm_weight(), ids_.final_norm_bias()});
     Real* lnf = scratch("lnf", int64_t{n} * c);
@@ -152,6 +164,8 @@ class GptGraph {
   // dres: dL/d res/(l+1) in, dL/d res/l out.
   void layer_backward(int l, Real* dres) {
     const int n = rows(), c = cfg_.hidden_size;
+    const std::vector<int> params = layer_params(l);
+    access_.before_backward(params);
     const LayerActs a = acts(l);
     if (recompute_) layer_forward(l, a);  // the activations were dropped after forward
     const Real* x = res(l);
@@ -181,6 +195,7 @@ class GptGraph {
     linear_backward_data(d3c, w(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
     layernorm_backward(dln, x, w(id(kLn1W)), a.ln1_mean, a.ln1_rstd, dres, g(id(kLn1W)), g(id(kLn1B)), n, c);
     ready({id(kLn1W), id(kLn1B)});
+    access_.after_backward(params);
   }
 
   GptConfig cfg_;

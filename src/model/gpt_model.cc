@@ -30,7 +30,7 @@ std::string role_of(const std::string& name) {
 }  // namespace
 
 struct GptModel::Impl {
-  DistributedDataParallel& ddp;
+  DataParallel& ddp;
   GlobalMemoryBuffer& pool;
   GptConfig config;
   std::vector<ParamSpec> specs;
@@ -40,7 +40,7 @@ struct GptModel::Impl {
   GptTimings timings;
   std::unique_ptr<model::GptGraph<float>> graph;
 
-  Impl(DistributedDataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
+  Impl(DataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
 
   const float* weight(int i, model::WeightUse use) {
     const ParamSpec& spec = specs[static_cast<size_t>(i)];
@@ -59,12 +59,12 @@ struct GptModel::Impl {
   }
 };
 
-GptModel::GptModel(DistributedDataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
+GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
                    const GptModelOptions& options)
     : impl_(std::make_unique<Impl>(ddp, scratch, config)) {
   config.validate();
   Impl& m = *impl_;
-  m.specs = ddp.buffer().params();
+  m.specs = ddp.params();
   const std::vector<ParamSpec> expected = gpt_param_specs(config);
   MXDDP_CHECK(m.specs.size() == expected.size(), "the DDP holds {} params but a GPT of {} has {}", m.specs.size(),
               config.describe(), expected.size());
@@ -72,27 +72,35 @@ GptModel::GptModel(DistributedDataParallel& ddp, GlobalMemoryBuffer& scratch, co
     MXDDP_CHECK(m.specs[i].name == expected[i].name && m.specs[i].shape == expected[i].shape,
                 "param {} of the DDP is '{}' {}, but the GPT's is '{}' {}", i, m.specs[i].name,
                 m.specs[i].shape.to_string(), expected[i].name, expected[i].shape.to_string());
-  MXDDP_CHECK(ddp.config().grad_reduce_in_fp32,
+  MXDDP_CHECK(ddp.grad_dtype() == DType::kF32,
               "the GPT accumulates weight gradients into main_grad with sgemm (beta = 1), so it needs f32 "
               "gradients: grad_reduce_in_fp32 must be true");
-  MXDDP_CHECK(ddp.config().param_dtype == DType::kBF16 || ddp.config().param_dtype == DType::kF32,
-              "param dtype {} is not supported by the GPT; valid: bf16, f32", dtype_name(ddp.config().param_dtype));
+  MXDDP_CHECK(ddp.param_dtype() == DType::kBF16 || ddp.param_dtype() == DType::kF32,
+              "param dtype {} is not supported by the GPT; valid: bf16, f32", dtype_name(ddp.param_dtype()));
   for (const ParamSpec& s : m.specs) {
     const std::string role = role_of(s.name);
     m.weight_key.push_back(fmt::format("w/{}", role));
     m.weight_key_dgrad.push_back(fmt::format("w/{}/col", role));
-    m.is_mxfp8.push_back(ddp.config().fp8_param_gather && s.mxfp8);
   }
+  for (int i = 0; i < ddp.num_params(); ++i) m.is_mxfp8.push_back(ddp.is_mxfp8(i));
 
   model::GptAccess<float> access;
   access.weight = [&m](int i, model::WeightUse use) { return m.weight(i, use); };
   access.grad = [&m](int i) { return m.ddp.main_grad(i).data_as<float>(); };
   access.grad_ready = [&m](int i) { m.ddp.grad_ready(i); };
+  // The pre-hooks may wait for param gathers: that time is exposed communication.
   access.before_forward = [&m](const std::vector<int>& params) {
     const auto t0 = Clock::now();
     m.ddp.before_forward(params);
     m.timings.param_wait_ms += ms_since(t0);
   };
+  access.after_forward = [&m](const std::vector<int>& params) { m.ddp.after_forward(params); };
+  access.before_backward = [&m](const std::vector<int>& params) {
+    const auto t0 = Clock::now();
+    m.ddp.before_backward(params);
+    m.timings.param_wait_ms += ms_since(t0);
+  };
+  access.after_backward = [&m](const std::vector<int>& params) { m.ddp.after_backward(params); };
   access.scratch = [&m](const std::string& name, int64_t numel) {
     return m.pool.get_tensor(Shape{numel}, DType::kF32, name).data_as<float>();
   };
@@ -110,15 +118,18 @@ double GptModel::forward_backward(const int32_t* tokens, int micro_batch, float 
   auto t0 = Clock::now();
   const double loss = m.graph->forward(tokens, micro_batch, loss_scale / static_cast<float>(n));
   m.timings.forward_ms += ms_since(t0) - (m.timings.param_wait_ms - wait0);
+  const double wait1 = m.timings.param_wait_ms;
   t0 = Clock::now();
   m.graph->backward();
-  m.timings.backward_ms += ms_since(t0);
+  m.timings.backward_ms += ms_since(t0) - (m.timings.param_wait_ms - wait1);
   return loss / n;
 }
 
 double GptModel::evaluate(const int32_t* tokens, int micro_batch) {
   MXDDP_CHECK(micro_batch >= 1, "micro-batch size {} is not valid: at least 1", micro_batch);
-  return impl_->graph->forward(tokens, micro_batch, 0.0f) / (micro_batch * impl_->config.seq_length);
+  const double loss = impl_->graph->forward(tokens, micro_batch, 0.0f);
+  impl_->ddp.release_gathered_params();  // no backward follows
+  return loss / (micro_batch * impl_->config.seq_length);
 }
 
 const GptConfig& GptModel::config() const { return impl_->config; }

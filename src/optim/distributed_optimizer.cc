@@ -11,9 +11,9 @@ namespace mxddp {
 
 namespace {
 
-void validate(const OptimizerConfig& c, const DistributedDataParallel& ddp) {
-  MXDDP_CHECK(ddp.config().use_distributed_optimizer,
-              "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer");
+void validate(const OptimizerConfig& c, const DataParallel& dp) {
+  MXDDP_CHECK(!dp.layout().shards.empty(),
+              "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer, or an FSDP");
   MXDDP_CHECK(c.optimizer == "adam" || c.optimizer == "sgd", "optimizer '{}' is not supported; valid: adam, sgd",
               c.optimizer);
   MXDDP_CHECK(std::isfinite(c.lr) && c.lr >= 0, "lr must be finite and >= 0; got {}", c.lr);
@@ -27,23 +27,19 @@ void validate(const OptimizerConfig& c, const DistributedDataParallel& ddp) {
 
 }  // namespace
 
-DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const OptimizerConfig& config,
-                                           MemoryTracker& tracker)
-    : ddp_(ddp), config_(config) {
-  validate(config, ddp);
-  MXDDP_CHECK(!ddp.config().reuse_grad_buf_for_mxfp8_param_ag || ddp.param_buffer_holds_initial_params(),
-              "construct the DistributedOptimizer before the first zero_grad_buffer: with "
-              "reuse_grad_buf_for_mxfp8_param_ag the initial params live in the grad buffer until then");
-  const ParamAndGradBuffer& buf = ddp.buffer();
-  const int rank = ddp.communicator().rank();
-  const int num_buckets = static_cast<int>(buf.layout().buckets.size());
+DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConfig& config, MemoryTracker& tracker)
+    : dp_(dp), config_(config) {
+  validate(config, dp);
+  const int num_buckets = static_cast<int>(dp.layout().buckets.size());
   state_.resize(config.optimizer == "adam" ? 2 : 1);
   for (int b = 0; b < num_buckets; ++b) {
-    const TensorView shard = buf.param_shard(b, rank);
-    const auto n = static_cast<size_t>(shard.numel());
+    buckets_.push_back(dp.optimizer_bucket(b));
+    const TensorView initial = dp.initial_params(b);
+    const auto n = static_cast<size_t>(buckets_.back().numel);
+    MXDDP_ASSERT(initial.numel() == buckets_.back().numel);
     HostBuffer main(n * sizeof(float), MemoryCategory::kMainParams, tracker);
-    if (shard.dtype == DType::kF32) std::memcpy(main.data(), shard.data, n * sizeof(float));
-    else convert_bf16_to_f32(shard.data_as<const bf16_bits>(), static_cast<float*>(main.data()), n);
+    if (initial.dtype == DType::kF32) std::memcpy(main.data(), initial.data, n * sizeof(float));
+    else convert_bf16_to_f32(initial.data_as<const bf16_bits>(), static_cast<float*>(main.data()), n);
     main_.push_back(std::move(main));
     for (auto& s : state_) {
       HostBuffer zeros(n * sizeof(float), MemoryCategory::kOptimizerState, tracker);
@@ -74,12 +70,11 @@ std::string_view DistributedOptimizer::state_name(int index) const {
 }
 
 double DistributedOptimizer::local_grad_sum_of_squares() const {
-  const ParamAndGradBuffer& buf = ddp_.buffer();
-  const int rank = ddp_.communicator().rank();
+  // Over the owned elements only: every element of the model is counted on exactly one rank.
   double sum = 0;
   for (size_t b = 0; b < main_.size(); ++b) {
-    const TensorView grads = buf.grad_shard(static_cast<int>(b), rank);
-    for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
+    const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads;
+    for (const ShardParamRange& r : buckets_[b].owned) {
       if (grads.dtype == DType::kF32)
         sum += optim_kernel::sum_of_squares(grads.data_as<const float>() + r.in_shard.start, r.in_shard.size());
       else
@@ -95,7 +90,7 @@ StepResult DistributedOptimizer::step() {
   const double local = local_grad_sum_of_squares();
   float pair[2] = {static_cast<float>(local), 0.0f};
   pair[1] = static_cast<float>(local - static_cast<double>(pair[0]));
-  ddp_.communicator().all_reduce(TensorView{pair, DType::kF32, Shape{2}, Device::cpu()});
+  dp_.communicator().all_reduce(TensorView{pair, DType::kF32, Shape{2}, Device::cpu()});
   result.grad_norm = std::sqrt(static_cast<double>(pair[0]) + static_cast<double>(pair[1]));
   if (!std::isfinite(result.grad_norm)) {
     result.skipped = true;
@@ -106,26 +101,12 @@ StepResult DistributedOptimizer::step() {
     if (coeff < 1.0) result.clip_coeff = coeff;
   }
   ++step_count_;
-  if (ddp_.config().overlap_param_gather_with_optimizer_step) {
-    // Update group by group in gather order; each group's gather runs while later groups update.
-    ddp_.begin_param_sync();
-    const auto& groups = ddp_.buffer().bucket_groups();
-    for (int g = ddp_.next_param_gather_group(); g >= 0; g = ddp_.next_param_gather_group()) {
-      for (int b : groups[static_cast<size_t>(g)]) update_bucket(b, result.clip_coeff);
-      ddp_.dispatch_next_param_gather();
-    }
-    return result;
-  }
-  for (size_t b = 0; b < main_.size(); ++b) update_bucket(static_cast<int>(b), result.clip_coeff);
-  if (!ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) ddp_.start_param_sync();
+  dp_.step_and_sync_params([&](int bucket) { update_bucket(bucket, result.clip_coeff); });
   return result;
 }
 
 void DistributedOptimizer::zero_grad() {
-  ddp_.zero_grad_buffer();
-  if (!ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) return;
-  stage_main_params();
-  ddp_.start_param_sync();
+  dp_.start_iteration([this] { stage_main_params(); });
 }
 
 namespace {
@@ -146,20 +127,19 @@ void with_typed(const TensorView& grads, const TensorView& params, int64_t offse
 }  // namespace
 
 void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
-  const ParamAndGradBuffer& buf = ddp_.buffer();
-  const int rank = ddp_.communicator().rank();
   const auto t = static_cast<double>(step_count_);
   const OptimizerConfig& c = config_;
-  const bool stage = !ddp_.config().reuse_grad_buf_for_mxfp8_param_ag;  // the param shard is grad memory then
   const auto b = static_cast<size_t>(bucket);
   // The param shard is written as the update goes: staging fused in, no second pass. Padding
   // needs none: it is zero in both buffers.
-  const TensorView grads = buf.grad_shard(static_cast<int>(b), rank);
-  const TensorView params = buf.param_shard(static_cast<int>(b), rank);
+  const OptimizerBucketIo io = dp_.optimizer_io(bucket);
+  const TensorView& grads = io.grads;
+  const TensorView& params = io.params;
+  const bool stage = io.stage_in_step;
   float* main = static_cast<float*>(main_[b].data());
   float* s0 = static_cast<float*>(state_[0][b].data());
-  for (const ShardParamRange& r : buf.layout().shards[static_cast<size_t>(rank)][b].params) {
-    const bool decay = buf.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
+  for (const ShardParamRange& r : buckets_[b].update) {
+    const bool decay = dp_.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
     const float wd = decay ? c.weight_decay : 0.0f;
     const int64_t at = r.in_shard.start, n = r.in_shard.size();
     if (c.optimizer == "adam") {
@@ -178,10 +158,8 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
 }
 
 void DistributedOptimizer::stage_main_params() {
-  const ParamAndGradBuffer& buf = ddp_.buffer();
-  const int rank = ddp_.communicator().rank();
   for (size_t b = 0; b < main_.size(); ++b) {
-    const TensorView shard = buf.param_shard(static_cast<int>(b), rank);
+    const TensorView shard = dp_.optimizer_io(static_cast<int>(b)).params;
     const auto* main = static_cast<const float*>(main_[b].data());
     if (shard.dtype == DType::kF32) std::memcpy(shard.data, main, shard.nbytes());
     else convert_f32_to_bf16(main, shard.data_as<bf16_bits>(), static_cast<size_t>(shard.numel()));
@@ -189,18 +167,7 @@ void DistributedOptimizer::stage_main_params() {
 }
 
 void DistributedOptimizer::force_param_sync() {
-  if (ddp_.config().reuse_grad_buf_for_mxfp8_param_ag) {
-    // The staging area is the grad buffer: it may hold gradients or zeros, never trust it.
-    ddp_.zero_grad_buffer();  // finishes a pending sync first, from its still-valid staging
-    stage_main_params();
-    ddp_.start_param_sync(/*force_sync=*/true);
-    return;
-  }
-  // A gather in flight reads the shards: let it finish before they are re-staged.
-  ddp_.wait_param_gathers_in_flight();
-  stage_main_params();
-  if (ddp_.param_sync_pending()) ddp_.complete_param_sync();  // gathers only what is left
-  else ddp_.start_param_sync(/*force_sync=*/true);
+  dp_.force_param_sync([this] { stage_main_params(); });
 }
 
 }  // namespace mxddp

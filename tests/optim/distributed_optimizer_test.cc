@@ -136,7 +136,7 @@ TEST(DistributedOptimizer, OverlappedGatherIsDispatchedGroupByGroupInForward) {
 // After force_param_sync, every rank's whole param buffer equals BF16(main params) of the ranks
 // that own each shard: own shard checked against own main params, and all ranks' buffers equal.
 void expect_params_equal_staged_main(Communicator& comm, DistributedOptimizer& opt) {
-  const ParamAndGradBuffer& buf = opt.ddp().buffer();
+  const ParamAndGradBuffer& buf = ddp_of(opt).buffer();
   for (size_t b = 0; b < buf.layout().buckets.size(); ++b) {
     const TensorView shard = buf.param_shard(static_cast<int>(b), comm.rank());
     const float* main = opt.main_params(static_cast<int>(b)).data_as<const float>();

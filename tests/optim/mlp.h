@@ -153,9 +153,14 @@ inline ModelHooks ddp_hooks(DistributedDataParallel& ddp) {
   return m;
 }
 
+// The DDP under an optimizer built over one.
+inline DistributedDataParallel& ddp_of(const DistributedOptimizer& opt) {
+  return dynamic_cast<DistributedDataParallel&>(opt.data_parallel());
+}
+
 // One data-parallel training step on global batch `global_batch`: rank r takes its slice.
 inline double ddp_train_step(DistributedOptimizer& opt, int step, int global_batch) {
-  DistributedDataParallel& ddp = opt.ddp();
+  DistributedDataParallel& ddp = ddp_of(opt);
   const int dp = ddp.communicator().size(), rank = ddp.communicator().rank();
   const int local = global_batch / dp;
   opt.zero_grad();
@@ -239,8 +244,8 @@ struct PlainTrainer {
 
 // Largest relative difference between this rank's shard of main params and the reference's.
 inline double max_rel_diff_to_reference(const DistributedOptimizer& opt, const PlainTrainer& ref) {
-  const ParamAndGradBuffer& buf = opt.ddp().buffer();
-  const int rank = opt.ddp().communicator().rank();
+  const ParamAndGradBuffer& buf = ddp_of(opt).buffer();
+  const int rank = opt.data_parallel().communicator().rank();
   double worst = 0;
   for (size_t b = 0; b < buf.layout().buckets.size(); ++b) {
     const float* main = opt.main_params(static_cast<int>(b)).data_as<const float>();

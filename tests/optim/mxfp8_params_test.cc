@@ -23,11 +23,11 @@ DdpConfig mxfp8_config(bool reuse, bool overlap_param_gather = false) {
 
 // Every rank's full main params (f32, layout order), all-gathered bucket by bucket.
 std::vector<float> full_main_params(const DistributedOptimizer& opt) {
-  const ParamAndGradBuffer& buf = opt.ddp().buffer();
+  const ParamAndGradBuffer& buf = ddp_of(opt).buffer();
   std::vector<float> full(static_cast<size_t>(buf.layout().numel));
   for (size_t b = 0; b < buf.layout().buckets.size(); ++b) {
     const Range r = buf.layout().buckets[b].range;
-    opt.ddp().communicator().all_gather(opt.main_params(static_cast<int>(b)),
+    ddp_of(opt).communicator().all_gather(opt.main_params(static_cast<int>(b)),
                                         TensorView{full.data() + r.start, DType::kF32, Shape{r.size()}});
   }
   return full;
@@ -36,7 +36,7 @@ std::vector<float> full_main_params(const DistributedOptimizer& opt) {
 // True if every MXFP8 param equals quantize(bf16(main)) in both orientations and every other
 // param equals bf16(main).
 bool model_params_match_main(const DistributedOptimizer& opt, std::string* why) {
-  const DistributedDataParallel& ddp = opt.ddp();
+  const DistributedDataParallel& ddp = ddp_of(opt);
   const std::vector<float> main = full_main_params(opt);
   MemoryTracker scratch;
   for (int p = 0; p < ddp.num_params(); ++p) {
