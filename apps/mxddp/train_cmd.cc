@@ -82,6 +82,17 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   ddp->add_flag("--reuse-grad-buf-for-mxfp8-param-ag", d.reuse_grad_buf_for_mxfp8_param_ag,
                 "Stage the param all-gather in the grad buffer (no BF16 param buffer)");
 
+  auto* fsdp = cmd->add_option_group(
+      "fully sharded data parallel (FsdpConfig; --overlap-grad-reduce and --overlap-param-gather apply too)");
+  fsdp->add_flag("--use-megatron-fsdp", c.use_megatron_fsdp, "FSDP instead of DDP: each decoder layer is a unit");
+  fsdp->add_option("--data-parallel-sharding-strategy", a.sharding_strategy,
+                   "What FSDP shards: no_shard, optim, optim_grads or optim_grads_params")
+      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
+  fsdp->add_option("--suggested-communication-unit-size", c.fsdp.suggested_communication_unit_size,
+                   "Elements; the gather prefetch budget is half, the reduce-scatter queue all (default: 2 x a unit)")
+      ->check(CLI::PositiveNumber);
+  fsdp->add_flag("--fsdp-double-buffer", c.fsdp.fsdp_double_buffer, "At most two units gathered at once");
+
   auto* data = cmd->add_option_group("data, evaluation and checkpoints");
   data->add_option("--seed", c.seed, "Seed of the initialization and the sampling");
   data->add_option("--data", c.data_path, "Text file to train on, as bytes (default: the built-in corpus)");
@@ -196,6 +207,13 @@ void finish_config(TrainArgs& a) {
   m.seq_length = a.seq_length.value_or(m.seq_length);
   a.config.ddp.mxfp8_elem = parse_fp8_format(a.mxfp8_elem);
   a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
+  // The overlap flags and the grad dtype mean the same under FSDP (Megatron's names are shared).
+  FsdpConfig& f = a.config.fsdp;
+  f.data_parallel_sharding_strategy = parse_sharding_strategy(a.sharding_strategy);
+  f.overlap_grad_reduce = a.config.ddp.overlap_grad_reduce;
+  f.overlap_param_gather = a.config.ddp.overlap_param_gather;
+  f.grad_reduce_in_fp32 = a.config.ddp.grad_reduce_in_fp32;
+  f.param_dtype = a.config.ddp.param_dtype;
 }
 
 // A report that cannot be written should fail now, not after the training. Like --save, missing
@@ -226,9 +244,12 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
   auto run_rank = [&a](Communicator& comm) -> TrainResult {
     if (comm.rank() != 0) return train(comm, a.config);
     a.config.validate(comm.size());  // a bad flag fails before the banner
-    std::printf("mxddp train: %s on %d %s rank(s); global batch %d = %d micro x %d dp x %d accumulation; %lld "
+    std::printf("mxddp train: %s on %d %s rank(s), %s; global batch %d = %d micro x %d dp x %d accumulation; %lld "
                 "iterations%s\n",
                 a.config.model.describe().c_str(), comm.size(), std::string(comm.backend_name()).c_str(),
+                a.config.use_megatron_fsdp
+                    ? fmt::format("FSDP {}", sharding_strategy_name(a.config.fsdp.data_parallel_sharding_strategy)).c_str()
+                    : "DDP + distributed optimizer",
                 a.config.global_batch_size, a.config.micro_batch_size, comm.size(),
                 a.config.accumulation_steps(comm.size()), static_cast<long long>(a.config.train_iters),
                 a.config.load_dir.empty() ? "" : (" (resuming from " + a.config.load_dir + ")").c_str());

@@ -13,6 +13,7 @@
 //   - A bucket closes once it holds at least bucket_size elements; no bucket_size: one bucket.
 //   - A param marked shared_embedding gets a bucket of its own (with or without the distributed
 //     optimizer, and with or without bucket_size).
+//   - With param_unit (FSDP), a bucket also closes where the unit changes.
 //   - Rank r's shard of a bucket [o, o + G) is [o + r*G/dp, o + (r+1)*G/dp), whatever the param
 //     boundaries are.
 #pragma once
@@ -43,6 +44,9 @@ struct LayoutOptions {
   std::optional<int64_t> bucket_size;     // elements; nullopt = one bucket
   bool use_distributed_optimizer = false;
   bool pad_buckets_for_high_nccl_busbw = false;
+  // [num params] or empty. FSDP's units: a bucket never holds params of two units (-1 is the
+  // non-unit params), so each unit's buckets are gathered and released on their own.
+  std::vector<int> param_unit;
 };
 
 // Megatron's default bucket size: max(40,000,000, 1,000,000 x dp) elements when gradient reduction

@@ -71,6 +71,10 @@ struct GptParamIds {
 // (for fp8_param_gather). The token embedding is marked as the shared embedding.
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& config, bool mxfp8_linear_weights = false);
 
+// FSDP's units for the GPT: one per decoder layer (its 12 params), in forward order. The
+// embeddings and the final norm are non-unit params.
+std::vector<std::vector<int>> gpt_fsdp_units(const GptConfig& config);
+
 // GPT-2's initialization, deterministic from the seed: linear weights and embeddings N(0, 0.02),
 // the residual projections (attention output, second MLP layer) N(0, 0.02 / sqrt(2 L)), biases 0,
 // norm weights 1. One f32 vector per param, in registration order.

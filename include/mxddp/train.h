@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/fsdp.h>
 #include <mxddp/model.h>
 
 namespace mxddp {
@@ -36,6 +37,9 @@ struct TrainConfig {
   std::string lr_decay_style = "cosine";
   OptimizerConfig optimizer;  // its lr is the schedule's
   DdpConfig ddp;              // use_distributed_optimizer is forced on
+  // FSDP instead of DDP (Megatron's --use-megatron-fsdp): the GPT's decoder layers are the units.
+  bool use_megatron_fsdp = false;
+  FsdpConfig fsdp;
   uint64_t seed = 1234;       // initialization and sampling
   // Data: a text file, or (empty) the built-in corpus of corpus_bytes.
   std::string data_path;

@@ -19,6 +19,8 @@ void validate(const std::vector<ParamSpec>& params, const LayoutOptions& options
   MXDDP_CHECK(options.dp >= 1, "dp must be >= 1; got {}", options.dp);
   MXDDP_CHECK(!options.bucket_size || *options.bucket_size >= 1,
               "bucket_size must be >= 1 element (or none for one bucket); got {}", options.bucket_size.value_or(0));
+  MXDDP_CHECK(options.param_unit.empty() || options.param_unit.size() == params.size(),
+              "param_unit names a unit for {} params; the list has {}", options.param_unit.size(), params.size());
   std::set<std::string> names;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
@@ -91,8 +93,11 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
 
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
     const ParamSpec& spec = params[static_cast<size_t>(i)];
-    // A shared embedding starts a bucket of its own: close what has gathered so far.
-    if (spec.shared_embedding && !open.params.empty()) close_bucket();
+    // A shared embedding starts a bucket of its own, and so does a new FSDP unit: close what has
+    // gathered so far.
+    const bool new_unit = !options.param_unit.empty() && !open.params.empty() &&
+                          options.param_unit[static_cast<size_t>(i)] != options.param_unit[static_cast<size_t>(open.params.back())];
+    if ((spec.shared_embedding || new_unit) && !open.params.empty()) close_bucket();
     const int64_t start = padded ? round_up(cursor, kParamStartAlignment) : cursor;
     const int64_t end = start + spec.shape.numel();
     layout.params[static_cast<size_t>(i)] = {{start, end}, static_cast<int>(layout.buckets.size())};

@@ -94,4 +94,12 @@ std::vector<std::vector<float>> gpt_init_params(const GptConfig& config, uint64_
   return values;
 }
 
+std::vector<std::vector<int>> gpt_fsdp_units(const GptConfig& config) {
+  const GptParamIds ids(config);
+  std::vector<std::vector<int>> units(static_cast<size_t>(config.num_layers));
+  for (int l = 0; l < config.num_layers; ++l)
+    for (int k = 0; k < kLayerParamCount; ++k) units[static_cast<size_t>(l)].push_back(ids.layer(l, static_cast<LayerParam>(k)));
+  return units;
+}
+
 }  // namespace mxddp

@@ -59,6 +59,18 @@ void check_save_dir(const std::string& dir) {
 
 void TrainConfig::validate(int dp) const {
   model.validate();
+  if (use_megatron_fsdp) {
+    // DDP's own knobs mean nothing to FSDP (buckets are per unit): refuse rather than ignore them.
+    MXDDP_CHECK(!ddp.fp8_param_gather && !ddp.reuse_grad_buf_for_mxfp8_param_ag,
+                "--fp8-param-gather is not supported with --use-megatron-fsdp (MXFP8 params under FSDP); use DDP");
+    MXDDP_CHECK(!ddp.bucket_size && ddp.buckets_per_group == 1 && !ddp.pad_buckets_for_high_nccl_busbw,
+                "--bucket-size, --buckets-per-group and --pad-buckets-for-high-nccl-busbw are DDP's: FSDP has a bucket "
+                "per unit; use --suggested-communication-unit-size");
+    MXDDP_CHECK(!ddp.overlap_param_gather_with_optimizer_step && !ddp.force_all_reduce && !ddp.average_in_collective &&
+                    !ddp.check_for_nan_in_grad,
+                "--overlap-param-gather-with-optimizer-step, --force-all-reduce, --average-in-collective and "
+                "--check-for-nan-in-grad are DDP's and not supported with --use-megatron-fsdp");
+  }
   MXDDP_CHECK(micro_batch_size >= 1, "--micro-batch-size {} is not valid: at least 1", micro_batch_size);
   MXDDP_CHECK(global_batch_size >= 1 && global_batch_size % (micro_batch_size * dp) == 0,
               "--global-batch-size {} is not valid: it must be a positive multiple of --micro-batch-size x "
@@ -108,13 +120,16 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   GlobalMemoryBuffer pool(tracker);
   DdpConfig ddp_config = config.ddp;
   ddp_config.use_distributed_optimizer = true;
-  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<DataParallel> ddp;  // DDP or FSDP: the model and the optimizer see only this
   {
     std::vector<std::vector<float>> init = gpt_init_params(mc, config.seed);  // freed once copied in
     const std::vector<ParamSpec> specs = gpt_param_specs(mc, ddp_config.fp8_param_gather);
     std::vector<TensorView> views;
     for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
-    ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
+    if (config.use_megatron_fsdp)
+      ddp = std::make_unique<FullyShardedDataParallel>(comm, specs, gpt_fsdp_units(mc), config.fsdp, tracker, views);
+    else
+      ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
   }
   DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
   GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations});

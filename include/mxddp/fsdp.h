@@ -1,0 +1,188 @@
+// mxddp fsdp: fully sharded data parallel (Megatron-FSDP, ZeRO-3) beside DDP.
+//
+// Owns: FsdpConfig (Megatron's names), FullyShardedDataParallel.
+//
+// Units: the model names its units (a decoder layer each); the params of no unit (embeddings,
+// the final norm) are gathered at their first use in an iteration and kept until
+// finish_grad_sync. Buckets follow the layout rule with a bucket per (unit, dtype): every bucket
+// is padded to divide into dp equal shards, and a rank keeps only its shards of what the strategy
+// shards. Bytes per param per rank at rest (bf16 params, f32 grads and main params, Adam, dp N):
+//
+//   strategy            params   grads   main + Adam    total
+//   no_shard            2        4       12             18
+//   optim               2        4       12/N           6 + 12/N
+//   optim_grads         2        4/N     12/N           2 + 16/N
+//   optim_grads_params  2/N      4/N     12/N           18/N
+//
+// plus the padding. Transient: optim_grads_params's gathered units (the current one plus the
+// prefetch, or at most two with fsdp_double_buffer) and non-unit params, in the tracker category
+// "gathered"; the sharded-grad strategies' unsharded grad buckets, from a bucket's first gradient
+// until its reduce-scatter has landed in the shard, counted as "grads".
+//
+// One iteration (every collective on the communicator's queue, in program order, so the same on
+// every rank):
+//   start_iteration (the optimizer's zero_grad): zero the grads; with overlap_param_gather, gather
+//     the non-unit params and the first unit and prefetch within the budget;
+//   pre-forward(unit): wait for it, prefetch the next units within the budget;
+//   post-forward(unit): release it;
+//   pre-backward(unit): re-gather, prefetch the previous units within the budget;
+//   post-backward(unit): release it and start its gradients' reduce-scatter (all-reduce for
+//     no_shard): every micro-batch for optim_grads*, the last one only for no_shard and optim;
+//   finish_grad_sync: wait, fold the reduced grads into the shards, release the non-unit params;
+//   the optimizer step on the shards, then (optim, optim_grads) the all-gather of the updated
+//   param shards into the full params.
+// The all-gather prefetch budget is suggested_communication_unit_size / 2 elements and the
+// reduce-scatter queue holds at most suggested_communication_unit_size elements in flight; both are
+// caps (Megatron turns them into floors of 5e8 and 1e9 elements with max(1e9, ...)).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <mxddp/data_parallel.h>
+
+namespace mxddp {
+
+enum class ShardingStrategy : uint8_t { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
+std::string_view sharding_strategy_name(ShardingStrategy s);  // "no_shard", "optim", ...
+// Throws Error naming the value and the valid names.
+ShardingStrategy parse_sharding_strategy(std::string_view name);
+
+struct FsdpConfig {
+  ShardingStrategy data_parallel_sharding_strategy = ShardingStrategy::kOptimGradsParams;
+  // Gathers run asynchronously and are prefetched within the budget; off: each unit is gathered
+  // (and, for optim / optim_grads, the whole model after the step) synchronously when needed.
+  bool overlap_param_gather = false;
+  // Reductions start at each unit's post-backward and run while backward goes on; off, no_shard
+  // and optim reduce everything in finish_grad_sync, and the sharded-grad strategies wait for
+  // each unit's reduce-scatter at its post-backward.
+  bool overlap_grad_reduce = false;
+  // Elements; nullopt: twice the average unit's elements (Megatron's default).
+  std::optional<int64_t> suggested_communication_unit_size;
+  // At most two units gathered (or in flight) at once, whatever the budget allows.
+  bool fsdp_double_buffer = false;
+  bool grad_reduce_in_fp32 = true;  // false keeps grads in param_dtype
+  DType megatron_fsdp_main_params_dtype = DType::kF32;  // f32 only
+  DType param_dtype = DType::kBF16;                     // bf16 or f32
+};
+
+// Observability: one record per collective issued, in issue order.
+struct FsdpCollective {
+  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce } kind;
+  int bucket = 0;
+  bool operator==(const FsdpCollective&) const = default;
+};
+
+class FullyShardedDataParallel final : public DataParallel {
+ public:
+  // units: the params of each unit (registration indices), in forward order; a param in none is a
+  // non-unit param. initial_values: one view per param (f32 or param_dtype); every rank keeps
+  // only what its strategy keeps of them. comm and tracker must outlive this object.
+  FullyShardedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
+                           const std::vector<std::vector<int>>& units, const FsdpConfig& config,
+                           MemoryTracker& tracker, const std::vector<TensorView>& initial_values);
+  ~FullyShardedDataParallel() override;  // waits for collectives still in flight
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  const FsdpConfig& config() const { return config_; }
+  Communicator& communicator() const override { return comm_; }
+  const std::vector<ParamSpec>& params() const override { return specs_; }
+  DType param_dtype() const override { return config_.param_dtype; }
+  DType grad_dtype() const override;
+  std::string describe() const override;
+
+  TensorView param(int index) const override;
+  bool is_mxfp8(int) const override { return false; }
+  const Mxfp8Tensor& mxfp8_param(int index) const override;
+  TensorView main_grad(int index) override;
+  void grad_ready(int index) override;
+  void before_forward(const std::vector<int>& module_params) override;
+  void after_forward(const std::vector<int>& module_params) override;
+  void before_backward(const std::vector<int>& module_params) override;
+  void after_backward(const std::vector<int>& module_params) override;
+  void release_gathered_params() override;
+
+  void finish_grad_sync() override;
+  void zero_grad_buffer() override;
+
+  const ParamLayout& layout() const override { return layout_; }
+  OptimizerBucket optimizer_bucket(int bucket) const override;
+  OptimizerBucketIo optimizer_io(int bucket) const override;
+  TensorView initial_params(int bucket) const override;
+  void step_and_sync_params(const std::function<void(int bucket)>& update) override;
+  void start_iteration(const std::function<void()>& stage) override;
+  void force_param_sync(const std::function<void()>& stage) override;
+
+  // ---- Observability for tests and benchmarks.
+  int num_units() const { return static_cast<int>(unit_buckets_.size()); }
+  int64_t prefetch_budget_numel() const { return prefetch_budget_numel_; }
+  int64_t reduce_scatter_queue_numel() const { return rs_queue_numel_; }
+  const std::vector<int>& unit_buckets(int unit) const { return unit_buckets_.at(static_cast<size_t>(unit)); }
+  const std::vector<int>& non_unit_buckets() const { return non_unit_buckets_; }
+  int64_t gathers_started() const { return gathers_; }   // unit or non-unit gathers (optim_grads_params)
+  int64_t releases_done() const { return releases_; }
+  bool anything_gathered() const;
+  // Every collective since construction, in issue order (cleared by clear_collective_log).
+  const std::vector<FsdpCollective>& collective_log() const { return log_; }
+  void clear_collective_log() { log_.clear(); }
+
+ protected:
+  void enter_no_sync() override { ++no_sync_depth_; }
+  void exit_no_sync() override { --no_sync_depth_; }
+
+ private:
+  struct Bucket;  // storage and state of one bucket (fsdp_bucket.h)
+  enum class Pass : uint8_t { kForward, kBackward };
+
+  bool shards_params() const;
+  bool shards_grads() const;
+  int unit_of_module(const std::vector<int>& module_params, std::string_view hook) const;
+  // Gather groups: 0..U-1 the units, U the non-unit params.
+  int non_unit_group() const { return num_units(); }
+  const std::vector<int>& group_buckets(int group) const;
+  void dispatch_gather(int group);
+  void wait_gather(int group);
+  void release_group(int group);
+  void prefetch_from(int unit, Pass pass);
+  int64_t group_numel(int group) const;
+  void issue_reduction(int bucket);
+  void complete_oldest_reduction();
+  void complete_reductions();
+  void issue_full_param_gathers();
+  void wait_full_param_gathers();
+  void check_all_ready(const std::vector<int>& params, std::string_view hook) const;
+
+  Communicator& comm_;
+  FsdpConfig config_;
+  std::vector<ParamSpec> specs_;
+  ParamLayout layout_;
+  MemoryTracker& tracker_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;  // [num buckets]
+  std::vector<std::vector<int>> unit_buckets_;     // [unit] buckets, in buffer order
+  std::vector<int> non_unit_buckets_;
+  std::vector<int> unit_of_param_;                 // [param], -1 for non-unit
+  std::vector<int> bucket_unit_;                   // [bucket], -1 for non-unit
+  int64_t prefetch_budget_numel_ = 0;
+  int64_t rs_queue_numel_ = 0;
+  // Gather state per group: [U + 1].
+  std::vector<std::vector<Work>> gather_works_;
+  std::vector<uint8_t> gather_state_;  // 0 empty, 1 in flight, 2 ready
+  // Reductions in flight, oldest first: (bucket, its work).
+  std::vector<std::pair<int, Work>> reductions_;
+  int64_t reductions_numel_ = 0;
+  std::vector<bool> reduced_;          // [bucket] its reduction was issued this micro-batch
+  std::vector<Work> full_param_gathers_;  // optim / optim_grads after the step, [bucket]
+  std::vector<bool> full_param_waited_;
+  bool full_param_gather_pending_ = false;
+  std::vector<bool> ready_;            // [param], this micro-batch
+  int ready_count_ = 0;
+  int no_sync_depth_ = 0;
+  int64_t gathers_ = 0, releases_ = 0;
+  std::vector<FsdpCollective> log_;
+};
+
+}  // namespace mxddp
