@@ -171,6 +171,7 @@ class FullyShardedDataParallel final : public DataParallel {
   // Gather state per group: [U + 1].
   std::vector<std::vector<Work>> gather_works_;
   std::vector<uint8_t> gather_state_;  // 0 empty, 1 in flight, 2 ready
+  int forward_unit_ = -1;              // the last unit whose pre-forward ran in this forward pass
   // Reductions in flight, oldest first: (bucket, its work).
   std::vector<std::pair<int, Work>> reductions_;
   int64_t reductions_numel_ = 0;

@@ -291,9 +291,12 @@ void FullyShardedDataParallel::before_forward(const std::vector<int>& module_par
   }
   if (unit < 0) {
     wait_gather(non_unit_group());
-    if (config_.overlap_param_gather) prefetch_from(-1, Pass::kForward);
+    // Only the non-unit modules before the first unit (the embeddings) start the units' prefetch;
+    // the final norm comes after the last unit, with nothing left to prefetch in this pass.
+    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, Pass::kForward);
     return;
   }
+  forward_unit_ = unit;
   wait_gather(unit);
   if (config_.overlap_param_gather) prefetch_from(unit, Pass::kForward);
 }
@@ -305,6 +308,7 @@ void FullyShardedDataParallel::after_forward(const std::vector<int>& module_para
 
 void FullyShardedDataParallel::before_backward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "before_backward");
+  forward_unit_ = -1;  // the next forward starts again at the first unit
   if (!shards_params() || unit < 0) return;
   wait_gather(unit);
   if (config_.overlap_param_gather) prefetch_from(unit, Pass::kBackward);
@@ -323,6 +327,7 @@ void FullyShardedDataParallel::after_backward(const std::vector<int>& module_par
 }
 
 void FullyShardedDataParallel::release_gathered_params() {
+  forward_unit_ = -1;
   for (int g = 0; g <= num_units(); ++g) release_group(g);
 }
 

@@ -1,0 +1,282 @@
+// FSDP on the local backend: parity with DDP + the distributed optimizer across strategy x overlap
+// x dp x micro-batches, the exact resting bytes of each strategy and the peak gathered bytes under
+// each prefetch budget, one release per gather, nothing gathered at finish_grad_sync, params read
+// only inside their hooks, and checkpoints that move between FSDP and DDP at other dp sizes.
+#include <tuple>
+
+#include <mxddp/fsdp.h>
+
+#include "model/train_util.h"
+
+namespace mxddp::testing {
+namespace {
+
+constexpr ShardingStrategy kStrategies[] = {ShardingStrategy::kNoShard, ShardingStrategy::kOptim,
+                                            ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams};
+
+TrainConfig fsdp_config(ShardingStrategy s, bool overlap) {
+  TrainConfig c = small_train_config();
+  c.model = GptConfig{.num_layers = 3, .hidden_size = 32, .num_attention_heads = 2, .seq_length = 16};
+  c.train_iters = 3;
+  c.eval_iters = 0;
+  c.use_megatron_fsdp = true;
+  c.fsdp.data_parallel_sharding_strategy = s;
+  c.fsdp.overlap_grad_reduce = c.fsdp.overlap_param_gather = overlap;
+  c.ddp.overlap_grad_reduce = c.ddp.overlap_param_gather = overlap;  // the DDP baseline's
+  return c;
+}
+
+TrainConfig as_ddp(TrainConfig c) {
+  c.use_megatron_fsdp = false;
+  return c;
+}
+
+// ---- Parity with DDP ----------------------------------------------------------------------------
+
+class FsdpParity : public ::testing::TestWithParam<std::tuple<ShardingStrategy, bool, int, int>> {};
+
+// Without clipping the update never reads the global norm, whose f64 sum runs over other shard
+// boundaries than DDP's. Then every strategy whose gradient reduction is DDP's (no_shard and
+// optim; optim_grads* at one micro-batch) gives DDP's losses bitwise: the local backend reduces
+// each element in rank order with the same 1/dp prescale. optim_grads* with several micro-batches
+// sum reduced micro-batches instead of reducing the summed ones: within 1e-6 relative.
+TEST_P(FsdpParity, LossesMatchDdp) {
+  const auto [strategy, overlap, dp, accum] = GetParam();
+  TrainConfig c = fsdp_config(strategy, overlap);
+  c.micro_batch_size = 2;
+  c.global_batch_size = 2 * dp * accum;
+  c.optimizer.clip_grad = 0;
+  const std::vector<double> ddp = losses(train_local(dp, as_ddp(c)));
+  const std::vector<double> fsdp = losses(train_local(dp, c));
+  const bool same_reduction = accum == 1 || strategy == ShardingStrategy::kNoShard || strategy == ShardingStrategy::kOptim;
+  if (same_reduction) EXPECT_EQ(fsdp, ddp);
+  else expect_close(fsdp, ddp, 1e-6, "fsdp vs ddp, micro-batches reduced one by one");
+}
+
+INSTANTIATE_TEST_SUITE_P(StrategyOverlapDpMicro, FsdpParity,
+                         ::testing::Combine(::testing::ValuesIn(kStrategies), ::testing::Bool(), ::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(1, 3)),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}_dp{}_mb{}", sharding_strategy_name(std::get<0>(info.param)),
+                                              std::get<1>(info.param) ? "overlap" : "serial", std::get<2>(info.param),
+                                              std::get<3>(info.param));
+                         });
+
+// With clipping the norm's partial sums are grouped by other shards: the losses agree to 1e-6.
+TEST(Fsdp, ClippedLossesWithinOneInAMillionOfDdp) {
+  for (ShardingStrategy s : kStrategies) {
+    TrainConfig c = fsdp_config(s, true);
+    c.optimizer.clip_grad = 0.05f;  // small enough to clip every step
+    c.global_batch_size = 2 * 2 * 2;
+    const TrainResult fsdp = train_local(2, c);
+    const TrainResult ddp = train_local(2, as_ddp(c));
+    expect_close(losses(fsdp), losses(ddp), 1e-6, std::string(sharding_strategy_name(s)).c_str());
+    for (size_t i = 0; i < fsdp.steps.size(); ++i) EXPECT_NEAR(fsdp.steps[i].grad_norm, ddp.steps[i].grad_norm, 1e-6 * ddp.steps[i].grad_norm);
+  }
+}
+
+// ---- Memory, exactly ----------------------------------------------------------------------------
+
+struct ExpectedBytes {
+  int64_t params = 0, grads = 0, main = 0, state = 0, unit_bucket_max = 0, non_unit = 0;
+};
+
+// What each rank keeps, from the layout: full or shard per buffer as the strategy says (bf16
+// params, f32 grads and main params, Adam's two moments).
+ExpectedBytes expected_bytes(const GptConfig& model, ShardingStrategy s, int dp) {
+  const std::vector<ParamSpec> specs = gpt_param_specs(model);
+  std::vector<int> unit(specs.size(), -1);
+  const auto units = gpt_fsdp_units(model);
+  for (size_t u = 0; u < units.size(); ++u)
+    for (int p : units[u]) unit[static_cast<size_t>(p)] = static_cast<int>(u);
+  const ParamLayout layout =
+      compute_param_layout(specs, {.dp = dp, .use_distributed_optimizer = true, .param_unit = unit});
+  ExpectedBytes e;
+  for (const BucketPlacement& b : layout.buckets) {
+    const int64_t g = b.range.size(), shard = g / dp;
+    const bool params_sharded = s == ShardingStrategy::kOptimGradsParams;
+    const bool grads_sharded = params_sharded || s == ShardingStrategy::kOptimGrads;
+    const int64_t main = s == ShardingStrategy::kNoShard ? g : shard;
+    e.params += 2 * (params_sharded ? shard : g);
+    e.grads += 4 * (grads_sharded ? shard : g);
+    e.main += 4 * main;
+    e.state += 8 * main;
+    if (unit[static_cast<size_t>(b.params.front())] >= 0) e.unit_bucket_max = std::max(e.unit_bucket_max, 2 * g);
+    else e.non_unit += 2 * g;
+  }
+  return e;
+}
+
+TEST(Fsdp, RestingBytesPerRankAreExact) {
+  for (int dp : {1, 2, 3, 4})
+    for (ShardingStrategy s : kStrategies) {
+      TrainConfig c = fsdp_config(s, true);
+      c.global_batch_size = 2 * dp;
+      const TrainResult r = train_local(dp, c);
+      const ExpectedBytes e = expected_bytes(c.model, s, dp);
+      for (const RankMemory& m : r.memory_by_rank) {
+        const std::string what = fmt::format("{} at dp {}", sharding_strategy_name(s), dp);
+        EXPECT_EQ(m.steady.live(MemoryCategory::kParams), e.params) << what;
+        EXPECT_EQ(m.steady.live(MemoryCategory::kGrads), e.grads) << what;
+        EXPECT_EQ(m.steady.live(MemoryCategory::kMainParams), e.main) << what;
+        EXPECT_EQ(m.steady.live(MemoryCategory::kOptimizerState), e.state) << what;
+        EXPECT_EQ(m.steady.live(MemoryCategory::kGathered), 0) << what << ": nothing gathered at rest";
+      }
+      // The table in fsdp.h, bytes per param per rank, up to the padding (which only adds).
+      const double n = static_cast<double>(c.model.num_params());
+      const double table[] = {18.0, 6.0 + 12.0 / dp, 2.0 + 16.0 / dp, 18.0 / dp};
+      const double got = static_cast<double>(e.params + e.grads + e.main + e.state) / n;
+      const double want = table[static_cast<int>(s)];
+      EXPECT_GE(got, want - 1e-9) << sharding_strategy_name(s) << " dp " << dp;
+      EXPECT_LE(got, want * 1.15) << sharding_strategy_name(s) << " dp " << dp << ": padding beyond 15%";
+    }
+}
+
+TEST(Fsdp, PeakGatheredBytesFollowTheBudget) {
+  const int dp = 2;
+  TrainConfig c = fsdp_config(ShardingStrategy::kOptimGradsParams, true);
+  c.global_batch_size = 2 * dp * 2;
+  c.eval_iters = 1;  // an evaluation pass gathers too
+  const ExpectedBytes e = expected_bytes(c.model, ShardingStrategy::kOptimGradsParams, dp);
+  const int64_t unit_numel = e.unit_bucket_max / 2;
+  struct Case {
+    const char* what;
+    std::optional<int64_t> unit_size;
+    bool double_buffer;
+    int units_held;
+  };
+  const Case cases[] = {
+      {"default budget (one unit ahead)", std::nullopt, false, 2},
+      {"no prefetch budget", 1, false, 1},
+      {"budget of every unit, double buffer", 1'000'000'000, true, 2},
+      {"budget of every unit", 1'000'000'000, false, 3},
+  };
+  for (const Case& k : cases) {
+    c.fsdp.suggested_communication_unit_size = k.unit_size;
+    c.fsdp.fsdp_double_buffer = k.double_buffer;
+    const TrainResult r = train_local(dp, c);
+    for (const RankMemory& m : r.memory_by_rank) {
+      EXPECT_EQ(m.overall.peak(MemoryCategory::kGathered), e.non_unit + k.units_held * 2 * unit_numel) << k.what;
+      EXPECT_EQ(m.steady.live(MemoryCategory::kGathered), 0) << k.what;
+    }
+  }
+}
+
+// ---- The gather / release protocol, driven by hand ----------------------------------------------
+
+TEST(Fsdp, EveryGatherIsReleasedOnceAndNothingIsGatheredAtFinish) {
+  const GptConfig model{.num_layers = 3, .hidden_size = 32, .num_attention_heads = 2, .seq_length = 16};
+  set_compute_threads(1);
+  for (bool overlap : {false, true})
+    run_local(2, [&](Communicator& comm) {
+      MemoryTracker tracker;
+      GlobalMemoryBuffer pool(tracker);
+      const auto specs = gpt_param_specs(model);
+      auto init = gpt_init_params(model, 7);
+      std::vector<TensorView> views;
+      for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+      FsdpConfig fc;
+      fc.overlap_grad_reduce = fc.overlap_param_gather = overlap;
+      FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(model), fc, tracker, views);
+      DistributedOptimizer opt(fsdp, {}, tracker);
+      GptModel gpt(fsdp, pool, model);
+      // Outside its hooks a sharded param has no storage: reading it is an error, not stale data.
+      EXPECT_THROW(fsdp.param(GptParamIds(model).layer(1, kQkvW)), Error);
+      const TokenDataset data(builtin_corpus(1 << 14), 0.1, model.seq_length);
+      std::vector<int32_t> tokens(2 * (model.seq_length + 1));
+      for (int it = 0; it < 3; ++it) {
+        opt.zero_grad();
+        for (int m = 0; m < 2; ++m) {
+          data.fill_batch(false, 1, it, comm.rank() * 4 + m * 2, 2, tokens.data());
+          if (m == 0) {
+            auto scope = fsdp.no_sync();
+            gpt.forward_backward(tokens.data(), 2, 0.5f);
+          } else {
+            gpt.forward_backward(tokens.data(), 2, 0.5f);
+          }
+        }
+        fsdp.finish_grad_sync();
+        EXPECT_FALSE(fsdp.anything_gathered());
+        EXPECT_EQ(fsdp.gathers_started(), fsdp.releases_done());
+        EXPECT_EQ(tracker.usage().live(MemoryCategory::kGathered), 0);
+        opt.step();
+      }
+      // Forward and backward re-gather each unit once per micro-batch, and the non-unit params
+      // once per iteration (kept through backward): (2 x 3 units x 2 micro-batches + 1) x 3.
+      EXPECT_EQ(fsdp.gathers_started(), (2 * 3 * 2 + 1) * 3);
+      // An evaluation pass gathers and releases everything it used.
+      opt.force_param_sync();
+      gpt.evaluate(tokens.data(), 2);
+      EXPECT_FALSE(fsdp.anything_gathered());
+      EXPECT_EQ(fsdp.gathers_started(), fsdp.releases_done());
+    });
+}
+
+TEST(Fsdp, BadConfigsNameTheValue) {
+  run_local(1, [](Communicator& comm) {
+    MemoryTracker tracker;
+    const GptConfig model{.num_layers = 1, .hidden_size = 32, .num_attention_heads = 2, .seq_length = 8};
+    const auto specs = gpt_param_specs(model);
+    auto init = gpt_init_params(model, 1);
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+    auto message = [&](const FsdpConfig& fc, const std::vector<std::vector<int>>& units) {
+      try {
+        FullyShardedDataParallel fsdp(comm, specs, units, fc, tracker, views);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    auto has = [](const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; };
+    EXPECT_PRED2(has, message({.suggested_communication_unit_size = 0}, gpt_fsdp_units(model)),
+                 "suggested_communication_unit_size 0");
+    EXPECT_PRED2(has, message({.megatron_fsdp_main_params_dtype = DType::kBF16}, gpt_fsdp_units(model)),
+                 "megatron_fsdp_main_params_dtype bf16");
+    EXPECT_PRED2(has, message({}, {{2, 3}, {3}}), "in FSDP units 0 and 1");
+    EXPECT_PRED2(has, message({}, {{99}}), "names param 99");
+  });
+  EXPECT_THROW(parse_sharding_strategy("zero3"), Error);
+  TrainConfig c = fsdp_config(ShardingStrategy::kOptim, false);
+  c.ddp.bucket_size = 1000;
+  EXPECT_THROW(c.validate(1), Error);
+}
+
+// ---- Checkpoints move between FSDP and DDP ------------------------------------------------------
+
+// Saves after 3 of 6 iterations with `first` at dp_a, resumes with `second` at dp_b, and compares
+// iterations 4..6 with an uninterrupted run of `second` (resharding is exact; the other dp sums in
+// another order, hence 1e-5).
+void expect_round_trip(const TrainConfig& first, int dp_a, const TrainConfig& second, int dp_b, const char* what) {
+  const TempDir dir(std::string("mxddp_fsdp_ckpt_") + std::to_string(dp_a) + std::to_string(dp_b));
+  TrainConfig a = first, b = second;
+  a.global_batch_size = b.global_batch_size = 12;
+  a.micro_batch_size = b.micro_batch_size = 1;
+  a.train_iters = 3;
+  a.save_dir = dir / "ckpt";
+  b.train_iters = 6;
+  const std::vector<double> full = losses(train_local(dp_b, b));
+  train_local(dp_a, a);
+  b.load_dir = a.save_dir;
+  const TrainResult resumed = train_local(dp_b, b);
+  ASSERT_EQ(resumed.start_iteration, 3);
+  expect_close(losses(resumed), std::vector<double>(full.begin() + 3, full.end()), 1e-5, what);
+}
+
+TEST(Fsdp, CheckpointFromFsdpAtDp4LoadsIntoDdpAtDp2) {
+  const TrainConfig fsdp = fsdp_config(ShardingStrategy::kOptimGradsParams, true);
+  expect_round_trip(fsdp, 4, as_ddp(fsdp), 2, "fsdp dp4 -> ddp dp2");
+}
+
+TEST(Fsdp, CheckpointFromDdpAtDp2LoadsIntoFsdpAtDp3) {
+  const TrainConfig fsdp = fsdp_config(ShardingStrategy::kOptimGradsParams, false);
+  expect_round_trip(as_ddp(fsdp), 2, fsdp, 3, "ddp dp2 -> fsdp dp3");
+}
+
+TEST(Fsdp, NoShardCheckpointLoadsAtAnotherDp) {
+  const TrainConfig no_shard = fsdp_config(ShardingStrategy::kNoShard, true);
+  expect_round_trip(no_shard, 2, no_shard, 3, "no_shard dp2 -> dp3");
+}
+
+}  // namespace
+}  // namespace mxddp::testing
