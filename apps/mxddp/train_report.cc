@@ -67,6 +67,17 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
         {"mxfp8_elem", std::string(fp8_format_name(d.mxfp8_elem))},
         {"mxfp8_scale_mode", std::string(scale_mode_name(d.mxfp8_scale_mode))},
         {"reuse_grad_buf_for_mxfp8_param_ag", d.reuse_grad_buf_for_mxfp8_param_ag}}},
+      {"use_megatron_fsdp", c.use_megatron_fsdp},
+      {"fsdp",
+       {{"data_parallel_sharding_strategy", std::string(sharding_strategy_name(c.fsdp.data_parallel_sharding_strategy))},
+        {"overlap_param_gather", c.fsdp.overlap_param_gather},
+        {"overlap_grad_reduce", c.fsdp.overlap_grad_reduce},
+        {"suggested_communication_unit_size", c.fsdp.suggested_communication_unit_size
+                                                  ? nlohmann::json(*c.fsdp.suggested_communication_unit_size)
+                                                  : nlohmann::json(nullptr)},
+        {"fsdp_double_buffer", c.fsdp.fsdp_double_buffer},
+        {"grad_reduce_in_fp32", c.fsdp.grad_reduce_in_fp32},
+        {"megatron_fsdp_main_params_dtype", std::string(dtype_name(c.fsdp.megatron_fsdp_main_params_dtype))}}},
       {"seed", c.seed},
       {"data", c.data_path.empty() ? nlohmann::json("builtin") : nlohmann::json(c.data_path)},
       {"corpus_bytes", c.corpus_bytes},
