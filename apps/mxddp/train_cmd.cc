@@ -34,6 +34,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   model->add_option("--num-attention-heads", a.num_attention_heads, "Override the preset's heads")->check(CLI::PositiveNumber);
   model->add_option("--seq-length", a.seq_length, "Override the preset's sequence length")->check(CLI::PositiveNumber);
   model->add_flag("--recompute-activations", c.recompute_activations, "Recompute each layer's activations in backward");
+  model->add_flag("--bf16", c.bf16, "BF16 matrix products with F32 accumulation (F32 on CPUs without native BF16)");
 
   auto* batch = cmd->add_option_group("batch and schedule");
   batch->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per rank per micro-batch")->check(CLI::PositiveNumber);
@@ -109,7 +110,8 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   out->add_option("--report", a.report, "Write a JSON report here");
   out->add_option("--log-interval", a.log_interval, "Plain progress line every N iterations (0: about 20 lines)")
       ->check(CLI::NonNegativeNumber);
-  out->add_option("--blas-threads", a.blas_threads, "OpenBLAS threads per rank (0: cores / local ranks)")
+  out->add_option("--compute-threads,--blas-threads", c.compute_threads,
+                  "Matrix-product threads per rank (0: cores / ranks on this machine)")
       ->check(CLI::NonNegativeNumber);
   return cmd;
 }
@@ -227,10 +229,11 @@ void prepare_report_path(const std::string& path) {
               path, parent.string(), ec ? " (" + ec.message() + ")" : "");
 }
 
-int local_ranks_on_this_machine(const TrainArgs& a) {
-  if (a.backend == "local") return a.ranks;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
-  return 1;
+// The compute line of the banner, with the threads train() is about to give each rank.
+std::string compute_info_for_rank(const TrainConfig& config, const Communicator& comm) {
+  ComputeInfo info = compute_info();
+  info.threads = rank_compute_threads(config, comm);
+  return info.describe(config.bf16);
 }
 
 }  // namespace
@@ -238,8 +241,6 @@ int local_ranks_on_this_machine(const TrainArgs& a) {
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_config(a);
   prepare_report_path(a.report);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  set_compute_threads(a.blas_threads > 0 ? a.blas_threads : std::max(1, cores / local_ranks_on_this_machine(a)));
 
   auto run_rank = [&a](Communicator& comm) -> TrainResult {
     if (comm.rank() != 0) return train(comm, a.config);
@@ -253,6 +254,7 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
                 a.config.global_batch_size, a.config.micro_batch_size, comm.size(),
                 a.config.accumulation_steps(comm.size()), static_cast<long long>(a.config.train_iters),
                 a.config.load_dir.empty() ? "" : (" (resuming from " + a.config.load_dir + ")").c_str());
+    std::printf("compute: %s\n", compute_info_for_rank(a.config, comm).c_str());
     std::fflush(stdout);
     Progress progress(a.config.train_iters, a.log_interval);
     TrainResult r = train(comm, a.config, rank0_callbacks(progress, a.config));

@@ -24,7 +24,6 @@ struct TrainArgs {
   std::string mxfp8_scale_mode = "rceil";
   std::string sharding_strategy = "optim_grads_params";
   int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)
-  int blas_threads = 0;      // 0: cores / ranks on this machine
   std::string report;
   TrainConfig config;
 };

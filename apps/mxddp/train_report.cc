@@ -34,6 +34,8 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
         {"num_params", c.model.num_params()},
         {"train_flops_per_token", c.model.train_flops_per_token()}}},
       {"recompute_activations", c.recompute_activations},
+      {"bf16", c.bf16},
+      {"compute_threads", c.compute_threads},
       {"micro_batch_size", c.micro_batch_size},
       {"global_batch_size", c.global_batch_size},
       {"accumulation_steps", c.accumulation_steps(dp)},
@@ -96,6 +98,19 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
                         const std::string& backend) {
   nlohmann::json j;
   j["config"] = config_json(config, dp, backend);
+  // What the products ran on; written from rank 0's thread after training, so threads is what
+  // that rank computed with.
+  const ComputeInfo compute = compute_info();
+  j["compute"] = {{"library", compute.library},
+                  {"cpu", compute.cpu},
+                  {"isa", compute.isa},
+                  {"f32_kernel", compute.f32_kernel},
+                  {"bf16_kernel", compute.bf16_kernel},
+                  {"bf16_supported", compute.bf16_supported},
+                  {"bf16", config.bf16},
+                  {"products_in_bf16", config.bf16 && compute.bf16_supported},
+                  {"threads_per_rank", compute.threads},
+                  {"summary", compute.describe(config.bf16)}};
   j["start_iteration"] = r.start_iteration;
   j["unigram_entropy_nats"] = r.unigram_entropy;
   nlohmann::json steps = nlohmann::json::array();

@@ -8,7 +8,7 @@
 //   multi-head attention and a GELU MLP, a final LayerNorm, an LM head tied to the token
 //   embedding) with a hand-written forward and backward on the CPU over a DistributedDataParallel:
 //   BF16 params (or MXFP8 with fp8_param_gather) converted into f32 scratch from a
-//   GlobalMemoryBuffer, f32 compute with OpenBLAS, weight gradients accumulated straight into
+//   GlobalMemoryBuffer, f32 compute on oneDNN (BF16 products with bf16), weight gradients accumulated straight into
 //   main_grad and reported with grad_ready the moment they are final, before_forward per module;
 //   TokenDataset: byte-level tokens (vocabulary 256) from a text file or the built-in corpus,
 //   a train/validation split, and deterministic rank-disjoint sampling.
@@ -88,6 +88,10 @@ struct GptModelOptions {
   // Drop each layer's activations after its forward and recompute them in backward: activation
   // scratch falls from L layers' worth to one.
   bool recompute_activations = false;
+  // Megatron's --bf16: the matrix products multiply BF16 operands with F32 accumulation (into F32
+  // activations and main_grad) where the CPU has native BF16 (see bf16 in ComputeInfo), F32
+  // products elsewhere. Off: F32 products, what the exactness tests compare.
+  bool bf16 = false;
 };
 
 // Time spent in the model since the last reset, in ms. param_wait_ms is the time the pre-forward
@@ -127,10 +131,26 @@ class GptModel {
   std::unique_ptr<Impl> impl_;
 };
 
-// Threads each BLAS call may use (OpenBLAS's pool is per process, so with ranks as threads give
-// each rank cores / ranks). 0 restores OpenBLAS's default.
+// Threads each matrix product of the calling thread may use (OpenMP's per-thread setting, which
+// oneDNN follows): with ranks as threads, each rank's thread sets cores / ranks. A thread that
+// never sets it uses every core. 0 restores that default.
 void set_compute_threads(int threads);
-int compute_threads();
+int compute_threads();  // the calling thread's
+
+// What the matrix products run on: for `mxddp train`'s banner and report and the benches.
+struct ComputeInfo {
+  std::string library;      // "oneDNN 2.6.3 matmul (OpenMP)"
+  std::string cpu;          // the CPU's model name
+  std::string isa;          // the instruction set oneDNN dispatches to, e.g. "avx512_core_amx"
+  std::string f32_kernel;   // oneDNN's f32 implementation for the small preset's MLP product
+  std::string bf16_kernel;  // ... its BF16 one; empty without native BF16
+  bool bf16_supported = false;  // --bf16 really computes in BF16 (avx512_bf16 or AMX)
+  int threads = 1;              // compute_threads() of the calling thread
+  // One line: library, ISA, CPU, the kernel the products of that dtype run on, threads.
+  std::string describe(bool bf16) const;
+};
+ComputeInfo compute_info();  // threads: the calling thread's
+std::string compute_library_info(bool bf16 = false);  // compute_info().describe(bf16)
 
 // ----------------------------------------------------------------------------------------------
 // Data

@@ -24,6 +24,10 @@ namespace mxddp {
 struct TrainConfig {
   GptConfig model = gpt_preset("tiny");
   bool recompute_activations = false;
+  bool bf16 = false;  // Megatron's --bf16: BF16 matrix products with F32 accumulation (GptModelOptions::bf16)
+  // Compute threads of each rank (set in the rank's own thread); 0: the cores / the ranks that
+  // share this machine (the local backend's ranks, or mpirun's ranks on this node).
+  int compute_threads = 0;
   int micro_batch_size = 4;
   // Sequences per iteration; gradient accumulation runs global / (micro x dp) micro-batches.
   int global_batch_size = 32;
@@ -57,6 +61,10 @@ struct TrainConfig {
   void validate(int dp) const;  // throws Error naming a bad value
   int accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
 };
+
+// The compute threads train() gives the calling rank: config.compute_threads, or (0) the cores
+// over the ranks that share this machine.
+int rank_compute_threads(const TrainConfig& config, const Communicator& comm);
 
 // The schedule's learning rate for (0-based) iteration it.
 float learning_rate(const TrainConfig& config, int64_t iteration);

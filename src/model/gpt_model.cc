@@ -38,6 +38,7 @@ struct GptModel::Impl {
   std::vector<std::string> weight_key_dgrad;  // [param] ... of its column-wise copy (MXFP8 only)
   std::vector<bool> is_mxfp8;                 // [param]
   GptTimings timings;
+  model::GemmDType gemm_dtype = model::GemmDType::kF32;  // the products' compute dtype (options.bf16)
   std::unique_ptr<model::GptGraph<float>> graph;
 
   Impl(DataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
@@ -65,6 +66,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
   config.validate();
   Impl& m = *impl_;
   m.specs = ddp.params();
+  if (options.bf16) m.gemm_dtype = model::GemmDType::kBF16;
   const std::vector<ParamSpec> expected = gpt_param_specs(config);
   MXDDP_CHECK(m.specs.size() == expected.size(), "the DDP holds {} params but a GPT of {} has {}", m.specs.size(),
               config.describe(), expected.size());
@@ -114,6 +116,7 @@ double GptModel::forward_backward(const int32_t* tokens, int micro_batch, float 
   MXDDP_CHECK(loss_scale != 0.0f, "loss scale 0 would make every gradient zero");
   Impl& m = *impl_;
   const int n = micro_batch * m.config.seq_length;
+  const model::ScopedGemmDType compute_dtype(m.gemm_dtype);
   const double wait0 = m.timings.param_wait_ms;
   auto t0 = Clock::now();
   const double loss = m.graph->forward(tokens, micro_batch, loss_scale / static_cast<float>(n));
@@ -127,6 +130,7 @@ double GptModel::forward_backward(const int32_t* tokens, int micro_batch, float 
 
 double GptModel::evaluate(const int32_t* tokens, int micro_batch) {
   MXDDP_CHECK(micro_batch >= 1, "micro-batch size {} is not valid: at least 1", micro_batch);
+  const model::ScopedGemmDType compute_dtype(impl_->gemm_dtype);
   const double loss = impl_->graph->forward(tokens, micro_batch, 0.0f);
   impl_->ddp.release_gathered_params();  // no backward follows
   return loss / (micro_batch * impl_->config.seq_length);
@@ -135,16 +139,5 @@ double GptModel::evaluate(const int32_t* tokens, int micro_batch) {
 const GptConfig& GptModel::config() const { return impl_->config; }
 const GptTimings& GptModel::timings() const { return impl_->timings; }
 void GptModel::reset_timings() { impl_->timings = {}; }
-
-}  // namespace mxddp
-
-namespace mxddp {
-
-void set_compute_threads(int threads) {
-  MXDDP_CHECK(threads >= 0, "compute threads {} is not valid: 0 (OpenBLAS's default) or more", threads);
-  openblas_set_num_threads(threads);
-}
-
-int compute_threads() { return openblas_get_num_threads(); }
 
 }  // namespace mxddp

@@ -2,9 +2,11 @@
 // and the GPT for this rank, resumes from a checkpoint, runs the iterations, evaluates, saves, and
 // gathers what every rank used in memory.
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <numbers>
+#include <thread>
 
 #include <mxddp/train.h>
 
@@ -55,10 +57,26 @@ void check_save_dir(const std::string& dir) {
               "new path, an empty directory or an existing checkpoint", dir);
 }
 
+// Each rank's share of the machine's cores: ranks as threads (local backend) share one
+// process's cores; under mpirun, the ranks on this node share them.
+int default_rank_threads(const Communicator& comm) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int ranks_here = 1;
+  if (comm.backend_name() == "local") ranks_here = comm.size();
+  else if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) ranks_here = std::max(1, std::atoi(s));
+  return std::max(1, cores / ranks_here);
+}
+
 }  // namespace
+
+int rank_compute_threads(const TrainConfig& config, const Communicator& comm) {
+  return config.compute_threads > 0 ? config.compute_threads : default_rank_threads(comm);
+}
 
 void TrainConfig::validate(int dp) const {
   model.validate();
+  MXDDP_CHECK(compute_threads >= 0, "--compute-threads {} is not valid: 0 (cores / ranks on this machine) or more",
+              compute_threads);
   if (use_megatron_fsdp) {
     // DDP's own knobs mean nothing to FSDP (buckets are per unit): refuse rather than ignore them.
     MXDDP_CHECK(!ddp.fp8_param_gather && !ddp.reuse_grad_buf_for_mxfp8_param_ag,
@@ -108,6 +126,7 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   const int dp = comm.size(), rank = comm.rank();
   config.validate(dp);
   check_save_dir(config.save_dir);
+  set_compute_threads(rank_compute_threads(config, comm));
   const GptConfig& mc = config.model;
   const int mb = config.micro_batch_size, accum = config.accumulation_steps(dp);
   const int local_batch = config.global_batch_size / dp;
@@ -132,7 +151,7 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
       ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
   }
   DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
-  GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations});
+  GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations, .bf16 = config.bf16});
 
   TrainResult result;
   result.unigram_entropy = data.unigram_entropy();

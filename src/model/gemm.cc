@@ -1,0 +1,183 @@
+// gemm.h's products. f32 (and BF16 compute) on oneDNN's matmul primitive; f64 on OpenBLAS.
+//
+// A oneDNN primitive is compiled (JIT) for one shape, layout and attribute set, which costs far
+// more than a small product, so each thread keeps its own plans keyed by everything the
+// primitive depends on: the model calls the same few dozen shapes every step, so after the first
+// step every product is a cache hit. Plans are per thread because a rank's thread count is part
+// of what a primitive was compiled for, and because an execution stream is not shared between
+// threads. The operands' storage (transposes, leading dimensions) is described to oneDNN as
+// strides, so no operand is copied in f32. BF16 compute rounds both operands into per-thread
+// staging buffers with oneDNN's reorder (RNE, vectorized and threaded), then multiplies them
+// with F32 accumulation straight into the F32 C, alpha as an output scale and beta as a sum
+// post-op (weight-gradient products accumulate beta = 1 into main_grad).
+#include "gemm.h"
+
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <mxddp/core.h>
+
+#include "compute_runtime.h"
+
+namespace mxddp::model {
+
+namespace {
+
+thread_local GemmDType t_gemm_dtype = GemmDType::kF32;
+
+struct PlanKey {
+  int m, n, k, lda, ldb, ldc, threads;
+  bool trans_a, trans_b, bf16;
+  uint32_t alpha_bits, beta_bits;
+  bool operator==(const PlanKey&) const = default;
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (int v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.threads}) mix(static_cast<uint32_t>(v));
+    mix(static_cast<uint64_t>(key.trans_a) | static_cast<uint64_t>(key.trans_b) << 1 | static_cast<uint64_t>(key.bf16) << 2);
+    mix(key.alpha_bits);
+    mix(key.beta_bits);
+    return static_cast<size_t>(h);
+  }
+};
+
+// One product's primitives and the memory objects they run on; data handles are set per call.
+struct Plan {
+  dnnl::matmul matmul;
+  dnnl::memory a, b, c;         // the caller's f32 A, B (as stored) and C
+  dnnl::reorder round_a, round_b;  // BF16 compute only: f32 A, B -> the staging buffers
+  dnnl::memory a16, b16;        // BF16 compute only: over the staging buffers
+};
+
+// More distinct shapes than this on one thread means shapes vary without bound (say, a batch
+// size that changes every call): start over rather than grow.
+constexpr size_t kMaxPlansPerThread = 512;
+
+struct ThreadState {
+  dnnl::stream stream{cpu_engine()};
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
+  std::vector<uint16_t> a16, b16;  // BF16 staging of op(A) [M, K] and op(B) [K, N], stored as the caller's
+};
+
+ThreadState& thread_state() {
+  thread_local ThreadState state;
+  return state;
+}
+
+uint32_t float_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+Plan make_plan(const PlanKey& key) {
+  using dt = dnnl::memory::data_type;
+  const dnnl::engine& engine = cpu_engine();
+  const auto a_f32 = operand_desc(key.m, key.k, key.lda, key.trans_a, dt::f32);
+  const auto b_f32 = operand_desc(key.k, key.n, key.ldb, key.trans_b, dt::f32);
+  const dnnl::memory::desc c_desc({key.m, key.n}, dt::f32, dnnl::memory::dims{key.ldc, 1});
+  Plan plan;
+  plan.a = dnnl::memory(a_f32, engine, nullptr);
+  plan.b = dnnl::memory(b_f32, engine, nullptr);
+  plan.c = dnnl::memory(c_desc, engine, nullptr);
+  dnnl::memory::desc a_mm = a_f32, b_mm = b_f32;
+  if (key.bf16) {
+    // Staged densely in the caller's orientation, so the reorder streams both sides in order.
+    a_mm = operand_desc(key.m, key.k, key.trans_a ? key.m : key.k, key.trans_a, dt::bf16);
+    b_mm = operand_desc(key.k, key.n, key.trans_b ? key.k : key.n, key.trans_b, dt::bf16);
+    plan.a16 = dnnl::memory(a_mm, engine, nullptr);
+    plan.b16 = dnnl::memory(b_mm, engine, nullptr);
+    plan.round_a = dnnl::reorder(plan.a, plan.a16);
+    plan.round_b = dnnl::reorder(plan.b, plan.b16);
+  }
+  float alpha, beta;
+  std::memcpy(&alpha, &key.alpha_bits, sizeof alpha);
+  std::memcpy(&beta, &key.beta_bits, sizeof beta);
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops post;
+    post.append_sum(beta);
+    attr.set_post_ops(post);
+  }
+  plan.matmul = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_mm, b_mm, c_desc), attr, engine));
+  return plan;
+}
+
+void check_operands(Op op_a, Op op_b, int m, int n, int k, int lda, int ldb, int ldc) {
+  MXDDP_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm sizes m {} n {} k {} are not valid: each must be >= 0", m, n, k);
+  const int a_cols = op_a == Op::kN ? k : m, b_cols = op_b == Op::kN ? n : k;
+  MXDDP_CHECK(lda >= std::max(1, a_cols), "gemm lda {} is not valid: A is stored with {} columns, so lda >= {}", lda,
+              a_cols, std::max(1, a_cols));
+  MXDDP_CHECK(ldb >= std::max(1, b_cols), "gemm ldb {} is not valid: B is stored with {} columns, so ldb >= {}", ldb,
+              b_cols, std::max(1, b_cols));
+  MXDDP_CHECK(ldc >= std::max(1, n), "gemm ldc {} is not valid: C has {} columns, so ldc >= {}", ldc, n, std::max(1, n));
+}
+
+}  // namespace
+
+void set_gemm_dtype(GemmDType dtype) { t_gemm_dtype = dtype; }
+GemmDType gemm_dtype() { return t_gemm_dtype; }
+
+bool bf16_gemm_supported() { return cpu_isa_has_bf16(); }
+
+void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+          float beta, float* c, int ldc) {
+  check_operands(op_a, op_b, m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // C = beta C; as in BLAS, beta = 0 does not read C
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) c[static_cast<int64_t>(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[static_cast<int64_t>(i) * ldc + j];
+    return;
+  }
+  const bool bf16 = t_gemm_dtype == GemmDType::kBF16 && bf16_gemm_supported();
+  const PlanKey key{m,           n,           k,    lda, ldb, ldc, omp_get_max_threads(), op_a == Op::kT, op_b == Op::kT,
+                    bf16, float_bits(alpha), float_bits(beta)};
+  ThreadState& state = thread_state();
+  auto it = state.plans.find(key);
+  if (it == state.plans.end()) {
+    if (state.plans.size() >= kMaxPlansPerThread) state.plans.clear();
+    try {
+      it = state.plans.emplace(key, make_plan(key)).first;
+    } catch (const dnnl::error& e) {
+      MXDDP_FAIL("oneDNN has no {} matmul for [{} x {}] x [{} x {}] (op_a {}, op_b {}, ld {} {} {}): {}",
+                 bf16 ? "bf16" : "f32", m, k, k, n, op_a == Op::kT ? "T" : "N", op_b == Op::kT ? "T" : "N", lda, ldb,
+                 ldc, e.what());
+    }
+  }
+  Plan& plan = it->second;
+  plan.a.set_data_handle(const_cast<float*>(a));  // read only: oneDNN's memory handle is not const
+  plan.b.set_data_handle(const_cast<float*>(b));
+  plan.c.set_data_handle(c);
+  if (bf16) {
+    state.a16.resize(std::max(state.a16.size(), static_cast<size_t>(m) * k));
+    state.b16.resize(std::max(state.b16.size(), static_cast<size_t>(k) * n));
+    plan.a16.set_data_handle(state.a16.data());
+    plan.b16.set_data_handle(state.b16.data());
+    plan.round_a.execute(state.stream, plan.a, plan.a16);
+    plan.round_b.execute(state.stream, plan.b, plan.b16);
+    plan.matmul.execute(state.stream, {{DNNL_ARG_SRC, plan.a16}, {DNNL_ARG_WEIGHTS, plan.b16}, {DNNL_ARG_DST, plan.c}});
+  } else {
+    plan.matmul.execute(state.stream, {{DNNL_ARG_SRC, plan.a}, {DNNL_ARG_WEIGHTS, plan.b}, {DNNL_ARG_DST, plan.c}});
+  }
+  state.stream.wait();
+}
+
+void gemm(Op op_a, Op op_b, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
+          double beta, double* c, int ldc) {
+  check_operands(op_a, op_b, m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, op_a == Op::kT ? CblasTrans : CblasNoTrans, op_b == Op::kT ? CblasTrans : CblasNoTrans,
+              m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace mxddp::model
