@@ -1,15 +1,29 @@
-// Collective bandwidth sweep, nccl-tests style: for reduce_scatter, all_gather and all_reduce at
-// 1 MiB .. 256 MiB (the size of the full buffer: all_reduce's buffer, reduce_scatter's input,
-// all_gather's output), f32, it prints the bus bandwidth and its ratio to this machine's
-// single-thread memcpy bandwidth, and on the MPI backend the ratio to a raw MPI loop. Both use the
-// in-place forms training uses (reduce-scatter into this rank's shard of the grad buffer,
-// all-gather from this rank's shard of the param buffer).
+// Collective bandwidth sweep, nccl-tests style: for all_reduce, reduce_scatter, all_gather and
+// broadcast at 1 MiB .. 256 MiB (the size S of the full buffer: all_reduce's and broadcast's
+// buffer, reduce_scatter's input, all_gather's output), f32 and bf16, in the in-place forms
+// training uses (reduce-scatter into this rank's shard of the grad buffer, all-gather from this
+// rank's shard of the param buffer). It prints two ratios:
 //
-//   busbw = size / time x (all_reduce: 2(n-1)/n, reduce_scatter and all_gather: (n-1)/n)
+//   vs_memcpy  busbw over one thread's memcpy bandwidth (the old figure, kept for comparison):
+//              busbw = S / time x (all_reduce: 2(n-1)/n, reduce_scatter and all_gather: (n-1)/n,
+//              broadcast: 1)
+//   vs_stream  the local backend's limit: the bytes the whole group must move (reads and writes,
+//              every rank's buffer counted once) per second, over the all-core streaming
+//              bandwidth (stream_bandwidth.h) measured in the same run on the same footprint
+//              (n x S bytes: every rank's buffer). Bytes that must move, n ranks:
+//                all_reduce      every buffer read and written once          2nS
+//                reduce_scatter  every input read, every rank's block written (n+1)S
+//                all_gather      every block read once, written to n-1 peers  nS
+//                broadcast       the root's buffer read once, written n-1 times nS
+//              1.0 means the collective streams as fast as the machine's best streaming kernel
+//              touching the same bytes; per rank that is these bytes over n.
+//
+// On the MPI backend it prints vs_memcpy and the ratio to a raw MPI loop (f32).
 //
 // Local:  comm_bench --backend local --ranks 2,4
 // MPI:    mpirun -np 2 comm_bench --backend mpi
 #include <cstdio>
+#include <map>
 #include <mutex>
 
 #include <CLI/CLI.hpp>
@@ -18,42 +32,66 @@
 #include <mxddp/comm.h>
 
 #include "bench_util.h"
+#include "stream_bandwidth.h"
 
 namespace mxddp::bench {
 namespace {
 
-enum class Op { kReduceScatter, kAllGather, kAllReduce };
-constexpr Op kOps[] = {Op::kReduceScatter, Op::kAllGather, Op::kAllReduce};
+enum class Op { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather, Op::kBroadcast};
 const char* op_name(Op op) {
-  return op == Op::kReduceScatter ? "reduce_scatter" : op == Op::kAllGather ? "all_gather" : "all_reduce";
+  switch (op) {
+    case Op::kAllReduce: return "all_reduce";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kAllGather: return "all_gather";
+    case Op::kBroadcast: return "broadcast";
+  }
+  return "?";
 }
 double bus_factor(Op op, int n) {
+  if (op == Op::kBroadcast) return 1.0;
   return (op == Op::kAllReduce ? 2.0 : 1.0) * (n - 1) / n;
+}
+// Bytes the whole group must move for one collective on full buffers of `bytes` (see the top).
+double group_bytes_moved(Op op, int n, double bytes) {
+  switch (op) {
+    case Op::kAllReduce: return 2.0 * n * bytes;
+    case Op::kReduceScatter: return (n + 1.0) * bytes;
+    case Op::kAllGather:
+    case Op::kBroadcast: return n * bytes;
+  }
+  return 0;
 }
 
 struct Args {
   std::string backend = "local";
   std::string ranks = "2,4";
+  std::string dtypes = "f32,bf16";
   int64_t min_bytes = int64_t{1} << 20;
   int64_t max_bytes = int64_t{256} << 20;
   int runs = 5;
 };
 
-// A rank's full buffer of `bytes`, f32; reduce_scatter and all_gather use its block `rank` in place.
+// A rank's full buffer of `bytes`; reduce_scatter and all_gather use its block `rank` in place.
+// Every f32 word is 1.0f, so as bf16 the elements alternate 0 and 1.0: finite, never subnormal.
 struct Buffers {
   std::vector<float> big;
-  int64_t block_numel;
-  Buffers(size_t bytes, int n) : big(bytes / 4, 1.0f), block_numel(static_cast<int64_t>(bytes / 4) / n) {}
+  Buffers(size_t bytes) : big(bytes / 4, 1.0f) {}
 };
 
 // Seconds per collective on this rank: `iters` back-to-back blocking calls between barriers.
-double time_op(Communicator& comm, Op op, Buffers& b, int iters) {
-  TensorView big{b.big.data(), DType::kF32, Shape{b.block_numel * comm.size()}, Device::cpu()};
-  TensorView small = big.slice(comm.rank() * b.block_numel, b.block_numel);
+double time_op(Communicator& comm, Op op, DType dtype, Buffers& b, int iters) {
+  const int64_t numel = static_cast<int64_t>(b.big.size() * 4 / dtype_size_bytes(dtype)) / comm.size() * comm.size();
+  const int64_t block = numel / comm.size();
+  TensorView big{b.big.data(), dtype, Shape{numel}, Device::cpu()};
+  TensorView small = big.slice(comm.rank() * block, block);
   auto once = [&] {
-    if (op == Op::kAllReduce) comm.all_reduce(big);
-    else if (op == Op::kReduceScatter) comm.reduce_scatter(big, small);
-    else comm.all_gather(small, big);
+    switch (op) {
+      case Op::kAllReduce: comm.all_reduce(big); break;
+      case Op::kReduceScatter: comm.reduce_scatter(big, small); break;
+      case Op::kAllGather: comm.all_gather(small, big); break;
+      case Op::kBroadcast: comm.broadcast(big); break;
+    }
   };
   once();  // warm-up: first touch of the pages
   comm.barrier();
@@ -71,25 +109,48 @@ std::vector<size_t> sizes(const Args& a) {
   return s;
 }
 
+std::vector<DType> parse_dtypes(const std::string& text) {
+  std::vector<DType> v;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string name = text.substr(pos, comma - pos);
+    MXDDP_CHECK(name == "f32" || name == "bf16", "--dtypes: {} is not f32 or bf16", name);
+    v.push_back(name == "f32" ? DType::kF32 : DType::kBF16);
+    pos = comma == std::string::npos ? text.size() : comma + 1;
+  }
+  return v;
+}
+
 void run_local_sweep(const Args& args, double memcpy_bw) {
-  std::printf("%-6s %-15s %10s %12s %12s\n", "ranks", "op", "size", "busbw_GBps", "vs_memcpy");
+  std::map<size_t, StreamBandwidth> stream;  // footprint -> bandwidth, measured once per footprint
+  std::printf("%-6s %-15s %-5s %8s %9s %10s %10s %9s %11s %10s\n", "ranks", "op", "dtype", "size", "time_ms",
+              "busbw_GBps", "vs_memcpy", "moved_GBps", "stream_GBps", "vs_stream");
   for (const int64_t ranks : parse_int_list(args.ranks)) {
     const auto n = static_cast<int>(ranks);
     for (Op op : kOps)
-      for (size_t bytes : sizes(args)) {
-        std::vector<double> times;
-        std::mutex mutex;
-        std::vector<Buffers> bufs;
-        for (int r = 0; r < n; ++r) bufs.emplace_back(bytes, n);
-        for (int run = 0; run < args.runs; ++run)
-          run_local(n, [&](Communicator& comm) {
-            const double t = time_op(comm, op, bufs[static_cast<size_t>(comm.rank())], iters_for(bytes));
-            if (comm.rank() == 0) { std::lock_guard lock(mutex); times.push_back(t); }
-          });
-        const double busbw = static_cast<double>(bytes) / median(times) * bus_factor(op, n);
-        std::printf("%-6d %-15s %10s %12.2f %12.2f\n", n, op_name(op), mib(bytes).c_str(), busbw / 1e9, busbw / memcpy_bw);
-        std::fflush(stdout);
-      }
+      for (DType dtype : parse_dtypes(args.dtypes))
+        for (size_t bytes : sizes(args)) {
+          const size_t footprint = bytes * static_cast<size_t>(n);
+          if (!stream.count(footprint)) stream[footprint] = stream_bandwidth(footprint);
+          const double stream_bw = stream[footprint].best();
+          std::vector<double> times;
+          std::mutex mutex;
+          std::vector<Buffers> bufs;
+          for (int r = 0; r < n; ++r) bufs.emplace_back(bytes);
+          for (int run = 0; run < args.runs; ++run)
+            run_local(n, [&](Communicator& comm) {
+              const double t = time_op(comm, op, dtype, bufs[static_cast<size_t>(comm.rank())], iters_for(bytes));
+              if (comm.rank() == 0) { std::lock_guard lock(mutex); times.push_back(t); }
+            });
+          const double t = median(times);
+          const double busbw = static_cast<double>(bytes) / t * bus_factor(op, n);
+          const double moved = group_bytes_moved(op, n, static_cast<double>(bytes)) / t;
+          std::printf("%-6d %-15s %-5s %8s %9.3f %10.2f %10.2f %9.2f %11.2f %10.2f\n", n, op_name(op),
+                      std::string(dtype_name(dtype)).c_str(), mib(bytes).c_str(), t * 1e3, busbw / 1e9,
+                      busbw / memcpy_bw, moved / 1e9, stream_bw / 1e9, moved / stream_bw);
+          std::fflush(stdout);
+        }
   }
 }
 
@@ -97,12 +158,20 @@ void run_local_sweep(const Args& args, double memcpy_bw) {
 // (MPI's in-place reduce-scatter leaves the result in block 0, a copy cheaper than ours, which
 // puts it in this rank's block and leaves the rest of the input untouched.)
 double time_raw_mpi(Op op, Buffers& b, int iters, int size) {
-  const int block = static_cast<int>(b.block_numel);
+  const int block = static_cast<int>(b.big.size()) / size;
   auto once = [&] {
-    if (op == Op::kAllReduce) MPI_Allreduce(MPI_IN_PLACE, b.big.data(), block * size, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    else if (op == Op::kReduceScatter)
-      MPI_Reduce_scatter_block(MPI_IN_PLACE, b.big.data(), block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    else MPI_Allgather(MPI_IN_PLACE, block, MPI_FLOAT, b.big.data(), block, MPI_FLOAT, MPI_COMM_WORLD);
+    switch (op) {
+      case Op::kAllReduce:
+        MPI_Allreduce(MPI_IN_PLACE, b.big.data(), block * size, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+      case Op::kReduceScatter:
+        MPI_Reduce_scatter_block(MPI_IN_PLACE, b.big.data(), block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        break;
+      case Op::kAllGather:
+        MPI_Allgather(MPI_IN_PLACE, block, MPI_FLOAT, b.big.data(), block, MPI_FLOAT, MPI_COMM_WORLD);
+        break;
+      case Op::kBroadcast: MPI_Bcast(b.big.data(), block * size, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    }
   };
   once();
   MPI_Barrier(MPI_COMM_WORLD);
@@ -122,12 +191,12 @@ void run_mpi_sweep(const Args& args, double memcpy_bw) {
                 "vs_raw_nocheck");
   for (Op op : kOps)
     for (size_t bytes : sizes(args)) {
-      Buffers b(bytes, n);
+      Buffers b(bytes);
       std::vector<double> ours, ours_nocheck, raw;
       for (int run = 0; run < args.runs; ++run) {
         raw.push_back(time_raw_mpi(op, b, iters_for(bytes), n));
-        ours.push_back(time_op(*checked, op, b, iters_for(bytes)));
-        ours_nocheck.push_back(time_op(*unchecked, op, b, iters_for(bytes)));
+        ours.push_back(time_op(*checked, op, DType::kF32, b, iters_for(bytes)));
+        ours_nocheck.push_back(time_op(*unchecked, op, DType::kF32, b, iters_for(bytes)));
       }
       const double busbw = static_cast<double>(bytes) / median(ours) * bus_factor(op, n);
       if (root)
@@ -146,6 +215,7 @@ int main(int argc, char** argv) {
   CLI::App app{"mxddp collective bandwidth sweep"};
   app.add_option("--backend", args.backend)->check(CLI::IsMember({"local", "mpi"}))->capture_default_str();
   app.add_option("--ranks", args.ranks, "local: comma-separated rank counts")->capture_default_str();
+  app.add_option("--dtypes", args.dtypes, "local: comma-separated, f32 and/or bf16")->capture_default_str();
   app.add_option("--min-bytes", args.min_bytes)->capture_default_str();
   app.add_option("--max-bytes", args.max_bytes)->capture_default_str();
   app.add_option("--runs", args.runs, "runs per point; the median is reported")->check(CLI::Range(1, 100))->capture_default_str();
@@ -163,6 +233,11 @@ int main(int argc, char** argv) {
     } else {
       const double bw = memcpy_bandwidth_bytes_per_s(static_cast<size_t>(args.max_bytes));
       std::printf("memcpy (1 thread, %s): %.2f GB/s\n", mib(static_cast<size_t>(args.max_bytes)).c_str(), bw / 1e9);
+      const StreamBandwidth big = stream_bandwidth(static_cast<size_t>(args.max_bytes) * 4);
+      std::printf("stream (%d threads, %s footprint, GB/s): copy_nt %.2f, triad %.2f, add %.2f; stream_GBps below "
+                  "is the best of the three on each row's footprint (n x size)\n",
+                  big.threads, mib(static_cast<size_t>(args.max_bytes) * 4).c_str(), big.copy_bytes_per_s / 1e9,
+                  big.triad_bytes_per_s / 1e9, big.add_bytes_per_s / 1e9);
       run_local_sweep(args, bw);
     }
   } catch (const std::exception& e) {

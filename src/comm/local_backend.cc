@@ -3,8 +3,8 @@
 // Each collective is a rendezvous in three steps:
 //   1. arrive:  post this rank's call (pointers included) in its slot, wait until every rank has
 //               posted the same sequence number, or the timeout fires, or the group is aborted;
-//   2. work:    check every rank issued the same call, then move data by reading peers' buffers
-//               directly, each rank doing a disjoint 1/size of the work;
+//   2. work:    check every rank issued the same call, then move data by reading and writing
+//               peers' buffers directly, each rank doing a disjoint 1/size of the work;
 //   3. depart:  a barrier, so no rank returns (and lets its caller reuse its buffers) while a peer
 //               may still read them.
 // Only step 1 can time out. Whether a collective runs is decided under the group mutex from the
@@ -114,7 +114,11 @@ std::pair<int64_t, int64_t> partition(int64_t count, int parts, int index, size_
 class LocalBackend final : public CommBackend {
  public:
   LocalBackend(std::shared_ptr<LocalGroupState> group, int rank)
-      : group_(std::move(group)), rank_(rank), calls_(static_cast<size_t>(group_->size())), inputs_(calls_.size()) {}
+      : group_(std::move(group)),
+        rank_(rank),
+        calls_(static_cast<size_t>(group_->size())),
+        inputs_(calls_.size()),
+        outputs_(calls_.size()) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
@@ -137,47 +141,62 @@ class LocalBackend final : public CommBackend {
   }
 
  private:
+  // Every rank moves a disjoint 1/size share of the bytes, so all progress threads stream at once,
+  // and each element is read and written the fewest times the operation allows (the bytes
+  // comm_bench's vs_stream counts).
   void move_data(const std::vector<CollectiveCall>& calls) {
     const CollectiveCall& mine = calls[static_cast<size_t>(rank_)];
     const int n = size();
     const size_t elem = dtype_size_bytes(mine.dtype);
     std::vector<const void*>& inputs = inputs_;
+    std::vector<void*>& outputs = outputs_;
+    const auto at = [elem](const void* base, int64_t index) {
+      return static_cast<char*>(const_cast<void*>(base)) + static_cast<size_t>(index) * elem;
+    };
     switch (mine.kind) {
       case CollectiveKind::kAllReduce: {
         // This rank owns elements [begin, end) of every rank's buffer: it reduces them and writes
-        // the result back to all buffers. Nobody else reads or writes that range.
+        // the result to all buffers in the same pass (each buffer is read and written once).
+        // Nobody else reads or writes that range.
         const auto [begin, end] = partition(mine.count, n, rank_, elem);
         if (begin == end) return;
-        for (int r = 0; r < n; ++r)
-          inputs[static_cast<size_t>(r)] = static_cast<const char*>(calls[static_cast<size_t>(r)].send) + begin * elem;
-        void* own = static_cast<char*>(mine.recv) + begin * elem;
-        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, end - begin, own, mine.prescale);
-        for (int r = 0; r < n; ++r)
-          if (r != rank_) std::memcpy(static_cast<char*>(calls[static_cast<size_t>(r)].recv) + begin * elem, own,
-                                      static_cast<size_t>(end - begin) * elem);
+        for (int r = 0; r < n; ++r) {
+          inputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].send, begin);
+          outputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].recv, begin);
+        }
+        reduce_arrays_to(mine.dtype, mine.op, inputs.data(), n, end - begin, outputs.data(), n, mine.prescale);
         return;
       }
       case CollectiveKind::kReduceScatter: {
         // Block rank_ of every input is read by this rank alone, so an in-place output is safe.
         const int64_t offset = static_cast<int64_t>(rank_) * mine.count;
-        for (int r = 0; r < n; ++r)
-          inputs[static_cast<size_t>(r)] = static_cast<const char*>(calls[static_cast<size_t>(r)].send) + offset * elem;
+        for (int r = 0; r < n; ++r) inputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].send, offset);
         reduce_arrays(mine.dtype, mine.op, inputs.data(), n, mine.count, mine.recv, mine.prescale);
         return;
       }
       case CollectiveKind::kAllGather: {
-        const size_t block_bytes = static_cast<size_t>(mine.count) * elem;
+        // Push: this rank reads its own block once and writes it into block rank_ of every rank's
+        // output (its own too unless in place). Only this rank writes those blocks.
+        int n_dsts = 0;
         for (int r = 0; r < n; ++r) {
-          char* dst = static_cast<char*>(mine.recv) + static_cast<size_t>(r) * block_bytes;
-          const void* src = calls[static_cast<size_t>(r)].send;
-          if (dst != src) std::memcpy(dst, src, block_bytes);
+          void* dst = at(calls[static_cast<size_t>(r)].recv, static_cast<int64_t>(rank_) * mine.count);
+          if (dst != mine.send) outputs[static_cast<size_t>(n_dsts++)] = dst;
         }
+        copy_to_many(mine.send, outputs.data(), n_dsts, static_cast<size_t>(mine.count) * elem);
         return;
       }
-      case CollectiveKind::kBroadcast:
-        if (rank_ != mine.root)
-          std::memcpy(mine.recv, calls[static_cast<size_t>(mine.root)].send, static_cast<size_t>(mine.count) * elem);
+      case CollectiveKind::kBroadcast: {
+        // Every rank copies its share [begin, end) of the root's buffer to every other rank, so the
+        // root's buffer is read once and the work is split across all progress threads.
+        const auto [begin, end] = partition(mine.count, n, rank_, elem);
+        if (begin == end) return;
+        int n_dsts = 0;
+        for (int r = 0; r < n; ++r)
+          if (r != mine.root) outputs[static_cast<size_t>(n_dsts++)] = at(calls[static_cast<size_t>(r)].recv, begin);
+        copy_to_many(at(calls[static_cast<size_t>(mine.root)].send, begin), outputs.data(), n_dsts,
+                     static_cast<size_t>(end - begin) * elem);
         return;
+      }
       case CollectiveKind::kBarrier:
         return;
     }
@@ -189,6 +208,7 @@ class LocalBackend final : public CommBackend {
   uint64_t seq_ = 0;
   std::vector<CollectiveCall> calls_;  // [size] every rank's call of the current collective
   std::vector<const void*> inputs_;    // [size] every rank's input pointer for this rank's part
+  std::vector<void*> outputs_;         // [size] the destinations this rank writes its part to
 };
 
 }  // namespace

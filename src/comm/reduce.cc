@@ -1,94 +1,115 @@
-// reduce_arrays: see reduce.h. One f32 (or u32 for bytes) accumulator tile on the stack keeps the
-// working set in L1 however many inputs there are.
+// reduce_arrays, copy_to_many: see reduce.h. Floats go to the per-ISA kernels (reduce_kernels.h),
+// picked once from the CPU's features; u8 (rare: flags, counts) stays a plain tiled loop.
 #include "reduce.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cstring>
+
+#include "reduce_kernels.h"
 
 namespace mxddp {
 
 namespace {
 
-constexpr int64_t kTileNumel = 2048;  // 8 KiB of f32 accumulator
+using FloatKernel = void (*)(const reduce_kernels::FloatReduce&);
 
-inline float max_nan(float acc, float x) { return (x > acc || x != x) ? x : acc; }
+struct KernelChoice {
+  FloatKernel kernel;
+  std::string_view isa;
+};
 
-template <typename T>
-inline float load_f32(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, float>) return p[i];
-  else return bf16_to_f32(p[i]);
+KernelChoice choose_kernel() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {reduce_kernels::reduce_float_avx512, "avx512f"};
+  if (__builtin_cpu_supports("avx2")) return {reduce_kernels::reduce_float_avx2, "avx2"};
+  return {reduce_kernels::reduce_float_base, "x86-64-v2"};
 }
 
-template <typename T>
-void reduce_float_tile(ReduceOp op, const void* const* inputs, int n_inputs, int64_t begin, int64_t n,
-                       T* out, float prescale) {
-  float acc[kTileNumel];
-  const T* first = static_cast<const T*>(inputs[0]) + begin;
-  for (int64_t i = 0; i < n; ++i) acc[i] = load_f32(first, i);
-  if (prescale != 1.0f)
-    for (int64_t i = 0; i < n; ++i) acc[i] *= prescale;
-  for (int k = 1; k < n_inputs; ++k) {
-    const T* in = static_cast<const T*>(inputs[k]) + begin;
-    if (op == ReduceOp::kMax) {
-      for (int64_t i = 0; i < n; ++i) acc[i] = max_nan(acc[i], load_f32(in, i));
-    } else if (prescale == 1.0f) {
-      for (int64_t i = 0; i < n; ++i) acc[i] += load_f32(in, i);
-    } else {
-      for (int64_t i = 0; i < n; ++i) acc[i] += load_f32(in, i) * prescale;
+const KernelChoice& kernel_choice() {
+  static const KernelChoice choice = choose_kernel();
+  return choice;
+}
+
+constexpr int64_t kU8TileNumel = 4096;  // 16 KiB of u32 accumulator, in L1 however many inputs
+
+void reduce_u8(ReduceOp op, const void* const* inputs, int n_inputs, int64_t count, void* const* outputs,
+               int n_outputs) {
+  uint32_t acc[kU8TileNumel];
+  for (int64_t begin = 0; begin < count; begin += kU8TileNumel) {
+    const int64_t n = std::min(kU8TileNumel, count - begin);
+    const auto* first = static_cast<const uint8_t*>(inputs[0]) + begin;
+    for (int64_t i = 0; i < n; ++i) acc[i] = first[i];
+    for (int k = 1; k < n_inputs; ++k) {
+      const auto* in = static_cast<const uint8_t*>(inputs[k]) + begin;
+      if (op == ReduceOp::kMax) {
+        for (int64_t i = 0; i < n; ++i) acc[i] = std::max<uint32_t>(acc[i], in[i]);
+      } else {
+        for (int64_t i = 0; i < n; ++i) acc[i] += in[i];
+      }
     }
-  }
-  if (op == ReduceOp::kAvg) {
-    const auto divisor = static_cast<float>(n_inputs);
-    for (int64_t i = 0; i < n; ++i) acc[i] /= divisor;
-  }
-  T* dst = out + begin;
-  if constexpr (std::is_same_v<T, float>) {
-    std::copy(acc, acc + n, dst);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(acc[i]);
+    for (int j = 0; j < n_outputs; ++j) {
+      auto* out = static_cast<uint8_t*>(outputs[j]) + begin;
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(acc[i]);
+    }
   }
 }
 
-void reduce_u8_tile(ReduceOp op, const void* const* inputs, int n_inputs, int64_t begin, int64_t n,
-                    uint8_t* out) {
-  uint32_t acc[kTileNumel];
-  const auto* first = static_cast<const uint8_t*>(inputs[0]) + begin;
-  for (int64_t i = 0; i < n; ++i) acc[i] = first[i];
-  for (int k = 1; k < n_inputs; ++k) {
-    const auto* in = static_cast<const uint8_t*>(inputs[k]) + begin;
-    if (op == ReduceOp::kMax) {
-      for (int64_t i = 0; i < n; ++i) acc[i] = std::max<uint32_t>(acc[i], in[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) acc[i] += in[i];
-    }
+reduce_kernels::Combine combine_of(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return reduce_kernels::Combine::kSum;
+    case ReduceOp::kAvg: return reduce_kernels::Combine::kAvg;
+    case ReduceOp::kMax: return reduce_kernels::Combine::kMax;
   }
-  for (int64_t i = 0; i < n; ++i) out[begin + i] = static_cast<uint8_t>(acc[i]);
+  MXDDP_FAIL("unknown reduce op {}", static_cast<int>(op));
 }
 
 }  // namespace
 
-void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
-                   void* out, float prescale) {
-  MXDDP_ASSERT(n_inputs >= 1);
+void reduce_arrays_to(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
+                      void* const* outputs, int n_outputs, float prescale) {
+  MXDDP_ASSERT(n_inputs >= 1 && n_outputs >= 1 && count >= 0);
   MXDDP_ASSERT(prescale == 1.0f || (op != ReduceOp::kMax && dtype != DType::kU8));
-  for (int64_t begin = 0; begin < count; begin += kTileNumel) {
-    const int64_t n = std::min(kTileNumel, count - begin);
-    switch (dtype) {
-      case DType::kF32:
-        reduce_float_tile(op, inputs, n_inputs, begin, n, static_cast<float*>(out), prescale);
-        break;
-      case DType::kBF16:
-        reduce_float_tile(op, inputs, n_inputs, begin, n, static_cast<bf16_bits*>(out), prescale);
-        break;
-      case DType::kU8:
-        MXDDP_ASSERT(op != ReduceOp::kAvg);
-        reduce_u8_tile(op, inputs, n_inputs, begin, n, static_cast<uint8_t*>(out));
-        break;
-      default:
-        MXDDP_FAIL("reductions support f32, bf16 and u8; got {}", dtype_name(dtype));
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kBF16: {
+      reduce_kernels::FloatReduce r;
+      r.elem = dtype == DType::kF32 ? reduce_kernels::Elem::kF32 : reduce_kernels::Elem::kBF16;
+      r.combine = combine_of(op);
+      r.inputs = inputs;
+      r.n_inputs = n_inputs;
+      r.count = count;
+      r.outputs = outputs;
+      r.n_outputs = n_outputs;
+      r.prescale = prescale;
+      kernel_choice().kernel(r);
+      return;
     }
+    case DType::kU8:
+      MXDDP_ASSERT(op != ReduceOp::kAvg);
+      reduce_u8(op, inputs, n_inputs, count, outputs, n_outputs);
+      return;
+    default:
+      MXDDP_FAIL("reductions support f32, bf16 and u8; got {}", dtype_name(dtype));
   }
 }
+
+void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
+                   void* out, float prescale) {
+  void* const outputs[1] = {out};
+  reduce_arrays_to(dtype, op, inputs, n_inputs, count, outputs, 1, prescale);
+}
+
+void copy_to_many(const void* src, void* const* dsts, int n_dsts, size_t bytes) {
+  // 256 KiB: src's chunk stays in L2 (>= 512 KiB on the CPUs we run on) while it is written out.
+  constexpr size_t kChunkBytes = size_t{256} << 10;
+  for (size_t begin = 0; begin < bytes; begin += kChunkBytes) {
+    const size_t n = std::min(kChunkBytes, bytes - begin);
+    for (int j = 0; j < n_dsts; ++j)
+      std::memcpy(static_cast<char*>(dsts[j]) + begin, static_cast<const char*>(src) + begin, n);
+  }
+}
+
+std::string_view reduce_kernel_isa() { return kernel_choice().isa; }
 
 void finish_in_place(float* buffer, int64_t count, ReduceOp op, int size, float prescale) {
   if (op == ReduceOp::kAvg) {

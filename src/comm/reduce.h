@@ -1,9 +1,13 @@
-// The reduction kernel shared by the local backend (across peers' buffers) and the MPI backend
-// (for what MPI cannot reduce itself). CPU reference and implementation in one: plain loops over
-// cache-sized tiles that the compiler vectorizes.
+// The data-moving kernels of the collectives: the reduction shared by the local backend (across
+// peers' buffers) and the MPI backend (for what MPI cannot reduce itself), and the one-to-many
+// copy of the local backend's gathers and broadcasts. f32 and bf16 reductions run vectorized for
+// the widest ISA the CPU has (chosen at run time); tests/comm/reduce_test.cc checks them element
+// for element against a scalar reference.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include <mxddp/comm.h>
 
@@ -12,10 +16,22 @@ namespace mxddp {
 // out[i] = op(inputs[0][i], inputs[1][i], ..., inputs[n_inputs-1][i]) for i < count, combining in
 // input order (so the result is bitwise reproducible). f32 and bf16 accumulate in f32 and round
 // once; u8 sums wrap modulo 256. With prescale != 1 (sum and avg of f32 and bf16), each input is
-// multiplied by it in f32 as it is loaded. out may alias any input: each tile is fully read before
-// it is written.
+// multiplied by it in f32 as it is loaded. out may be exactly any input (the same address).
 void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
                    void* out, float prescale = 1.0f);
+
+// The same reduction written to every one of outputs[0..n_outputs) (all_reduce's write-back to
+// every rank, fused: each element is read once per input and written once per output). Each output
+// may be exactly an input; outputs must not overlap one another otherwise.
+void reduce_arrays_to(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
+                      void* const* outputs, int n_outputs, float prescale = 1.0f);
+
+// Copies bytes from src to each of dsts[0..n_dsts) (none may overlap src or each other), a chunk
+// at a time so src is read from memory once and from cache for the other destinations.
+void copy_to_many(const void* src, void* const* dsts, int n_dsts, size_t bytes);
+
+// The float kernel's ISA on this CPU: "avx512f", "avx2" or "x86-64-v2" (benches print it).
+std::string_view reduce_kernel_isa();
 
 // For engines that can only sum: turns an f32 sum over `size` ranks into the op's result, dividing
 // for avg and applying prescale to the result (bf16 is finished in f32 too, before its single

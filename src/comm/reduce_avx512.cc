@@ -1,0 +1,3 @@
+// The float reduction kernel compiled for avx512 (this file's compile flags are in CMakeLists.txt); reduce.cc dispatches to it.
+#define MXDDP_REDUCE_KERNEL reduce_float_avx512
+#include "reduce_simd.inc"

@@ -1,0 +1,3 @@
+// The float reduction kernel compiled for the build's baseline ISA (x86-64-v2); reduce.cc dispatches to it.
+#define MXDDP_REDUCE_KERNEL reduce_float_base
+#include "reduce_simd.inc"
