@@ -140,11 +140,27 @@ class Communicator {
 // The local backend: ranks as threads of this process
 // ----------------------------------------------------------------------------------------------
 
+// Latency injection, for parity tests and benchmarks (either backend). Before running a
+// collective of a selected kind, a rank's progress thread sleeps a time drawn uniformly from
+// [min_us, max_us] by a generator of its own (seeded from seed and the rank), so ranks reach each
+// collective in a different order every time, as stragglers and network jitter make them; with
+// min_us == max_us it is a fixed per-collective latency. Off while max_us is 0.
+struct CollectiveDelay {
+  int64_t min_us = 0;
+  int64_t max_us = 0;
+  uint64_t seed = 0;
+  bool all_reduce = false;
+  bool reduce_scatter = true;
+  bool all_gather = true;
+  bool broadcast = false;
+};
+
 struct LocalOptions {
   // How long a rank waits for its peers to arrive at a collective before the whole group fails
   // with an Error naming the ranks that never arrived. After that every collective of the group
   // fails at once: a group that lost a rank cannot be trusted to agree on anything again.
   int64_t timeout_ms = 300'000;
+  CollectiveDelay injected_delay;
 };
 
 class LocalGroupState;
@@ -197,6 +213,7 @@ struct MpiOptions {
   // Charged for staging buffers (bf16 reductions run in f32). Null: a tracker private to the
   // communicator.
   MemoryTracker* memory_tracker = nullptr;
+  CollectiveDelay injected_delay;
 };
 
 // A communicator over all processes of MPI_COMM_WORLD (duplicated). Needs a live MpiRuntime.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,10 @@ struct TrainCallbacks {
   std::function<void(const StepRecord&)> on_step;  // after every iteration, on every rank
   std::function<void(const EvalRecord&)> on_eval;
   std::function<void(int64_t iteration, const std::string& dir)> on_save;
+  // Tests and benchmarks: decorate the DDP or FSDP object before the model and the optimizer are
+  // built on it (e.g. to inject delays into its hooks or to read its event log). Returns the
+  // object they will use; it must forward to the one it is given, which it then owns.
+  std::function<std::unique_ptr<DataParallel>(std::unique_ptr<DataParallel>)> wrap_data_parallel;
 };
 
 // Collective: every rank of comm calls it with the same config.

@@ -16,6 +16,7 @@
 #include <mxddp/comm.h>
 
 #include "backend.h"
+#include "delayed_backend.h"
 #include "reduce.h"
 
 namespace mxddp {
@@ -239,7 +240,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
   MPI_Finalized(&finalized);
   MXDDP_CHECK(initialized && !finalized, "make_mpi_communicator needs a live MpiRuntime (MPI initialized: {}, "
               "finalized: {})", initialized != 0, finalized != 0);
-  return std::make_unique<Communicator>(std::make_unique<MpiBackend>(options));
+  return std::make_unique<Communicator>(with_injected_delay(std::make_unique<MpiBackend>(options), options.injected_delay));
 }
 
 }  // namespace mxddp

@@ -150,6 +150,10 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     else
       ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
   }
+  if (callbacks.wrap_data_parallel) {
+    ddp = callbacks.wrap_data_parallel(std::move(ddp));
+    MXDDP_CHECK(ddp != nullptr, "TrainCallbacks::wrap_data_parallel returned null");
+  }
   DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
   GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations, .bf16 = config.bf16});
 
