@@ -86,13 +86,18 @@ json config_json(const DistributedOptimizer& opt) {
 }
 
 // This rank's file: every slice of its shards, for the main params, each state and the model.
+// The model slices are cast from the main params here rather than copied from where the optimizer
+// stages them: that memory is grad memory under MXFP8 reuse (zeroed once quantized), and after a
+// forced param sync the model params are exactly this cast in every mode.
 std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
   const DataParallel& dp = opt.data_parallel();
   const int rank = dp.communicator().rank();
+  const DType model_dtype = dp.param_dtype();
+  MXDDP_CHECK(model_dtype == DType::kBF16 || model_dtype == DType::kF32,
+              "checkpoints store model params as bf16 or f32; this model's are {}", dtype_name(model_dtype));
   std::vector<ckpt::TensorToWrite> tensors;
+  std::vector<std::vector<bf16_bits>> model_bf16;  // [owned slices] kept alive until encoded
   for (int b = 0; b < opt.num_buckets(); ++b) {
-    const TensorView param_shard = dp.optimizer_io(b).params;
-    const size_t param_elem = dtype_size_bytes(param_shard.dtype);
     for (const ShardParamRange& r : opt.bucket(b).owned) {
       const std::string& name = dp.params()[static_cast<size_t>(r.param)].name;
       const int64_t n = r.in_shard.size();
@@ -101,8 +106,14 @@ std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
       for (int s = 0; s < opt.state_count(); ++s)
         tensors.push_back({slice_name(opt.state_name(s), name, r.in_param), DType::kF32, n,
                            opt.state(s, static_cast<int>(b)).data_as<const float>() + r.in_shard.start});
-      tensors.push_back({slice_name("model", name, r.in_param), param_shard.dtype, n,
-                         static_cast<const char*>(param_shard.data) + static_cast<size_t>(r.in_shard.start) * param_elem});
+      const float* main = opt.main_params(static_cast<int>(b)).data_as<const float>() + r.in_shard.start;
+      if (model_dtype == DType::kF32) {
+        tensors.push_back({slice_name("model", name, r.in_param), DType::kF32, n, main});
+      } else {
+        std::vector<bf16_bits>& cast = model_bf16.emplace_back(static_cast<size_t>(n));
+        convert_f32_to_bf16(main, cast.data(), static_cast<size_t>(n));
+        tensors.push_back({slice_name("model", name, r.in_param), DType::kBF16, n, cast.data()});
+      }
     }
   }
   return ckpt::encode_safetensors(tensors, {{"format", kFormat}, {"rank", std::to_string(rank)}});

@@ -4,6 +4,10 @@
 // resumed run reproduces the uninterrupted one, and the loss stays close to the BF16 run's.
 #include <unistd.h>
 
+#include <cstring>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/safetensors.h"
 #include "model/train_util.h"
 
 namespace mxddp::testing {
@@ -55,6 +59,49 @@ TEST(TrainMxfp8, ResumeInTheMiddleReproducesTheUninterruptedRun) {
   TrainConfig rest = c;
   rest.load_dir = dir / "ckpt";
   EXPECT_EQ(losses(train_local(2, rest)), std::vector<double>(full.begin() + 3, full.end()));
+}
+
+// The model params a checkpoint stores are bf16(main params) in every mode, MXFP8 reuse included
+// (whose staging lives in grad memory, zeroed once quantized).
+TEST(TrainCheckpoint, ModelTensorsAreTheMainParamsCastToBf16InEveryMode) {
+  struct Mode {
+    const char* name;
+    TrainConfig config;
+  };
+  std::vector<Mode> modes = {{"bf16", small_train_config()}, {"mxfp8", mxfp8_config(false)},
+                             {"mxfp8 + reuse", mxfp8_config(true)}, {"fsdp", small_train_config()}};
+  modes[3].config.use_megatron_fsdp = true;
+  for (Mode& mode : modes) {
+    TempDir dir("mxddp_model_tensors");
+    mode.config.train_iters = 2;
+    mode.config.eval_iters = 0;
+    mode.config.save_dir = dir / "ckpt";
+    train_local(2, mode.config);
+    int64_t compared = 0, nonzero = 0;
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string path = fmt::format("{}/rank_{:05d}.safetensors", mode.config.save_dir, rank);
+      const std::vector<char> file = ckpt::read_file(path);
+      const auto entries = ckpt::decode_safetensors(file, path);
+      for (const auto& [name, entry] : entries) {
+        if (!name.starts_with("main/")) continue;
+        const auto model = entries.find("model/" + name.substr(5));
+        ASSERT_NE(model, entries.end()) << mode.name << ": no model slice for " << name;
+        ASSERT_EQ(model->second.dtype, DType::kBF16) << mode.name << " " << name;
+        ASSERT_EQ(model->second.numel, entry.numel) << mode.name << " " << name;
+        for (int64_t i = 0; i < entry.numel; ++i) {
+          float main;
+          bf16_bits saved;
+          std::memcpy(&main, file.data() + entry.offset + 4 * i, 4);
+          std::memcpy(&saved, file.data() + model->second.offset + 2 * i, 2);
+          ASSERT_EQ(saved, f32_to_bf16(main)) << mode.name << " " << name << " element " << i;
+          nonzero += saved != 0;
+          ++compared;
+        }
+      }
+    }
+    EXPECT_EQ(compared, small_train_config().model.num_params()) << mode.name << ": every param saved once";
+    EXPECT_GT(nonzero, compared / 2) << mode.name;
+  }
 }
 
 // The default model and data for the default length. "Final loss" is the validation loss over 8
