@@ -11,8 +11,10 @@
 //     ends on a multiple of lcm(dp, 128) (lcm(dp, 128, 65536) with pad_buckets_for_high_nccl_busbw),
 //     so every bucket splits into dp equal shards. Without it, nothing is padded.
 //   - A bucket closes once it holds at least bucket_size elements; no bucket_size: one bucket.
-//   - A param marked shared_embedding gets a bucket of its own (with or without the distributed
-//     optimizer, and with or without bucket_size).
+//   - With the distributed optimizer, a param marked shared_embedding gets a bucket of its own
+//     (with or without bucket_size); the bucket closed before it counts, as Megatron's
+//     numel_unpadded, up to the shared param's padded start. Without the distributed optimizer it
+//     shares a bucket like any param (as Megatron does).
 //   - With param_unit (FSDP), a bucket also closes where the unit changes.
 //   - Rank r's shard of a bucket [o, o + G) is [o + r*G/dp, o + (r+1)*G/dp), whatever the param
 //     boundaries are.

@@ -82,9 +82,10 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
   BucketPlacement open;  // the bucket being filled
   int64_t cursor = 0;    // next free element
   int64_t last_param_end = 0;
-  auto close_bucket = [&] {
-    open.range.end = round_up(last_param_end, bucket_end_alignment);
-    open.numel_unpadded = last_param_end - open.range.start;
+  // unpadded_end: where the bucket's contents end, as Megatron counts them (its numel_unpadded).
+  auto close_bucket = [&](int64_t unpadded_end) {
+    open.range.end = round_up(unpadded_end, bucket_end_alignment);
+    open.numel_unpadded = unpadded_end - open.range.start;
     cursor = open.range.end;
     layout.buckets.push_back(std::move(open));
     open = BucketPlacement{};
@@ -93,11 +94,15 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
 
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
     const ParamSpec& spec = params[static_cast<size_t>(i)];
-    // A shared embedding starts a bucket of its own, and so does a new FSDP unit: close what has
-    // gathered so far.
+    // With the distributed optimizer a shared embedding gets a bucket of its own (Megatron's
+    // _does_param_require_new_bucket; without it, it shares one). Megatron closes the bucket
+    // before it at the shared param's padded start, so that bucket's numel_unpadded counts the
+    // start padding. A new FSDP unit also starts a bucket; that one counts to its last param's end.
+    const bool own_bucket = spec.shared_embedding && padded;
     const bool new_unit = !options.param_unit.empty() && !open.params.empty() &&
                           options.param_unit[static_cast<size_t>(i)] != options.param_unit[static_cast<size_t>(open.params.back())];
-    if ((spec.shared_embedding || new_unit) && !open.params.empty()) close_bucket();
+    if (own_bucket && !open.params.empty()) close_bucket(round_up(cursor, kParamStartAlignment));
+    else if (new_unit) close_bucket(last_param_end);
     const int64_t start = padded ? round_up(cursor, kParamStartAlignment) : cursor;
     const int64_t end = start + spec.shape.numel();
     layout.params[static_cast<size_t>(i)] = {{start, end}, static_cast<int>(layout.buckets.size())};
@@ -105,9 +110,9 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
     last_param_end = end;
     cursor = end;
     const bool full = options.bucket_size && end - open.range.start >= *options.bucket_size;
-    if (full || spec.shared_embedding) close_bucket();
+    if (full || own_bucket) close_bucket(last_param_end);
   }
-  if (!open.params.empty()) close_bucket();
+  if (!open.params.empty()) close_bucket(last_param_end);
   layout.numel = cursor;
   if (padded) compute_shards(layout);
   return layout;

@@ -115,6 +115,28 @@ TEST(ParamLayout, SharedEmbeddingGetsItsOwnBucket) {
   }
 }
 
+// Megatron's metadata around a shared embedding (issue 15, point 2), on its own example: shapes
+// 95x95, 95x95, 95x95, 95 at dp 4 with param 2 shared. With the distributed optimizer the bucket
+// closed before the shared param counts up to that param's padded start (128), not to the last
+// param's end (95). Without it, the shared param has no bucket of its own: one bucket of every
+// param unpadded, 3 x 9025 + 95 = 27170 elements.
+TEST(ParamLayout, SharedEmbeddingMetadataAsMegatron) {
+  std::vector<ParamSpec> specs = {{"a", Shape{95, 95}}, {"b", Shape{95, 95}}, {"c", Shape{95, 95}}, {"d", Shape{95}}};
+  specs[2].shared_embedding = true;
+  const ParamLayout dist = compute_param_layout(specs, dist_opt(4));
+  ASSERT_EQ(dist.buckets.size(), 3u);
+  EXPECT_EQ(dist.buckets[0].params, (std::vector<int>{3}));
+  EXPECT_EQ(dist.buckets[0].numel_unpadded, 128);
+  EXPECT_EQ(dist.buckets[0].range, (Range{0, 128}));
+  EXPECT_EQ(dist.buckets[1].params, (std::vector<int>{2}));
+  EXPECT_EQ(dist.buckets[1].numel_unpadded, 9025);
+  const ParamLayout plain = compute_param_layout(specs, {.dp = 4});
+  ASSERT_EQ(plain.buckets.size(), 1u);
+  EXPECT_EQ(plain.buckets[0].range, (Range{0, 27170}));
+  EXPECT_EQ(plain.buckets[0].numel_unpadded, 27170);
+  EXPECT_EQ(plain.buckets[0].params, (std::vector<int>{3, 2, 1, 0}));
+}
+
 TEST(ParamLayout, DefaultBucketSize) {
   EXPECT_EQ(default_bucket_size(1, true), 40'000'000);
   EXPECT_EQ(default_bucket_size(40, true), 40'000'000);
