@@ -197,6 +197,35 @@ TEST(Checkpoint, SaveIsAtomicAndRefusesToOverwriteUnlessAsked) {
   fs::remove_all(dir);
 }
 
+// When one rank's part of a save fails, every rank's error carries that rank's message: a
+// launcher may show any rank's error (whichever the local backend rethrows first, or mpirun's
+// first failing process), and "see its error" pointed at a message the user might never see.
+TEST(Checkpoint, EveryRankReportsTheFailingRanksError) {
+  const std::string parent = fresh_dir("not_a_dir");
+  { std::ofstream(parent) << "a regular file where the save's parent directory should be"; }
+  std::vector<std::string> errors(4);
+  run_local(4, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    try {
+      save_checkpoint(parent + "/ck", opt);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  });
+  fs::remove(parent);
+  ASSERT_FALSE(errors[0].empty()) << "rank 0 prepares the directory and must fail";
+  // Rank 0's own message (after the location prefix, if any) appears in every rank's error.
+  const std::string root_cause = errors[0].substr(errors[0].find(parent));
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("failed on rank 0"), std::string::npos) << errors[static_cast<size_t>(r)];
+    EXPECT_NE(errors[static_cast<size_t>(r)].find(root_cause), std::string::npos)
+        << "rank " << r << " says: " << errors[static_cast<size_t>(r)] << "\nrank 0 says: " << errors[0];
+  }
+}
+
 // Writes a checkpoint for the `mxddp ckpt inspect` CLI tests (run by CTest as a fixture).
 TEST(CliFixture, WriteCheckpointForCli) {
   const char* dir = std::getenv("MXDDP_CLI_CKPT_DIR");
