@@ -70,8 +70,8 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
                 "Pad bucket ends to lcm(dp, 128, 65536)");
   ddp->add_flag("--average-in-collective,--ddp-average-in-collective", d.average_in_collective,
                 "Average in the collective instead of pre-scaling by 1/dp");
-  ddp->add_flag("--check-for-nan-in-grad,--check-for-nan-in-loss-and-grad", d.check_for_nan_in_grad,
-                "Fail on a NaN or Inf gradient before reducing it");
+  ddp->add_flag("--check-for-nan-in-grad", d.check_for_nan_in_grad,
+                "DDP: fail on the rank that finds a NaN or Inf gradient, before reducing its bucket");
   ddp->add_flag("--force-all-reduce", d.force_all_reduce, "All-reduce gradients even with the distributed optimizer");
   ddp->add_flag("--overlap-param-gather", d.overlap_param_gather, "Gather params group by group in the forward pre-hooks");
   ddp->add_flag("--overlap-param-gather-with-optimizer-step", d.overlap_param_gather_with_optimizer_step,
@@ -105,6 +105,9 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   data->add_option("--save", c.save_dir, "Checkpoint directory (written atomically, replaced at each save)");
   data->add_option("--save-interval", c.save_interval, "Save every N iterations (and at the end)")->check(CLI::NonNegativeNumber);
   data->add_option("--load", c.load_dir, "Resume from this checkpoint (any data-parallel size)");
+  data->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", c.check_for_nan_in_loss_and_grad,
+                 "Stop on a NaN or Inf loss or gradient, naming the iteration and params (default: on); off, such "
+                 "iterations are skipped and counted in the report");
 
   auto* out = cmd->add_option_group("output");
   out->add_option("--report", a.report, "Write a JSON report here");

@@ -1,6 +1,7 @@
 // `mxddp train --report`: see train_report.h.
 #include "train_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -35,6 +36,7 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
         {"train_flops_per_token", c.model.train_flops_per_token()}}},
       {"recompute_activations", c.recompute_activations},
       {"bf16", c.bf16},
+      {"check_for_nan_in_loss_and_grad", c.check_for_nan_in_loss_and_grad},
       {"compute_threads", c.compute_threads},
       {"micro_batch_size", c.micro_batch_size},
       {"global_batch_size", c.global_batch_size},
@@ -126,6 +128,7 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
                      {"optimizer_ms", s.optimizer_ms},
                      {"step_ms", s.step_ms}});
   j["steps"] = std::move(steps);
+  j["skipped_steps"] = std::count_if(r.steps.begin(), r.steps.end(), [](const StepRecord& s) { return s.skipped; });
   nlohmann::json evals = nlohmann::json::array();
   for (const EvalRecord& e : r.evals) evals.push_back({{"iteration", e.iteration}, {"loss", e.loss}});
   j["validation"] = std::move(evals);

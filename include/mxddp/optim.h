@@ -54,6 +54,9 @@ class DistributedOptimizer {
   // With reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params: staging and the
   // gathers wait for zero_grad(), when no gradients live in the buffer they stage in.
   StepResult step();
+  // The params whose reduced gradients hold a NaN or Inf anywhere on any rank, as registration
+  // indices in increasing order; call after finish_grad_sync(). Collective.
+  std::vector<int> nonfinite_grad_params();
   // Starts an iteration: zeroes the grad buffer, and with reuse_grad_buf_for_mxfp8_param_ag then
   // stages the main params and starts the param sync (the design's steps 1 and 2).
   void zero_grad();

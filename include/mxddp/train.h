@@ -45,6 +45,10 @@ struct TrainConfig {
   // FSDP instead of DDP (Megatron's --use-megatron-fsdp): the GPT's decoder layers are the units.
   bool use_megatron_fsdp = false;
   FsdpConfig fsdp;
+  // Megatron's --check-for-nan-in-loss-and-grad, on by default: a NaN or Inf loss or gradient stops
+  // the run with an error naming the iteration and the params whose gradients hold it. Off, such an
+  // iteration's update is skipped (StepRecord::skipped) and training goes on.
+  bool check_for_nan_in_loss_and_grad = true;
   uint64_t seed = 1234;       // initialization and sampling
   // Data: a text file, or (empty) the built-in corpus of corpus_bytes.
   std::string data_path;

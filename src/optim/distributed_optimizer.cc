@@ -105,6 +105,32 @@ StepResult DistributedOptimizer::step() {
   return result;
 }
 
+std::vector<int> DistributedOptimizer::nonfinite_grad_params() {
+  // flags [num_params]: 1 where this rank's owned slices of the param's gradient are not finite;
+  // a max all-reduce gives every rank every param's answer.
+  std::vector<float> flags(static_cast<size_t>(dp_.num_params()), 0.0f);
+  for (size_t b = 0; b < main_.size(); ++b) {
+    const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads;
+    for (const ShardParamRange& r : buckets_[b].owned) {
+      bool finite = true;
+      if (grads.dtype == DType::kF32) {
+        const float* g = grads.data_as<const float>() + r.in_shard.start;
+        for (int64_t i = 0; i < r.in_shard.size() && finite; ++i) finite = std::isfinite(g[i]);
+      } else {
+        const bf16_bits* g = grads.data_as<const bf16_bits>() + r.in_shard.start;
+        for (int64_t i = 0; i < r.in_shard.size() && finite; ++i) finite = (g[i] & 0x7f80u) != 0x7f80u;
+      }
+      if (!finite) flags[static_cast<size_t>(r.param)] = 1.0f;
+    }
+  }
+  dp_.communicator().all_reduce(TensorView{flags.data(), DType::kF32, Shape{static_cast<int64_t>(flags.size())}, Device::cpu()},
+                                {.op = ReduceOp::kMax});
+  std::vector<int> params;
+  for (size_t p = 0; p < flags.size(); ++p)
+    if (flags[p] != 0.0f) params.push_back(static_cast<int>(p));
+  return params;
+}
+
 void DistributedOptimizer::zero_grad() {
   dp_.start_iteration([this] { stage_main_params(); });
 }

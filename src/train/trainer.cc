@@ -232,6 +232,15 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     rec.grad_norm = step.grad_norm;
     rec.skipped = step.skipped;
     rec.loss = all_reduce_mean(comm, loss_sum / accum);
+    if (config.check_for_nan_in_loss_and_grad && (step.skipped || !std::isfinite(rec.loss))) {
+      // Every rank sees the same loss and norm, so every rank stops here, together.
+      std::string names;
+      for (int p : optimizer.nonfinite_grad_params())
+        names += fmt::format("{}{}", names.empty() ? "" : ", ", ddp->params()[static_cast<size_t>(p)].name);
+      MXDDP_FAIL("iteration {}: NaN or Inf found (loss {}, grad norm {}); params whose gradients hold it: {}. The update "
+                 "was not applied (--no-check-for-nan-in-loss-and-grad skips such iterations and goes on)",
+                 rec.iteration, rec.loss, step.grad_norm, names.empty() ? "none (only the loss)" : names);
+    }
     rec.step_ms = ms_since(t_step);
     result.steps.push_back(rec);
     if (callbacks.on_step) callbacks.on_step(rec);

@@ -179,6 +179,38 @@ TEST(TrainLocal, BadConfigsAreClearErrors) {
   EXPECT_THROW(c.validate(1), Error) << "a save interval without a directory";
 }
 
+// A learning rate of 1e30 makes the first update throw the weights to ~1e30, so iteration 2's
+// forward overflows: with the check (the default) the run stops there on every rank, naming the
+// iteration and the params; without it every later iteration is skipped and counted, and nothing
+// stops the run.
+TEST(TrainLocal, NanLossOrGradStopsTheRunUnlessTheCheckIsOff) {
+  for (bool fsdp : {false, true}) {
+    TrainConfig c = small_train_config();
+    c.use_megatron_fsdp = fsdp;
+    c.lr = c.min_lr = 1e30f;
+    c.eval_iters = 0;
+    std::vector<std::string> errors(2);
+    set_compute_threads(1);
+    run_local(2, [&](Communicator& comm) {
+      try {
+        train(comm, c);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (const std::string& e : errors) {
+      EXPECT_NE(e.find("iteration 2: NaN or Inf found"), std::string::npos) << (fsdp ? "fsdp: " : "ddp: ") << e;
+      EXPECT_NE(e.find("params whose gradients hold it: embedding.word_embeddings.weight"), std::string::npos) << e;
+      EXPECT_NE(e.find("--no-check-for-nan-in-loss-and-grad"), std::string::npos) << e;
+    }
+    c.check_for_nan_in_loss_and_grad = false;
+    const TrainResult r = train_local(2, c);
+    ASSERT_EQ(r.steps.size(), static_cast<size_t>(c.train_iters));
+    EXPECT_FALSE(r.steps[0].skipped);
+    for (size_t i = 1; i < r.steps.size(); ++i) EXPECT_TRUE(r.steps[i].skipped) << "iteration " << i + 1;
+  }
+}
+
 TEST(LearningRate, WarmupThenCosineToMin) {
   TrainConfig c;
   c.lr = 1.0f;

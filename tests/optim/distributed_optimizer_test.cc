@@ -199,6 +199,8 @@ TEST(DistributedOptimizer, NonFiniteGradNormSkipsTheStepAndChangesNothing) {
     EXPECT_FALSE(std::isfinite(r.grad_norm));
     EXPECT_EQ(opt.step_count(), 1);
     EXPECT_EQ(snapshot(), before);
+    // Every rank names the one param whose gradient holds the Inf, not its whole bucket.
+    EXPECT_EQ(opt.nonfinite_grad_params(), std::vector<int>{2}) << "rank " << comm.rank();
   });
 }
 
