@@ -165,6 +165,28 @@ std::vector<char> read_verified(const std::string& dir, const json& file_entry) 
   return bytes;
 }
 
+// A save publishes D in two renames: D -> D.old, then D.partial -> D (a non-empty directory cannot
+// be replaced in one). A kill between them leaves no D, the previous checkpoint intact in D.old and
+// the new one complete in D.partial (its manifest is written last, after every rank file). Readers
+// take the newest intact copy without changing anything; the next save restores it to D first, so
+// no later run deletes the only intact copy.
+bool has_manifest(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "manifest.json"); }
+
+std::string checkpoint_to_read(const std::string& dir) {
+  if (fs::exists(dir)) return dir;
+  if (has_manifest(dir + ".partial")) return dir + ".partial";
+  if (has_manifest(dir + ".old")) return dir + ".old";
+  return dir;  // read_manifest names what is missing
+}
+
+// Rank 0, before a save: an interrupted publish is completed or rolled back, so D is the newest
+// intact checkpoint (or absent) before D.partial is cleared for the new save.
+void recover_interrupted_publish(const std::string& dir) {
+  if (fs::exists(dir)) return;
+  if (has_manifest(dir + ".partial")) fs::rename(dir + ".partial", dir);
+  else if (has_manifest(dir + ".old")) fs::rename(dir + ".old", dir);
+}
+
 void publish(const std::string& partial, const std::string& dir, bool overwrite) {
   const fs::path target(dir);
   if (fs::exists(target)) {
@@ -189,6 +211,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
   opt.force_param_sync();
   agreed(comm, "checkpoint save (preparing the directory)", [&] {
     if (comm.rank() != 0) return;
+    recover_interrupted_publish(dir);
     MXDDP_CHECK(options.overwrite || !fs::exists(dir), "'{}' already exists; pass overwrite to replace it", dir);
     fs::remove_all(partial);
     fs::create_directories(partial);
@@ -238,7 +261,8 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
   });
 }
 
-std::map<std::string, std::string> load_checkpoint(const std::string& dir, DistributedOptimizer& opt) {
+std::map<std::string, std::string> load_checkpoint(const std::string& requested_dir, DistributedOptimizer& opt) {
+  const std::string dir = checkpoint_to_read(requested_dir);
   Communicator& comm = opt.data_parallel().communicator();
   const DataParallel& buf = opt.data_parallel();
   const size_t num_buckets = buf.layout().buckets.size();
@@ -329,7 +353,8 @@ bool CheckpointInfo::ok() const {
   return true;
 }
 
-CheckpointInfo inspect_checkpoint(const std::string& dir) {
+CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
+  const std::string dir = checkpoint_to_read(requested_dir);
   const json m = read_manifest(dir);
   CheckpointInfo info;
   info.step = m.at("step").get<int64_t>();
