@@ -173,6 +173,42 @@ TEST_P(ForceParamSync, BringsParamsToStagedMainWithOrWithoutAGatherInFlight) {
 
 INSTANTIATE_TEST_SUITE_P(OverlapParamGather, ForceParamSync, ::testing::Bool());
 
+// Clipping on, the norm below the limit: nothing is clipped, so the run is bitwise the unclipped
+// one; a clip applied when it should not be (coefficient clip / norm > 1) would scale every update.
+TEST(DistributedOptimizer, ClipAboveTheNormChangesNothing) {
+  auto run = [](float clip_grad) {
+    std::vector<double> losses;
+    std::vector<float> main;
+    run_local(2, [&](Communicator& comm) {
+      MemoryTracker tracker;
+      auto init = mlp_init();
+      DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+      DistributedOptimizer opt(ddp, {.lr = 1e-2f, .clip_grad = clip_grad}, tracker);
+      std::vector<double> mine;
+      double norm_max = 0;
+      const int local = kGlobalBatch / comm.size();
+      for (int s = 0; s < 4; ++s) {
+        opt.zero_grad();
+        mine.push_back(forward_backward(ddp_hooks(ddp), s, comm.rank() * local, local));
+        ddp.finish_grad_sync();
+        const StepResult r = opt.step();
+        EXPECT_EQ(r.clip_coeff, 1.0) << "nothing to clip below the limit";
+        norm_max = std::max(norm_max, r.grad_norm);
+      }
+      if (clip_grad > 0) EXPECT_LT(norm_max, clip_grad) << "the limit must sit above every norm";
+      if (comm.rank() == 0) {
+        losses = mine;
+        main.assign(opt.main_params(0).data_as<float>(), opt.main_params(0).data_as<float>() + opt.main_params(0).numel());
+      }
+    });
+    return std::make_pair(losses, main);
+  };
+  const auto unclipped = run(0.0f);
+  const auto clipped = run(100.0f);
+  EXPECT_EQ(clipped.first, unclipped.first);
+  EXPECT_EQ(clipped.second, unclipped.second);
+}
+
 TEST(DistributedOptimizer, NonFiniteGradNormSkipsTheStepAndChangesNothing) {
   run_local(2, [](Communicator& comm) {
     MemoryTracker tracker;
