@@ -72,6 +72,8 @@ void for_each_head(int batch, int heads, F&& f) {
 
 }  // namespace
 
+int attention_block(int seq) { return std::max(1, std::min(64, seq / 2)); }
+
 int64_t attention_backward_scratch_numel(int seq) {
   return static_cast<int64_t>(omp_get_max_threads()) * seq * seq;
 }
@@ -80,6 +82,7 @@ template <typename T>
 void attention_forward(const T* qkv, T* probs, T* y, int batch, int seq, int c, int heads, int block) {
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  if (block <= 0) block = attention_block(seq);
   for_each_head(batch, heads, [&](int b, int h, int) {
     const T* q = qkv + static_cast<int64_t>(b) * seq * ld + h * d;
     const T* k = q + c;
@@ -101,6 +104,7 @@ void attention_backward(const T* dy, const T* qkv, const T* probs, T* dqkv, T* s
                         int heads, int block) {
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  if (block <= 0) block = attention_block(seq);
   for_each_head(batch, heads, [&](int b, int h, int thread) {
     const int64_t row0 = static_cast<int64_t>(b) * seq;
     const T* q = qkv + row0 * ld + h * d;

@@ -17,12 +17,16 @@
 
 namespace mxddp::model {
 
-inline constexpr int kAttentionBlock = 64;
+// The block when none is given: 64 rows, the fastest measured on the small preset's T = 256
+// (bench/attention_bench: 0.72x the time of full products there; 32 and 128 were slower), or T/2
+// for shorter sequences so the block above the diagonal is still skipped (at T = 64 one full
+// product would be faster, since each product costs a fixed overhead, but computes the masked half).
+int attention_block(int seq);
 
-// y [B*T, C] from qkv; probs as above.
+// y [B*T, C] from qkv; probs as above. block 0 means attention_block(seq).
 template <typename T>
 void attention_forward(const T* qkv, T* probs, T* y, int batch, int seq, int c, int heads,
-                       int block = kAttentionBlock);
+                       int block = 0);
 
 // Elements of the scratch attention_backward needs: a [T, T] score gradient per thread of the
 // calling thread's OpenMP count.
@@ -31,6 +35,6 @@ int64_t attention_backward_scratch_numel(int seq);
 // dqkv [B*T, 3C] (overwritten) from dy [B*T, C]; scratch of attention_backward_scratch_numel(seq).
 template <typename T>
 void attention_backward(const T* dy, const T* qkv, const T* probs, T* dqkv, T* scratch, int batch, int seq, int c,
-                        int heads, int block = kAttentionBlock);
+                        int heads, int block = 0);
 
 }  // namespace mxddp::model

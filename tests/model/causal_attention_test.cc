@@ -110,7 +110,7 @@ const Shape kShapes[] = {{2, 37, 24, 3}, {1, 130, 32, 2}, {3, 16, 8, 1}};
 
 TEST(CausalAttention, BlockedF64MatchesTheFullMatrixAlgorithmForAnyBlock) {
   for (const Shape& s : kShapes)
-    for (int block : {1, 5, 16, 32, 64, 256}) {
+    for (int block : {0, 1, 5, 16, 32, 64, 256}) {  // 0: attention_block(T)
       const size_t n = static_cast<size_t>(s.batch) * s.seq;
       const auto qkv = random_values<double>(n * 3 * s.c, 1), dy = random_values<double>(n * s.c, 2);
       std::vector<double> y_ref, d_ref, y, d, probs;
@@ -121,7 +121,8 @@ TEST(CausalAttention, BlockedF64MatchesTheFullMatrixAlgorithmForAnyBlock) {
       // Row i of probs is written up to the end of its block and no further.
       for (int bh = 0; bh < s.batch * s.heads; ++bh)
         for (int i = 0; i < s.seq; ++i) {
-          const int block_end = std::min(s.seq, (i / block + 1) * block);
+          const int blk = block == 0 ? attention_block(s.seq) : block;
+          const int block_end = std::min(s.seq, (i / blk + 1) * blk);
           for (int j = 0; j < s.seq; ++j) {
             const double p = probs[(static_cast<size_t>(bh) * s.seq + i) * s.seq + j];
             if (j <= i) ASSERT_GT(p, 0.0);
