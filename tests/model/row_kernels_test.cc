@@ -7,7 +7,8 @@
 //   exp            relative error <= 2 ulp of the result on [-87.3, 88.3]; exactly 0 below -87.3
 //   GELU           |y - y64| <= 4u (|x| + 1e-2)
 //   GELU slope     |dx - dy gelu'64| <= 8u |dy| (1 + |x|)
-//   LayerNorm      with e = 4u (|x| + |mean|) rstd, the error of xhat from f32's x - mean:
+//   LayerNorm      with e = (c u mean|x| + 4u (|x| + |mean|)) rstd + (c + 4) u |xhat|, xhat's
+//                  error (the mean's sum, f32's x - mean, rstd's relative error):
 //                  y: 8u (|y64| + |b|) + e |w|; dx: 64u (sum_j |dy w| rstd / c + |dy w| rstd + |dx0|)
 //                  + e rstd |mean(dxhat xhat)|; dw, db: 4 (n + 1) u sum_i |term_i|
 //   cross-entropy  row loss: 16u (1 + |loss64|); gradient: 8u |grad_scale|
@@ -151,14 +152,19 @@ TEST_P(RowKernels, LayerNormForwardAndBackwardMatchF64) {
       for (int j = 0; j < c; ++j) v += (xi[j] - m) * (xi[j] - m);
       v /= c;
       const double r = 1 / std::sqrt(v + 1e-5);
+      double mean_abs = 0;
+      for (int j = 0; j < c; ++j) mean_abs += std::fabs(xi[j]);
+      mean_abs /= c;
       ASSERT_NEAR(mean[static_cast<size_t>(i)], m, 8 * kU * (1 + std::fabs(m)));
       ASSERT_NEAR(rstd[static_cast<size_t>(i)], r, 16 * kU * r);
       double a = 0, bb = 0, scale = 0;
       for (int j = 0; j < c; ++j) {
         const size_t e = static_cast<size_t>(i) * c + static_cast<size_t>(j);
         const double xhat = (xi[j] - m) * r, ref = xhat * w[static_cast<size_t>(j)] + b[static_cast<size_t>(j)];
-        // x - mean in f32 is exact to u (|x| + |mean|): far from zero mean that dominates.
-        const double xhat_err = 4 * kU * (std::fabs(xi[j]) + std::fabs(m)) * r;
+        // xhat's error: the mean's (a sum of c terms: c u mean|x|), x - mean's rounding
+        // (u (|x| + |mean|), which dominates far from zero mean), and rstd's relative (c + 4) u.
+        const double xhat_err = (c * kU * mean_abs + 4 * kU * (std::fabs(xi[j]) + std::fabs(m))) * r +
+                                (c + 4) * kU * std::fabs(xhat);
         ASSERT_TRUE(std::isfinite(y[e]));
         ASSERT_LE(std::fabs(y[e] - ref), 8 * kU * (std::fabs(ref) + std::fabs(b[static_cast<size_t>(j)])) +
                                              xhat_err * std::fabs(w[static_cast<size_t>(j)]))
@@ -179,7 +185,8 @@ TEST_P(RowKernels, LayerNormForwardAndBackwardMatchF64) {
         const size_t e = static_cast<size_t>(i) * c + static_cast<size_t>(j);
         const double xhat = (xi[j] - m) * r;
         const double ref = dx0[e] + r * (double(dy[e]) * w[static_cast<size_t>(j)] - a - xhat * bb);
-        const double xhat_err = 4 * kU * (std::fabs(xi[j]) + std::fabs(m)) * r;
+        const double xhat_err = (c * kU * mean_abs + 4 * kU * (std::fabs(xi[j]) + std::fabs(m))) * r +
+                                (c + 4) * kU * std::fabs(xhat);
         const double bound = 64 * kU * (scale + std::fabs(double(dy[e]) * w[static_cast<size_t>(j)]) * r + std::fabs(dx0[e])) +
                              xhat_err * r * std::fabs(bb);
         ASSERT_LE(std::fabs(dx[e] - ref), bound) << "dx[" << i << ", " << j << "] (n " << n << ", c " << c << ")";
