@@ -8,7 +8,7 @@
 //   res/<l>   [N, C]  the residual stream entering layer l (l = 0..L; res/L enters the final norm)
 //   ln1, ln2  [N, C]  layer norms; *_mean, *_rstd [N]
 //   qkv       [N, 3C] fused q | k | v
-//   probs     [B, H, T, T] causal softmax
+//   probs     [B, H, T, T] causal softmax (only what causal_attention.h computes is written)
 //   atty      [N, C]  attention output before the projection
 //   xmid      [N, C]  residual after attention
 //   fc1, gelu [N, 4C]
@@ -108,12 +108,12 @@ class GptGraph {
     linear_forward(a.ln1, w(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
     attention_forward(a.qkv, a.probs, a.atty, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
     linear_forward(a.atty, w(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
-    for (int64_t i = 0; i < int64_t{n} * c; ++i) a.xmid[i] += x[i];
+    add_in_place(a.xmid, x, int64_t{n} * c);
     layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, n, c);
     linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
     gelu_forward(a.fc1, a.gelu, int64_t{n} * 4 * c);
     linear_forward(a.gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), out, n, 4 * c, c);
-    for (int64_t i = 0; i < int64_t{n} * c; ++i) out[i] += a.xmid[i];
+    add_in_place(out, a.xmid, int64_t{n} * c);
   }
 
   std::vector<int> layer_params(int l) const {
@@ -141,7 +141,7 @@ class GptGraph {
     // The LM head is the token embedding, transposed: logits [N, V] = lnf wte^T.
     Real* logits = scratch("logits", int64_t{n} * v);
     gemm(Op::kN, Op::kT, n, v, c, Real(1), lnf, c, w(ids_.wte()), c, Real(0), logits, v);
-    return cross_entropy(logits, targets_.data(), n, v, grad_scale);
+    return cross_entropy(logits, targets_.data(), scratch("row_loss", n), n, v, grad_scale);
   }
 
   void backward_pass() {
@@ -172,7 +172,7 @@ class GptGraph {
     Real* dln = scratch("grad/dc", int64_t{n} * c);
     Real* d4c = scratch("grad/d4c", int64_t{n} * 4 * c);
     Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
-    Real* dp = scratch("grad/dprobs", int64_t{cfg_.seq_length} * cfg_.seq_length);
+    Real* dp = scratch("grad/dprobs", attention_backward_scratch_numel(cfg_.seq_length));
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
     linear_backward_weight(dres, a.gelu, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);

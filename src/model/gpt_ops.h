@@ -1,6 +1,8 @@
 // The reference GPT's kernels, forward and backward, on the CPU. Templated on the element type:
 // f32 is what training runs, f64 is what the finite-difference test checks the backward against.
-// Matrix products go through blas.h; everything here is the row-wise glue between them.
+// Matrix products go through blas.h; everything here is the row-wise glue between them. The f32
+// row kernels are row_kernels.h's vectorized, threaded overloads of these templates (declared
+// before the templates' callers, so GptGraph<float> picks them); attention is causal_attention.h.
 //
 // Shapes use N = tokens in the micro-batch (B x T), C = hidden size, V = vocabulary size.
 // Backward functions accumulate (+=) into weight gradients, because gradients of a param sum over
@@ -12,10 +14,25 @@
 #include <cstdint>
 
 #include "blas.h"
+#include "causal_attention.h"
+#include "row_kernels.h"
 
 namespace mxddp::model {
 
-inline constexpr double kLayerNormEps = 1e-5;
+// out [cols] += column sums of x [rows, cols], row by row.
+template <typename T>
+void add_column_sums(const T* x, int rows, int cols, T* out) {
+  for (int i = 0; i < rows; ++i) {
+    const T* row = x + static_cast<int64_t>(i) * cols;
+    for (int j = 0; j < cols; ++j) out[j] += row[j];
+  }
+}
+
+// y [count] += x [count]
+template <typename T>
+void add_in_place(T* y, const T* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+}
 
 // ---- Linear: y = x W^T + b, with W [out, in] (PyTorch's and Megatron's layout; row-wise MXFP8
 // blocks then run along `in`, the forward product's reduction dimension). ----
@@ -31,10 +48,7 @@ void linear_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int
 template <typename T>
 void linear_backward_weight(const T* dy, const T* x, T* dw, T* db, int n, int in, int out) {
   gemm(Op::kT, Op::kN, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
-  for (int i = 0; i < n; ++i) {
-    const T* row = dy + static_cast<int64_t>(i) * out;
-    for (int o = 0; o < out; ++o) db[o] += row[o];
-  }
+  add_column_sums(dy, n, out, db);
 }
 
 // dx [n, in] = dy w (+ dx when accumulate).
@@ -115,70 +129,6 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t count) {
   }
 }
 
-// ---- Causal multi-head self-attention over a fused qkv [B*T, 3C] (q | k | v, head h at columns
-// h*D of each third), D = C / heads. probs [B, heads, T, T] keeps the softmax for backward. ----
-
-template <typename T>
-void attention_forward(const T* qkv, T* probs, T* y, int batch, int seq, int c, int heads) {
-  const int d = c / heads, ld = 3 * c;
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  for (int b = 0; b < batch; ++b)
-    for (int h = 0; h < heads; ++h) {
-      const T* q = qkv + static_cast<int64_t>(b) * seq * ld + h * d;
-      const T* k = q + c;
-      const T* v = q + 2 * c;
-      T* p = probs + (static_cast<int64_t>(b) * heads + h) * seq * seq;
-      // p [T, T] = scale * q k^T, then a causal softmax per row (the masked entries become 0).
-      gemm(Op::kN, Op::kT, seq, seq, d, scale, q, ld, k, ld, T(0), p, seq);
-      for (int i = 0; i < seq; ++i) {
-        T* row = p + static_cast<int64_t>(i) * seq;
-        T mx = row[0];
-        for (int j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-        T sum = 0;
-        for (int j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        const T inv = T(1) / sum;
-        for (int j = 0; j <= i; ++j) row[j] *= inv;
-        for (int j = i + 1; j < seq; ++j) row[j] = 0;
-      }
-      // y [T, D] (head h's columns of [B*T, C]) = p v
-      gemm(Op::kN, Op::kN, seq, d, seq, T(1), p, seq, v, ld, T(0), y + static_cast<int64_t>(b) * seq * c + h * d, c);
-    }
-}
-
-// dqkv [B*T, 3C] (overwritten) from dy [B*T, C]; dp_scratch [T, T].
-template <typename T>
-void attention_backward(const T* dy, const T* qkv, const T* probs, T* dqkv, T* dp_scratch, int batch, int seq, int c,
-                        int heads) {
-  const int d = c / heads, ld = 3 * c;
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  for (int b = 0; b < batch; ++b)
-    for (int h = 0; h < heads; ++h) {
-      const int64_t row0 = static_cast<int64_t>(b) * seq;
-      const T* q = qkv + row0 * ld + h * d;
-      const T* k = q + c;
-      const T* v = q + 2 * c;
-      T* dq = dqkv + row0 * ld + h * d;
-      T* dk = dq + c;
-      T* dv = dq + 2 * c;
-      const T* dyh = dy + row0 * c + h * d;
-      const T* p = probs + (static_cast<int64_t>(b) * heads + h) * seq * seq;
-      T* ds = dp_scratch;
-      gemm(Op::kN, Op::kT, seq, seq, d, T(1), dyh, c, v, ld, T(0), ds, seq);  // dp = dy v^T
-      gemm(Op::kT, Op::kN, seq, d, seq, T(1), p, seq, dyh, c, T(0), dv, ld);  // dv = p^T dy
-      // Softmax backward, row by row: ds = p * (dp - sum_j p dp), times the score scale.
-      for (int i = 0; i < seq; ++i) {
-        const T* pi = p + static_cast<int64_t>(i) * seq;
-        T* di = ds + static_cast<int64_t>(i) * seq;
-        T dot = 0;
-        for (int j = 0; j <= i; ++j) dot += pi[j] * di[j];
-        for (int j = 0; j <= i; ++j) di[j] = scale * pi[j] * (di[j] - dot);
-        for (int j = i + 1; j < seq; ++j) di[j] = 0;
-      }
-      gemm(Op::kN, Op::kN, seq, d, seq, T(1), ds, seq, k, ld, T(0), dq, ld);  // dq = ds k
-      gemm(Op::kT, Op::kN, seq, d, seq, T(1), ds, seq, q, ld, T(0), dk, ld);  // dk = ds^T q
-    }
-}
-
 // ---- Embedding: x [N, C] = wte[token] + wpe[position] ----
 
 template <typename T>
@@ -210,10 +160,10 @@ void embedding_backward(const int32_t* tokens, const T* dx, T* dwte, T* dwpe, in
 
 // ---- Softmax cross-entropy over logits [N, V]; returns the summed loss (in f64). With
 // grad_scale != 0 the logits are overwritten by dL/dlogits * grad_scale = (softmax - onehot) *
-// grad_scale, the gradient of grad_scale * (summed loss). ----
+// grad_scale, the gradient of grad_scale * (summed loss). row_loss [n] is scratch: each row's loss
+// in T, summed in f64 in row order. ----
 template <typename T>
-double cross_entropy(T* logits, const int32_t* targets, int n, int v, T grad_scale) {
-  double loss = 0;
+double cross_entropy(T* logits, const int32_t* targets, T* row_loss, int n, int v, T grad_scale) {
   for (int i = 0; i < n; ++i) {
     T* row = logits + static_cast<int64_t>(i) * v;
     T mx = row[0];
@@ -221,12 +171,14 @@ double cross_entropy(T* logits, const int32_t* targets, int n, int v, T grad_sca
     T sum = 0;
     for (int j = 0; j < v; ++j) sum += std::exp(row[j] - mx);
     const T log_sum = std::log(sum) + mx;
-    loss += static_cast<double>(log_sum - row[targets[i]]);
+    row_loss[i] = log_sum - row[targets[i]];
     if (grad_scale != T(0)) {
       for (int j = 0; j < v; ++j) row[j] = std::exp(row[j] - log_sum) * grad_scale;
       row[targets[i]] -= grad_scale;
     }
   }
+  double loss = 0;
+  for (int i = 0; i < n; ++i) loss += static_cast<double>(row_loss[i]);
   return loss;
 }
 

@@ -1,0 +1,126 @@
+// row_kernels.h: picks the widest ISA table once and splits rows (or elements, or columns) over
+// the calling thread's OpenMP threads. The arithmetic is all in row_kernels_simd.inc.
+#include "row_kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+namespace mxddp::model {
+
+namespace row_kernels {
+
+const RowKernelTable& active() {
+  static const RowKernelTable& table = [] () -> const RowKernelTable& {
+    if (__builtin_cpu_supports("avx512f")) return row_kernels_avx512();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return row_kernels_avx2();
+    return row_kernels_base();
+  }();
+  return table;
+}
+
+std::vector<const RowKernelTable*> supported() {
+  std::vector<const RowKernelTable*> tables{&row_kernels_base()};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) tables.push_back(&row_kernels_avx2());
+  if (__builtin_cpu_supports("avx512f")) tables.push_back(&row_kernels_avx512());
+  return tables;
+}
+
+}  // namespace row_kernels
+
+namespace {
+
+using row_kernels::active;
+using row_kernels::RowKernelTable;
+
+// Below this many elements of work a parallel region costs more than it saves.
+constexpr int64_t kMinParallelElements = 1 << 14;
+
+// f(begin, end) over [0, items), one contiguous range per thread. Which thread runs a range never
+// changes what is computed for it.
+template <typename F>
+void parallel_ranges(int64_t items, int64_t elements_per_item, F&& f) {
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || omp_in_parallel() || items < 2 || items * elements_per_item < kMinParallelElements) {
+    f(int64_t{0}, items);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t begin = items * t / nt, end = items * (t + 1) / nt;
+    if (begin < end) f(begin, end);
+  }
+}
+
+// Columns in blocks of 16 (a cache line of f32, an AVX-512 register), for the column-order sums.
+constexpr int kColumnBlock = 16;
+
+template <typename F>
+void parallel_column_blocks(int rows, int cols, F&& f) {
+  const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+  parallel_ranges(blocks, int64_t{rows} * kColumnBlock, [&](int64_t b0, int64_t b1) {
+    f(static_cast<int>(b0 * kColumnBlock), static_cast<int>(std::min<int64_t>(b1 * kColumnBlock, cols)));
+  });
+}
+
+}  // namespace
+
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int n,
+                       int c) {
+  const RowKernelTable& k = active();
+  parallel_ranges(n, c, [&](int64_t r0, int64_t r1) {
+    k.layernorm_forward(x + r0 * c, w, b, y + r0 * c, mean + r0, rstd + r0, r1 - r0, c, static_cast<float>(kLayerNormEps));
+  });
+}
+
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int n, int c) {
+  const RowKernelTable& k = active();
+  parallel_ranges(n, c, [&](int64_t r0, int64_t r1) {
+    k.layernorm_backward_data(dy + r0 * c, x + r0 * c, w, mean + r0, rstd + r0, dx + r0 * c, r1 - r0, c);
+  });
+  parallel_column_blocks(n, c, [&](int j0, int j1) { k.layernorm_param_grads(dy, x, mean, rstd, dw, db, n, c, j0, j1); });
+}
+
+void gelu_forward(const float* x, float* y, int64_t count) {
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_forward(x + i0, y + i0, i1 - i0); });
+}
+
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t count) {
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_backward(x + i0, dy + i0, dx + i0, i1 - i0); });
+}
+
+double cross_entropy(float* logits, const int32_t* targets, float* row_loss, int n, int v, float grad_scale) {
+  const RowKernelTable& k = active();
+  parallel_ranges(n, v, [&](int64_t r0, int64_t r1) {
+    k.cross_entropy(logits + r0 * v, targets + r0, row_loss + r0, r1 - r0, v, grad_scale);
+  });
+  double loss = 0;
+  for (int i = 0; i < n; ++i) loss += static_cast<double>(row_loss[i]);
+  return loss;
+}
+
+void add_column_sums(const float* x, int rows, int cols, float* out) {
+  const RowKernelTable& k = active();
+  parallel_column_blocks(rows, cols, [&](int j0, int j1) { k.column_sums(x, rows, cols, j0, j1, out); });
+}
+
+void add_in_place(float* y, const float* x, int64_t count) {
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) y[i] += x[i];
+  });
+}
+
+void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width) {
+  active().causal_softmax(p, ld, first_row, rows, width);
+}
+
+void causal_softmax_backward_rows(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale) {
+  active().causal_softmax_backward(p, ds, ld, first_row, rows, width, scale);
+}
+
+}  // namespace mxddp::model

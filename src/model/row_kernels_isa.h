@@ -1,0 +1,56 @@
+// The per-ISA f32 row kernels behind row_kernels.h: one source (row_kernels_simd.inc) compiled for
+// x86-64-v2 (the build's baseline), AVX2+FMA and AVX-512F, each exporting a table of the same
+// functions; row_kernels.cc picks the widest table the CPU runs, once, and spreads rows over the
+// rank's OpenMP threads. Each function here works on a range of rows (or elements) on the calling
+// thread only. The interface uses plain types only, so the ISA translation units include no
+// inline code of other headers (an inline function compiled with -mavx512f there could become the
+// copy the linker keeps for every caller).
+#pragma once
+
+#include <cstdint>
+
+namespace mxddp::model::row_kernels {
+
+struct RowKernelTable {
+  const char* isa;  // "avx512f", "avx2", "x86-64-v2"
+
+  // y[i] = e^x[i]: within 2 ulp relative for x in [-87.3, 88.3]; 0 below -87.3 (the true value is
+  // < 1.2e-38 there); e^88.3 above 88.3. Only the tests call it directly.
+  void (*exp)(const float* x, float* y, int64_t count);
+
+  // GELU, tanh form: y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), computed as x * sigmoid(2u).
+  void (*gelu_forward)(const float* x, float* y, int64_t count);
+  // dx = dy * gelu'(x); dx may alias dy.
+  void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t count);
+
+  // LayerNorm of `rows` rows of c: y, mean, rstd as gpt_ops.h's layernorm_forward.
+  void (*layernorm_forward)(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                            int64_t rows, int c, float eps);
+  // dx [rows, c] += dL/dx (no weight gradients: see layernorm_param_grads).
+  void (*layernorm_backward_data)(const float* dy, const float* x, const float* w, const float* mean,
+                                  const float* rstd, float* dx, int64_t rows, int c);
+  // Columns [j0, j1) of the weight gradients, summed over all `rows` rows in row order:
+  // dw[j] += sum_i dy[i, j] xhat[i, j], db[j] += sum_i dy[i, j].
+  void (*layernorm_param_grads)(const float* dy, const float* x, const float* mean, const float* rstd, float* dw,
+                                float* db, int64_t rows, int c, int j0, int j1);
+
+  // out[j] += sum_i x[i, j] over rows in row order, for columns [j0, j1) of x [rows, ld].
+  void (*column_sums)(const float* x, int64_t rows, int ld, int j0, int j1, float* out);
+
+  // Causal softmax in place over rows first_row .. first_row + rows - 1 of a score matrix (row r
+  // at p + (r - first_row) * ld): entries 0..r become softmax, entries r+1 .. width-1 become 0.
+  void (*causal_softmax)(float* p, int ld, int first_row, int rows, int width);
+  // Its backward, in place on ds (which holds dL/dp on entry): ds = scale * p * (ds - sum_j p ds)
+  // over 0..r, 0 over r+1 .. width-1.
+  void (*causal_softmax_backward)(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale);
+
+  // Softmax cross-entropy over `rows` rows of logits [rows, v]: row_loss[i] = logsumexp - logit of
+  // target. With grad_scale != 0 the row becomes (softmax - onehot) * grad_scale.
+  void (*cross_entropy)(float* logits, const int32_t* targets, float* row_loss, int64_t rows, int v, float grad_scale);
+};
+
+const RowKernelTable& row_kernels_base();
+const RowKernelTable& row_kernels_avx2();
+const RowKernelTable& row_kernels_avx512();
+
+}  // namespace mxddp::model::row_kernels
