@@ -26,6 +26,11 @@ mxddp_cli_rejects(cli_train_load_rejects_fifo_rank_file
   "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/rank_00000.safetensors && mkfifo $d/ck/rank_00000.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
   FIXTURES_REQUIRED cli_train)
 
+# ---- 7. a timeout past what a deadline can hold is refused at the flag ----
+mxddp_cli_rejects(cli_train_rejects_huge_timeout
+  "--timeout-ms: '9223372036854' is not valid: give an integer in \\[1, 604800000\\]"
+  "$m train --timeout-ms 9223372036854")
+
 # ---- 10. messages that name the file or flag, the value and what is valid ----
 mxddp_cli_rejects(cli_ckpt_inspect_names_directory_manifest
   "error: .*checkpoint file '.*/manifest.json' is a directory, not a regular file"
@@ -35,7 +40,42 @@ mxddp_cli_rejects(cli_train_load_names_directory_rank_file
   "error: .*checkpoint file '.*/rank_00001.safetensors' is a directory, not a regular file"
   "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/rank_00001.safetensors && mkdir $d/ck/rank_00001.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
   FIXTURES_REQUIRED cli_train)
+mxddp_cli_rejects(cli_train_rejects_huge_corpus
+  "--corpus-bytes: '99999999999999999999' is not valid: give an integer in \\[1, 1073741824\\]"
+  "$m train --corpus-bytes 99999999999999999999")
 # Shapes that fit one by one but whose buffer does not.
 mxddp_cli_rejects(cli_layout_rejects_buffer_past_int64
   "error: .*buffer layout: end of param 0: 4611686018427387904 \\+ 4611686018427387904 does not fit in a signed 64-bit integer"
   "$m layout --shapes 4611686018427387904,4611686018427387904")
+mxddp_cli_rejects(cli_layout_rejects_huge_dp
+  "--dp: '2147483647' is not valid: give an integer in \\[1, 65536\\]"
+  "$m layout --shapes 5 --dp 2147483647 --use-distributed-optimizer")
+mxddp_cli_rejects(cli_selfcheck_names_timeout_range
+  "--timeout-ms: '0' is not valid: give an integer in \\[1, 604800000\\]"
+  "$m selfcheck --timeout-ms 0")
+
+# ---- 11. nonsense that used to be accepted with exit 0 ----
+mxddp_cli_rejects(cli_train_rejects_negative_seed
+  "--seed: '-1' is not valid: give an integer in \\[0, 18446744073709551615\\]" "$m train --seed -1")
+mxddp_cli_rejects(cli_train_rejects_train_iters_past_int64
+  "--train-iters: '9223372036854775808' is not valid: give an integer in \\[0, 9223372036854775807\\]"
+  "$m train --train-iters 9223372036854775808")
+mxddp_cli_rejects(cli_train_rejects_weight_decay_past_float
+  "--weight-decay: '1e39' is not valid: give a finite 32-bit float in \\[0, 3.40282[0-9]*e\\+38\\]"
+  "$m train --weight-decay 1e39")
+mxddp_cli_rejects(cli_train_rejects_nan_lr
+  "--lr: 'nan' is not valid: give a finite 32-bit float" "$m train --lr nan")
+# Adam's bias correction divides by 1 - beta^t: beta 1 is refused, and so is a value that only
+# becomes 1 when rounded to float.
+mxddp_cli_rejects(cli_train_rejects_adam_beta_of_one
+  "--adam-beta2: '0.999999999' is not valid: give a finite 32-bit float in \\[0, 1\\)" "$m train --adam-beta2 0.999999999")
+foreach(flag save load report data)
+  mxddp_cli_rejects(cli_train_rejects_empty_${flag}
+    "--${flag}: '' is not valid: give a path \\(an empty one names nothing\\)" "$m train --${flag} ''")
+endforeach()
+mxddp_cli_rejects(cli_layout_rejects_trailing_x
+  "error: .*--shapes '5x': dimension of shape '5x' '' is not valid: give an integer in \\[1, " "$m layout --shapes 5x")
+mxddp_cli_rejects(cli_layout_rejects_trailing_x_in_2d
+  "error: .*--shapes '5x5x': dimension of shape '5x5x' '' is not valid" "$m layout --shapes 5x5x")
+mxddp_cli_rejects(cli_layout_rejects_empty_shape_in_list
+  "error: .*--shapes '95,,95': shape '' is not valid" "$m layout --shapes 95,,95")

@@ -10,6 +10,7 @@
 #include <mxddp/comm.h>
 
 #include "ckpt_cmd.h"
+#include "cli_checks.h"
 #include "layout_cmd.h"
 #include "quantize_cmd.h"
 #include "selfcheck.h"
@@ -71,10 +72,12 @@ int main(int argc, char** argv) {
   cmd->add_option("--backend", selfcheck.backend, "local (ranks as threads) or mpi (under mpirun)")
       ->check(CLI::IsMember({"local", "mpi"}))
       ->capture_default_str();
-  cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")->check(CLI::Range(int64_t{1}, int64_t{1} << 28))->capture_default_str();
+  cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend")->transform(mxddp::app::integer_in(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")
+      ->transform(mxddp::app::integer_in(1, int64_t{1} << 28))->capture_default_str();
   cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "Local backend: how long a rank waits for its peers")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->transform(mxddp::app::integer_in(1, mxddp::app::kTimeoutMsMax))->capture_default_str();
 
   mxddp::app::LayoutArgs layout;
   auto* layout_cmd = mxddp::app::add_layout_command(app, layout);
