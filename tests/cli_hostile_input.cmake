@@ -13,7 +13,29 @@ function(mxddp_cli_rejects name regex script)
 endfunction()
 
 
+# ---- 5. sizes from the flags are overflow-checked, and the input's size is checked first ----
+mxddp_cli_rejects(cli_quantize_rejects_overflowing_shape
+  "error: .*--shape 4294967296x4294967296: elements: 4294967296 x 4294967296 does not fit in a signed 64-bit integer"
+  ": > $d/x && $m quantize --input $d/x --shape 4294967296x4294967296 --out-data $d/o --out-scales $d/s")
+# The element count fits in int64, its f32 byte count does not (it used to wrap to a wrong size).
+mxddp_cli_rejects(cli_quantize_rejects_overflowing_byte_count
+  "error: .*--shape 3037000499x3037000499: bytes of f32: 9223372030926249001 x 4 does not fit"
+  ": > $d/x && $m quantize --input $d/x --shape 3037000499x3037000499 --out-data $d/o --out-scales $d/s")
+mxddp_cli_rejects(cli_quantize_rejects_dimension_past_int64
+  "error: .*--shape '99999999999999999999x1': dimension '99999999999999999999' is not valid: give an integer in \\[1, 9223372036854775807\\]"
+  ": > $d/x && $m quantize --input $d/x --shape 99999999999999999999x1 --out-data $d/o --out-scales $d/s")
+# A 1 TiB sparse file: reading it to find out its size would take until memory runs out.
+mxddp_cli_rejects(cli_quantize_checks_input_size_before_reading
+  "error: .*--input '.*/big' holds 1099511627776 bytes; a f32 2x40 matrix is 320 bytes"
+  "truncate -s 1T $d/big && $m quantize --input $d/big --shape 2x40 --out-data $d/o --out-scales $d/s")
+
 # ---- 6. FIFOs, devices and directories are refused at open, without blocking ----
+mxddp_cli_rejects(cli_quantize_rejects_fifo_input
+  "error: .*--input '.*/fifo' is a FIFO, not a regular file: give a regular file"
+  "mkfifo $d/fifo && $m quantize --input $d/fifo --shape 2x40 --out-data $d/o --out-scales $d/s")
+mxddp_cli_rejects(cli_quantize_rejects_endless_device
+  "error: .*--input '/dev/zero' is a character device, not a regular file"
+  "$m quantize --input /dev/zero --shape 2x40 --out-data $d/o --out-scales $d/s")
 mxddp_cli_rejects(cli_train_rejects_fifo_data
   "error: .*--data '.*/fifo' is a FIFO, not a regular file: give a regular file"
   "mkfifo $d/fifo && $m train --ranks 1 --data $d/fifo")

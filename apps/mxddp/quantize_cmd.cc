@@ -3,22 +3,24 @@
 
 #include <cstdio>
 #include <fstream>
-#include <iterator>
+#include <limits>
 #include <vector>
 
+#include <mxddp/input_file.h>
 #include <mxddp/quant.h>
+
+#include "cli_checks.h"
 
 namespace mxddp::app {
 
 namespace {
 
 std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
-  const size_t x = text.find('x');
-  long long m = 0, n = 0;
-  char extra = 0;
-  const bool ok = x != std::string::npos && std::sscanf(text.c_str(), "%lldx%lld%c", &m, &n, &extra) == 2 && m > 0 && n > 0;
-  MXDDP_CHECK(ok, "--shape '{}' is not MxN with positive M and N (e.g. 4096x1024)", text);
-  return {m, n};
+  const std::vector<std::string> dims = split_keeping_empty(text, 'x');
+  MXDDP_CHECK(dims.size() == 2, "--shape '{}' is not valid: give MxN with positive M and N (e.g. 4096x1024)", text);
+  const std::string what = fmt::format("--shape '{}': dimension", text);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return {parse_integer(dims[0], what, 1, kMax), parse_integer(dims[1], what, 1, kMax)};
 }
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
@@ -49,14 +51,17 @@ void run_quantize_command(const QuantizeArgs& a) {
   const auto [rows, cols] = parse_shape(a.shape);
   const DType dtype = parse_dtype(a.dtype);
   const QuantizeOptions o{parse_fp8_format(a.elem), parse_scale_mode(a.scale_mode), parse_quant_axis(a.axis)};
-  std::ifstream in(a.input, std::ios::binary);
-  MXDDP_CHECK(in.good(), "cannot open --input '{}'", a.input);
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto want = static_cast<size_t>(rows * cols) * dtype_size_bytes(dtype);
-  MXDDP_CHECK(raw.size() == want, "--input '{}' holds {} bytes; a {} {}x{} matrix is {} bytes", a.input, raw.size(),
-              a.dtype, rows, cols, want);
+  // Every size below comes from the flags, so each is computed with overflow checks, and the
+  // input's size is checked against the shape before anything is read or allocated.
+  const int64_t numel = checked_mul(rows, cols, fmt::format("--shape {}: elements", a.shape));
+  const int64_t want = checked_mul(numel, static_cast<int64_t>(dtype_size_bytes(dtype)),
+                                   fmt::format("--shape {}: bytes of {}", a.shape, a.dtype));
+  InputFile in(a.input, "--input");
+  MXDDP_CHECK(in.size_bytes() == want, "--input '{}' holds {} bytes; a {} {}x{} matrix is {} bytes", a.input,
+              in.size_bytes(), a.dtype, rows, cols, want);
+  std::vector<char> raw = in.read_all();
   const Shape scale_shape = mx_scale_shape(rows, cols, o.axis);
-  std::vector<uint8_t> data(static_cast<size_t>(rows * cols)), scales(static_cast<size_t>(scale_shape.numel()));
+  std::vector<uint8_t> data(static_cast<size_t>(numel)), scales(static_cast<size_t>(scale_shape.numel()));
   mx_quantize(TensorView{raw.data(), dtype, Shape{rows, cols}}, TensorView{data.data(), DType::kU8, Shape{rows, cols}},
               TensorView{scales.data(), DType::kU8, scale_shape}, o);
   write_bytes(a.out_data, data);
