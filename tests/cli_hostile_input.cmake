@@ -12,7 +12,6 @@ function(mxddp_cli_rejects name regex script)
   set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}.*exit=[1-9]" ${ARGN})
 endfunction()
 
-
 # ---- 5. sizes from the flags are overflow-checked, and the input's size is checked first ----
 mxddp_cli_rejects(cli_quantize_rejects_overflowing_shape
   "error: .*--shape 4294967296x4294967296: elements: 4294967296 x 4294967296 does not fit in a signed 64-bit integer"
@@ -62,6 +61,11 @@ mxddp_cli_rejects(cli_train_load_names_directory_rank_file
   "error: .*checkpoint file '.*/rank_00001.safetensors' is a directory, not a regular file"
   "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/rank_00001.safetensors && mkdir $d/ck/rank_00001.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
   FIXTURES_REQUIRED cli_train)
+# One flipped byte in a key: the error names the manifest, not only nlohmann's exception.
+mxddp_cli_rejects(cli_ckpt_inspect_names_malformed_manifest
+  "error: .*checkpoint manifest '.*/manifest.json' is malformed: .*key 'step' not found"
+  "cp -r ${cli_ckpt} $d/ck && sed -i 's/\"step\"/\"stfp\"/' $d/ck/manifest.json && $m ckpt inspect $d/ck"
+  FIXTURES_REQUIRED cli_ckpt)
 mxddp_cli_rejects(cli_train_rejects_huge_corpus
   "--corpus-bytes: '99999999999999999999' is not valid: give an integer in \\[1, 1073741824\\]"
   "$m train --corpus-bytes 99999999999999999999")
@@ -75,6 +79,11 @@ mxddp_cli_rejects(cli_layout_rejects_huge_dp
 mxddp_cli_rejects(cli_selfcheck_names_timeout_range
   "--timeout-ms: '0' is not valid: give an integer in \\[1, 604800000\\]"
   "$m selfcheck --timeout-ms 0")
+# An allocation that fails is named with the subcommand and what to change, never a bare
+# std::bad_alloc: 1 GiB of built-in corpus under a 512 MiB address-space limit.
+mxddp_cli_rejects(cli_out_of_memory_names_the_command
+  "mxddp: error: train ran out of memory \\(std::bad_alloc\\): the sizes its flags and input files ask for"
+  "ulimit -v 524288 && $m train --ranks 1 --corpus-bytes 1073741824")
 
 # ---- 11. nonsense that used to be accepted with exit 0 ----
 mxddp_cli_rejects(cli_train_rejects_negative_seed
