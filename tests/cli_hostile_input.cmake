@@ -1,4 +1,4 @@
-# Hostile input (issue 15, points 5, 6, 7, 10 and 11): each case must end in bounded time with a
+# Hostile input (issue 15, points 4, 5, 6, 7, 10 and 11): each case must end in bounded time with a
 # non-zero exit and an error that names the flag or file, the value and what is valid. Included
 # from tests/CMakeLists.txt after the fixtures it uses (cli_ckpt, cli_train).
 #
@@ -11,6 +11,37 @@ function(mxddp_cli_rejects name regex script)
            COMMAND sh -c "m='timeout 30 $<TARGET_FILE:mxddp_cli>'; d=$(mktemp -d); trap 'rm -rf $d' EXIT; { ${script} ; } 2>&1; echo exit=$?")
   set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}.*exit=[1-9]" ${ARGN})
 endfunction()
+
+# ---- 4. outputs refuse targets a rename would destroy, and report write errors ----
+set(cli_train_tiny "--ranks 1 ${cli_train_small_str}")
+foreach(kind fifo symlink)
+  set(make_fifo "mkfifo $d/r")
+  set(make_symlink "ln -s $d/target $d/r")
+  mxddp_cli_rejects(cli_train_report_refuses_${kind}
+    "error: .*--report '.*/r' is a (FIFO|symbolic link); writing would replace it: give a regular file or a new name"
+    "${make_${kind}} && $m train ${cli_train_tiny} --report $d/r" FAIL_REGULAR_EXPRESSION "trained iterations")
+endforeach()
+mxddp_cli_rejects(cli_train_report_refuses_directory
+  "error: .*--report '.' is a directory; writing would replace it" "cd $d && $m train ${cli_train_tiny} --report ."
+  FAIL_REGULAR_EXPRESSION "trained iterations")
+# A --save under a regular file used to fail only at the first save, after the training.
+mxddp_cli_rejects(cli_train_save_checked_before_training
+  "error: .*--save '.*/f/ck': .*/f is a regular file, not a directory"
+  "touch $d/f && $m train ${cli_train_tiny} --save $d/f/ck" FAIL_REGULAR_EXPRESSION "compute:|trained iterations")
+mxddp_cli_rejects(cli_train_save_refuses_symlink
+  "error: .*--save '.*/ck' is a symbolic link; saving would replace it"
+  "mkdir $d/real && ln -s $d/real $d/ck && $m train ${cli_train_tiny} --save $d/ck" FAIL_REGULAR_EXPRESSION "compute:")
+mxddp_cli_rejects(cli_quantize_refuses_one_file_for_both_outputs
+  "error: .*--out-data '.*/o' and --out-scales '.*/./o' name the same file: give two different files"
+  "printf 1234 > $d/x && $m quantize --input $d/x --shape 1x1 --out-data $d/o --out-scales $d/./o")
+mxddp_cli_rejects(cli_quantize_refuses_device_output
+  "error: .*--out-data '/dev/full' is a character device; writing would replace it"
+  "printf 1234 > $d/x && $m quantize --input $d/x --shape 1x1 --out-data /dev/full --out-scales $d/s")
+# A write error is an error: under a file-size limit of 0 the write fails with EFBIG (SIGXFSZ
+# ignored), and no temporary is left behind.
+mxddp_cli_rejects(cli_quantize_reports_write_errors
+  "error: .*--out-data '.*/o': writing '.*/.o.partial' failed: File too large.*left: x\n"
+  "printf 1234 > $d/x && (trap '' XFSZ; ulimit -f 0; $m quantize --input $d/x --shape 1x1 --out-data $d/o --out-scales $d/s); s=$?; echo left: $(ls -A $d); (exit $s)")
 
 # ---- 5. sizes from the flags are overflow-checked, and the input's size is checked first ----
 mxddp_cli_rejects(cli_quantize_rejects_overflowing_shape

@@ -2,11 +2,12 @@
 #include "quantize_cmd.h"
 
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
 #include <mxddp/input_file.h>
+#include <mxddp/output_file.h>
 #include <mxddp/quant.h>
 
 #include "cli_checks.h"
@@ -23,11 +24,21 @@ std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
   return {parse_integer(dims[0], what, 1, kMax), parse_integer(dims[1], what, 1, kMax)};
 }
 
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  MXDDP_CHECK(out.good(), "cannot create '{}'", path);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  MXDDP_CHECK(out.good(), "writing '{}' failed", path);
+// Both outputs are checked before the input is read, and they must be two files: with one path
+// for both the scales would silently overwrite the elements.
+void check_outputs(const QuantizeArgs& a) {
+  check_output_file_path(a.out_data, "--out-data");
+  check_output_file_path(a.out_scales, "--out-scales");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool same = fs::weakly_canonical(a.out_data, ec) == fs::weakly_canonical(a.out_scales, ec) ||
+                    fs::equivalent(a.out_data, a.out_scales, ec);  // hard links to one file
+  MXDDP_CHECK(!same, "--out-data '{}' and --out-scales '{}' name the same file: give two different files", a.out_data,
+              a.out_scales);
+}
+
+std::string_view as_chars(const std::vector<uint8_t>& bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
 }  // namespace
@@ -49,6 +60,7 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
 
 void run_quantize_command(const QuantizeArgs& a) {
   const auto [rows, cols] = parse_shape(a.shape);
+  check_outputs(a);
   const DType dtype = parse_dtype(a.dtype);
   const QuantizeOptions o{parse_fp8_format(a.elem), parse_scale_mode(a.scale_mode), parse_quant_axis(a.axis)};
   // Every size below comes from the flags, so each is computed with overflow checks, and the
@@ -64,8 +76,8 @@ void run_quantize_command(const QuantizeArgs& a) {
   std::vector<uint8_t> data(static_cast<size_t>(numel)), scales(static_cast<size_t>(scale_shape.numel()));
   mx_quantize(TensorView{raw.data(), dtype, Shape{rows, cols}}, TensorView{data.data(), DType::kU8, Shape{rows, cols}},
               TensorView{scales.data(), DType::kU8, scale_shape}, o);
-  write_bytes(a.out_data, data);
-  write_bytes(a.out_scales, scales);
+  write_output_file(a.out_data, as_chars(data), "--out-data");
+  write_output_file(a.out_scales, as_chars(scales), "--out-scales");
   std::printf("quantized %lldx%lld %s (%s-wise, %s, %s): %zu element bytes -> %s, %s scales -> %s\n",
               static_cast<long long>(rows), static_cast<long long>(cols), a.dtype.c_str(), a.axis.c_str(), a.elem.c_str(),
               a.scale_mode.c_str(), data.size(), a.out_data.c_str(), scale_shape.to_string().c_str(), a.out_scales.c_str());

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <mxddp/comm.h>
+#include <mxddp/output_file.h>
 #include <mxddp/quant.h>
 
 #include "cli_checks.h"
@@ -250,7 +251,7 @@ void finish_config(TrainArgs& a) {
 }
 
 // A report that cannot be written should fail now, not after the training. Like --save, missing
-// parent directories are created.
+// parent directories are created; an existing target must be a regular file (output_file.h).
 void prepare_report_path(const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
@@ -258,6 +259,7 @@ void prepare_report_path(const std::string& path) {
   std::filesystem::create_directories(parent, ec);
   MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': {} is not a directory and cannot be created{}",
               path, parent.string(), ec ? " (" + ec.message() + ")" : "");
+  check_output_file_path(path, "--report");
 }
 
 // The compute line of the banner, with the threads train() is about to give each rank.
@@ -272,6 +274,8 @@ std::string compute_info_for_rank(const TrainConfig& config, const Communicator&
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_config(a);
   prepare_report_path(a.report);
+  // train() checks --save too, but only after the banner; a bad path should stop the command first.
+  if (!a.config.save_dir.empty()) check_output_dir_path(a.config.save_dir, "--save");
 
   auto run_rank = [&a](Communicator& comm) -> TrainResult {
     if (comm.rank() != 0) return train(comm, a.config);
