@@ -49,12 +49,12 @@ std::vector<std::string> split_keeping_empty(std::string_view text, char sep) {
 
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
   return CLI::Validator([lo, hi](std::string& text) { return integer_problem(text, lo, hi); },
-                        fmt::format("INT in [{}, {}]", lo, hi));
+                        fmt::format("[{}, {}]", lo, hi));
 }
 
 CLI::Validator unsigned_in(uint64_t lo, uint64_t hi) {
   return CLI::Validator([lo, hi](std::string& text) { return integer_problem(text, lo, hi); },
-                        fmt::format("UINT in [{}, {}]", lo, hi));
+                        fmt::format("[{}, {}]", lo, hi));
 }
 
 CLI::Validator real_in(double lo, double hi, Storage storage, Ends ends) {
@@ -77,7 +77,7 @@ CLI::Validator real_in(double lo, double hi, Storage storage, Ends ends) {
         text = fmt::format("{}", value);  // shortest text that reads back as exactly this double
         return {};
       },
-      fmt::format("REAL in {}", range));
+      range);
 }
 
 CLI::Validator non_empty_path() {
@@ -85,7 +85,7 @@ CLI::Validator non_empty_path() {
       [](std::string& text) -> std::string {
         return text.empty() ? "'' is not valid: give a path (an empty one names nothing)" : "";
       },
-      "PATH");
+      "not empty");
 }
 
 }  // namespace mxddp::app
