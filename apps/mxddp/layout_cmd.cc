@@ -2,40 +2,34 @@
 #include "layout_cmd.h"
 
 #include <cstdio>
-#include <sstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include <mxddp/buffer.h>
 
+#include "cli_checks.h"
+
 namespace mxddp::app {
 
 namespace {
 
-int64_t parse_int(const std::string& text, const std::string& what) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MXDDP_CHECK(used == text.size() && used > 0, "{} '{}' is not an integer", what, text);
-  return v;
-}
+// The layout lists every rank's shards, so its memory and output grow with dp; 65536 ranks is past
+// the data-parallel size of the largest jobs run today.
+constexpr int64_t kLayoutDpMax = 65536;
 
 std::vector<ParamSpec> parse_shapes(const std::string& shapes) {
   MXDDP_CHECK(!shapes.empty(), "--shapes is empty; give e.g. 95x95,95");
   std::vector<ParamSpec> params;
-  std::stringstream list(shapes);
-  std::string item;
-  while (std::getline(list, item, ',')) {
+  for (const std::string& item : split_keeping_empty(shapes, ',')) {
+    const std::vector<std::string> fields = split_keeping_empty(item, 'x');
+    MXDDP_CHECK(!item.empty() && fields.size() <= static_cast<size_t>(Shape::kMaxDims),
+                "--shapes '{}': shape '{}' is not valid: give 1 to {} positive dimensions joined by 'x', like 95x95",
+                shapes, item, Shape::kMaxDims);
     std::vector<int64_t> dims;
-    std::stringstream dim_list(item);
-    std::string dim;
-    while (std::getline(dim_list, dim, 'x')) dims.push_back(parse_int(dim, "dimension in shape '" + item + "'"));
-    MXDDP_CHECK(!dims.empty() && dims.size() <= static_cast<size_t>(Shape::kMaxDims),
-                "shape '{}' needs 1 to {} dimensions like 95x95", item, Shape::kMaxDims);
+    for (const std::string& dim : fields)
+      dims.push_back(parse_integer(dim, fmt::format("--shapes '{}': dimension of shape '{}'", shapes, item), 1,
+                                   std::numeric_limits<int64_t>::max()));
     Shape shape;
     switch (dims.size()) {
       case 1: shape = Shape{dims[0]}; break;
@@ -45,6 +39,7 @@ std::vector<ParamSpec> parse_shapes(const std::string& shapes) {
       case 5: shape = Shape{dims[0], dims[1], dims[2], dims[3], dims[4]}; break;
       default: shape = Shape{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]}; break;
     }
+    static_cast<void>(shape.numel());  // throws, naming the shape, when its element count overflows
     params.push_back({fmt::format("p{}", params.size()), shape, false});
   }
   return params;
@@ -130,14 +125,15 @@ void print_table(const std::vector<ParamSpec>& specs, const ParamLayout& layout)
 CLI::App* add_layout_command(CLI::App& app, LayoutArgs& args) {
   auto* cmd = app.add_subcommand("layout", "Print the parameter-and-gradient buffer layout of a param list");
   cmd->add_option("--shapes", args.shapes, "Param shapes in registration order, e.g. 95x95,95")->required();
-  cmd->add_option("--dp", args.dp, "Data-parallel size")->capture_default_str();
+  cmd->add_option("--dp", args.dp, "Data-parallel size")->transform(integer_in(1, kLayoutDpMax))->capture_default_str();
   cmd->add_option("--bucket-size", args.bucket_size,
                   "Bucket size in elements, 'none' (one bucket) or 'default' (max(4e7, 1e6 x dp))")
       ->capture_default_str();
   cmd->add_flag("--use-distributed-optimizer", args.use_distributed_optimizer, "Pad for the distributed optimizer and shard");
   cmd->add_flag("--pad-buckets-for-high-nccl-busbw", args.pad_buckets_for_high_nccl_busbw,
                 "Pad bucket ends to lcm(dp, 128, 65536)");
-  cmd->add_option("--shared-embedding", args.shared_embedding, "Index of a param that is a shared embedding (repeatable)");
+  cmd->add_option("--shared-embedding", args.shared_embedding, "Index of a param that is a shared embedding (repeatable)")
+      ->transform(integer_in(0, std::numeric_limits<int>::max()));
   cmd->add_flag("--json", args.json, "Print JSON instead of tables");
   return cmd;
 }
@@ -155,7 +151,9 @@ void run_layout_command(const LayoutArgs& args) {
   options.use_distributed_optimizer = args.use_distributed_optimizer;
   options.pad_buckets_for_high_nccl_busbw = args.pad_buckets_for_high_nccl_busbw;
   if (args.bucket_size == "default") options.bucket_size = default_bucket_size(args.dp, true);
-  else if (args.bucket_size != "none") options.bucket_size = parse_int(args.bucket_size, "--bucket-size");
+  else if (args.bucket_size != "none")
+    options.bucket_size = parse_integer(args.bucket_size, "--bucket-size (or 'none' or 'default')", 1,
+                                        std::numeric_limits<int64_t>::max());
   const ParamLayout layout = compute_param_layout(specs, options);
   if (args.json) std::printf("%s\n", to_json(specs, layout).dump(2).c_str());
   else print_table(specs, layout);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <mxddp/comm.h>
 
 #include "ckpt_cmd.h"
+#include "cli_checks.h"
 #include "layout_cmd.h"
 #include "quantize_cmd.h"
 #include "selfcheck.h"
@@ -71,10 +73,12 @@ int main(int argc, char** argv) {
   cmd->add_option("--backend", selfcheck.backend, "local (ranks as threads) or mpi (under mpirun)")
       ->check(CLI::IsMember({"local", "mpi"}))
       ->capture_default_str();
-  cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")->check(CLI::Range(int64_t{1}, int64_t{1} << 28))->capture_default_str();
+  cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend")->transform(mxddp::app::integer_in(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")
+      ->transform(mxddp::app::integer_in(1, int64_t{1} << 28))->capture_default_str();
   cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "Local backend: how long a rank waits for its peers")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->transform(mxddp::app::integer_in(1, mxddp::app::kTimeoutMsMax))->capture_default_str();
 
   mxddp::app::LayoutArgs layout;
   auto* layout_cmd = mxddp::app::add_layout_command(app, layout);
@@ -86,12 +90,21 @@ int main(int argc, char** argv) {
   auto* inspect_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
   CLI11_PARSE(app, argc, argv);
+  const std::string subcommand = app.get_subcommands().front()->get_name();
   try {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
     if (train_cmd->parsed()) return mxddp::app::run_train_command(argc, argv, train);
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
     if (inspect_cmd->parsed()) return mxddp::app::run_ckpt_inspect(ckpt);
     if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);
+  } catch (const std::bad_alloc&) {
+    // Sizes come from flags and files, so an allocation can fail anywhere; "std::bad_alloc" alone
+    // would name nothing the user can change.
+    std::fprintf(stderr,
+                 "mxddp: error: %s ran out of memory (std::bad_alloc): the sizes its flags and input files ask for "
+                 "need more memory than this machine could allocate; give smaller ones\n",
+                 subcommand.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mxddp: error: %s\n", e.what());
     return 1;

@@ -2,30 +2,43 @@
 #include "quantize_cmd.h"
 
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <filesystem>
+#include <limits>
 #include <vector>
 
+#include <mxddp/input_file.h>
+#include <mxddp/output_file.h>
 #include <mxddp/quant.h>
+
+#include "cli_checks.h"
 
 namespace mxddp::app {
 
 namespace {
 
 std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
-  const size_t x = text.find('x');
-  long long m = 0, n = 0;
-  char extra = 0;
-  const bool ok = x != std::string::npos && std::sscanf(text.c_str(), "%lldx%lld%c", &m, &n, &extra) == 2 && m > 0 && n > 0;
-  MXDDP_CHECK(ok, "--shape '{}' is not MxN with positive M and N (e.g. 4096x1024)", text);
-  return {m, n};
+  const std::vector<std::string> dims = split_keeping_empty(text, 'x');
+  MXDDP_CHECK(dims.size() == 2, "--shape '{}' is not valid: give MxN with positive M and N (e.g. 4096x1024)", text);
+  const std::string what = fmt::format("--shape '{}': dimension", text);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return {parse_integer(dims[0], what, 1, kMax), parse_integer(dims[1], what, 1, kMax)};
 }
 
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  MXDDP_CHECK(out.good(), "cannot create '{}'", path);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  MXDDP_CHECK(out.good(), "writing '{}' failed", path);
+// Both outputs are checked before the input is read, and they must be two files: with one path
+// for both the scales would silently overwrite the elements.
+void check_outputs(const QuantizeArgs& a) {
+  check_output_file_path(a.out_data, "--out-data");
+  check_output_file_path(a.out_scales, "--out-scales");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool same = fs::weakly_canonical(a.out_data, ec) == fs::weakly_canonical(a.out_scales, ec) ||
+                    fs::equivalent(a.out_data, a.out_scales, ec);  // hard links to one file
+  MXDDP_CHECK(!same, "--out-data '{}' and --out-scales '{}' name the same file: give two different files", a.out_data,
+              a.out_scales);
+}
+
+std::string_view as_chars(const std::vector<uint8_t>& bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
 }  // namespace
@@ -47,20 +60,24 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
 
 void run_quantize_command(const QuantizeArgs& a) {
   const auto [rows, cols] = parse_shape(a.shape);
+  check_outputs(a);
   const DType dtype = parse_dtype(a.dtype);
   const QuantizeOptions o{parse_fp8_format(a.elem), parse_scale_mode(a.scale_mode), parse_quant_axis(a.axis)};
-  std::ifstream in(a.input, std::ios::binary);
-  MXDDP_CHECK(in.good(), "cannot open --input '{}'", a.input);
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto want = static_cast<size_t>(rows * cols) * dtype_size_bytes(dtype);
-  MXDDP_CHECK(raw.size() == want, "--input '{}' holds {} bytes; a {} {}x{} matrix is {} bytes", a.input, raw.size(),
-              a.dtype, rows, cols, want);
+  // Every size below comes from the flags, so each is computed with overflow checks, and the
+  // input's size is checked against the shape before anything is read or allocated.
+  const int64_t numel = checked_mul(rows, cols, fmt::format("--shape {}: elements", a.shape));
+  const int64_t want = checked_mul(numel, static_cast<int64_t>(dtype_size_bytes(dtype)),
+                                   fmt::format("--shape {}: bytes of {}", a.shape, a.dtype));
+  InputFile in(a.input, "--input");
+  MXDDP_CHECK(in.size_bytes() == want, "--input '{}' holds {} bytes; a {} {}x{} matrix is {} bytes", a.input,
+              in.size_bytes(), a.dtype, rows, cols, want);
+  std::vector<char> raw = in.read_all();
   const Shape scale_shape = mx_scale_shape(rows, cols, o.axis);
-  std::vector<uint8_t> data(static_cast<size_t>(rows * cols)), scales(static_cast<size_t>(scale_shape.numel()));
+  std::vector<uint8_t> data(static_cast<size_t>(numel)), scales(static_cast<size_t>(scale_shape.numel()));
   mx_quantize(TensorView{raw.data(), dtype, Shape{rows, cols}}, TensorView{data.data(), DType::kU8, Shape{rows, cols}},
               TensorView{scales.data(), DType::kU8, scale_shape}, o);
-  write_bytes(a.out_data, data);
-  write_bytes(a.out_scales, scales);
+  write_output_file(a.out_data, as_chars(data), "--out-data");
+  write_output_file(a.out_scales, as_chars(scales), "--out-scales");
   std::printf("quantized %lldx%lld %s (%s-wise, %s, %s): %zu element bytes -> %s, %s scales -> %s\n",
               static_cast<long long>(rows), static_cast<long long>(cols), a.dtype.c_str(), a.axis.c_str(), a.elem.c_str(),
               a.scale_mode.c_str(), data.size(), a.out_data.c_str(), scale_shape.to_string().c_str(), a.out_scales.c_str());

@@ -6,15 +6,37 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <thread>
 
 #include <mxddp/comm.h>
+#include <mxddp/output_file.h>
 #include <mxddp/quant.h>
 
+#include "cli_checks.h"
 #include "train_report.h"
 
 namespace mxddp::app {
+
+namespace {
+
+// The value checks of the flags (cli_checks.h), bounded by the type each flag is stored in.
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr double kFloatMax = std::numeric_limits<float>::max();
+// The built-in corpus is generated in memory at startup; 1 GiB is far past any test run's needs.
+constexpr int64_t kCorpusBytesMax = int64_t{1} << 30;
+// More matrix-product threads per rank than any machine has cores is a typo, not a setting.
+constexpr int64_t kComputeThreadsMax = 4096;
+const CLI::Validator kPositiveInt = integer_in(1, kIntMax);
+const CLI::Validator kPositiveInt64 = integer_in(1, kInt64Max);
+const CLI::Validator kIterations = integer_in(0, kInt64Max);
+const CLI::Validator kNonNegativeFloat = real_in(0, kFloatMax, Storage::kFloat);
+// Adam's bias correction divides by 1 - beta^t, which is 0 for beta = 1 (PyTorch refuses it too).
+const CLI::Validator kAdamBeta = real_in(0, 1, Storage::kFloat, Ends::kOpenHigh);
+
+}  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   TrainConfig& c = a.config;
@@ -23,49 +45,50 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--backend", a.backend, "local (ranks as threads) or mpi (under mpirun)")
       ->check(CLI::IsMember({"local", "mpi"}));
-  cmd->add_option("--ranks", a.ranks, "Ranks of the local backend")->check(CLI::Range(1, 256));
-  cmd->add_option("--timeout-ms", a.timeout_ms, "Local backend: how long a rank waits for its peers")->check(CLI::PositiveNumber);
+  cmd->add_option("--ranks", a.ranks, "Ranks of the local backend")->transform(integer_in(1, 256));
+  cmd->add_option("--timeout-ms", a.timeout_ms, "Local backend: how long a rank waits for its peers")
+      ->transform(integer_in(1, kTimeoutMsMax));
 
   auto* model = cmd->add_option_group("model");
   model->add_option("--model", a.model, "Preset: tiny, small (~10.8M params) or gpt2-124m (GPT-2 small's shape)")
       ->check(CLI::IsMember(gpt_preset_names()));
-  model->add_option("--num-layers", a.num_layers, "Override the preset's decoder layers")->check(CLI::PositiveNumber);
-  model->add_option("--hidden-size", a.hidden_size, "Override the preset's hidden size")->check(CLI::PositiveNumber);
-  model->add_option("--num-attention-heads", a.num_attention_heads, "Override the preset's heads")->check(CLI::PositiveNumber);
-  model->add_option("--seq-length", a.seq_length, "Override the preset's sequence length")->check(CLI::PositiveNumber);
+  model->add_option("--num-layers", a.num_layers, "Override the preset's decoder layers")->transform(kPositiveInt);
+  model->add_option("--hidden-size", a.hidden_size, "Override the preset's hidden size")->transform(kPositiveInt);
+  model->add_option("--num-attention-heads", a.num_attention_heads, "Override the preset's heads")->transform(kPositiveInt);
+  model->add_option("--seq-length", a.seq_length, "Override the preset's sequence length")->transform(kPositiveInt);
   model->add_flag("--recompute-activations", c.recompute_activations, "Recompute each layer's activations in backward");
   model->add_flag("--bf16", c.bf16, "BF16 matrix products with F32 accumulation (F32 on CPUs without native BF16)");
 
   auto* batch = cmd->add_option_group("batch and schedule");
-  batch->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per rank per micro-batch")->check(CLI::PositiveNumber);
+  batch->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per rank per micro-batch")->transform(kPositiveInt);
   batch->add_option("--global-batch-size", c.global_batch_size, "Sequences per iteration (accumulation = global / (micro x dp))")
-      ->check(CLI::PositiveNumber);
+      ->transform(kPositiveInt);
   batch->add_option("--train-iters", c.train_iters, "Iterations (optimizer steps) in all, counting resumed ones")
-      ->check(CLI::NonNegativeNumber);
-  batch->add_option("--lr", c.lr, "Peak learning rate")->check(CLI::NonNegativeNumber);
-  batch->add_option("--min-lr", c.min_lr, "Learning rate at the end of the decay")->check(CLI::NonNegativeNumber);
-  batch->add_option("--lr-warmup-iters", c.lr_warmup_iters, "Linear warmup iterations")->check(CLI::NonNegativeNumber);
-  batch->add_option("--lr-decay-iters", c.lr_decay_iters, "Decay ends here (0: --train-iters)")->check(CLI::NonNegativeNumber);
+      ->transform(kIterations);
+  batch->add_option("--lr", c.lr, "Peak learning rate")->transform(kNonNegativeFloat);
+  batch->add_option("--min-lr", c.min_lr, "Learning rate at the end of the decay")->transform(kNonNegativeFloat);
+  batch->add_option("--lr-warmup-iters", c.lr_warmup_iters, "Linear warmup iterations")->transform(kIterations);
+  batch->add_option("--lr-decay-iters", c.lr_decay_iters, "Decay ends here (0: --train-iters)")->transform(kIterations);
   batch->add_option("--lr-decay-style", c.lr_decay_style, "cosine, linear or constant")
       ->check(CLI::IsMember({"cosine", "linear", "constant"}));
 
   auto* opt = cmd->add_option_group("optimizer");
   opt->add_option("--optimizer", c.optimizer.optimizer, "adam (AdamW) or sgd")->check(CLI::IsMember({"adam", "sgd"}));
   opt->add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay (2-D params only)")
-      ->check(CLI::NonNegativeNumber);
-  opt->add_option("--clip-grad", c.optimizer.clip_grad, "Max global grad norm (0: no clipping)")->check(CLI::NonNegativeNumber);
-  opt->add_option("--adam-beta1", c.optimizer.adam_beta1, "Adam beta1")->check(CLI::Range(0.0, 1.0));
-  opt->add_option("--adam-beta2", c.optimizer.adam_beta2, "Adam beta2")->check(CLI::Range(0.0, 1.0));
-  opt->add_option("--adam-eps", c.optimizer.adam_eps, "Adam epsilon")->check(CLI::PositiveNumber);
-  opt->add_option("--sgd-momentum", c.optimizer.sgd_momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+      ->transform(kNonNegativeFloat);
+  opt->add_option("--clip-grad", c.optimizer.clip_grad, "Max global grad norm (0: no clipping)")->transform(kNonNegativeFloat);
+  opt->add_option("--adam-beta1", c.optimizer.adam_beta1, "Adam beta1")->transform(kAdamBeta);
+  opt->add_option("--adam-beta2", c.optimizer.adam_beta2, "Adam beta2")->transform(kAdamBeta);
+  opt->add_option("--adam-eps", c.optimizer.adam_eps, "Adam epsilon")->transform(real_in(0, kFloatMax, Storage::kFloat, Ends::kOpenLow));
+  opt->add_option("--sgd-momentum", c.optimizer.sgd_momentum, "SGD momentum")->transform(real_in(0, 1, Storage::kFloat));
 
   auto* ddp = cmd->add_option_group("data parallelism (DdpConfig; the distributed optimizer is always on)");
   DdpConfig& d = c.ddp;
   ddp->add_flag("--overlap-grad-reduce", d.overlap_grad_reduce, "Reduce-scatter bucket groups during backward");
   ddp->add_option("--bucket-size,--ddp-bucket-size", d.bucket_size, "Bucket size in elements (with --overlap-grad-reduce)")
-      ->check(CLI::PositiveNumber);
+      ->transform(kPositiveInt64);
   ddp->add_option("--buckets-per-group", d.buckets_per_group, "Buckets per bucket group (one collective call each)")
-      ->check(CLI::PositiveNumber);
+      ->transform(kPositiveInt);
   ddp->add_flag("--pad-buckets-for-high-nccl-busbw,--ddp-pad-buckets-for-high-nccl-busbw", d.pad_buckets_for_high_nccl_busbw,
                 "Pad bucket ends to lcm(dp, 128, 65536)");
   ddp->add_flag("--average-in-collective,--ddp-average-in-collective", d.average_in_collective,
@@ -91,31 +114,37 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
   fsdp->add_option("--suggested-communication-unit-size", c.fsdp.suggested_communication_unit_size,
                    "Elements; the gather prefetch budget is half, the reduce-scatter queue all (default: 2 x a unit)")
-      ->check(CLI::PositiveNumber);
+      ->transform(kPositiveInt64);
   fsdp->add_flag("--fsdp-double-buffer", c.fsdp.fsdp_double_buffer, "At most two units gathered at once");
 
   auto* data = cmd->add_option_group("data, evaluation and checkpoints");
-  data->add_option("--seed", c.seed, "Seed of the initialization and the sampling");
-  data->add_option("--data", c.data_path, "Text file to train on, as bytes (default: the built-in corpus)");
-  data->add_option("--corpus-bytes", c.corpus_bytes, "Size of the built-in corpus")->check(CLI::PositiveNumber);
-  data->add_option("--valid-fraction", c.valid_fraction, "Fraction of the data kept for validation")->check(CLI::Range(0.0, 0.99));
+  data->add_option("--seed", c.seed, "Seed of the initialization and the sampling")
+      ->transform(unsigned_in(0, std::numeric_limits<uint64_t>::max()));
+  data->add_option("--data", c.data_path, "Text file to train on, as bytes (default: the built-in corpus)")
+      ->transform(non_empty_path());
+  data->add_option("--corpus-bytes", c.corpus_bytes, "Size of the built-in corpus (generated in memory)")
+      ->transform(integer_in(1, kCorpusBytesMax));
+  data->add_option("--valid-fraction", c.valid_fraction, "Fraction of the data kept for validation")->transform(real_in(0, 0.99, Storage::kDouble));
   data->add_option("--eval-interval", c.eval_interval, "Validation every N iterations (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  data->add_option("--eval-iters", c.eval_iters, "Global batches per validation (0: none)")->check(CLI::NonNegativeNumber);
-  data->add_option("--save", c.save_dir, "Checkpoint directory (written atomically, replaced at each save)");
-  data->add_option("--save-interval", c.save_interval, "Save every N iterations (and at the end)")->check(CLI::NonNegativeNumber);
-  data->add_option("--load", c.load_dir, "Resume from this checkpoint (any data-parallel size)");
+      ->transform(kIterations);
+  data->add_option("--eval-iters", c.eval_iters, "Global batches per validation (0: none)")
+      ->transform(integer_in(0, std::numeric_limits<int>::max()));
+  data->add_option("--save", c.save_dir, "Checkpoint directory (written atomically, replaced at each save)")
+      ->transform(non_empty_path());
+  data->add_option("--save-interval", c.save_interval, "Save every N iterations (and at the end)")->transform(kIterations);
+  data->add_option("--load", c.load_dir, "Resume from this checkpoint (any data-parallel size)")
+      ->transform(non_empty_path());
   data->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", c.check_for_nan_in_loss_and_grad,
                  "Stop on a NaN or Inf loss or gradient, naming the iteration and params (default: on); off, such "
                  "iterations are skipped and counted in the report");
 
   auto* out = cmd->add_option_group("output");
-  out->add_option("--report", a.report, "Write a JSON report here");
+  out->add_option("--report", a.report, "Write a JSON report here")->transform(non_empty_path());
   out->add_option("--log-interval", a.log_interval, "Plain progress line every N iterations (0: about 20 lines)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(kIterations);
   out->add_option("--compute-threads,--blas-threads", c.compute_threads,
                   "Matrix-product threads per rank (0: cores / ranks on this machine)")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(integer_in(0, kComputeThreadsMax));
   return cmd;
 }
 
@@ -222,7 +251,7 @@ void finish_config(TrainArgs& a) {
 }
 
 // A report that cannot be written should fail now, not after the training. Like --save, missing
-// parent directories are created.
+// parent directories are created; an existing target must be a regular file (output_file.h).
 void prepare_report_path(const std::string& path) {
   if (path.empty()) return;
   const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
@@ -230,6 +259,7 @@ void prepare_report_path(const std::string& path) {
   std::filesystem::create_directories(parent, ec);
   MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': {} is not a directory and cannot be created{}",
               path, parent.string(), ec ? " (" + ec.message() + ")" : "");
+  check_output_file_path(path, "--report");
 }
 
 // The compute line of the banner, with the threads train() is about to give each rank.
@@ -244,6 +274,8 @@ std::string compute_info_for_rank(const TrainConfig& config, const Communicator&
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_config(a);
   prepare_report_path(a.report);
+  // train() checks --save too, but only after the banner; a bad path should stop the command first.
+  if (!a.config.save_dir.empty()) check_output_dir_path(a.config.save_dir, "--save");
 
   auto run_rank = [&a](Communicator& comm) -> TrainResult {
     if (comm.rank() != 0) return train(comm, a.config);

@@ -3,9 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
+
+#include <mxddp/output_file.h>
 
 namespace mxddp::app {
 
@@ -146,15 +147,7 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
   }
   j["memory"] = std::move(memory);
 
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    MXDDP_CHECK(out.good(), "--report '{}': cannot write {}", path, tmp);
-    out << j.dump(2) << '\n';
-    out.flush();
-    MXDDP_CHECK(out.good(), "--report '{}': write to {} failed", path, tmp);
-  }
-  MXDDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--report '{}': cannot rename {} into place", path, tmp);
+  write_output_file(path, j.dump(2) + "\n", "--report");
 }
 
 }  // namespace mxddp::app

@@ -175,6 +175,13 @@ struct TensorView {
 // Alignment math (elements or bytes, the caller's choice of unit)
 // ----------------------------------------------------------------------------------------------
 
+// Overflow-checked arithmetic for sizes computed from user input (shapes, element and byte
+// counts): signed overflow is undefined behaviour and unsigned wrap-around gives a wrong, small
+// size, so both throw an Error naming `what` (e.g. "--shape 4294967296x4294967296 in bytes") and
+// the operands. Every such computation goes through these two.
+int64_t checked_mul(int64_t a, int64_t b, std::string_view what);
+int64_t checked_add(int64_t a, int64_t b, std::string_view what);
+
 // The smallest multiple of `multiple` that is >= value; throws on overflow or a zero multiple.
 int64_t round_up(int64_t value, int64_t multiple);
 // Least common multiple of positive values; throws on overflow or a non-positive argument.

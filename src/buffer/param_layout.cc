@@ -104,7 +104,7 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
     if (own_bucket && !open.params.empty()) close_bucket(round_up(cursor, kParamStartAlignment));
     else if (new_unit) close_bucket(last_param_end);
     const int64_t start = padded ? round_up(cursor, kParamStartAlignment) : cursor;
-    const int64_t end = start + spec.shape.numel();
+    const int64_t end = checked_add(start, spec.shape.numel(), fmt::format("buffer layout: end of param {}", i));
     layout.params[static_cast<size_t>(i)] = {{start, end}, static_cast<int>(layout.buckets.size())};
     open.params.push_back(i);
     last_param_end = end;

@@ -132,8 +132,23 @@ std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
   return ckpt::encode_safetensors(tensors, {{"format", kFormat}, {"rank", std::to_string(rank)}});
 }
 
+std::string manifest_path(const std::string& dir) { return (fs::path(dir) / "manifest.json").string(); }
+
+// Runs fn, which reads fields of dir's manifest. A damaged or edited manifest (one flipped byte in
+// a key) makes nlohmann::json throw its own exception, which names neither the file nor what is
+// expected; this adds both.
+template <typename Fn>
+decltype(auto) with_manifest_context(const std::string& dir, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const json::exception& e) {
+    MXDDP_FAIL("checkpoint manifest '{}' is malformed: {}; it must be the manifest.json mxddp saved, unedited",
+               manifest_path(dir), e.what());
+  }
+}
+
 json read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "manifest.json").string();
+  const std::string path = manifest_path(dir);
   MXDDP_CHECK(fs::exists(path), "'{}' is not a checkpoint: no manifest.json (an interrupted save leaves "
               "'{}.partial' instead)", dir, dir);
   const std::vector<char> bytes = ckpt::read_file(path);
@@ -272,7 +287,8 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
   std::vector<std::vector<std::vector<float>>> state(static_cast<size_t>(opt.state_count()), main);
   std::map<std::string, std::string> metadata;
   int64_t step = 0;
-  agreed(comm, "checkpoint load", [&] {
+  // Reads and checks everything into the staging above; changes nothing live.
+  const auto stage = [&] {
     const json m = read_manifest(dir);
     const auto& saved_params = m.at("params");
     MXDDP_CHECK(saved_params.size() == buf.params().size(), "'{}' holds {} params; this model has {}", dir,
@@ -334,7 +350,8 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
     }
     step = m.at("step").get<int64_t>();
     metadata = m.value("metadata", std::map<std::string, std::string>{});
-  });
+  };
+  agreed(comm, "checkpoint load", [&] { with_manifest_context(dir, stage); });
   // Commit: every rank has everything.
   for (size_t b = 0; b < num_buckets; ++b) {
     std::memcpy(opt.main_params(static_cast<int>(b)).data, main[b].data(), main[b].size() * sizeof(float));
@@ -353,8 +370,9 @@ bool CheckpointInfo::ok() const {
   return true;
 }
 
-CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
-  const std::string dir = checkpoint_to_read(requested_dir);
+namespace {
+
+CheckpointInfo inspect_manifest(const std::string& dir) {
   const json m = read_manifest(dir);
   CheckpointInfo info;
   info.step = m.at("step").get<int64_t>();
@@ -374,6 +392,13 @@ CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
     info.files.push_back(fi);
   }
   return info;
+}
+
+}  // namespace
+
+CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
+  const std::string dir = checkpoint_to_read(requested_dir);
+  return with_manifest_context(dir, [&] { return inspect_manifest(dir); });
 }
 
 }  // namespace mxddp

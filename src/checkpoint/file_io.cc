@@ -8,21 +8,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <mxddp/core.h>
+#include <mxddp/input_file.h>
 
 namespace mxddp::ckpt {
 
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  MXDDP_CHECK(in.good(), "cannot open '{}': {}", path, std::strerror(errno));
-  const std::streamsize size = in.tellg();
-  std::vector<char> bytes(static_cast<size_t>(size));
-  in.seekg(0);
-  MXDDP_CHECK(in.read(bytes.data(), size).good() || size == 0, "cannot read '{}'", path);
-  return bytes;
-}
+std::vector<char> read_file(const std::string& path) { return InputFile(path, "checkpoint file").read_all(); }
 
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);

@@ -8,7 +8,9 @@
 
 namespace mxddp::ckpt {
 
-std::vector<char> read_file(const std::string& path);  // throws Error naming the path
+// The whole file, through InputFile: throws Error naming the path when it cannot be opened or is
+// not a regular file (a FIFO or a directory in place of a manifest or rank file).
+std::vector<char> read_file(const std::string& path);
 // Writes bytes to path via path's directory's ".<name>.tmp", fsyncs, renames into place, and
 // fsyncs the directory. Throws Error naming the path and errno on failure.
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes);

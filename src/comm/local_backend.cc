@@ -27,6 +27,11 @@ namespace mxddp {
 
 class LocalGroupState {
  public:
+  // steady_clock counts int64 nanoseconds (about 292 years), so now() + a timeout of 2^63 ns or more
+  // overflows into the past and every collective would time out at once. A wait is capped at 100
+  // years: forever for any run, and far from overflow whatever the clock's epoch (the boot).
+  static constexpr int64_t kWaitMsMax = int64_t{100} * 365 * 24 * 3600 * 1000;
+
   LocalGroupState(int size, const LocalOptions& options)
       : size_(size), timeout_ms_(options.timeout_ms), slots_(static_cast<size_t>(size)) {}
 
@@ -43,7 +48,7 @@ class LocalGroupState {
     const auto all_arrived = [&] {
       return std::all_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.seq == seq; });
     };
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(timeout_ms_, kWaitMsMax));
     cv_.wait_until(lock, deadline, [&] { return aborted_ || all_arrived(); });
     if (!all_arrived()) {
       if (!aborted_) {

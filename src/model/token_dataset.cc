@@ -4,9 +4,8 @@
 #include <array>
 #include <cctype>
 #include <cmath>
-#include <fstream>
-#include <iterator>
 
+#include <mxddp/input_file.h>
 #include <mxddp/model.h>
 
 #include "random.h"
@@ -66,11 +65,10 @@ TokenDataset::TokenDataset(std::string text, double valid_fraction, int seq_leng
 }
 
 TokenDataset TokenDataset::from_file(const std::string& path, double valid_fraction, int seq_length) {
-  std::ifstream in(path, std::ios::binary);
-  MXDDP_CHECK(in.good(), "--data '{}' cannot be opened: give a readable text file", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  MXDDP_CHECK(!in.bad(), "--data '{}': read failed", path);
-  MXDDP_CHECK(!text.empty(), "--data '{}' is empty", path);
+  InputFile in(path, "--data");  // refuses a FIFO, a device or a directory instead of reading it forever
+  MXDDP_CHECK(in.size_bytes() > 0, "--data '{}' is empty: give a text file", path);
+  std::string text(static_cast<size_t>(in.size_bytes()), '\0');
+  in.read_exact(text.data(), text.size());
   return TokenDataset(std::move(text), valid_fraction, seq_length);
 }
 

@@ -8,6 +8,7 @@
 #include <numbers>
 #include <thread>
 
+#include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
 namespace mxddp {
@@ -51,7 +52,9 @@ std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int
 // before training starts, not deleted after it.
 void check_save_dir(const std::string& dir) {
   namespace fs = std::filesystem;
-  if (dir.empty() || !fs::exists(dir)) return;
+  if (dir.empty()) return;
+  check_output_dir_path(dir, "--save");  // not a file, FIFO or link, and under a directory
+  if (!fs::exists(dir)) return;
   MXDDP_CHECK(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(fs::path(dir) / "manifest.json")),
               "--save '{}' exists and is not an mxddp checkpoint (no manifest.json); saving would replace it. Give a "
               "new path, an empty directory or an existing checkpoint", dir);

@@ -2,6 +2,8 @@
 // timeout of a rank that never arrives, aborting a group when a rank fails, and the errors a
 // single rank's bad arguments raise before anything is issued.
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -111,6 +113,20 @@ TEST(LocalBackend, RankThatNeverArrivesTimesOutWithClearError) {
     ADD_FAILURE() << "the late rank's collective ran after its peers had given up";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
+  }
+}
+
+// A huge timeout means "wait long", never "fail at once": now() + 9223372036854 ms overflowed
+// steady_clock into the past and every collective timed out immediately. Rank 1 arrives late, so
+// the collective only succeeds if rank 0 really waits.
+TEST(LocalBackend, HugeTimeoutWaitsInsteadOfOverflowingTheDeadline) {
+  for (const int64_t timeout_ms : {int64_t{9'223'372'036'854}, std::numeric_limits<int64_t>::max()}) {
+    run_local(2, [](Communicator& comm) {
+      if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      float x = 1;
+      comm.all_reduce(TensorView{&x, DType::kF32, Shape{1}, Device::cpu()});
+      EXPECT_EQ(x, 2.0f);
+    }, {.timeout_ms = timeout_ms});
   }
 }
 

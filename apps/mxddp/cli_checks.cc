@@ -1,0 +1,91 @@
+// Flag checks: see cli_checks.h.
+#include "cli_checks.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include <mxddp/core.h>
+
+namespace mxddp::app {
+
+namespace {
+
+// Parses the whole of text as a decimal integer of type T; nullopt-like false on any deviation
+// (from_chars takes no '+', spaces or base prefix, and reports out-of-range instead of clamping).
+template <typename T>
+bool parse_decimal(std::string_view text, T& value) {
+  if (text.empty()) return false;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+template <typename T>
+std::string integer_problem(std::string& text, T lo, T hi) {
+  T value{};
+  if (!parse_decimal(text, value) || value < lo || value > hi)
+    return fmt::format("'{}' is not valid: give an integer in [{}, {}]", text, lo, hi);
+  text = std::to_string(value);  // canonical: no leading zeros CLI11 would read as octal
+  return {};
+}
+
+}  // namespace
+
+int64_t parse_integer(std::string_view text, std::string_view what, int64_t lo, int64_t hi) {
+  int64_t value = 0;
+  MXDDP_CHECK(parse_decimal(text, value) && value >= lo && value <= hi,
+              "{} '{}' is not valid: give an integer in [{}, {}]", what, text, lo, hi);
+  return value;
+}
+
+std::vector<std::string> split_keeping_empty(std::string_view text, char sep) {
+  std::vector<std::string> fields(1);
+  for (char ch : text) {
+    if (ch == sep) fields.emplace_back();
+    else fields.back() += ch;
+  }
+  return fields;
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator([lo, hi](std::string& text) { return integer_problem(text, lo, hi); },
+                        fmt::format("[{}, {}]", lo, hi));
+}
+
+CLI::Validator unsigned_in(uint64_t lo, uint64_t hi) {
+  return CLI::Validator([lo, hi](std::string& text) { return integer_problem(text, lo, hi); },
+                        fmt::format("[{}, {}]", lo, hi));
+}
+
+CLI::Validator real_in(double lo, double hi, Storage storage, Ends ends) {
+  const std::string range = fmt::format("{}{}, {}{}", ends == Ends::kOpenLow ? "(" : "[", lo, hi,
+                                        ends == Ends::kOpenHigh ? ")" : "]");
+  const char* type = storage == Storage::kFloat ? "a finite 32-bit float" : "a finite number";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const std::string problem = fmt::format("'{}' is not valid: give {} in {}", text, type, range);
+        double value = 0;
+        // from_chars takes no hex floats or leading spaces; it does parse "inf" and "nan", which
+        // the finiteness check refuses.
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return problem;
+        const double stored = storage == Storage::kFloat ? static_cast<double>(static_cast<float>(value)) : value;
+        if (!std::isfinite(stored)) return problem;
+        const bool low_ok = ends == Ends::kOpenLow ? stored > lo : stored >= lo;
+        const bool high_ok = ends == Ends::kOpenHigh ? stored < hi : stored <= hi;
+        if (!low_ok || !high_ok) return problem;
+        text = fmt::format("{}", value);  // shortest text that reads back as exactly this double
+        return {};
+      },
+      range);
+}
+
+CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "'' is not valid: give a path (an empty one names nothing)" : "";
+      },
+      "not empty");
+}
+
+}  // namespace mxddp::app

@@ -1,0 +1,45 @@
+// Reading a file a user named (--data, --input, a checkpoint's manifest and rank files).
+//
+// A name can point at anything: a FIFO or a terminal blocks the reader forever, /dev/zero never
+// ends, a directory "opens" and then reads as garbage or an absurd size. InputFile is the one way
+// mxddp opens such a name: it opens without blocking (O_NONBLOCK, so a FIFO with no writer does
+// not hang the open itself), then asks fstat what the name is and refuses everything but a regular
+// file. The size is known before anything is read or allocated, so a caller can check it against
+// what it expects first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mxddp {
+
+class InputFile {
+ public:
+  // `what` says where the name came from ("--data", "checkpoint file") and starts every error,
+  // e.g. "--data '/tmp/fifo' is a FIFO, not a regular file". Throws Error when the name cannot be
+  // opened or is not a regular file.
+  InputFile(std::string path, std::string_view what);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  // The size fstat reported at open.
+  int64_t size_bytes() const { return size_bytes_; }
+  // Reads exactly `bytes` bytes at the current position; throws naming the file if it ends first
+  // (it shrank after open) or a read fails.
+  void read_exact(void* dst, size_t bytes);
+  // The whole file: size_bytes() bytes from the start.
+  std::vector<char> read_all();
+
+ private:
+  std::string path_;
+  std::string what_;
+  int fd_ = -1;
+  int64_t size_bytes_ = 0;
+};
+
+}  // namespace mxddp

@@ -1,0 +1,71 @@
+// InputFile: see input_file.h.
+#include <mxddp/input_file.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <mxddp/core.h>
+
+namespace mxddp {
+
+namespace {
+
+// What st_mode says a name is, in the words of ls -l's file types.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+InputFile::InputFile(std::string path, std::string_view what) : path_(std::move(path)), what_(what) {
+  MXDDP_CHECK(!path_.empty(), "{} is an empty path: give a regular file", what_);
+  // O_NONBLOCK only matters for the open of a FIFO or a device (it returns at once instead of
+  // waiting for a writer); such a file is refused below before anything is read from it.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  MXDDP_CHECK(fd_ >= 0, "{} '{}' cannot be opened: {}", what_, path_, std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd_, &st) == 0;
+  const int err = errno;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    MXDDP_CHECK(stat_ok, "{} '{}': fstat failed: {}", what_, path_, std::strerror(err));
+    MXDDP_FAIL("{} '{}' is {}, not a regular file: give a regular file", what_, path_, file_kind(st.st_mode));
+  }
+  size_bytes_ = static_cast<int64_t>(st.st_size);
+}
+
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void InputFile::read_exact(void* dst, size_t bytes) {
+  auto* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::read(fd_, out + done, bytes - done);
+    if (n < 0 && errno == EINTR) continue;
+    MXDDP_CHECK(n >= 0, "{} '{}': read failed after {} bytes: {}", what_, path_, done, std::strerror(errno));
+    MXDDP_CHECK(n > 0, "{} '{}' ended after {} of {} bytes (did it change while being read?)", what_, path_, done,
+                bytes);
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::vector<char> InputFile::read_all() {
+  MXDDP_CHECK(::lseek(fd_, 0, SEEK_SET) == 0, "{} '{}': seek failed: {}", what_, path_, std::strerror(errno));
+  std::vector<char> bytes(static_cast<size_t>(size_bytes_));
+  read_exact(bytes.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace mxddp
