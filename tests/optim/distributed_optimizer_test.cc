@@ -195,7 +195,9 @@ TEST(DistributedOptimizer, ClipAboveTheNormChangesNothing) {
         EXPECT_EQ(r.clip_coeff, 1.0) << "nothing to clip below the limit";
         norm_max = std::max(norm_max, r.grad_norm);
       }
-      if (clip_grad > 0) EXPECT_LT(norm_max, clip_grad) << "the limit must sit above every norm";
+      if (clip_grad > 0) {
+        EXPECT_LT(norm_max, clip_grad) << "the limit must sit above every norm";
+      }
       if (comm.rank() == 0) {
         losses = mine;
         main.assign(opt.main_params(0).data_as<float>(), opt.main_params(0).data_as<float>() + opt.main_params(0).numel());
