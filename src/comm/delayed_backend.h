@@ -19,6 +19,7 @@ std::unique_ptr<CommBackend> with_injected_delay(std::unique_ptr<CommBackend> in
 
 class DelayedBackend final : public CommBackend {
  public:
+  // delay: already validated (with_injected_delay is the entry point).
   DelayedBackend(std::unique_ptr<CommBackend> inner, const CollectiveDelay& delay);
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }

@@ -222,7 +222,6 @@ class LocalBackend final : public CommBackend {
 LocalGroup::LocalGroup(int size, const LocalOptions& options) {
   MXDDP_CHECK(size >= 1, "a local group needs at least 1 rank; got {}", size);
   MXDDP_CHECK(options.timeout_ms > 0, "timeout_ms must be positive; got {}", options.timeout_ms);
-  validate_collective_delay(options.injected_delay);
   state_ = std::make_shared<LocalGroupState>(size, options);
   for (int r = 0; r < size; ++r)
     communicators_.push_back(

@@ -7,17 +7,12 @@
 
 #include <mxddp/core.h>
 
+#include "core/error_of.h"
+
 namespace mxddp {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+using mxddp::testing::error_of;
 
 TEST(CheckedMath, OverflowIsAnErrorNamingWhat) {
   EXPECT_EQ(checked_mul(3037000499, 3037000499, "x"), int64_t{9'223'372'030'926'249'001});

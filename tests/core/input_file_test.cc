@@ -12,7 +12,10 @@
 #include <fstream>
 
 #include <mxddp/core.h>
+
 #include <mxddp/input_file.h>
+
+#include "core/error_of.h"
 
 namespace mxddp {
 namespace {
@@ -34,14 +37,7 @@ class InputFileTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+using mxddp::testing::error_of;
 
 TEST_F(InputFileTest, ReadsARegularFileWhole) {
   std::ofstream(path("f"), std::ios::binary) << "hello";

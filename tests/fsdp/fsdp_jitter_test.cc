@@ -73,11 +73,7 @@ TEST_P(FsdpJitter, LossesAndCollectiveOrderHold) {
 INSTANTIATE_TEST_SUITE_P(StrategyOverlapDpMicro, FsdpJitter,
                          ::testing::Combine(::testing::ValuesIn(kStrategies), ::testing::Bool(), ::testing::Values(2, 4),
                                             ::testing::Values(1, 3)),
-                         [](const auto& info) {
-                           return fmt::format("{}_{}_dp{}_mb{}", sharding_strategy_name(std::get<0>(info.param)),
-                                              std::get<1>(info.param) ? "overlap" : "serial", std::get<2>(info.param),
-                                              std::get<3>(info.param));
-                         });
+                         strategy_overlap_dp_micro_name);
 
 // DDP's own overlap under the same jitter: its losses do not move either.
 TEST(DdpJitter, LossesUnchangedUnderJitter) {

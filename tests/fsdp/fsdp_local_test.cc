@@ -36,11 +36,7 @@ TEST_P(FsdpParity, LossesMatchDdp) {
 INSTANTIATE_TEST_SUITE_P(StrategyOverlapDpMicro, FsdpParity,
                          ::testing::Combine(::testing::ValuesIn(kStrategies), ::testing::Bool(), ::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(1, 3)),
-                         [](const auto& info) {
-                           return fmt::format("{}_{}_dp{}_mb{}", sharding_strategy_name(std::get<0>(info.param)),
-                                              std::get<1>(info.param) ? "overlap" : "serial", std::get<2>(info.param),
-                                              std::get<3>(info.param));
-                         });
+                         strategy_overlap_dp_micro_name);
 
 // With clipping the norm's partial sums are grouped by other shards: the losses agree to 1e-6.
 TEST(Fsdp, ClippedLossesWithinOneInAMillionOfDdp) {

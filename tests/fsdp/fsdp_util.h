@@ -1,6 +1,9 @@
 // Shared by the FSDP tests: the four strategies, a small FSDP training config and its DDP twin.
 #pragma once
 
+#include <string>
+#include <tuple>
+
 #include <mxddp/fsdp.h>
 
 #include "model/train_util.h"
@@ -20,6 +23,13 @@ inline TrainConfig fsdp_config(ShardingStrategy s, bool overlap) {
   c.fsdp.overlap_grad_reduce = c.fsdp.overlap_param_gather = overlap;
   c.ddp.overlap_grad_reduce = c.ddp.overlap_param_gather = overlap;  // the DDP baseline's
   return c;
+}
+
+// The name of a (strategy, overlap, dp, micro-batches) case, e.g. "optim_overlap_dp2_mb3".
+inline std::string strategy_overlap_dp_micro_name(
+    const ::testing::TestParamInfo<std::tuple<ShardingStrategy, bool, int, int>>& info) {
+  const auto [strategy, overlap, dp, accum] = info.param;
+  return fmt::format("{}_{}_dp{}_mb{}", sharding_strategy_name(strategy), overlap ? "overlap" : "serial", dp, accum);
 }
 
 inline TrainConfig as_ddp(TrainConfig c) {
