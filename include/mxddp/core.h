@@ -171,6 +171,9 @@ struct TensorView {
   std::string to_string() const;  // "bf16[95, 95] on cpu"
 };
 
+// True when no element of an f32 or bf16 view is NaN or Inf (the gradient checks' question).
+bool all_finite(const TensorView& v);
+
 // ----------------------------------------------------------------------------------------------
 // Alignment math (elements or bytes, the caller's choice of unit)
 // ----------------------------------------------------------------------------------------------

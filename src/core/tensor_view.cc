@@ -2,6 +2,7 @@
 // silently wrapped element count becomes an out-of-bounds write three layers down.
 #include <mxddp/core.h>
 
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -50,6 +51,21 @@ TensorView TensorView::slice(int64_t offset, int64_t count) const {
               "slice [{}, {}) is outside the {} elements of {}", offset, offset + count, n, to_string());
   char* base = static_cast<char*>(data) + static_cast<size_t>(offset) * dtype_size_bytes(dtype);
   return TensorView{base, dtype, Shape{count}, device};
+}
+
+bool all_finite(const TensorView& v) {
+  const auto n = static_cast<size_t>(v.numel());
+  if (v.dtype == DType::kF32) {
+    const float* x = v.data_as<const float>();
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(x[i])) return false;
+    return true;
+  }
+  MXDDP_CHECK(v.dtype == DType::kBF16, "all_finite takes f32 or bf16; got {}", v.to_string());
+  const bf16_bits* x = v.data_as<const bf16_bits>();
+  for (size_t i = 0; i < n; ++i)
+    if ((x[i] & 0x7f80u) == 0x7f80u) return false;  // exponent all ones: Inf or NaN
+  return true;
 }
 
 std::string TensorView::to_string() const {

@@ -139,17 +139,7 @@ void DistributedDataParallel::issue_ready_groups_in_order() {
 }
 
 void DistributedDataParallel::check_finite(int bucket) const {
-  const TensorView grads = buffer_.bucket_grads(bucket);
-  const auto n = static_cast<size_t>(grads.numel());
-  bool finite = true;
-  if (grads.dtype == DType::kF32) {
-    const float* g = grads.data_as<const float>();
-    for (size_t i = 0; i < n && finite; ++i) finite = std::isfinite(g[i]);
-  } else {
-    const bf16_bits* g = grads.data_as<const bf16_bits>();
-    for (size_t i = 0; i < n && finite; ++i) finite = (g[i] & 0x7f80u) != 0x7f80u;
-  }
-  if (finite) return;
+  if (all_finite(buffer_.bucket_grads(bucket))) return;
   std::string names;
   for (int p : buffer_.layout().buckets[static_cast<size_t>(bucket)].params)
     names += fmt::format("{}{}", names.empty() ? "" : ", ", buffer_.params()[static_cast<size_t>(p)].name);

@@ -111,17 +111,8 @@ std::vector<int> DistributedOptimizer::nonfinite_grad_params() {
   std::vector<float> flags(static_cast<size_t>(dp_.num_params()), 0.0f);
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads;
-    for (const ShardParamRange& r : buckets_[b].owned) {
-      bool finite = true;
-      if (grads.dtype == DType::kF32) {
-        const float* g = grads.data_as<const float>() + r.in_shard.start;
-        for (int64_t i = 0; i < r.in_shard.size() && finite; ++i) finite = std::isfinite(g[i]);
-      } else {
-        const bf16_bits* g = grads.data_as<const bf16_bits>() + r.in_shard.start;
-        for (int64_t i = 0; i < r.in_shard.size() && finite; ++i) finite = (g[i] & 0x7f80u) != 0x7f80u;
-      }
-      if (!finite) flags[static_cast<size_t>(r.param)] = 1.0f;
-    }
+    for (const ShardParamRange& r : buckets_[b].owned)
+      if (!all_finite(grads.flat().slice(r.in_shard.start, r.in_shard.size()))) flags[static_cast<size_t>(r.param)] = 1.0f;
   }
   dp_.communicator().all_reduce(TensorView{flags.data(), DType::kF32, Shape{static_cast<int64_t>(flags.size())}, Device::cpu()},
                                 {.op = ReduceOp::kMax});
