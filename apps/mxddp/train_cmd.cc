@@ -137,6 +137,11 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   data->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", c.check_for_nan_in_loss_and_grad,
                  "Stop on a NaN or Inf loss or gradient, naming the iteration and params (default: on); off, such "
                  "iterations are skipped and counted in the report");
+  data->add_option("--check-weight-hash-across-dp-replicas-interval", c.check_weight_hash_across_dp_replicas_interval,
+                   "Every N iterations compare hashes of the model params across data-parallel ranks and stop on a "
+                   "mismatch, naming the params and ranks (0: never)")
+      ->transform(kIterations)
+      ->capture_default_str();
 
   auto* out = cmd->add_option_group("output");
   out->add_option("--report", a.report, "Write a JSON report here")->transform(non_empty_path());

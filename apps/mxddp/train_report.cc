@@ -38,6 +38,7 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
       {"recompute_activations", c.recompute_activations},
       {"bf16", c.bf16},
       {"check_for_nan_in_loss_and_grad", c.check_for_nan_in_loss_and_grad},
+      {"check_weight_hash_across_dp_replicas_interval", c.check_weight_hash_across_dp_replicas_interval},
       {"compute_threads", c.compute_threads},
       {"micro_batch_size", c.micro_batch_size},
       {"global_batch_size", c.global_batch_size},

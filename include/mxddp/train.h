@@ -49,6 +49,10 @@ struct TrainConfig {
   // the run with an error naming the iteration and the params whose gradients hold it. Off, such an
   // iteration's update is skipped (StepRecord::skipped) and training goes on.
   bool check_for_nan_in_loss_and_grad = true;
+  // Megatron's --check-weight-hash-across-dp-replicas-interval: every this many iterations the
+  // ranks compare hashes of their model params (param_hash_mismatches) and a mismatch stops the
+  // run with an error naming the params and ranks. 0: never.
+  int64_t check_weight_hash_across_dp_replicas_interval = 0;
   uint64_t seed = 1234;       // initialization and sampling
   // Data: a text file, or (empty) the built-in corpus of corpus_bytes.
   std::string data_path;
@@ -116,6 +120,14 @@ struct TrainCallbacks {
   // object they will use; it must forward to the one it is given, which it then owns.
   std::function<std::unique_ptr<DataParallel>(std::unique_ptr<DataParallel>)> wrap_data_parallel;
 };
+
+// Collective. Hashes (CRC-32) every param as the forward reads it (its values, or an MXFP8 param's
+// payloads and scales) on every rank and compares the ranks' hashes: returns "" when all ranks
+// hold the same params, otherwise which params differ and on which ranks (the same text on every
+// rank). modules: the param lists of the model's modules in forward order, covering every param;
+// each is read between dp's before_forward and after_forward, as a forward-only pass would. Call it
+// between iterations, after force_param_sync.
+std::string param_hash_mismatches(DataParallel& dp, const std::vector<std::vector<int>>& modules);
 
 // Collective: every rank of comm calls it with the same config.
 TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks = {});

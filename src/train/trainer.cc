@@ -110,6 +110,9 @@ void TrainConfig::validate(int dp) const {
               eval_iters);
   MXDDP_CHECK(save_interval >= 0, "--save-interval {} is not valid: 0 (only at the end) or more", save_interval);
   MXDDP_CHECK(save_interval == 0 || !save_dir.empty(), "--save-interval {} needs --save DIR", save_interval);
+  MXDDP_CHECK(check_weight_hash_across_dp_replicas_interval >= 0,
+              "--check-weight-hash-across-dp-replicas-interval {} is not valid: 0 (never) or more",
+              check_weight_hash_across_dp_replicas_interval);
   MXDDP_CHECK(corpus_bytes >= 1, "corpus size {} is not valid: at least 1 byte", corpus_bytes);
 }
 
@@ -194,6 +197,23 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     result.evals.push_back(record);
     if (callbacks.on_eval) callbacks.on_eval(record);
   };
+  // The model's modules in forward order (GptModel's hooks): the embeddings, each layer, the final
+  // norm. The weight-hash check reads each between its hooks, as evaluation does.
+  std::vector<std::vector<int>> forward_modules;
+  {
+    const GptParamIds ids(mc);
+    forward_modules.push_back({ids.wte(), ids.wpe()});
+    for (std::vector<int>& unit : gpt_fsdp_units(mc)) forward_modules.push_back(std::move(unit));
+    forward_modules.push_back({ids.final_norm_weight(), ids.final_norm_bias()});
+  }
+  auto check_weight_hashes = [&](int64_t iteration) {
+    optimizer.force_param_sync();  // as Megatron: the param gather is finished before hashing
+    const std::string mismatches = param_hash_mismatches(*ddp, forward_modules);
+    MXDDP_CHECK(mismatches.empty(),
+                "iteration {}: the model params differ across data-parallel replicas "
+                "(--check-weight-hash-across-dp-replicas-interval {}): {}",
+                iteration, config.check_weight_hash_across_dp_replicas_interval, mismatches);
+  };
   auto save = [&](int64_t iteration) {
     save_checkpoint(config.save_dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration)});
     if (callbacks.on_save) callbacks.on_save(iteration, config.save_dir);
@@ -255,6 +275,9 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
       tracker.reset_peaks();
     }
     const bool last = it + 1 == config.train_iters;
+    if (config.check_weight_hash_across_dp_replicas_interval > 0 &&
+        (it + 1) % config.check_weight_hash_across_dp_replicas_interval == 0)
+      check_weight_hashes(it + 1);
     if (config.eval_iters > 0 && (last || (config.eval_interval > 0 && (it + 1) % config.eval_interval == 0)))
       evaluate(it + 1);
     if (!config.save_dir.empty() && (last || (config.save_interval > 0 && (it + 1) % config.save_interval == 0)))

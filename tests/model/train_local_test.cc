@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "forwarding_data_parallel.h"
 #include "model/train_util.h"
 
 namespace mxddp::testing {
@@ -208,6 +209,80 @@ TEST(TrainLocal, NanLossOrGradStopsTheRunUnlessTheCheckIsOff) {
     ASSERT_EQ(r.steps.size(), static_cast<size_t>(c.train_iters));
     EXPECT_FALSE(r.steps[0].skipped);
     for (size_t i = 1; i < r.steps.size(); ++i) EXPECT_TRUE(r.steps[i].skipped) << "iteration " << i + 1;
+  }
+}
+
+// A replica that drifted on one rank, as a bit flip or a faulty gather would leave it: rank 1 flips
+// one byte of a param (its MXFP8 row-wise payload where it is one) as the check reads it after the
+// given force_param_sync, i.e. after the param sync the check waits for.
+class DriftingReplica final : public ForwardingDataParallel {
+ public:
+  DriftingReplica(std::unique_ptr<DataParallel> inner, int param, int drift_at_sync)
+      : ForwardingDataParallel(std::move(inner)), param_(param), drift_at_sync_(drift_at_sync) {}
+  void force_param_sync(const std::function<void()>& stage) override {
+    ForwardingDataParallel::force_param_sync(stage);
+    armed_ = ++syncs_ == drift_at_sync_ && communicator().rank() == 1;
+  }
+  void before_forward(const std::vector<int>& m) override {
+    ForwardingDataParallel::before_forward(m);
+    if (!armed_ || std::find(m.begin(), m.end(), param_) == m.end()) return;
+    const TensorView bytes = is_mxfp8(param_) ? mxfp8_param(param_).data(QuantAxis::kRow) : param(param_);
+    static_cast<uint8_t*>(bytes.data)[7] ^= 0x10;
+    armed_ = false;
+  }
+
+ private:
+  const int param_, drift_at_sync_;
+  int syncs_ = 0;
+  bool armed_ = false;
+};
+
+// Megatron's --check-weight-hash-across-dp-replicas-interval, under DDP, DDP with MXFP8 params
+// staged in the grad buffer and FSDP with sharded and replicated params: a clean run passes every
+// check and trains exactly as without it; one drifted byte on one rank stops the run on every rank,
+// naming the iteration, the param and the rank.
+TEST(TrainLocal, WeightHashCheckFindsADriftedReplicaAndNothingElse) {
+  struct Mode {
+    const char* name;
+    bool mxfp8, fsdp;
+    ShardingStrategy strategy = ShardingStrategy::kOptimGradsParams;
+  };
+  for (const Mode& mode : {Mode{"ddp", false, false}, Mode{"ddp mxfp8 reuse", true, false},
+                           Mode{"fsdp optim_grads_params", false, true},
+                           Mode{"fsdp no_shard", false, true, ShardingStrategy::kNoShard}}) {
+    SCOPED_TRACE(mode.name);
+    TrainConfig c = small_train_config();
+    c.eval_iters = 0;  // the only param syncs forced are the checks' (and the one at the end)
+    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mode.mxfp8;
+    c.use_megatron_fsdp = mode.fsdp;
+    c.fsdp.data_parallel_sharding_strategy = mode.strategy;
+    const TrainResult unchecked = train_local(2, c);
+    c.check_weight_hash_across_dp_replicas_interval = 1;
+    const TrainResult checked = train_local(2, c);
+    ASSERT_EQ(checked.steps.size(), unchecked.steps.size());
+    for (size_t i = 0; i < checked.steps.size(); ++i) EXPECT_EQ(checked.steps[i].loss, unchecked.steps[i].loss) << i;
+
+    const int qkv = GptParamIds(c.model).layer(1, kQkvW);
+    c.check_weight_hash_across_dp_replicas_interval = 2;
+    TrainCallbacks drift;
+    drift.wrap_data_parallel = [&](std::unique_ptr<DataParallel> inner) -> std::unique_ptr<DataParallel> {
+      return std::make_unique<DriftingReplica>(std::move(inner), qkv, /*drift_at_sync=*/2);
+    };
+    std::vector<std::string> errors(2);
+    set_compute_threads(1);
+    run_local(2, [&](Communicator& comm) {
+      try {
+        train(comm, c, drift);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (const std::string& e : errors) {
+      EXPECT_NE(e.find("iteration 4: the model params differ across data-parallel replicas"), std::string::npos) << e;
+      EXPECT_NE(e.find("'decoder.layers.1.self_attention.linear_qkv.weight' (ranks 1 differ from rank 0)"),
+                std::string::npos) << e;
+      EXPECT_EQ(e.find("layers.0"), std::string::npos) << "only the drifted param is named: " << e;
+    }
   }
 }
 
