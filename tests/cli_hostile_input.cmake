@@ -110,6 +110,13 @@ mxddp_cli_rejects(cli_layout_rejects_huge_dp
 mxddp_cli_rejects(cli_selfcheck_names_timeout_range
   "--timeout-ms: '0' is not valid: give an integer in \\[1, 604800000\\]"
   "$m selfcheck --timeout-ms 0")
+# ---- 9. a run that cannot fit is refused before it allocates, with the figures ----
+mxddp_cli_rejects(cli_train_refuses_a_billion_layers
+  "error: .*this run cannot fit in this machine's memory: 1 rank here need at least .* is available.*--num-layers 2147483647"
+  "$m train --ranks 1 --num-layers 2147483647")
+mxddp_cli_rejects(cli_train_refuses_a_million_hidden
+  "error: .*this run cannot fit in this machine's memory: 2 ranks here need at least .*--hidden-size 1000000"
+  "$m train --ranks 2 --hidden-size 1000000")
 # An allocation that fails is named with the subcommand and what to change, never a bare
 # std::bad_alloc: 1 GiB of built-in corpus under a 512 MiB address-space limit. Sanitizer builds
 # reserve terabytes of shadow memory at startup, which no such limit allows, so only plain builds

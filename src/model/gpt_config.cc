@@ -18,9 +18,15 @@ void GptConfig::validate() const {
 }
 
 int64_t GptConfig::num_params() const {
+  // Checked: --hidden-size and --num-layers go up to 2^31 - 1, and 12 c^2 L does not fit in 64 bits.
+  constexpr std::string_view what = "the model's param count (--num-layers, --hidden-size, --seq-length)";
   const int64_t c = hidden_size;
-  const int64_t per_layer = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
-  return int64_t{vocab_size} * c + int64_t{seq_length} * c + num_layers * per_layer + 2 * c;
+  const int64_t c2 = checked_mul(c, c, what);
+  // Per layer: two norms (2c each), qkv (3c^2 + 3c), proj (c^2 + c), fc1 (4c^2 + 4c), fc2 (4c^2 + c).
+  const int64_t per_layer = checked_add(checked_mul(12, c2, what), 13 * c, what);
+  int64_t n = checked_mul(num_layers, per_layer, what);
+  n = checked_add(n, checked_mul(int64_t{vocab_size} + seq_length + 2, c, what), what);
+  return n;
 }
 
 double GptConfig::train_flops_per_token() const {

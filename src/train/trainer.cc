@@ -11,6 +11,8 @@
 #include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
+#include "memory_floor.h"
+
 namespace mxddp {
 
 namespace {
@@ -60,14 +62,18 @@ void check_save_dir(const std::string& dir) {
               "new path, an empty directory or an existing checkpoint", dir);
 }
 
-// Each rank's share of the machine's cores: ranks as threads (local backend) share one
-// process's cores; under mpirun, the ranks on this node share them.
+// The ranks that share this machine's cores and memory: ranks as threads (local backend) share
+// one process; under mpirun, the ranks on this node.
+int ranks_on_this_machine(const Communicator& comm) {
+  if (comm.backend_name() == "local") return comm.size();
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+// Each rank's share of the machine's cores.
 int default_rank_threads(const Communicator& comm) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int ranks_here = 1;
-  if (comm.backend_name() == "local") ranks_here = comm.size();
-  else if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) ranks_here = std::max(1, std::atoi(s));
-  return std::max(1, cores / ranks_here);
+  return std::max(1, cores / ranks_on_this_machine(comm));
 }
 
 }  // namespace
@@ -132,6 +138,16 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   const int dp = comm.size(), rank = comm.rank();
   config.validate(dp);
   check_save_dir(config.save_dir);
+  {
+    // Before anything is allocated: a run that cannot fit is an error with the figures, not a
+    // process that grows until it is killed. A --data file's size is read here; from_file below
+    // names the file if it cannot be read.
+    std::error_code ec;
+    const auto file_bytes = config.data_path.empty() ? 0 : std::filesystem::file_size(config.data_path, ec);
+    const double data_bytes = config.data_path.empty() ? static_cast<double>(config.corpus_bytes)
+                                                       : (ec ? 0.0 : static_cast<double>(file_bytes));
+    check_train_fits_in_memory(config, dp, ranks_on_this_machine(comm), data_bytes);
+  }
   set_compute_threads(rank_compute_threads(config, comm));
   const GptConfig& mc = config.model;
   const int mb = config.micro_batch_size, accum = config.accumulation_steps(dp);

@@ -4,10 +4,12 @@
 // or another) reproduces the uninterrupted run; no scratch allocation after the first iteration.
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "forwarding_data_parallel.h"
 #include "model/train_util.h"
+#include "train/memory_floor.h"
 
 namespace mxddp::testing {
 namespace {
@@ -283,6 +285,66 @@ TEST(TrainLocal, WeightHashCheckFindsADriftedReplicaAndNothingElse) {
                 std::string::npos) << e;
       EXPECT_EQ(e.find("layers.0"), std::string::npos) << "only the drifted param is named: " << e;
     }
+  }
+}
+
+// A run that cannot fit is refused before anything is allocated, with the figures: a billion
+// layers used to grow until the kernel killed the process, a hidden size of a million died after
+// seconds with std::bad_alloc.
+TEST(TrainMemoryFloor, ARunThatCannotFitIsRefusedBeforeAllocating) {
+  ASSERT_GT(available_memory_bytes(), 0) << "/proc/meminfo has MemAvailable on Linux";
+  for (const GptConfig model : {GptConfig{.num_layers = 2147483647}, GptConfig{.hidden_size = 1000000}}) {
+    TrainConfig c = small_train_config();
+    c.model = model;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> errors(2);
+    run_local(2, [&](Communicator& comm) {
+      try {
+        train(comm, c);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(comm.rank())] = e.what();
+      }
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "refused before allocating";
+    for (const std::string& e : errors) {
+      EXPECT_NE(e.find("this run cannot fit in this machine's memory: 2 ranks here need at least"), std::string::npos) << e;
+      EXPECT_NE(e.find(fmt::format("--num-layers {}, --hidden-size {}", model.num_layers, model.hidden_size)),
+                std::string::npos) << e;
+      EXPECT_NE(e.find("GiB is available"), std::string::npos) << e;
+      EXPECT_NE(e.find("iB each: initial values"), std::string::npos) << e;
+    }
+  }
+}
+
+// The floor never refuses a run that fits: in every mode it is at most what a run measures.
+TEST(TrainMemoryFloor, IsAtMostWhatTheRunUses) {
+  struct Mode {
+    const char* name;
+    bool mxfp8, fsdp;
+    ShardingStrategy strategy = ShardingStrategy::kOptimGradsParams;
+  };
+  for (const Mode& mode : {Mode{"ddp", false, false}, Mode{"ddp mxfp8 reuse", true, false},
+                           Mode{"fsdp no_shard", false, true, ShardingStrategy::kNoShard},
+                           Mode{"fsdp optim", false, true, ShardingStrategy::kOptim},
+                           Mode{"fsdp optim_grads", false, true, ShardingStrategy::kOptimGrads},
+                           Mode{"fsdp optim_grads_params", false, true}}) {
+    SCOPED_TRACE(mode.name);
+    TrainConfig c = small_train_config();
+    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mode.mxfp8;
+    c.use_megatron_fsdp = mode.fsdp;
+    c.fsdp.data_parallel_sharding_strategy = mode.strategy;
+    const TrainMemoryFloor floor = train_memory_floor(c, 2, 0);
+    const double tracked_floor = floor.params_bytes + floor.grads_bytes + floor.main_params_bytes +
+                                 floor.optimizer_state_bytes + floor.activations_bytes;
+    const TrainResult r = train_local(2, c);
+    for (const RankMemory& m : r.memory_by_rank) EXPECT_LE(tracked_floor, static_cast<double>(m.overall.total_peak_bytes));
+    // On this small model scratch (attention, the MLP's hidden) dominates; the floor counts
+    // only each layer's input of it. A floor far below the run would let through runs that
+    // cannot fit.
+    const double measured = static_cast<double>(r.memory_by_rank[0].overall.total_peak_bytes);
+    std::printf("%s: floor %.0f bytes, measured peak %.0f (%.2f)\n", mode.name, tracked_floor, measured,
+                tracked_floor / measured);
+    EXPECT_GT(tracked_floor, 0.25 * measured);
   }
 }
 

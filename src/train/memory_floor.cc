@@ -1,0 +1,129 @@
+// train_memory_floor and the check against the machine's memory: see memory_floor.h.
+#include "memory_floor.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+namespace mxddp {
+
+namespace {
+
+// "512 B", "3.1 GiB", "1010 TiB", "1200 PiB": the unit a reader expects, whatever the size.
+std::string human_bytes(double bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  size_t u = 0;
+  while (bytes >= 1024.0 && u + 1 < std::size(kUnits)) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  if (u == 0 || bytes >= 100) return fmt::format("{:.0f} {}", bytes, kUnits[u]);
+  return fmt::format("{:.3g} {}", bytes, kUnits[u]);
+}
+
+double dtype_bytes(DType t) { return static_cast<double>(dtype_size_bytes(t)); }
+
+// GptConfig::num_params in doubles: the hostile configs this guards against overflow int64.
+double gpt_params(const GptConfig& m) {
+  const double c = m.hidden_size;
+  const double per_layer = 12 * c * c + 13 * c;
+  return static_cast<double>(m.vocab_size) * c + static_cast<double>(m.seq_length) * c + m.num_layers * per_layer + 2 * c;
+}
+
+// The first number on the line of /proc/meminfo that starts with key, in bytes; -1 if absent.
+double meminfo_bytes(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) {
+      std::istringstream fields(line.substr(key.size()));
+      double kib = -1;
+      fields >> kib;
+      return kib < 0 ? -1 : kib * 1024.0;
+    }
+  return -1;
+}
+
+// A cgroup v2 file holding one number ("max" when unlimited); -1 if absent or unlimited.
+double cgroup_bytes(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return -1;
+  try {
+    return std::stod(text);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+double TrainMemoryFloor::rank_bytes() const {
+  const double buffers = params_bytes + grads_bytes;
+  const double build = init_bytes + buffers;
+  const double steady = buffers + main_params_bytes + optimizer_state_bytes + activations_bytes;
+  return std::max(build, steady) + data_bytes;
+}
+
+std::string TrainMemoryFloor::describe() const {
+  return fmt::format("initial values {}, params {}, grads {}, main params {}, optimizer state {}, activations {}, data {}",
+                     human_bytes(init_bytes), human_bytes(params_bytes), human_bytes(grads_bytes),
+                     human_bytes(main_params_bytes), human_bytes(optimizer_state_bytes), human_bytes(activations_bytes),
+                     human_bytes(data_bytes));
+}
+
+TrainMemoryFloor train_memory_floor(const TrainConfig& c, int dp, double data_bytes) {
+  const double n = gpt_params(c.model), ranks = dp;
+  TrainMemoryFloor f;
+  f.init_bytes = 4 * n;
+  // Which of params, grads and optimizer state this rank keeps a 1/dp share of (fsdp.h's table;
+  // DDP always runs the distributed optimizer). MXFP8 params hold a 1-byte payload per orientation.
+  bool shard_params = false, shard_grads = false, shard_optimizer = true;
+  double param_elem = c.ddp.fp8_param_gather ? 2 : dtype_bytes(c.ddp.param_dtype);
+  double grad_elem = c.ddp.grad_reduce_in_fp32 ? 4 : dtype_bytes(c.ddp.param_dtype);
+  if (c.use_megatron_fsdp) {
+    const ShardingStrategy s = c.fsdp.data_parallel_sharding_strategy;
+    shard_params = s == ShardingStrategy::kOptimGradsParams;
+    shard_grads = s == ShardingStrategy::kOptimGrads || shard_params;
+    shard_optimizer = s != ShardingStrategy::kNoShard;
+    param_elem = dtype_bytes(c.fsdp.param_dtype);
+    grad_elem = c.fsdp.grad_reduce_in_fp32 ? 4 : param_elem;
+  }
+  f.params_bytes = param_elem * n / (shard_params ? ranks : 1);
+  f.grads_bytes = grad_elem * n / (shard_grads ? ranks : 1);
+  f.main_params_bytes = 4 * n / (shard_optimizer ? ranks : 1);
+  const double state_elems = c.optimizer.optimizer == "sgd" ? 1 : 2;
+  f.optimizer_state_bytes = 4 * state_elems * n / (shard_optimizer ? ranks : 1);
+  const double rows = static_cast<double>(c.micro_batch_size) * c.model.seq_length;
+  f.activations_bytes = 4 * rows * (static_cast<double>(c.model.num_layers) * c.model.hidden_size + c.model.vocab_size);
+  f.data_bytes = data_bytes;
+  return f;
+}
+
+double available_memory_bytes() {
+  double available = meminfo_bytes("MemAvailable:");
+  const double limit = cgroup_bytes("/sys/fs/cgroup/memory.max");
+  const double used = cgroup_bytes("/sys/fs/cgroup/memory.current");
+  if (limit >= 0) {
+    const double headroom = std::max(0.0, limit - std::max(0.0, used));
+    available = available < 0 ? headroom : std::min(available, headroom);
+  }
+  return available;
+}
+
+void check_train_fits_in_memory(const TrainConfig& config, int dp, int ranks_here, double data_bytes) {
+  const double available = available_memory_bytes();
+  if (available < 0) return;
+  const TrainMemoryFloor f = train_memory_floor(config, dp, data_bytes);
+  const double needed = f.rank_bytes() * ranks_here;
+  MXDDP_CHECK(needed <= available,
+              "this run cannot fit in this machine's memory: {} rank{} here need at least {} ({} each: {}) and {} is "
+              "available. Give a smaller model (--num-layers {}, --hidden-size {}), micro-batch "
+              "(--micro-batch-size {}) or sequence (--seq-length {}), or shard more (--use-megatron-fsdp)",
+              ranks_here, ranks_here == 1 ? "" : "s", human_bytes(needed), human_bytes(f.rank_bytes()), f.describe(),
+              human_bytes(available), config.model.num_layers, config.model.hidden_size, config.micro_batch_size,
+              config.model.seq_length);
+}
+
+}  // namespace mxddp
