@@ -117,6 +117,9 @@ mxddp_cli_rejects(cli_train_refuses_a_billion_layers
 mxddp_cli_rejects(cli_train_refuses_a_million_hidden
   "error: .*this run cannot fit in this machine's memory: 2 ranks here need at least .*--hidden-size 1000000"
   "$m train --ranks 2 --hidden-size 1000000")
+mxddp_cli_rejects(cli_train_param_count_past_int64
+  "error: .*the model's param count \\(--num-layers, --hidden-size, --seq-length\\): 12 x 4611686014132420609 does not fit"
+  "$m train --ranks 1 --hidden-size 2147483647 --num-attention-heads 1")
 # An allocation that fails is named with the subcommand and what to change, never a bare
 # std::bad_alloc: 1 GiB of built-in corpus under a 512 MiB address-space limit. Sanitizer builds
 # reserve terabytes of shadow memory at startup, which no such limit allows, so only plain builds
