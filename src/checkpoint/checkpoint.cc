@@ -4,6 +4,7 @@
 // Every step that can fail on one rank is followed by agree(): the ranks learn together whether
 // any of them failed, so they never split into some that committed and some that did not, and
 // never wait at a barrier for a rank that has already thrown.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <filesystem>

@@ -74,7 +74,8 @@ struct Manifest {
 };
 
 // The model config as a JSON object: a value that is a JSON number written canonically ("4",
-// "0.5") is stored as that number, anything else as a string; config_fields_from_json inverts it.
+// "0.5") is stored as that number, anything else as a string; read_manifest reads a number back
+// as its canonical text, so a saved config compares equal to the one it was saved from.
 nlohmann::json config_fields_json(const ConfigFields& fields);
 
 // Adds "manifest_crc32" to m (which must not hold it yet) and returns the text to write.
