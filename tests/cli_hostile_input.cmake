@@ -92,9 +92,10 @@ mxddp_cli_rejects(cli_train_load_names_directory_rank_file
   "error: .*checkpoint file '.*/rank_00001.safetensors' is a directory, not a regular file"
   "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/rank_00001.safetensors && mkdir $d/ck/rank_00001.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
   FIXTURES_REQUIRED cli_train)
-# One flipped byte in a key: the error names the manifest, not only nlohmann's exception.
+# One flipped byte in a key: the error names the manifest and both checksums (issue 15.13: the
+# checksum is verified before any field is read).
 mxddp_cli_rejects(cli_ckpt_inspect_names_malformed_manifest
-  "error: .*checkpoint manifest '.*/manifest.json' is malformed: .*key 'step' not found"
+  "error: .*checkpoint manifest '.*/manifest.json' fails its checksum: its content has CRC-32 [0-9a-f]+, its manifest_crc32 says [0-9a-f]+"
   "cp -r ${cli_ckpt} $d/ck && sed -i 's/\"step\"/\"stfp\"/' $d/ck/manifest.json && $m ckpt inspect $d/ck"
   FIXTURES_REQUIRED cli_ckpt)
 mxddp_cli_rejects(cli_train_rejects_huge_corpus

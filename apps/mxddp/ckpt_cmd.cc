@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include <mxddp/checkpoint.h>
 
 namespace mxddp::app {
@@ -10,16 +12,36 @@ namespace mxddp::app {
 CLI::App* add_ckpt_command(CLI::App& app, CkptArgs& args) {
   auto* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
   ckpt->require_subcommand(1);
-  auto* inspect = ckpt->add_subcommand("inspect", "Print what a checkpoint holds and verify its files");
+  auto* inspect = ckpt->add_subcommand("inspect", "Print what a checkpoint holds and verify all of it");
   inspect->add_option("dir", args.dir, "Checkpoint directory")->required();
+  inspect->add_flag("--json", args.json, "Print one JSON object (the same content and problems) instead of text");
   return inspect;
 }
 
+namespace {
+
+int print_json(const CkptArgs& args) {
+  try {
+    const CheckpointInfo info = inspect_checkpoint(args.dir);
+    std::printf("%s\n", checkpoint_info_json(info).c_str());
+    return info.ok() ? 0 : 1;
+  } catch (const Error& e) {
+    // The manifest itself cannot be trusted: still one JSON object, with the reason.
+    const nlohmann::json j = {{"dir", args.dir}, {"ok", false}, {"problems", {e.message()}}};
+    std::printf("%s\n", j.dump(1).c_str());
+    return 1;
+  }
+}
+
+}  // namespace
+
 int run_ckpt_inspect(const CkptArgs& args) {
+  if (args.json) return print_json(args);
   const CheckpointInfo info = inspect_checkpoint(args.dir);
-  std::printf("checkpoint %s: step %lld, saved at dp %d, optimizer %s\n", args.dir.c_str(),
-              static_cast<long long>(info.step), info.saved_dp, info.optimizer.c_str());
+  std::printf("checkpoint %s: step %lld, saved at dp %d, optimizer %s, model params %s\n", info.dir.c_str(),
+              static_cast<long long>(info.step), info.saved_dp, info.optimizer.c_str(), info.model_dtype.c_str());
   for (const auto& [key, value] : info.metadata) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
+  for (const auto& [key, value] : info.model_config) std::printf("  model %s = %s\n", key.c_str(), value.c_str());
   int64_t numel = 0;
   std::printf("\n%-40s %-20s %8s\n", "param", "shape", "slices");
   for (const CheckpointParamInfo& p : info.params) {
@@ -30,9 +52,15 @@ int run_ckpt_inspect(const CkptArgs& args) {
               "file", "bytes", "crc32", "status");
   for (const CheckpointFileInfo& f : info.files)
     std::printf("%-28s %14lld   %08x  %s\n", f.name.c_str(), static_cast<long long>(f.size_bytes), f.crc32,
-                f.status.c_str());
-  std::printf("\n%s\n", info.ok() ? "all files intact" : "DAMAGED: see the file list");
-  return info.ok() ? 0 : 1;
+                f.status == "ok" ? "ok" : "DAMAGED (see below)");
+  if (info.ok()) {
+    std::printf("\nall files intact: manifest checksum, file sizes and CRC-32s, tensor dtypes and sizes, and the "
+                "coverage of every param verified\n");
+    return 0;
+  }
+  std::printf("\nDAMAGED: %zu problem(s):\n", info.problems.size());
+  for (const std::string& p : info.problems) std::printf("  - %s\n", p.c_str());
+  return 1;
 }
 
 }  // namespace mxddp::app

@@ -1,33 +1,54 @@
 // mxddp checkpoint: distributed-optimizer checkpoints that reshard across data-parallel sizes.
 //
 // On disk, a checkpoint is a directory:
-//   manifest.json            step, configs, layout, the param list, which file holds which slice
-//                            of which param, and each file's size and CRC-32
+//   manifest.json            format "mxddp-checkpoint" version 2: step, configs, the model config
+//                            (every field, as a JSON object), the param list, which file holds
+//                            which slice of which param, each file's size and CRC-32, and
+//                            "manifest_crc32": the CRC-32 of the manifest itself
 //   rank_00000.safetensors   one per saving rank: for each param slice in that rank's shards,
 //   rank_00001.safetensors   "main/<param>/<start>-<end>" (f32), one tensor per optimizer state
 //   ...                      ("exp_avg/...", "exp_avg_sq/..." or "momentum_buffer/...", f32) and
-//                            "model/<param>/<start>-<end>" (the bf16 model params)
+//                            "model/<param>/<start>-<end>" (the model params, bf16 or f32)
 // Every tensor is a logical, unpadded slice of a flattened param, so a checkpoint saved at one dp
 // and bucket size loads at any other (same param list). safetensors and JSON: Python reads them.
 //
+// Trust: manifest_crc32 is the CRC-32 of the manifest's JSON without that key, dumped compactly
+// with sorted keys (nlohmann's dump(); Python's json.dumps(m, sort_keys=True, separators=(",", ":"),
+// ensure_ascii=False) for what mxddp writes). Load and inspect verify it before reading any field,
+// so an edited step or iteration is refused; a version-1 manifest (no checksum) is refused too.
+// File names must be this directory's "rank_NNNNN.safetensors", never a path. Load and inspect run
+// the same checks (src/checkpoint/manifest.h): the checksums, every rank file's safetensors header,
+// every tensor's dtype and size against the manifest, and slices that cover every param exactly.
+//
 // Writes are atomic: files go to DIR.partial (temporary names, fsync, rename), the manifest is
 // written last, and DIR.partial is renamed to DIR. A load reads and verifies everything it needs
-// (manifest, sizes, checksums, param list) before changing anything; if any rank fails, every rank
-// throws and the run is left as it was.
+// (manifest, model config, param list, sizes, checksums, tensors) before changing anything; if any
+// rank fails, every rank throws and the run is left as it was.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mxddp/optim.h>
 
 namespace mxddp {
 
+// A model's configuration as (field, value) pairs, every field (e.g. GptConfig::fields()).
+using ModelConfigFields = std::vector<std::pair<std::string, std::string>>;
+
 struct SaveOptions {
   bool overwrite = false;                       // replace an existing checkpoint at DIR
   std::map<std::string, std::string> metadata;  // stored in the manifest, returned by load
+  ModelConfigFields model_config;               // stored in the manifest, checked by a load that asks
+};
+
+struct LoadOptions {
+  // When not empty, the checkpoint's model config must equal this field by field (a model with
+  // other heads can have the same param shapes); the error lists every differing field.
+  ModelConfigFields model_config;
 };
 
 // Collective. Brings the model params up to date first (force_param_sync), then writes.
@@ -36,14 +57,16 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& optimizer, co
 // Collective. Restores main params, optimizer state and the step count, then the model params
 // from the main params (force_param_sync). Returns the metadata saved with the checkpoint. The
 // optimizer's hyper-parameters (lr, betas, ...) are the caller's: they are not overwritten.
-std::map<std::string, std::string> load_checkpoint(const std::string& dir, DistributedOptimizer& optimizer);
+std::map<std::string, std::string> load_checkpoint(const std::string& dir, DistributedOptimizer& optimizer,
+                                                   const LoadOptions& options = {});
 
-// What a checkpoint holds, read without a communicator (for `mxddp ckpt inspect`).
+// What a checkpoint holds, read and checked without a communicator (for `mxddp ckpt inspect`):
+// everything a load checks that does not need the model.
 struct CheckpointFileInfo {
   std::string name;
   int64_t size_bytes = 0;
   uint32_t crc32 = 0;
-  std::string status;  // "ok", or what is wrong with it ("missing", "size 10 != 20", "checksum ...")
+  std::string status;  // "ok", or its problems joined by "; " ("... is missing", "... is corrupted ...")
 };
 struct CheckpointParamInfo {
   std::string name;
@@ -51,15 +74,25 @@ struct CheckpointParamInfo {
   int slices = 0;
 };
 struct CheckpointInfo {
+  std::string dir;  // the directory read: DIR, or DIR.partial / DIR.old after an interrupted save
   int64_t step = 0;
   int saved_dp = 0;
   std::string optimizer;
+  std::vector<std::string> state_names;
+  std::string model_dtype;
+  ModelConfigFields model_config;
   std::vector<CheckpointParamInfo> params;
   std::vector<CheckpointFileInfo> files;
   std::map<std::string, std::string> metadata;
-  bool ok() const;  // every file present with the right size and checksum
+  std::vector<std::string> problems;  // coverage holes, damaged files, wrong tensors: one message each
+  bool ok() const { return problems.empty(); }
 };
-// Throws Error if the manifest is missing or unreadable; file problems are reported per file.
+// Throws Error when the manifest cannot be trusted (missing, not JSON, a bad checksum, an old
+// version, a malformed field, a file name that is not a rank file of DIR); everything else is
+// reported in problems.
 CheckpointInfo inspect_checkpoint(const std::string& dir);
+// The same as one JSON object: dir, ok, step, saved_dp, optimizer, state_names, model_dtype,
+// model_config, metadata, params, files (name, bytes, crc32, status) and problems.
+std::string checkpoint_info_json(const CheckpointInfo& info);
 
 }  // namespace mxddp

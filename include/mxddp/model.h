@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <mxddp/data_parallel.h>
@@ -43,6 +44,9 @@ struct GptConfig {
   // the attention products at full T x T as computed.
   double train_flops_per_token() const;
   std::string describe() const;  // "2 layers, hidden 64, 4 heads, seq 64, 0.12M params"
+  // Every field as (name, value), in declaration order: what a checkpoint stores and compares
+  // on load (two models with other head counts have the same param shapes).
+  std::vector<std::pair<std::string, std::string>> fields() const;
 };
 
 // "tiny" (2 x 64, seq 64), "small" (6 x 384, seq 256, ~10.8M params), "gpt2-124m" (GPT-2 small's

@@ -1,18 +1,22 @@
-// save_checkpoint / load_checkpoint / inspect_checkpoint: see checkpoint.h.
+// save_checkpoint / load_checkpoint: see checkpoint.h. The manifest's format and the checks a
+// checkpoint must pass are in manifest.h, shared with inspect_checkpoint (inspect.cc).
 //
 // Every step that can fail on one rank is followed by agree(): the ranks learn together whether
 // any of them failed, so they never split into some that committed and some that did not, and
 // never wait at a barrier for a rank that has already thrown.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <filesystem>
 #include <unistd.h>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <mxddp/checkpoint.h>
 
 #include "file_io.h"
+#include "manifest.h"
 #include "safetensors.h"
 
 namespace mxddp {
@@ -22,13 +26,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kFormat = "mxddp-checkpoint";
-constexpr int kVersion = 1;
-
-std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
-std::string slice_name(std::string_view kind, const std::string& param, const Range& r) {
-  return fmt::format("{}/{}/{}-{}", kind, param, r.start, r.end);
-}
+using ckpt::rank_file_name;
+using ckpt::slice_name;
 
 // Runs fn on every rank; if it threw on any rank, every rank throws (the failing one its own
 // error, the others an error quoting it), having done nothing further. The failing rank's message
@@ -63,20 +62,6 @@ json shape_json(const Shape& s) {
   json j = json::array();
   for (int d = 0; d < s.ndim(); ++d) j.push_back(s[d]);
   return j;
-}
-
-Shape shape_from_json(const json& j) {
-  MXDDP_CHECK(j.is_array() && j.size() <= static_cast<size_t>(Shape::kMaxDims), "bad shape {}", j.dump());
-  std::vector<int64_t> d = j.get<std::vector<int64_t>>();
-  switch (d.size()) {
-    case 0: return Shape{};
-    case 1: return Shape{d[0]};
-    case 2: return Shape{d[0], d[1]};
-    case 3: return Shape{d[0], d[1], d[2]};
-    case 4: return Shape{d[0], d[1], d[2], d[3]};
-    case 5: return Shape{d[0], d[1], d[2], d[3], d[4]};
-    default: return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
-  }
 }
 
 json config_json(const DistributedOptimizer& opt) {
@@ -129,77 +114,15 @@ std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
       }
     }
   }
-  return ckpt::encode_safetensors(tensors, {{"format", kFormat}, {"rank", std::to_string(rank)}});
-}
-
-std::string manifest_path(const std::string& dir) { return (fs::path(dir) / "manifest.json").string(); }
-
-// Runs fn, which reads fields of dir's manifest. A damaged or edited manifest (one flipped byte in
-// a key) makes nlohmann::json throw its own exception, which names neither the file nor what is
-// expected; this adds both.
-template <typename Fn>
-decltype(auto) with_manifest_context(const std::string& dir, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const json::exception& e) {
-    MXDDP_FAIL("checkpoint manifest '{}' is malformed: {}; it must be the manifest.json mxddp saved, unedited",
-               manifest_path(dir), e.what());
-  }
-}
-
-json read_manifest(const std::string& dir) {
-  const std::string path = manifest_path(dir);
-  MXDDP_CHECK(fs::exists(path), "'{}' is not a checkpoint: no manifest.json (an interrupted save leaves "
-              "'{}.partial' instead)", dir, dir);
-  const std::vector<char> bytes = ckpt::read_file(path);
-  json m;
-  try {
-    m = json::parse(bytes.begin(), bytes.end());
-  } catch (const std::exception& e) {
-    MXDDP_FAIL("'{}' is not valid JSON: {}", path, e.what());
-  }
-  MXDDP_CHECK(m.value("format", "") == kFormat && m.value("version", 0) == kVersion,
-              "'{}' is not an mxddp checkpoint manifest of version {} (format '{}', version {})", path, kVersion,
-              m.value("format", ""), m.value("version", 0));
-  return m;
-}
-
-// Reads a file named in the manifest and checks its size and checksum. Throws naming the problem.
-std::vector<char> read_verified(const std::string& dir, const json& file_entry) {
-  const std::string name = file_entry.at("name").get<std::string>();
-  const std::string path = (fs::path(dir) / name).string();
-  MXDDP_CHECK(fs::exists(path), "checkpoint file '{}' is missing", path);
-  std::vector<char> bytes = ckpt::read_file(path);
-  const auto want_size = file_entry.at("bytes").get<int64_t>();
-  MXDDP_CHECK(static_cast<int64_t>(bytes.size()) == want_size, "checkpoint file '{}' is {} bytes; the manifest says "
-              "{} (truncated or replaced)", path, bytes.size(), want_size);
-  const auto want_crc = file_entry.at("crc32").get<uint32_t>();
-  const uint32_t crc = ckpt::crc32_of(bytes);
-  MXDDP_CHECK(crc == want_crc, "checkpoint file '{}' is corrupted: CRC-32 {:08x}, the manifest says {:08x}", path, crc,
-              want_crc);
-  return bytes;
-}
-
-// A save publishes D in two renames: D -> D.old, then D.partial -> D (a non-empty directory cannot
-// be replaced in one). A kill between them leaves no D, the previous checkpoint intact in D.old and
-// the new one complete in D.partial (its manifest is written last, after every rank file). Readers
-// take the newest intact copy without changing anything; the next save restores it to D first, so
-// no later run deletes the only intact copy.
-bool has_manifest(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "manifest.json"); }
-
-std::string checkpoint_to_read(const std::string& dir) {
-  if (fs::exists(dir)) return dir;
-  if (has_manifest(dir + ".partial")) return dir + ".partial";
-  if (has_manifest(dir + ".old")) return dir + ".old";
-  return dir;  // read_manifest names what is missing
+  return ckpt::encode_safetensors(tensors, {{"format", ckpt::kManifestFormat}, {"rank", std::to_string(rank)}});
 }
 
 // Rank 0, before a save: an interrupted publish is completed or rolled back, so D is the newest
 // intact checkpoint (or absent) before D.partial is cleared for the new save.
 void recover_interrupted_publish(const std::string& dir) {
   if (fs::exists(dir)) return;
-  if (has_manifest(dir + ".partial")) fs::rename(dir + ".partial", dir);
-  else if (has_manifest(dir + ".old")) fs::rename(dir + ".old", dir);
+  if (ckpt::has_manifest(dir + ".partial")) fs::rename(dir + ".partial", dir);
+  else if (ckpt::has_manifest(dir + ".old")) fs::rename(dir + ".old", dir);
 }
 
 void publish(const std::string& partial, const std::string& dir, bool overwrite) {
@@ -245,9 +168,11 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
   agreed(comm, "checkpoint save (manifest)", [&] {
     if (comm.rank() != 0) return;
     json m = config_json(opt);
-    m["format"] = kFormat;
-    m["version"] = kVersion;
+    m["format"] = ckpt::kManifestFormat;
+    m["version"] = ckpt::kManifestVersion;
     m["step"] = opt.step_count();
+    m["model_dtype"] = dtype_name(buf.param_dtype());
+    m["model_config"] = ckpt::config_fields_json(options.model_config);
     m["dp"] = comm.size();
     m["state_names"] = json::array();
     for (int s = 0; s < opt.state_count(); ++s) m["state_names"].push_back(opt.state_name(s));
@@ -270,14 +195,24 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
       m["files"].push_back({{"name", rank_file_name(r)}, {"bytes", infos[static_cast<size_t>(2 * r)]},
                             {"crc32", static_cast<uint32_t>(infos[static_cast<size_t>(2 * r + 1)])}});
     m["metadata"] = options.metadata;
-    const std::string text = m.dump(1);
+    const std::string text = ckpt::seal_manifest(std::move(m));
     ckpt::write_file_atomic((fs::path(partial) / "manifest.json").string(), std::vector<char>(text.begin(), text.end()));
     publish(partial, dir, options.overwrite);
   });
 }
 
-std::map<std::string, std::string> load_checkpoint(const std::string& requested_dir, DistributedOptimizer& opt) {
-  const std::string dir = checkpoint_to_read(requested_dir);
+namespace {
+
+// Throws with every problem the shared checks found, naming the checkpoint.
+void check_no_problems(const std::string& dir, const std::vector<std::string>& problems) {
+  MXDDP_CHECK(problems.empty(), "checkpoint '{}' is damaged: {}", dir, fmt::join(problems, "; "));
+}
+
+}  // namespace
+
+std::map<std::string, std::string> load_checkpoint(const std::string& requested_dir, DistributedOptimizer& opt,
+                                                   const LoadOptions& options) {
+  const std::string dir = ckpt::checkpoint_to_read(requested_dir);
   Communicator& comm = opt.data_parallel().communicator();
   const DataParallel& buf = opt.data_parallel();
   const size_t num_buckets = buf.layout().buckets.size();
@@ -289,32 +224,33 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
   int64_t step = 0;
   // Reads and checks everything into the staging above; changes nothing live.
   const auto stage = [&] {
-    const json m = read_manifest(dir);
-    const auto& saved_params = m.at("params");
-    MXDDP_CHECK(saved_params.size() == buf.params().size(), "'{}' holds {} params; this model has {}", dir,
-                saved_params.size(), buf.params().size());
-    for (size_t p = 0; p < saved_params.size(); ++p) {
-      const std::string name = saved_params[p].at("name").get<std::string>();
-      const Shape shape = shape_from_json(saved_params[p].at("shape"));
-      const ParamSpec& spec = buf.params()[p];
-      MXDDP_CHECK(name == spec.name && shape == spec.shape, "param {} of '{}' is '{}' {}; this model's is '{}' {}", p, dir,
-                  name, shape.to_string(), spec.name, spec.shape.to_string());
+    const ckpt::Manifest m = ckpt::read_manifest(dir);  // checksum first, then structure
+    if (!options.model_config.empty()) {
+      const std::string differences = ckpt::model_config_differences(m.model_config, options.model_config);
+      MXDDP_CHECK(differences.empty(), "checkpoint '{}' was saved from another model: {}; load it into the model it "
+                  "was saved from", dir, differences);
     }
-    std::vector<std::string> state_names = m.at("state_names").get<std::vector<std::string>>();
-    MXDDP_CHECK(static_cast<int>(state_names.size()) == opt.state_count() &&
-                    (state_names.empty() || state_names[0] == opt.state_name(0)),
-                "'{}' holds state of optimizer '{}'; this optimizer is '{}'", dir,
-                m.at("optimizer").value("optimizer", "?"), opt.config().optimizer);
-    // Which files hold the slices this rank's shards need.
-    std::map<std::string, json> file_entries;
-    for (const json& f : m.at("files")) file_entries[f.at("name").get<std::string>()] = f;
-    std::map<std::string, std::vector<char>> files;
-    std::map<std::string, std::map<std::string, ckpt::TensorEntry>> headers;
-    auto file = [&](const std::string& name) -> const std::vector<char>& {
+    MXDDP_CHECK(m.params.size() == buf.params().size(), "'{}' holds {} params; this model has {}", dir,
+                m.params.size(), buf.params().size());
+    for (size_t p = 0; p < m.params.size(); ++p) {
+      const ParamSpec& spec = buf.params()[p];
+      MXDDP_CHECK(m.params[p].name == spec.name && m.params[p].shape == spec.shape,
+                  "param {} of '{}' is '{}' {}; this model's is '{}' {}", p, dir, m.params[p].name,
+                  m.params[p].shape.to_string(), spec.name, spec.shape.to_string());
+    }
+    MXDDP_CHECK(static_cast<int>(m.state_names.size()) == opt.state_count() &&
+                    (m.state_names.empty() || m.state_names[0] == opt.state_name(0)),
+                "'{}' holds state of optimizer '{}'; this optimizer is '{}'", dir, m.optimizer, opt.config().optimizer);
+    check_no_problems(dir, ckpt::coverage_problems(m));
+    // The files that hold the slices this rank's shards need, each checked whole when first used.
+    std::map<std::string, ckpt::RankFile> files;
+    auto file = [&](const std::string& name) -> const ckpt::RankFile& {
       if (!files.count(name)) {
-        MXDDP_CHECK(file_entries.count(name), "'{}' names file '{}' for a slice but not in its file list", dir, name);
-        files[name] = read_verified(dir, file_entries[name]);
-        headers[name] = ckpt::decode_safetensors(files[name], name);
+        const auto entry = std::find_if(m.files.begin(), m.files.end(), [&](const auto& f) { return f.name == name; });
+        MXDDP_ASSERT(entry != m.files.end());  // read_manifest checked every slice's file is listed
+        std::vector<std::string> problems;
+        files[name] = ckpt::check_rank_file(dir, m, *entry, problems);
+        check_no_problems(dir, problems);
       }
       return files[name];
     };
@@ -325,19 +261,16 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
       for (const ShardParamRange& need : bucket.update) {
         const std::string& name = buf.params()[static_cast<size_t>(need.param)].name;
         int64_t covered = 0;
-        for (const json& slice : saved_params[static_cast<size_t>(need.param)].at("slices")) {
-          const Range have{slice.at("start").get<int64_t>(), slice.at("end").get<int64_t>()};
+        for (const ckpt::ManifestSlice& slice : m.params[static_cast<size_t>(need.param)].slices) {
+          const Range& have = slice.range;
           const int64_t lo = std::max(have.start, need.in_param.start), hi = std::min(have.end, need.in_param.end);
           if (lo >= hi) continue;
-          const std::string fname = slice.at("file").get<std::string>();
-          const std::vector<char>& bytes = file(fname);
+          const ckpt::RankFile& rank_file = file(slice.file);
           auto copy = [&](std::string_view kind, std::vector<float>& dst) {
-            const std::string tname = slice_name(kind, name, have);
-            const auto it = headers[fname].find(tname);
-            MXDDP_CHECK(it != headers[fname].end() && it->second.dtype == DType::kF32 && it->second.numel == have.size(),
-                        "'{}' lacks f32 tensor '{}' of {} elements", fname, tname, have.size());
+            // check_rank_file verified that this tensor exists, is f32 and has have.size() elements.
+            const ckpt::TensorEntry& t = rank_file.tensors.at(slice_name(kind, name, have));
             std::memcpy(dst.data() + (need.in_shard.start + lo - need.in_param.start),
-                        bytes.data() + it->second.offset + static_cast<size_t>(lo - have.start) * sizeof(float),
+                        rank_file.bytes.data() + t.offset + static_cast<size_t>(lo - have.start) * sizeof(float),
                         static_cast<size_t>(hi - lo) * sizeof(float));
           };
           copy("main", main[b]);
@@ -348,10 +281,10 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
                     dir, covered, need.in_param.size(), need.in_param.start, need.in_param.end, name);
       }
     }
-    step = m.at("step").get<int64_t>();
-    metadata = m.value("metadata", std::map<std::string, std::string>{});
+    step = m.step;
+    metadata = m.metadata;
   };
-  agreed(comm, "checkpoint load", [&] { with_manifest_context(dir, stage); });
+  agreed(comm, "checkpoint load", stage);
   // Commit: every rank has everything.
   for (size_t b = 0; b < num_buckets; ++b) {
     std::memcpy(opt.main_params(static_cast<int>(b)).data, main[b].data(), main[b].size() * sizeof(float));
@@ -362,43 +295,6 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
   opt.set_step_count(step);
   opt.force_param_sync();
   return metadata;
-}
-
-bool CheckpointInfo::ok() const {
-  for (const CheckpointFileInfo& f : files)
-    if (f.status != "ok") return false;
-  return true;
-}
-
-namespace {
-
-CheckpointInfo inspect_manifest(const std::string& dir) {
-  const json m = read_manifest(dir);
-  CheckpointInfo info;
-  info.step = m.at("step").get<int64_t>();
-  info.saved_dp = m.at("dp").get<int>();
-  info.optimizer = m.at("optimizer").value("optimizer", "?");
-  info.metadata = m.value("metadata", std::map<std::string, std::string>{});
-  for (const json& p : m.at("params"))
-    info.params.push_back({p.at("name").get<std::string>(), shape_from_json(p.at("shape")),
-                           static_cast<int>(p.at("slices").size())});
-  for (const json& f : m.at("files")) {
-    CheckpointFileInfo fi{f.at("name").get<std::string>(), f.at("bytes").get<int64_t>(), f.at("crc32").get<uint32_t>(), "ok"};
-    try {
-      read_verified(dir, f);
-    } catch (const Error& e) {
-      fi.status = e.message();
-    }
-    info.files.push_back(fi);
-  }
-  return info;
-}
-
-}  // namespace
-
-CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
-  const std::string dir = checkpoint_to_read(requested_dir);
-  return with_manifest_context(dir, [&] { return inspect_manifest(dir); });
 }
 
 }  // namespace mxddp

@@ -41,6 +41,17 @@ std::string GptConfig::describe() const {
                      num_attention_heads, seq_length, static_cast<double>(num_params()) / 1e6);
 }
 
+// A field added to GptConfig must be added to fields() too, or checkpoints stop comparing it.
+static_assert(sizeof(GptConfig) == 5 * sizeof(int), "GptConfig changed: list every field in GptConfig::fields()");
+
+std::vector<std::pair<std::string, std::string>> GptConfig::fields() const {
+  return {{"vocab_size", std::to_string(vocab_size)},
+          {"num_layers", std::to_string(num_layers)},
+          {"hidden_size", std::to_string(hidden_size)},
+          {"num_attention_heads", std::to_string(num_attention_heads)},
+          {"seq_length", std::to_string(seq_length)}};
+}
+
 std::vector<std::string> gpt_preset_names() { return {"tiny", "small", "gpt2-124m"}; }
 
 GptConfig gpt_preset(std::string_view name) {

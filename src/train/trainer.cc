@@ -43,9 +43,10 @@ MemoryUsage max_usage(const MemoryUsage& a, const MemoryUsage& b) {
   return m;
 }
 
+// The model itself is stored structurally (SaveOptions::model_config, every GptConfig field) and
+// compared field by field on --load.
 std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t iteration) {
   return {{"iteration", std::to_string(iteration)},
-          {"model", c.model.describe()},
           {"seed", std::to_string(c.seed)},
           {"global_batch_size", std::to_string(c.global_batch_size)}};
 }
@@ -183,7 +184,9 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   result.unigram_entropy = data.unigram_entropy();
   result.tokens_per_iteration = int64_t{config.global_batch_size} * mc.seq_length;
   if (!config.load_dir.empty()) {
-    const auto meta = load_checkpoint(config.load_dir, optimizer);
+    // The model config is compared before anything changes: a model with other heads can have
+    // the same param shapes and would load silently.
+    const auto meta = load_checkpoint(config.load_dir, optimizer, {.model_config = config.model.fields()});
     const auto it = meta.find("iteration");
     MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
                 config.load_dir);
@@ -231,7 +234,8 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
                 iteration, config.check_weight_hash_across_dp_replicas_interval, mismatches);
   };
   auto save = [&](int64_t iteration) {
-    save_checkpoint(config.save_dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration)});
+    save_checkpoint(config.save_dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration),
+                                                 .model_config = config.model.fields()});
     if (callbacks.on_save) callbacks.on_save(iteration, config.save_dir);
   };
 

@@ -4,9 +4,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/model.h>
 
+#include "checkpoint/file_io.h"
+#include "checkpoint/safetensors.h"
 #include "optim/optim_checks.h"
 
 namespace mxddp::testing {
@@ -82,7 +88,8 @@ TEST(Checkpoint, SameDpResumeIsBitwise) {
 // Trains 2 steps at dp 2, then tries to load `dir` (prepared by `damage`) and checks that every
 // rank throws an error containing `needle` and that nothing changed.
 void expect_load_fails_and_changes_nothing(const std::string& dir, const std::string& needle,
-                                           const std::vector<ParamSpec>& params = mlp_params()) {
+                                           const std::vector<ParamSpec>& params = mlp_params(),
+                                           const LoadOptions& options = {}) {
   run_local(2, [&](Communicator& comm) {
     MemoryTracker tracker;
     auto init = mlp_init();
@@ -106,7 +113,7 @@ void expect_load_fails_and_changes_nothing(const std::string& dir, const std::st
     const auto before = snapshot();
     const int64_t step_before = opt.step_count();
     try {
-      load_checkpoint(dir, opt);
+      load_checkpoint(dir, opt, options);
       ADD_FAILURE() << "rank " << comm.rank() << ": the load succeeded; expected an error with '" << needle << "'";
     } catch (const Error& e) {
       const std::string what = e.what();
@@ -224,6 +231,228 @@ TEST(Checkpoint, EveryRankReportsTheFailingRanksError) {
     EXPECT_NE(errors[static_cast<size_t>(r)].find(root_cause), std::string::npos)
         << "rank " << r << " says: " << errors[static_cast<size_t>(r)] << "\nrank 0 says: " << errors[0];
   }
+}
+
+using nlohmann::json;
+
+std::string manifest_of(const std::string& dir) { return dir + "/manifest.json"; }
+
+std::string read_text(const std::string& path) {
+  const std::vector<char> bytes = ckpt::read_file(path);
+  return {bytes.begin(), bytes.end()};
+}
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// Applies edit to dir's manifest and rewrites it with the checksum recomputed as documented (the
+// CRC-32 of the compact dump, keys sorted, without "manifest_crc32"), so that a later check, not
+// the checksum, is what a test meets. Computed here, independently of the library's code.
+void edit_manifest(const std::string& dir, const std::function<void(json&)>& edit) {
+  json m = json::parse(read_text(manifest_of(dir)));
+  edit(m);
+  m.erase("manifest_crc32");
+  const std::string canonical = m.dump();
+  m["manifest_crc32"] = ckpt::crc32_of(std::vector<char>(canonical.begin(), canonical.end()));
+  write_text(manifest_of(dir), m.dump(1));
+}
+
+// Re-encodes rank file `name` with change() applied to its tensor list and records the new size
+// and CRC in the (resealed) manifest: the file is intact as far as checksums go, so only the
+// check of each tensor's dtype and size can catch what changed.
+void rewrite_rank_file(const std::string& dir, const std::string& name,
+                       const std::function<void(std::vector<ckpt::TensorToWrite>&)>& change) {
+  const std::string path = dir + "/" + name;
+  const std::vector<char> bytes = ckpt::read_file(path);
+  std::vector<ckpt::TensorToWrite> tensors;
+  for (const auto& [tname, e] : ckpt::decode_safetensors(bytes, path))
+    tensors.push_back({tname, e.dtype, e.numel, bytes.data() + e.offset});
+  change(tensors);
+  const std::vector<char> out = ckpt::encode_safetensors(tensors, {{"format", "mxddp-checkpoint"}});
+  { std::ofstream(path, std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size())); }
+  edit_manifest(dir, [&](json& m) {
+    for (json& f : m.at("files"))
+      if (f.at("name") == name) {
+        f["bytes"] = out.size();
+        f["crc32"] = ckpt::crc32_of(out);
+      }
+  });
+}
+
+// Whether any of the problems contains needle.
+bool mentions(const std::vector<std::string>& problems, const std::string& needle) {
+  for (const std::string& p : problems)
+    if (p.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+// Issue 15.13: an edited step or iteration passed inspect and resumed at the wrong iteration.
+TEST(CheckpointTrust, EditedManifestIsRefusedByLoadAndInspect) {
+  const std::string dir = saved_checkpoint("edited");
+  const std::string original = read_text(manifest_of(dir));
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\"step\": 3", "\"step\": 5"},
+                                 {"\"next_step\": \"3\"", "\"next_step\": \"5\""}}) {
+    std::string edited = original;
+    ASSERT_NE(edited.find(from), std::string::npos) << from << " not in " << original;
+    edited.replace(edited.find(from), from.size(), to);
+    write_text(manifest_of(dir), edited);
+    expect_load_fails_and_changes_nothing(dir, "checksum");
+    try {
+      inspect_checkpoint(dir);
+      ADD_FAILURE() << "inspect accepted a manifest edited from " << from << " to " << to;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(manifest_of(dir)), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("checksum"), std::string::npos) << e.message();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// A version-1 manifest has no checksum to verify: refused, not silently accepted.
+TEST(CheckpointTrust, VersionOneManifestIsRefused) {
+  const std::string dir = saved_checkpoint("v1");
+  json m = json::parse(read_text(manifest_of(dir)));
+  m["version"] = 1;
+  m.erase("manifest_crc32");
+  write_text(manifest_of(dir), m.dump(1));
+  expect_load_fails_and_changes_nothing(dir, "predates manifest checksums");
+  EXPECT_THROW(inspect_checkpoint(dir), Error);
+  fs::remove_all(dir);
+}
+
+// A file name that leaves the directory, with the CRC of the file it points to, loaded a shard
+// from outside the checkpoint.
+TEST(CheckpointTrust, FileNameOutsideTheDirectoryIsRefused) {
+  const std::string dir = saved_checkpoint("escape");
+  const fs::path outside = fs::path(dir).parent_path() / fmt::format("mxddp_ckpt_outside_{}", ::getpid());
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  fs::copy_file(dir + "/rank_00000.safetensors", outside / "rank_00000.safetensors");
+  const std::string escaping = "../" + outside.filename().string() + "/rank_00000.safetensors";
+  edit_manifest(dir, [&](json& m) {
+    m["files"][0]["name"] = escaping;
+    for (json& p : m.at("params"))
+      for (json& s : p.at("slices"))
+        if (s.at("file") == "rank_00000.safetensors") s["file"] = escaping;
+  });
+  fs::remove(dir + "/rank_00000.safetensors");
+  expect_load_fails_and_changes_nothing(dir, escaping);
+  try {
+    inspect_checkpoint(dir);
+    ADD_FAILURE() << "inspect accepted file name " << escaping;
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find(escaping), std::string::npos) << e.message();
+  }
+  fs::remove_all(outside);
+  fs::remove_all(dir);
+}
+
+// A rank file whose checksums match the manifest but whose tensors are not what the manifest
+// implies: one with the wrong dtype, one with the wrong size.
+TEST(CheckpointTrust, InspectAndLoadCheckEveryTensorsDtypeAndSize) {
+  const std::string dir = saved_checkpoint("tensors");
+  std::string retyped, resized;
+  rewrite_rank_file(dir, "rank_00001.safetensors", [&](std::vector<ckpt::TensorToWrite>& tensors) {
+    for (ckpt::TensorToWrite& t : tensors) {
+      if (retyped.empty() && t.name.starts_with("main/")) {
+        t.dtype = DType::kBF16;  // same element count, half the bytes
+        retyped = t.name;
+      } else if (resized.empty() && t.name.starts_with("exp_avg_sq/") && t.numel > 1) {
+        t.numel -= 1;
+        resized = t.name;
+      }
+    }
+  });
+  ASSERT_FALSE(retyped.empty() || resized.empty());
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  EXPECT_FALSE(info.ok());
+  EXPECT_TRUE(mentions(info.problems, retyped)) << "no problem names " << retyped;
+  EXPECT_TRUE(mentions(info.problems, resized)) << "no problem names " << resized;
+  EXPECT_EQ(info.files[0].status, "ok");
+  EXPECT_NE(info.files[1].status, "ok");
+  expect_load_fails_and_changes_nothing(dir, "rank_00001.safetensors");
+  fs::remove_all(dir);
+}
+
+// A slice dropped from the manifest leaves elements no file holds.
+TEST(CheckpointTrust, InspectAndLoadFindACoverageHole) {
+  const std::string dir = saved_checkpoint("hole");
+  std::string param;
+  edit_manifest(dir, [&](json& m) {
+    json& slices = m["params"][2]["slices"];
+    param = m["params"][2]["name"].get<std::string>();
+    slices.erase(slices.begin());
+  });
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  EXPECT_FALSE(info.ok());
+  EXPECT_TRUE(mentions(info.problems, "'" + param + "'")) << "no problem names " << param;
+  EXPECT_TRUE(mentions(info.problems, "in no slice")) << "no problem reports the hole";
+  expect_load_fails_and_changes_nothing(dir, "in no slice");
+  fs::remove_all(dir);
+}
+
+// Issue 15.13: a 4-head checkpoint loaded into an 8-head model, whose params have the same shapes.
+// The model config is compared field by field before anything changes.
+TEST(CheckpointTrust, ModelConfigMismatchIsRefusedFieldByField) {
+  const std::string dir = fresh_dir("model_config");
+  GptConfig four_heads = gpt_preset("tiny");
+  four_heads.num_attention_heads = 4;
+  GptConfig eight_heads = four_heads;
+  eight_heads.num_attention_heads = 8;
+  ASSERT_EQ(gpt_param_specs(four_heads).size(), gpt_param_specs(eight_heads).size());
+  for (size_t p = 0; p < gpt_param_specs(four_heads).size(); ++p)
+    ASSERT_EQ(gpt_param_specs(four_heads)[p].shape, gpt_param_specs(eight_heads)[p].shape) << "param " << p;
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    save_checkpoint(dir, opt, {.model_config = four_heads.fields()});
+  });
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  using Fields = std::map<std::string, std::string>;  // a JSON object: in key order
+  const auto saved = four_heads.fields();
+  EXPECT_EQ(Fields(info.model_config.begin(), info.model_config.end()), Fields(saved.begin(), saved.end()))
+      << "every field, as saved";
+  expect_load_fails_and_changes_nothing(dir, "num_attention_heads: checkpoint 4, this run 8", mlp_params(),
+                                        {.model_config = eight_heads.fields()});
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    try {
+      load_checkpoint(dir, opt, {.model_config = eight_heads.fields()});
+      ADD_FAILURE() << "loaded a 4-head checkpoint into an 8-head model";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("num_attention_heads: checkpoint 4, this run 8"), std::string::npos) << what;
+      EXPECT_EQ(what.find("hidden_size"), std::string::npos) << "only differing fields are listed: " << what;
+    }
+    load_checkpoint(dir, opt, {.model_config = four_heads.fields()});  // the same model loads
+    EXPECT_EQ(opt.step_count(), 1);
+  });
+  fs::remove_all(dir);
+}
+
+// The --json form is one JSON object with the same content and problems.
+TEST(CheckpointTrust, InspectJsonHoldsTheSameAsTheText) {
+  const std::string dir = saved_checkpoint("json");
+  json j = json::parse(checkpoint_info_json(inspect_checkpoint(dir)));
+  EXPECT_EQ(j.at("ok"), true);
+  EXPECT_EQ(j.at("step"), 3);
+  EXPECT_EQ(j.at("saved_dp"), 4);
+  EXPECT_EQ(j.at("optimizer"), "adam");
+  EXPECT_EQ(j.at("metadata").at("next_step"), "3");
+  EXPECT_EQ(j.at("params").size(), mlp_params().size());
+  EXPECT_EQ(j.at("files").size(), 4u);
+  EXPECT_TRUE(j.at("problems").empty());
+  flip_byte(dir + "/rank_00003.safetensors", 5);
+  j = json::parse(checkpoint_info_json(inspect_checkpoint(dir)));
+  EXPECT_EQ(j.at("ok"), false);
+  ASSERT_EQ(j.at("problems").size(), 1u);
+  EXPECT_NE(j.at("problems")[0].get<std::string>().find("rank_00003.safetensors' is corrupted"), std::string::npos);
+  EXPECT_EQ(j.at("files")[3].at("status"), j.at("problems")[0]);
+  fs::remove_all(dir);
 }
 
 // Writes a checkpoint for the `mxddp ckpt inspect` CLI tests (run by CTest as a fixture).

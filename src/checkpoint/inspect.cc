@@ -1,0 +1,60 @@
+// inspect_checkpoint and its JSON form (see checkpoint.h): the checks of manifest.h, the same a
+// load runs, on every file instead of the ones a rank needs, with the problems collected rather
+// than thrown.
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <mxddp/checkpoint.h>
+
+#include "manifest.h"
+
+namespace mxddp {
+
+CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
+  CheckpointInfo info;
+  info.dir = ckpt::checkpoint_to_read(requested_dir);
+  const ckpt::Manifest m = ckpt::read_manifest(info.dir);  // throws: nothing in it can be trusted
+  info.step = m.step;
+  info.saved_dp = m.dp;
+  info.optimizer = m.optimizer;
+  info.state_names = m.state_names;
+  info.model_dtype = std::string(dtype_name(m.model_dtype));
+  info.model_config = m.model_config;
+  info.metadata = m.metadata;
+  for (const ckpt::ManifestParam& p : m.params)
+    info.params.push_back({p.name, p.shape, static_cast<int>(p.slices.size())});
+  info.problems = ckpt::coverage_problems(m);
+  for (const ckpt::ManifestFile& f : m.files) {
+    std::vector<std::string> problems;
+    ckpt::check_rank_file(info.dir, m, f, problems);
+    info.files.push_back({f.name, f.size_bytes, f.crc32, problems.empty() ? "ok" : fmt::format("{}", fmt::join(problems, "; "))});
+    info.problems.insert(info.problems.end(), problems.begin(), problems.end());
+  }
+  return info;
+}
+
+std::string checkpoint_info_json(const CheckpointInfo& info) {
+  using nlohmann::json;
+  json j = {{"dir", info.dir},
+            {"ok", info.ok()},
+            {"step", info.step},
+            {"saved_dp", info.saved_dp},
+            {"optimizer", info.optimizer},
+            {"state_names", info.state_names},
+            {"model_dtype", info.model_dtype},
+            {"model_config", ckpt::config_fields_json(info.model_config)},
+            {"metadata", info.metadata},
+            {"params", json::array()},
+            {"files", json::array()},
+            {"problems", info.problems}};
+  for (const CheckpointParamInfo& p : info.params) {
+    json shape = json::array();
+    for (int d = 0; d < p.shape.ndim(); ++d) shape.push_back(p.shape[d]);
+    j["params"].push_back({{"name", p.name}, {"shape", shape}, {"slices", p.slices}});
+  }
+  for (const CheckpointFileInfo& f : info.files)
+    j["files"].push_back({{"name", f.name}, {"bytes", f.size_bytes}, {"crc32", f.crc32}, {"status", f.status}});
+  return j.dump(1);
+}
+
+}  // namespace mxddp
