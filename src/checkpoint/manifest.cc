@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "file_io.h"
+#include "json_int.h"
 
 namespace mxddp::ckpt {
 
@@ -21,8 +22,8 @@ uint32_t crc32_of_text(const std::string& text) { return crc32_of(std::vector<ch
 
 Shape shape_from_json(const json& j) {
   MXDDP_CHECK(j.is_array() && j.size() <= static_cast<size_t>(Shape::kMaxDims), "bad shape {}", j.dump());
-  std::vector<int64_t> d = j.get<std::vector<int64_t>>();
-  for (int64_t x : d) MXDDP_CHECK(x >= 0, "bad shape {}: a negative dimension", j.dump());
+  std::vector<int64_t> d;
+  for (const json& x : j) d.push_back(json_int(x, 0, INT64_MAX, "a dimension of shape " + j.dump()));
   switch (d.size()) {
     case 0: return Shape{};
     case 1: return Shape{d[0]};
@@ -62,10 +63,8 @@ ConfigFields config_fields_from_json(const json& j) {
 Manifest parse_manifest(const json& j, const std::string& path) {
   Manifest m;
   m.path = path;
-  m.step = j.at("step").get<int64_t>();
-  MXDDP_CHECK(m.step >= 0, "step {} is negative", m.step);
-  m.dp = j.at("dp").get<int>();
-  MXDDP_CHECK(m.dp >= 1, "dp {} is not positive", m.dp);
+  m.step = json_int(j.at("step"), 0, INT64_MAX, "step");
+  m.dp = static_cast<int>(json_int(j.at("dp"), 1, INT32_MAX, "dp"));
   m.optimizer = j.at("optimizer").at("optimizer").get<std::string>();
   m.state_names = j.at("state_names").get<std::vector<std::string>>();
   m.model_dtype = parse_dtype(j.at("model_dtype").get<std::string>());
@@ -78,8 +77,9 @@ Manifest parse_manifest(const json& j, const std::string& path) {
   MXDDP_CHECK(files.is_array() && files.size() == static_cast<size_t>(m.dp), "checkpoint manifest '{}' lists {} "
               "files for a save at dp {}; a save writes one per rank", path, files.size(), m.dp);
   for (size_t i = 0; i < files.size(); ++i) {
-    ManifestFile f{files[i].at("name").get<std::string>(), files[i].at("bytes").get<int64_t>(),
-                   files[i].at("crc32").get<uint32_t>()};
+    ManifestFile f{files[i].at("name").get<std::string>(),
+                   json_int(files[i].at("bytes"), 0, INT64_MAX, fmt::format("files[{}].bytes", i)),
+                   static_cast<uint32_t>(json_int(files[i].at("crc32"), 0, UINT32_MAX, fmt::format("files[{}].crc32", i)))};
     const std::string entry = fmt::format("files[{}]", i);
     check_file_name(path, entry, f.name);
     MXDDP_CHECK(f.name == rank_file_name(static_cast<int>(i)), "checkpoint manifest '{}': {} is named '{}'; rank {}'s "
@@ -91,7 +91,9 @@ Manifest parse_manifest(const json& j, const std::string& path) {
     ManifestParam param{p.at("name").get<std::string>(), shape_from_json(p.at("shape")),
                         p.at("shared_embedding").get<bool>(), {}};
     for (const json& s : p.at("slices")) {
-      ManifestSlice slice{s.at("file").get<std::string>(), Range{s.at("start").get<int64_t>(), s.at("end").get<int64_t>()}};
+      ManifestSlice slice{s.at("file").get<std::string>(),
+                          Range{json_int(s.at("start"), 0, INT64_MAX, "a slice's start"),
+                                json_int(s.at("end"), 0, INT64_MAX, "a slice's end")}};
       const std::string entry = fmt::format("a slice of param '{}'", param.name);
       check_file_name(path, entry, slice.file);
       MXDDP_CHECK(std::any_of(m.files.begin(), m.files.end(), [&](const ManifestFile& f) { return f.name == slice.file; }),
@@ -151,16 +153,15 @@ Manifest read_manifest(const std::string& dir) {
   MXDDP_CHECK(j.is_object() && j.contains("format") && j["format"] == kManifestFormat && j.contains("version") &&
                   j["version"].is_number_integer(),
               "'{}' is not an mxddp checkpoint manifest (format '{}' with an integer version)", path, kManifestFormat);
-  const int version = j["version"].get<int>();
+  const int64_t version = json_int(j["version"], INT64_MIN, INT64_MAX, fmt::format("'{}': version", path));
   MXDDP_CHECK(version != 1, "'{}' is a version-1 mxddp checkpoint manifest, which predates manifest checksums: "
               "nothing in it can be verified, so it is refused. This mxddp reads version {}", path, kManifestVersion);
   MXDDP_CHECK(version == kManifestVersion, "'{}' is an mxddp checkpoint manifest of version {}; this mxddp reads "
               "version {}", path, version, kManifestVersion);
   // The checksum comes before any field is used: an edited step or file list must not be acted on.
-  MXDDP_CHECK(j.contains(kChecksumKey) && j[kChecksumKey].is_number_unsigned() &&
-                  j[kChecksumKey].get<uint64_t>() <= UINT32_MAX,
-              "checkpoint manifest '{}' has no valid '{}' (a CRC-32); it cannot be verified", path, kChecksumKey);
-  const auto want_crc = j[kChecksumKey].get<uint32_t>();
+  MXDDP_CHECK(j.contains(kChecksumKey), "checkpoint manifest '{}' has no '{}' (a CRC-32); it cannot be verified",
+              path, kChecksumKey);
+  const auto want_crc = static_cast<uint32_t>(json_int(j[kChecksumKey], 0, UINT32_MAX, fmt::format("'{}': {}", path, kChecksumKey)));
   j.erase(kChecksumKey);
   const uint32_t crc = crc32_of_text(j.dump());
   MXDDP_CHECK(crc == want_crc, "checkpoint manifest '{}' fails its checksum: its content has CRC-32 {:08x}, its "

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_int.h"
+
 namespace mxddp::ckpt {
 
 namespace {
@@ -64,17 +66,25 @@ std::map<std::string, TensorEntry> decode_safetensors(const std::vector<char>& f
       MXDDP_CHECK(dtype == "F32" || dtype == "BF16", "tensor '{}' has dtype {}; expected F32 or BF16", name, dtype);
       e.dtype = dtype == "F32" ? DType::kF32 : DType::kBF16;
       int64_t numel = 1;
-      for (const auto& d : t.at("shape")) numel *= d.get<int64_t>();
+      for (const auto& d : t.at("shape"))
+        numel = checked_mul(numel, json_int(d, 0, INT64_MAX, fmt::format("a dimension of tensor '{}'", name)),
+                            fmt::format("the element count of tensor '{}'", name));
       e.numel = numel;
-      const auto begin = t.at("data_offsets").at(0).get<size_t>();
-      const auto end = t.at("data_offsets").at(1).get<size_t>();
-      MXDDP_CHECK(end >= begin && end - begin == static_cast<size_t>(numel) * dtype_size_bytes(e.dtype) &&
-                      data_start + end <= file.size(),
-                  "tensor '{}' claims bytes [{}, {}) that do not fit its shape or the file", name, begin, end);
-      e.offset = data_start + begin;
+      // Offsets are relative to the data after the header: both must lie within it (no wrap past
+      // 2^64), and the span must be exactly the shape's bytes.
+      const auto data_bytes = static_cast<int64_t>(file.size() - data_start);
+      const int64_t begin = json_int(t.at("data_offsets").at(0), 0, data_bytes, fmt::format("tensor '{}' data start", name));
+      const int64_t end = json_int(t.at("data_offsets").at(1), begin, data_bytes, fmt::format("tensor '{}' data end", name));
+      const int64_t bytes = checked_mul(numel, static_cast<int64_t>(dtype_size_bytes(e.dtype)),
+                                        fmt::format("the byte count of tensor '{}'", name));
+      MXDDP_CHECK(end - begin == bytes, "tensor '{}' claims bytes [{}, {}) but its shape holds {} bytes", name, begin, end,
+                  bytes);
+      e.offset = data_start + static_cast<size_t>(begin);
       entries[name] = e;
     } catch (const nlohmann::json::exception& ex) {
       MXDDP_FAIL("'{}': tensor '{}' has a malformed header entry: {}", what, name, ex.what());
+    } catch (const Error& ex) {
+      MXDDP_FAIL("'{}': {}", what, ex.message());
     }
   }
   return entries;

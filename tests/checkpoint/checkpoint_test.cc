@@ -318,6 +318,35 @@ TEST(CheckpointTrust, VersionOneManifestIsRefused) {
   fs::remove_all(dir);
 }
 
+// Numbers a sealed manifest may still hold: floats, negatives and values past the field's type used
+// to be cast by nlohmann's get<int64_t>() (undefined behaviour for 1e30) or wrapped (2^40 as an
+// int). Each is an error naming the field, from load and from inspect.
+TEST(CheckpointTrust, ManifestNumbersOutOfRangeAreErrorsNotCasts) {
+  const std::string dir = saved_checkpoint("numbers");
+  const std::string original = read_text(manifest_of(dir));
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> edits = {
+      {[](json& m) { m["step"] = 1e30; }, "step is 1e+30; expected an integer in [0, 9223372036854775807]"},
+      {[](json& m) { m["step"] = -3; }, "step is -3; expected an integer in [0, "},
+      {[](json& m) { m["dp"] = int64_t{1} << 40; }, "dp is 1099511627776; expected an integer in [1, 2147483647]"},
+      {[](json& m) { m["files"][0]["bytes"] = 1.5; }, "files[0].bytes is 1.5"},
+      {[](json& m) { m["files"][0]["crc32"] = uint64_t{1} << 33; }, "files[0].crc32 is 8589934592"},
+      {[](json& m) { m["params"][0]["slices"][0]["start"] = -1; }, "a slice's start is -1"},
+      {[](json& m) { m["params"][0]["shape"][0] = 92233720368547758070.0; }, "a dimension of shape"},
+  };
+  for (const auto& [edit, needle] : edits) {
+    write_text(manifest_of(dir), original);
+    edit_manifest(dir, edit);
+    expect_load_fails_and_changes_nothing(dir, needle);
+    try {
+      inspect_checkpoint(dir);
+      ADD_FAILURE() << "inspect accepted " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // A file name that leaves the directory, with the CRC of the file it points to, loaded a shard
 // from outside the checkpoint.
 TEST(CheckpointTrust, FileNameOutsideTheDirectoryIsRefused) {
