@@ -41,7 +41,7 @@ int run_selfcheck(int argc, char** argv, const SelfcheckArgs& args) {
     mxddp::MpiRuntime runtime(&argc, &argv);
     int failures = 0;
     {
-      auto comm = mxddp::make_mpi_communicator();
+      auto comm = mxddp::make_mpi_communicator({.timeout_ms = args.timeout_ms});
       failures = report(comm->rank(), comm->size(), "mpi", mxddp::app::run_selfcheck(*comm, args.count));
     }
     return failures == 0 ? 0 : 1;
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")
       ->transform(mxddp::app::integer_in(1, int64_t{1} << 28))->capture_default_str();
-  cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "Local backend: how long a rank waits for its peers")
+  cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "How long a rank waits for its peers (mpi: then aborts the job)")
       ->transform(mxddp::app::integer_in(1, mxddp::app::kTimeoutMsMax))->capture_default_str();
 
   mxddp::app::LayoutArgs layout;

@@ -46,7 +46,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--backend", a.backend, "local (ranks as threads) or mpi (under mpirun)")
       ->check(CLI::IsMember({"local", "mpi"}));
   cmd->add_option("--ranks", a.ranks, "Ranks of the local backend")->transform(integer_in(1, 256));
-  cmd->add_option("--timeout-ms", a.timeout_ms, "Local backend: how long a rank waits for its peers")
+  cmd->add_option("--timeout-ms", a.timeout_ms, "How long a rank waits for its peers (mpi: then aborts the job)")
       ->transform(integer_in(1, kTimeoutMsMax));
 
   auto* model = cmd->add_option_group("model");
@@ -309,7 +309,7 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
 
   if (a.backend == "mpi") {
     MpiRuntime runtime(&argc, &argv);
-    auto comm = make_mpi_communicator();
+    auto comm = make_mpi_communicator({.timeout_ms = a.timeout_ms});
     run_rank(*comm);
     return 0;
   }

@@ -208,8 +208,15 @@ class MpiRuntime {
 
 struct MpiOptions {
   // Exchanges each call's (operation, dtype, count, op, root) before running it, so a mismatch is
-  // an Error instead of undefined behaviour inside MPI. Costs one small allgather per collective.
+  // an Error instead of undefined behaviour inside MPI. Costs one small message to and from each
+  // peer per collective. The exchange is also how a rank learns which peers reached a collective:
+  // with it off, a stall report can only name every peer.
   bool check_consistency = true;
+  // The watchdog: when a collective makes no progress for this long (no peer arrives, no transfer
+  // completes), the rank prints the collective, its sequence number and the ranks it waits on
+  // (stderr) and ends the job with MPI_Abort (exit status 3): MPI cannot cancel a stalled
+  // collective, and a stopped rank would otherwise hang every other rank forever.
+  int64_t timeout_ms = 300'000;
   // Charged for staging buffers (bf16 reductions run in f32). Null: a tracker private to the
   // communicator.
   MemoryTracker* memory_tracker = nullptr;

@@ -5,8 +5,28 @@
 // collective to completion while the caller computes, which is what gives asynchronous calls
 // progress without the caller polling MPI (the design PyTorch's ProcessGroupMPI uses too).
 //
+// A collective runs in two phases under the watchdog (mpi_watchdog.h), so that a rank that stops
+// cannot hang its peers:
+//   1. arrival (with check_consistency): each rank sends its call header (sequence number, kind,
+//      dtype, count, op, root, prescale) to every peer and receives theirs, point to point and
+//      nonblocking, polled with a no-progress deadline. This is the consistency check's exchange,
+//      so it costs no extra message round; unlike the allgather it replaces, each peer's header
+//      lands in a request of its own, so a rank that times out knows exactly which peers have
+//      reached the collective and which have not. MPI's non-overtaking rule between a pair of ranks
+//      pairs the k-th header from a peer with this rank's k-th receive; the sequence number inside
+//      is checked anyway. p2p and collective traffic on one communicator never match each other, so
+//      the headers share comm_ (under a tag of their own). O(size) small messages per rank: right
+//      for the node-scale groups this backend serves.
+//   2. data: the blocking MPI collective, as before (faster than OpenMPI's nonblocking ones; see
+//      mpi_watchdog.h), watched by a CallWatchdog thread. Once every header has arrived, a stall
+//      here can only be reported as waiting on every peer: MPI shows nothing of a collective's
+//      partial state.
+// No progress for MpiOptions::timeout_ms in phase 1, or phase 2 running that long, aborts the job
+// (see abort_job_on_stall for why that, and not an Error).
+//
 // Errors come back as return codes (MPI_ERRORS_RETURN on our duplicated communicator) and become
 // mxddp::Error with MPI's own error string.
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <vector>
@@ -17,6 +37,7 @@
 
 #include "backend.h"
 #include "delayed_backend.h"
+#include "mpi_watchdog.h"
 #include "reduce.h"
 
 namespace mxddp {
@@ -63,12 +84,21 @@ class MpiBackend final : public CommBackend {
  public:
   explicit MpiBackend(const MpiOptions& options)
       : check_consistency_(options.check_consistency),
-        tracker_(options.memory_tracker ? options.memory_tracker : &own_tracker_) {
+        timeout_ms_(options.timeout_ms),
+        tracker_(options.memory_tracker ? options.memory_tracker : &own_tracker_),
+        data_watchdog_(options.timeout_ms, [this](std::string_view collective, uint64_t seq) {
+          return stall_message(collective, seq, data_stall_reason(), all_peers());
+        }) {
+    MXDDP_CHECK(options.timeout_ms > 0, "MpiOptions::timeout_ms must be positive; got {}", options.timeout_ms);
     MXDDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
     MXDDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MXDDP_MPI_CHECK(MPI_Op_create(u8_wrapping_sum, /*commute=*/1, &u8_sum_), "MPI_Op_create");
+    headers_.resize(static_cast<size_t>(kHeaderFields * size_));
+    arrived_.resize(static_cast<size_t>(size_));
+    requests_.resize(static_cast<size_t>(2 * (size_ - 1)));
+    indices_.resize(requests_.size());
   }
   ~MpiBackend() override {
     MPI_Op_free(&u8_sum_);
@@ -81,7 +111,10 @@ class MpiBackend final : public CommBackend {
 
   void run(const CollectiveCall& call) override {
     ++seq_;
-    if (check_consistency_) check_all_ranks_agree(call);
+    if (check_consistency_) {
+      exchange_headers(call);
+      check_all_ranks_agree(call);
+    }
     const std::string_view what = collective_name(call.kind);
     switch (call.kind) {
       case CollectiveKind::kAllReduce: return all_reduce(call);
@@ -91,39 +124,87 @@ class MpiBackend final : public CommBackend {
         const MPI_Datatype type = wire_type(call.dtype);
         const size_t block_bytes = static_cast<size_t>(call.count) * dtype_size_bytes(call.dtype);
         const bool in_place = call.send == static_cast<char*>(call.recv) + static_cast<size_t>(rank_) * block_bytes;
+        const auto watched = data_watchdog_.watch(what, seq_);
         MXDDP_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : call.send, count, type, call.recv, count, type, comm_),
                         "MPI_Allgather");
         return;
       }
-      case CollectiveKind::kBroadcast:
+      case CollectiveKind::kBroadcast: {
+        const auto watched = data_watchdog_.watch(what, seq_);
         MXDDP_MPI_CHECK(MPI_Bcast(call.recv, checked_count(call.count, what), wire_type(call.dtype), call.root, comm_),
                         "MPI_Bcast");
         return;
-      case CollectiveKind::kBarrier:
+      }
+      case CollectiveKind::kBarrier: {
+        const auto watched = data_watchdog_.watch(what, seq_);
         MXDDP_MPI_CHECK(MPI_Barrier(comm_), "MPI_Barrier");
         return;
+      }
     }
   }
 
  private:
-  void check_all_ranks_agree(const CollectiveCall& call) {
-    constexpr int kFields = 6;
+  // A call header: the sequence number and the fields every rank must agree on.
+  static constexpr int kHeaderFields = 7;
+  // The tag of header messages; collectives never match point-to-point traffic, so any tag works.
+  static constexpr int kHeaderTag = 0x6d78;  // "mx"
+
+  // Phase 1: sends this rank's header to every peer and waits for all of theirs (see the top of
+  // this file). arrived_[r] records which peers' headers for seq_ came in, for the stall report.
+  void exchange_headers(const CollectiveCall& call) {
     uint32_t prescale_bits;
     std::memcpy(&prescale_bits, &call.prescale, sizeof prescale_bits);
-    const int64_t mine[kFields] = {static_cast<int64_t>(call.kind), static_cast<int64_t>(call.dtype),
-                                   static_cast<int64_t>(call.op), call.root, call.count, prescale_bits};
-    std::vector<int64_t> all(static_cast<size_t>(kFields * size_));
-    MXDDP_MPI_CHECK(MPI_Allgather(mine, kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, comm_),
-                    "MPI_Allgather (consistency check)");
+    int64_t* mine = headers_.data() + kHeaderFields * rank_;
+    const int64_t fields[kHeaderFields] = {static_cast<int64_t>(seq_),  static_cast<int64_t>(call.kind),
+                                           static_cast<int64_t>(call.dtype), static_cast<int64_t>(call.op),
+                                           call.root, call.count, prescale_bits};
+    std::copy(fields, fields + kHeaderFields, mine);
+    std::fill(arrived_.begin(), arrived_.end(), false);
+    arrived_[static_cast<size_t>(rank_)] = true;
+    // requests_[i] for i < size-1 receives from peer_of(i); requests_[size-1+i] sends to it.
+    const int peers = size_ - 1;
+    auto peer_of = [&](int i) { return i < rank_ ? i : i + 1; };
+    for (int i = 0; i < peers; ++i) {
+      const int peer = peer_of(i);
+      MXDDP_MPI_CHECK(MPI_Irecv(headers_.data() + kHeaderFields * peer, kHeaderFields, MPI_INT64_T, peer, kHeaderTag,
+                                comm_, &requests_[static_cast<size_t>(i)]),
+                      "MPI_Irecv (call header)");
+      MXDDP_MPI_CHECK(MPI_Isend(mine, kHeaderFields, MPI_INT64_T, peer, kHeaderTag, comm_,
+                                &requests_[static_cast<size_t>(peers + i)]),
+                      "MPI_Isend (call header)");
+    }
+    wait_or_abort(
+        requests_, indices_, timeout_ms_,
+        [&](int index) {
+          if (index < peers) arrived_[static_cast<size_t>(peer_of(index))] = true;
+        },
+        [&] {
+          std::vector<int> missing;
+          for (int r = 0; r < size_; ++r)
+            if (!arrived_[static_cast<size_t>(r)]) missing.push_back(r);
+          if (missing.empty())  // every header came in; only a send of ours is still pending
+            return stall_message(collective_name(call.kind), seq_,
+                                 "every rank reached it, but this rank's header sends did not complete", all_peers());
+          return stall_message(collective_name(call.kind), seq_,
+                               "these ranks have not reached it (they issued no header for it)", missing);
+        });
+    for (int r = 0; r < size_; ++r) {
+      const auto seq = static_cast<uint64_t>(headers_[static_cast<size_t>(kHeaderFields * r)]);
+      MXDDP_CHECK(seq == seq_, "{} #{}: rank {} sent the header of its collective #{}; the ranks' sequences "
+                  "diverged (a bug in mxddp)", collective_name(call.kind), seq_, r, seq);
+    }
+  }
+
+  void check_all_ranks_agree(const CollectiveCall& call) const {
     auto unpack = [&](int r) {
-      const int64_t* d = all.data() + kFields * r;
+      const int64_t* d = headers_.data() + kHeaderFields * r;
       CollectiveCall c;
-      c.kind = static_cast<CollectiveKind>(d[0]);
-      c.dtype = static_cast<DType>(d[1]);
-      c.op = static_cast<ReduceOp>(d[2]);
-      c.root = static_cast<int>(d[3]);
-      c.count = d[4];
-      const auto bits = static_cast<uint32_t>(d[5]);
+      c.kind = static_cast<CollectiveKind>(d[1]);
+      c.dtype = static_cast<DType>(d[2]);
+      c.op = static_cast<ReduceOp>(d[3]);
+      c.root = static_cast<int>(d[4]);
+      c.count = d[5];
+      const auto bits = static_cast<uint32_t>(d[6]);
       std::memcpy(&c.prescale, &bits, sizeof bits);
       return c;
     };
@@ -133,6 +214,28 @@ class MpiBackend final : public CommBackend {
       MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind),
                   seq_, r, mismatch);
     }
+  }
+
+  std::string_view data_stall_reason() const {
+    return check_consistency_ ? "every rank reached it (all headers arrived) but its data exchange stalled; it "
+                                "needs every peer, and which one stopped is not visible from here"
+                              : "arrival is not tracked with MpiOptions::check_consistency off, so these are all "
+                                "the peers";
+  }
+
+  std::vector<int> all_peers() const {
+    std::vector<int> peers;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) peers.push_back(r);
+    return peers;
+  }
+
+  std::string stall_message(std::string_view collective, uint64_t seq, std::string_view why,
+                            const std::vector<int>& waited_on) const {
+    return fmt::format("mxddp: mpi watchdog: rank {}: {} #{} made no progress for {} ms (timeout_ms); waiting on "
+                       "rank(s) {}: {}; aborting the job (MPI_Abort, exit status {})",
+                       rank_, collective, seq, timeout_ms_, format_ranks(waited_on), why,
+                       kMpiStallExitCode);
   }
 
   // f32 staging for bf16 reductions (summing in f32, as the local backend does), charged as comm.
@@ -148,15 +251,21 @@ class MpiBackend final : public CommBackend {
   void all_reduce(const CollectiveCall& call) {
     const int count = checked_count(call.count, "all_reduce");
     if (call.dtype != DType::kBF16) {
-      MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, call.recv, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
-                      "MPI_Allreduce");
+      {
+        const auto watched = data_watchdog_.watch("all_reduce", seq_);
+        MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, call.recv, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
+                        "MPI_Allreduce");
+      }
       if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(call.recv), call.count, call.op, size_, call.prescale);
       return;
     }
     auto* data = static_cast<bf16_bits*>(call.recv);
     float* f32 = staging_f32(call.count);
     convert_bf16_to_f32(data, f32, static_cast<size_t>(call.count));
-    MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f32, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_), "MPI_Allreduce");
+    {
+      const auto watched = data_watchdog_.watch("all_reduce", seq_);
+      MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f32, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_), "MPI_Allreduce");
+    }
     finish_in_place(f32, call.count, call.op, size_, call.prescale);
     convert_f32_to_bf16(f32, data, static_cast<size_t>(call.count));
   }
@@ -170,8 +279,11 @@ class MpiBackend final : public CommBackend {
       float* f32 = staging_f32(call.count * (size_ + 1));
       float* out = f32 + call.count * size_;
       convert_bf16_to_f32(static_cast<const bf16_bits*>(call.send), f32, static_cast<size_t>(call.count * size_));
-      MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(f32, out, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_),
-                      "MPI_Reduce_scatter_block");
+      {
+        const auto watched = data_watchdog_.watch("reduce_scatter", seq_);
+        MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(f32, out, count, MPI_FLOAT, mpi_op(call.op, call.dtype), comm_),
+                        "MPI_Reduce_scatter_block");
+      }
       finish_in_place(out, call.count, call.op, size_, call.prescale);
       convert_f32_to_bf16(out, static_cast<bf16_bits*>(call.recv), static_cast<size_t>(call.count));
       return;
@@ -181,8 +293,11 @@ class MpiBackend final : public CommBackend {
     const bool in_place =
         call.recv == static_cast<const char*>(call.send) + static_cast<size_t>(rank_) * static_cast<size_t>(count) * elem;
     void* out = in_place ? static_cast<void*>(staging_f32((call.count * static_cast<int64_t>(elem) + 3) / 4)) : call.recv;
-    MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, out, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
-                    "MPI_Reduce_scatter_block");
+    {
+      const auto watched = data_watchdog_.watch("reduce_scatter", seq_);
+      MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, out, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
+                      "MPI_Reduce_scatter_block");
+    }
     if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(out), call.count, call.op, size_, call.prescale);
     if (in_place) std::memcpy(call.recv, out, static_cast<size_t>(call.count) * elem);
   }
@@ -199,9 +314,15 @@ class MpiBackend final : public CommBackend {
   int size_ = 1;
   uint64_t seq_ = 0;
   const bool check_consistency_;
+  const int64_t timeout_ms_;
+  std::vector<int64_t> headers_;     // kHeaderFields per rank: the current collective's headers
+  std::vector<bool> arrived_;        // per rank: its header for seq_ came in
+  std::vector<MPI_Request> requests_;  // the header exchange's receives, then its sends
+  std::vector<int> indices_;         // MPI_Testsome's scratch
   MemoryTracker own_tracker_;
   MemoryTracker* tracker_;
   HostBuffer staging_;  // declared after the trackers it is charged to
+  CallWatchdog data_watchdog_;  // last: its thread reads the members above through stall_message
 };
 
 }  // namespace
