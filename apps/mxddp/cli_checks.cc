@@ -5,8 +5,6 @@
 #include <cmath>
 #include <limits>
 
-#include <mxddp/core.h>
-
 namespace mxddp::app {
 
 namespace {
@@ -45,6 +43,41 @@ std::vector<std::string> split_keeping_empty(std::string_view text, char sep) {
     else fields.back() += ch;
   }
   return fields;
+}
+
+std::vector<Shape> parse_shape_list(const std::string& shapes) {
+  MXDDP_CHECK(!shapes.empty(), "--shapes is empty; give e.g. 95x95,95");
+  std::vector<Shape> parsed;
+  for (const std::string& item : split_keeping_empty(shapes, ',')) {
+    const std::vector<std::string> fields = split_keeping_empty(item, 'x');
+    MXDDP_CHECK(!item.empty() && fields.size() <= static_cast<size_t>(Shape::kMaxDims),
+                "--shapes '{}': shape '{}' is not valid: give 1 to {} positive dimensions joined by 'x', like 95x95",
+                shapes, item, Shape::kMaxDims);
+    std::vector<int64_t> dims;
+    for (const std::string& dim : fields)
+      dims.push_back(parse_integer(dim, fmt::format("--shapes '{}': dimension of shape '{}'", shapes, item), 1,
+                                   std::numeric_limits<int64_t>::max()));
+    Shape shape;
+    switch (dims.size()) {
+      case 1: shape = Shape{dims[0]}; break;
+      case 2: shape = Shape{dims[0], dims[1]}; break;
+      case 3: shape = Shape{dims[0], dims[1], dims[2]}; break;
+      case 4: shape = Shape{dims[0], dims[1], dims[2], dims[3]}; break;
+      case 5: shape = Shape{dims[0], dims[1], dims[2], dims[3], dims[4]}; break;
+      default: shape = Shape{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]}; break;
+    }
+    static_cast<void>(shape.numel());  // throws, naming the shape, when its element count overflows
+    parsed.push_back(shape);
+  }
+  return parsed;
+}
+
+std::pair<int64_t, int64_t> parse_matrix_shape(const std::string& text) {
+  const std::vector<std::string> dims = split_keeping_empty(text, 'x');
+  MXDDP_CHECK(dims.size() == 2, "--shape '{}' is not valid: give MxN with positive M and N (e.g. 4096x1024)", text);
+  const std::string what = fmt::format("--shape '{}': dimension", text);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return {parse_integer(dims[0], what, 1, kMax), parse_integer(dims[1], what, 1, kMax)};
 }
 
 CLI::Validator integer_in(int64_t lo, int64_t hi) {

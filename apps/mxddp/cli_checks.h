@@ -13,9 +13,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include <mxddp/core.h>
 
 namespace mxddp::app {
 
@@ -27,6 +30,15 @@ int64_t parse_integer(std::string_view text, std::string_view what, int64_t lo, 
 // stray or trailing separator is refused by the field's own check instead of silently dropped
 // (std::getline drops a trailing empty field).
 std::vector<std::string> split_keeping_empty(std::string_view text, char sep);
+
+// `mxddp layout --shapes`: a comma-separated list of shapes, each 1 to Shape::kMaxDims positive
+// dimensions joined by 'x' ("95x95,95,1"). Throws Error naming the list, the shape and what is
+// valid; a shape whose element count overflows int64 is refused too.
+std::vector<Shape> parse_shape_list(const std::string& shapes);
+
+// `mxddp quantize --shape`: "MxN" with positive M and N, returned as {M, N}. Throws Error naming
+// the text and what is valid.
+std::pair<int64_t, int64_t> parse_matrix_shape(const std::string& text);
 
 // An integer flag in [lo, hi]; the bounds should lie within the type the flag is stored in.
 CLI::Validator integer_in(int64_t lo, int64_t hi);

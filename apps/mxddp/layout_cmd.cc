@@ -18,30 +18,10 @@ namespace {
 // the data-parallel size of the largest jobs run today.
 constexpr int64_t kLayoutDpMax = 65536;
 
-std::vector<ParamSpec> parse_shapes(const std::string& shapes) {
-  MXDDP_CHECK(!shapes.empty(), "--shapes is empty; give e.g. 95x95,95");
+// The layout's params are the --shapes list, named p0, p1, ... in order.
+std::vector<ParamSpec> param_specs(const std::string& shapes) {
   std::vector<ParamSpec> params;
-  for (const std::string& item : split_keeping_empty(shapes, ',')) {
-    const std::vector<std::string> fields = split_keeping_empty(item, 'x');
-    MXDDP_CHECK(!item.empty() && fields.size() <= static_cast<size_t>(Shape::kMaxDims),
-                "--shapes '{}': shape '{}' is not valid: give 1 to {} positive dimensions joined by 'x', like 95x95",
-                shapes, item, Shape::kMaxDims);
-    std::vector<int64_t> dims;
-    for (const std::string& dim : fields)
-      dims.push_back(parse_integer(dim, fmt::format("--shapes '{}': dimension of shape '{}'", shapes, item), 1,
-                                   std::numeric_limits<int64_t>::max()));
-    Shape shape;
-    switch (dims.size()) {
-      case 1: shape = Shape{dims[0]}; break;
-      case 2: shape = Shape{dims[0], dims[1]}; break;
-      case 3: shape = Shape{dims[0], dims[1], dims[2]}; break;
-      case 4: shape = Shape{dims[0], dims[1], dims[2], dims[3]}; break;
-      case 5: shape = Shape{dims[0], dims[1], dims[2], dims[3], dims[4]}; break;
-      default: shape = Shape{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]}; break;
-    }
-    static_cast<void>(shape.numel());  // throws, naming the shape, when its element count overflows
-    params.push_back({fmt::format("p{}", params.size()), shape, false});
-  }
+  for (const Shape& shape : parse_shape_list(shapes)) params.push_back({fmt::format("p{}", params.size()), shape, false});
   return params;
 }
 
@@ -139,7 +119,7 @@ CLI::App* add_layout_command(CLI::App& app, LayoutArgs& args) {
 }
 
 void run_layout_command(const LayoutArgs& args) {
-  std::vector<ParamSpec> specs = parse_shapes(args.shapes);
+  std::vector<ParamSpec> specs = param_specs(args.shapes);
   for (int index : args.shared_embedding) {
     MXDDP_CHECK(index >= 0 && static_cast<size_t>(index) < specs.size(),
                 "--shared-embedding {} is not a param index; valid: 0..{}", index, specs.size() - 1);

@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <vector>
 
 #include <mxddp/input_file.h>
@@ -15,14 +14,6 @@
 namespace mxddp::app {
 
 namespace {
-
-std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
-  const std::vector<std::string> dims = split_keeping_empty(text, 'x');
-  MXDDP_CHECK(dims.size() == 2, "--shape '{}' is not valid: give MxN with positive M and N (e.g. 4096x1024)", text);
-  const std::string what = fmt::format("--shape '{}': dimension", text);
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  return {parse_integer(dims[0], what, 1, kMax), parse_integer(dims[1], what, 1, kMax)};
-}
 
 // Both outputs are checked before the input is read, and they must be two files: with one path
 // for both the scales would silently overwrite the elements.
@@ -59,7 +50,7 @@ CLI::App* add_quantize_command(CLI::App& app, QuantizeArgs& a) {
 }
 
 void run_quantize_command(const QuantizeArgs& a) {
-  const auto [rows, cols] = parse_shape(a.shape);
+  const auto [rows, cols] = parse_matrix_shape(a.shape);
   check_outputs(a);
   const DType dtype = parse_dtype(a.dtype);
   const QuantizeOptions o{parse_fp8_format(a.elem), parse_scale_mode(a.scale_mode), parse_quant_axis(a.axis)};
