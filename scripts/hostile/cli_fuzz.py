@@ -178,10 +178,10 @@ def judge_number(opt, text):
         return "valid", v
     try:
         v = float(text.strip().replace("_", ""))
-    except ValueError:
+    except (ValueError, OverflowError):
         try:
             v = float.fromhex(text.strip())
-        except ValueError:
+        except (ValueError, OverflowError):
             return "nonsense", None
     if not math.isfinite(v) or abs(v) > F32_MAX or (rng and not in_range(v, rng)):
         return "nonsense", None
@@ -203,7 +203,7 @@ def judge_path(role, text, special):
     if text == "-":
         return "ambiguous", "'-' (stdout to some tools)"
     if role == "out-file":
-        if kind in ("regfile", "good:new", "good:new-under-missing-dir", "nope/x"):
+        if kind in ("regfile", "empty", "good:new", "good:new-under-missing-dir", "nope/x"):
             return "valid", kind
         if kind or "/" in text or text in (".", ".."):
             return "nonsense", kind or "odd path"
@@ -225,8 +225,6 @@ def parse_shapes(text):
             return None
         n = 1
         for d in part.split("x"):
-            if re.match(r"0\d", d):
-                return None
             n *= int(d)
         numels.append((n, [int(d) for d in part.split("x")]))
     return numels
@@ -242,6 +240,8 @@ def judge_text(sub, opt, text, special):
             return "nonsense", "dimension 0 or past int64"
         if sum(n for n, _ in shapes) >= 1 << 63:
             return "nonsense", "numel past int64"
+        if re.search(r"(^|[x,])0\d", text):
+            return "ambiguous", "a dimension with a leading zero"
         return ("long" if len(shapes) > 10000 else "valid"), None
     if role == "bucket":
         if text in ("none", "default"):
@@ -464,7 +464,8 @@ def generate_invocation(index, rng, options_by_sub, fx):
             opt = rng.choice(flags)
             text = rng.choice(["true", "false", "1", "0", "yes", "banana", "", "2", "-1", "on"])
             items.append([opt.name, text, "eq"])
-            verdict = "ambiguous" if text in ("true", "false", "1", "0", "yes", "on") else "nonsense"
+            # CLI11 reads numbers as counts and true/false/yes/on as booleans: only "" and words are nonsense.
+            verdict = "nonsense" if text in ("", "banana") else "ambiguous"
             mutations.append(dict(kind=kind, flag=opt.name, value=text, label="flag=value", verdict=verdict))
     # A later mutation of the same option (or a drop) supersedes an earlier one.
     superseded = [m for m in mutations if not is_live(m, items)]
@@ -559,6 +560,8 @@ def names_something(inv, result, all_flags):
         if flag and flag != "positional" and re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", text):
             return "flag"
         value = m.get("value")
+        if value == "" and ("''" in text or '""' in text or "empty" in text):
+            return "value"
         if value:
             v = value.strip() or value
             if len(v) > 40:
