@@ -111,6 +111,15 @@ mxddp_cli_rejects(cli_layout_rejects_huge_dp
 mxddp_cli_rejects(cli_selfcheck_names_timeout_range
   "--timeout-ms: '0' is not valid: give an integer in \\[1, 604800000\\]"
   "$m selfcheck --timeout-ms 0")
+# Empty arguments: CLI11 2.1 skipped the rest of the line after one (exit 0 with the flags after it
+# unread) or, after a bad value, looped forever; and "--flag=" set an on/off flag.
+mxddp_cli_rejects(cli_train_refuses_empty_argument
+  "mxddp: error: .*argument 2 is empty \\(''\\): no argument of mxddp is empty" "$m train '' --bogus")
+mxddp_cli_rejects(cli_train_empty_argument_after_bad_value_does_not_hang
+  "mxddp: error: .*argument 4 is empty" "$m train --ranks x '' --x")
+mxddp_cli_rejects(cli_flag_with_empty_value
+  "mxddp: error: .*argument 2 '--average-in-collective=' has an empty value" "$m train --average-in-collective=")
+mxddp_cli_rejects(cli_parse_errors_read_as_mxddp_errors "mxddp: error: .*--ranks" "$m train --ranks x")
 # ---- 9. a run that cannot fit is refused before it allocates, with the figures ----
 mxddp_cli_rejects(cli_train_refuses_a_billion_layers
   "error: .*this run cannot fit in this machine's memory: 1 rank here need at least .* is available.*--num-layers 2147483647"
@@ -148,7 +157,7 @@ mxddp_cli_rejects(cli_train_rejects_adam_beta_of_one
   "--adam-beta2: '0.999999999' is not valid: give a finite 32-bit float in \\[0, 1\\)" "$m train --adam-beta2 0.999999999")
 foreach(flag save load report data)
   mxddp_cli_rejects(cli_train_rejects_empty_${flag}
-    "--${flag}: '' is not valid: give a path \\(an empty one names nothing\\)" "$m train --${flag} ''")
+    "--${flag}: '' is not valid: give a value \\(an empty one names nothing\\)" "$m train --${flag} ''")
 endforeach()
 mxddp_cli_rejects(cli_layout_rejects_trailing_x
   "error: .*--shapes '5x': dimension of shape '5x' '' is not valid: give an integer in \\[1, " "$m layout --shapes 5x")

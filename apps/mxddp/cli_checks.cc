@@ -36,6 +36,21 @@ int64_t parse_integer(std::string_view text, std::string_view what, int64_t lo, 
   return value;
 }
 
+void check_no_empty_arguments(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg.empty()) {
+      const std::string_view before = i > 1 ? argv[i - 1] : "";
+      MXDDP_CHECK(!before.starts_with("-"), "{}: '' is not valid: give a value (an empty one names nothing)", before);
+      MXDDP_FAIL("argument {} is empty (''): no argument of mxddp is empty; remove it", i);
+    }
+    const size_t eq = arg.find('=');
+    MXDDP_CHECK(!(arg.starts_with("--") && eq != std::string_view::npos && eq + 1 == arg.size()),
+                "argument {} '{}' has an empty value after '=': give a value, or write the flag alone for an on/off "
+                "flag", i, arg);
+  }
+}
+
 std::vector<std::string> split_keeping_empty(std::string_view text, char sep) {
   std::vector<std::string> fields(1);
   for (char ch : text) {

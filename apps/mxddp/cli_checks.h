@@ -31,6 +31,12 @@ int64_t parse_integer(std::string_view text, std::string_view what, int64_t lo, 
 // (std::getline drops a trailing empty field).
 std::vector<std::string> split_keeping_empty(std::string_view text, char sep);
 
+// Refuses an empty argument ('') or an option with an empty value ("--name="), naming its
+// position. No flag of mxddp takes an empty value, and CLI11 2.1 mishandles empty arguments: after
+// a subcommand it skips the rest of the line silently, and after a bad value it can loop forever.
+// Throws Error.
+void check_no_empty_arguments(int argc, const char* const* argv);
+
 // `mxddp layout --shapes`: a comma-separated list of shapes, each 1 to Shape::kMaxDims positive
 // dimensions joined by 'x' ("95x95,95,1"). Throws Error naming the list, the shape and what is
 // valid; a shape whose element count overflows int64 is refused too.

@@ -89,6 +89,16 @@ int main(int argc, char** argv) {
   mxddp::app::CkptArgs ckpt;
   auto* inspect_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
+  // CLI11's own parse errors read as mxddp's do.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
+    return "mxddp: error: " + CLI::FailureMessage::simple(failed, e);
+  });
+  try {
+    mxddp::app::check_no_empty_arguments(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mxddp: error: %s\n", e.what());
+    return 1;
+  }
   CLI11_PARSE(app, argc, argv);
   const std::string subcommand = app.get_subcommands().front()->get_name();
   try {

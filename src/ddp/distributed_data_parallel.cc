@@ -28,12 +28,15 @@ BufferOptions buffer_options(const DdpConfig& c) {
 
 void validate(const DdpConfig& c, const std::vector<ParamSpec>& params) {
   MXDDP_CHECK(!c.overlap_param_gather_with_optimizer_step || (c.overlap_param_gather && c.use_distributed_optimizer),
-              "overlap_param_gather_with_optimizer_step needs overlap_param_gather and use_distributed_optimizer");
+              "overlap_param_gather_with_optimizer_step (--overlap-param-gather-with-optimizer-step) needs overlap_param_gather "
+              "(--overlap-param-gather) and use_distributed_optimizer");
   MXDDP_CHECK(!(c.reuse_grad_buf_for_mxfp8_param_ag && c.overlap_param_gather_with_optimizer_step),
-              "reuse_grad_buf_for_mxfp8_param_ag cannot overlap the param gather with the optimizer step: the "
+              "reuse_grad_buf_for_mxfp8_param_ag (--reuse-grad-buf-for-mxfp8-param-ag) cannot overlap the param gather with "
+              "the optimizer step (--overlap-param-gather-with-optimizer-step): the "
               "gathers stage in the grad buffer, which holds gradients until the step is done");
   MXDDP_CHECK(!c.reuse_grad_buf_for_mxfp8_param_ag || c.fp8_param_gather,
-              "reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather (there is nothing to stage without it)");
+              "reuse_grad_buf_for_mxfp8_param_ag (--reuse-grad-buf-for-mxfp8-param-ag) needs fp8_param_gather "
+              "(--fp8-param-gather): there is nothing to stage without it");
   MXDDP_CHECK(!c.fp8_param_gather || c.use_distributed_optimizer,
               "fp8_param_gather needs use_distributed_optimizer (MXFP8 params are gathered from the optimizer's shards)");
   MXDDP_CHECK(!c.fp8_param_gather || c.param_dtype == DType::kBF16, "fp8_param_gather stages bf16 params; got param_dtype {}",
