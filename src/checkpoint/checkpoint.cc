@@ -6,8 +6,10 @@
 // never wait at a barrier for a rank that has already thrown.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <unistd.h>
 
 #include <fmt/ranges.h>
@@ -87,7 +89,7 @@ json config_json(const DistributedOptimizer& opt) {
 // The model slices are cast from the main params here rather than copied from where the optimizer
 // stages them: that memory is grad memory under MXFP8 reuse (zeroed once quantized), and after a
 // forced param sync the model params are exactly this cast in every mode.
-std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
+std::vector<char> encode_rank_file(const DistributedOptimizer& opt, const std::string& save_id) {
   const DataParallel& dp = opt.data_parallel();
   const int rank = dp.communicator().rank();
   const DType model_dtype = dp.param_dtype();
@@ -114,7 +116,8 @@ std::vector<char> encode_rank_file(const DistributedOptimizer& opt) {
       }
     }
   }
-  return ckpt::encode_safetensors(tensors, {{"format", ckpt::kManifestFormat}, {"rank", std::to_string(rank)}});
+  return ckpt::encode_safetensors(
+      tensors, {{"format", ckpt::kManifestFormat}, {"rank", std::to_string(rank)}, {"save_id", save_id}});
 }
 
 // Rank 0, before a save: an interrupted publish is completed or rolled back, so D is the newest
@@ -154,10 +157,17 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
     fs::remove_all(partial);
     fs::create_directories(partial);
   });
+  // One id for this save, in the manifest and in every rank file, so that a rank file from another
+  // save (of the same model, with its CRC fixed in the manifest) is caught.
+  uint64_t save_id = 0;
+  if (comm.rank() == 0) save_id = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+                                  static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  comm.broadcast(TensorView{&save_id, DType::kU8, Shape{8}, Device::cpu()}, {.root = 0});
+  const std::string save_id_text = fmt::format("{:016x}", save_id);
   // Each rank writes its file and shares (size, crc) with the others.
   int64_t info[2] = {0, 0};  // bytes, crc32
   agreed(comm, "checkpoint save (writing rank files)", [&] {
-    const std::vector<char> bytes = encode_rank_file(opt);
+    const std::vector<char> bytes = encode_rank_file(opt, save_id_text);
     ckpt::write_file_atomic((fs::path(partial) / rank_file_name(comm.rank())).string(), bytes);
     info[0] = static_cast<int64_t>(bytes.size());
     info[1] = ckpt::crc32_of(bytes);
@@ -171,6 +181,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
     m["format"] = ckpt::kManifestFormat;
     m["version"] = ckpt::kManifestVersion;
     m["step"] = opt.step_count();
+    m["save_id"] = save_id_text;
     m["model_dtype"] = dtype_name(buf.param_dtype());
     m["model_config"] = ckpt::config_fields_json(options.model_config);
     m["dp"] = comm.size();
@@ -234,13 +245,17 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
                 m.params.size(), buf.params().size());
     for (size_t p = 0; p < m.params.size(); ++p) {
       const ParamSpec& spec = buf.params()[p];
-      MXDDP_CHECK(m.params[p].name == spec.name && m.params[p].shape == spec.shape,
-                  "param {} of '{}' is '{}' {}; this model's is '{}' {}", p, dir, m.params[p].name,
-                  m.params[p].shape.to_string(), spec.name, spec.shape.to_string());
+      MXDDP_CHECK(m.params[p].name == spec.name && m.params[p].shape == spec.shape &&
+                      m.params[p].shared_embedding == spec.shared_embedding,
+                  "param {} of '{}' is '{}' {}{}; this model's is '{}' {}{}", p, dir, m.params[p].name,
+                  m.params[p].shape.to_string(), m.params[p].shared_embedding ? " (shared embedding)" : "", spec.name,
+                  spec.shape.to_string(), spec.shared_embedding ? " (shared embedding)" : "");
     }
-    MXDDP_CHECK(static_cast<int>(m.state_names.size()) == opt.state_count() &&
-                    (m.state_names.empty() || m.state_names[0] == opt.state_name(0)),
-                "'{}' holds state of optimizer '{}'; this optimizer is '{}'", dir, m.optimizer, opt.config().optimizer);
+    std::vector<std::string> run_states;
+    for (int s = 0; s < opt.state_count(); ++s) run_states.emplace_back(opt.state_name(s));
+    MXDDP_CHECK(m.optimizer == opt.config().optimizer && m.state_names == run_states,
+                "'{}' was saved by optimizer '{}' with state [{}]; this optimizer is '{}' with state [{}]", dir,
+                m.optimizer, fmt::join(m.state_names, ", "), opt.config().optimizer, fmt::join(run_states, ", "));
     check_no_problems(dir, ckpt::coverage_problems(m));
     // The files that hold the slices this rank's shards need, each checked whole when first used.
     std::map<std::string, ckpt::RankFile> files;

@@ -63,8 +63,13 @@ ConfigFields config_fields_from_json(const json& j) {
 Manifest parse_manifest(const json& j, const std::string& path) {
   Manifest m;
   m.path = path;
-  m.step = json_int(j.at("step"), 0, INT64_MAX, "step");
+  // Adam's bias correction raises beta to the step in double, exact to 2^53: a larger count is no
+  // step a run has taken.
+  m.step = json_int(j.at("step"), 0, int64_t{1} << 53, "step");
   m.dp = static_cast<int>(json_int(j.at("dp"), 1, INT32_MAX, "dp"));
+  m.save_id = j.at("save_id").get<std::string>();
+  MXDDP_CHECK(m.save_id.size() == 16 && m.save_id.find_first_not_of("0123456789abcdef") == std::string::npos,
+              "save_id '{}' is not 16 hex digits", m.save_id);
   m.optimizer = j.at("optimizer").at("optimizer").get<std::string>();
   m.state_names = j.at("state_names").get<std::vector<std::string>>();
   m.model_dtype = parse_dtype(j.at("model_dtype").get<std::string>());
@@ -100,6 +105,8 @@ Manifest parse_manifest(const json& j, const std::string& path) {
                   "checkpoint manifest '{}': {} names file '{}', which is not in its file list", path, entry, slice.file);
       param.slices.push_back(slice);
     }
+    MXDDP_CHECK(std::none_of(m.params.begin(), m.params.end(), [&](const ManifestParam& q) { return q.name == param.name; }),
+                "checkpoint manifest '{}' lists param '{}' twice", path, param.name);
     m.params.push_back(std::move(param));
   }
   return m;
@@ -230,11 +237,24 @@ RankFile check_rank_file(const std::string& dir, const Manifest& m, const Manife
                                    crc, file.crc32));
     return {};
   }
+  std::map<std::string, std::string> metadata;
   try {
-    out.tensors = decode_safetensors(out.bytes, path);
+    out.tensors = decode_safetensors(out.bytes, path, &metadata);
   } catch (const Error& e) {
     problems.push_back(e.message());
     return {};
+  }
+  // The file must be this save's file of this rank: a rank file of another save (same model, its
+  // CRC fixed in the manifest) or another rank's file carries another save_id or rank.
+  const auto index = std::find_if(m.files.begin(), m.files.end(), [&](const ManifestFile& f) { return f.name == file.name; });
+  const std::string rank = std::to_string(index - m.files.begin());
+  for (const auto& [key, want] : {std::pair<std::string, std::string>{"format", kManifestFormat}, {"rank", rank},
+                                  {"save_id", m.save_id}}) {
+    const auto it = metadata.find(key);
+    if (it == metadata.end() || it->second != want)
+      problems.push_back(fmt::format("checkpoint file '{}' has {} '{}' in its metadata; this checkpoint's is '{}' (a file "
+                                     "of another save or rank)", path, key, it == metadata.end() ? "(none)" : it->second,
+                                     want));
   }
   // What the manifest places in this file: for each slice, main and every state in f32 and the
   // model params in the model dtype, each with the slice's element count.
@@ -251,10 +271,10 @@ RankFile check_rank_file(const std::string& dir, const Manifest& m, const Manife
     if (it == out.tensors.end())
       problems.push_back(fmt::format("checkpoint file '{}': tensor '{}' is missing ({} {} elements expected)", path,
                                      name, want.second, dtype_name(want.first)));
-    else if (it->second.dtype != want.first || it->second.numel != want.second)
-      problems.push_back(fmt::format("checkpoint file '{}': tensor '{}' is {} {} elements; the manifest implies {} {}",
-                                     path, name, it->second.numel, dtype_name(it->second.dtype), want.second,
-                                     dtype_name(want.first)));
+    else if (it->second.dtype != want.first || it->second.numel != want.second || it->second.ndim != 1)
+      problems.push_back(fmt::format("checkpoint file '{}': tensor '{}' is {} {} elements in {} dimension(s); the "
+                                     "manifest implies {} {} in 1", path, name, it->second.numel,
+                                     dtype_name(it->second.dtype), it->second.ndim, want.second, dtype_name(want.first)));
   }
   for (const auto& [name, entry] : out.tensors)
     if (!expected.count(name))

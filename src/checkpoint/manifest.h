@@ -63,6 +63,7 @@ struct ManifestFile {
 struct Manifest {
   std::string path;  // manifest.json, for messages
   int64_t step = 0;
+  std::string save_id;  // 16 hex digits, also in every rank file's metadata
   int dp = 0;
   std::string optimizer;
   std::vector<std::string> state_names;

@@ -24,11 +24,17 @@ std::vector<char> encode_safetensors(const std::vector<TensorToWrite>& tensors,
 struct TensorEntry {
   DType dtype = DType::kF32;
   int64_t numel = 0;
+  int ndim = 0;
   size_t offset = 0;  // into the file's bytes
 };
 
-// Parses and validates the header of `file` (its whole contents): names map to entries whose
-// byte ranges lie inside the file. `what` names the file in errors.
-std::map<std::string, TensorEntry> decode_safetensors(const std::vector<char>& file, const std::string& what);
+// Parses and validates the header of `file` (its whole contents) as encode_safetensors writes it:
+// the header is canonical JSON (nlohmann's compact dump, so no duplicate keys, other spacing or
+// bytes past it but the space padding), every data_offsets is [begin, end) with end - begin the
+// shape's bytes, and the tensors tile the data after the header exactly (no gap, no overlap, no
+// trailing bytes). Names map to entries; metadata_out, when given, receives "__metadata__".
+// `what` names the file in errors.
+std::map<std::string, TensorEntry> decode_safetensors(const std::vector<char>& file, const std::string& what,
+                                                      std::map<std::string, std::string>* metadata_out = nullptr);
 
 }  // namespace mxddp::ckpt

@@ -100,6 +100,9 @@ StepResult DistributedOptimizer::step() {
     const double coeff = config_.clip_grad / (result.grad_norm + 1e-6);
     if (coeff < 1.0) result.clip_coeff = coeff;
   }
+  // A step count restored from a checkpoint is bounded (2^53), so this never wraps; kept as a
+  // check since the count is state a caller can set.
+  MXDDP_CHECK(step_count_ < INT64_MAX, "optimizer step count {} cannot grow further", step_count_);
   ++step_count_;
   dp_.step_and_sync_params([&](int bucket) { update_bucket(bucket, result.clip_coeff); });
   return result;

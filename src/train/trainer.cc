@@ -199,6 +199,11 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     MXDDP_CHECK(used > 0 && used == it->second.size() && result.start_iteration >= 0,
                 "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", config.load_dir,
                 it->second);
+    // Every optimizer step is an iteration (a skipped one is an iteration without a step).
+    MXDDP_CHECK(optimizer.step_count() <= result.start_iteration,
+                "checkpoint '{}' holds optimizer step {} but iteration {}: a run takes at most one step per iteration, "
+                "so its manifest is not what mxddp train saved", config.load_dir, optimizer.step_count(),
+                result.start_iteration);
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(mb) * (mc.seq_length + 1));  // [micro-batch, T + 1]

@@ -6,14 +6,17 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
 
 namespace mxddp::testing {
 namespace {
 
-// A file of `header` (JSON) and data_bytes zero bytes after it.
-std::vector<char> file_with_header(const std::string& header, size_t data_bytes) {
+// A file of `header_json`, written canonically (nlohmann's compact dump, as encode_safetensors
+// writes it) so that only the check a case aims at can refuse it, and data_bytes zero bytes.
+std::vector<char> file_with_header(const std::string& header_json, size_t data_bytes) {
+  const std::string header = nlohmann::json::parse(header_json).dump();
   std::vector<char> file(8);
   for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   file.insert(file.end(), header.begin(), header.end());
@@ -67,6 +70,39 @@ TEST(SafetensorsHeader, DimensionThatIsAFloatIsRefused) {
 TEST(SafetensorsHeader, SpanThatIsNotTheShapesBytesIsRefused) {
   expect_refused(R"({"t":{"dtype":"BF16","shape":[3],"data_offsets":[0,4]}})", 8, "its shape holds 6 bytes");
   expect_refused(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 8, "tensor 't' data end is 0");
+}
+
+// Campaign findings: headers whose every entry is valid alone but which are not the file mxddp
+// wrote (overlapping or gapped tensors, a third offset, trailing bytes, a duplicate key, padding
+// other than spaces, a header length off by one).
+TEST(SafetensorsHeader, TensorsMustTileTheDataRegion) {
+  expect_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+                 8, "overlaps");
+  expect_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8, "leaves a gap");
+  expect_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8, "4 bytes after the last tensor");
+  expect_refused(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", 8, "expected [begin, end]");
+}
+
+TEST(SafetensorsHeader, OnlyTheCanonicalHeaderIsRead) {
+  auto raw = [](const std::string& text, size_t data_bytes) {
+    std::vector<char> file(8);
+    for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    file.insert(file.end(), text.begin(), text.end());
+    file.resize(file.size() + data_bytes, 0);
+    return file;
+  };
+  const std::string one = R"({"a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]}})";
+  EXPECT_EQ(ckpt::decode_safetensors(raw(one + "   ", 4), "padded").size(), 1u) << "space padding is the format's";
+  for (const auto& [text, name] :
+       {std::pair<std::string, std::string>{R"({"a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]},"a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]}})", "duplicate key"},
+        {one + std::string(3, '\0'), "NUL padding"},
+        {R"({ "a":{"data_offsets":[0,4],"dtype":"F32","shape":[1]}})", "other spacing"}}) {
+    EXPECT_THROW(ckpt::decode_safetensors(raw(text, 4), name), Error) << name;
+  }
+  // The header length one short: the last padding byte becomes data, which no tensor holds.
+  std::vector<char> shifted = raw(one + " ", 4);
+  shifted[0] = static_cast<char>(shifted[0] - 1);
+  EXPECT_THROW(ckpt::decode_safetensors(shifted, "shifted"), Error);
 }
 
 }  // namespace
