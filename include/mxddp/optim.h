@@ -44,6 +44,10 @@ struct StepResult {
   double clip_coeff = 1;  // applied to the grads (1 when not clipped)
 };
 
+// The names of an optimizer's per-element states, in order, as checkpoints store them:
+// adam: exp_avg, exp_avg_sq; sgd: momentum_buffer. Throws Error for another optimizer.
+std::vector<std::string_view> optimizer_state_names(std::string_view optimizer);
+
 class DistributedOptimizer {
  public:
   // dp (a DDP with use_distributed_optimizer, or an FSDP) and tracker must outlive this object.

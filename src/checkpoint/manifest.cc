@@ -6,6 +6,8 @@
 
 #include <fmt/ranges.h>
 
+#include <mxddp/optim.h>
+
 #include "file_io.h"
 #include "json_int.h"
 
@@ -72,6 +74,10 @@ Manifest parse_manifest(const json& j, const std::string& path) {
               "save_id '{}' is not 16 hex digits", m.save_id);
   m.optimizer = j.at("optimizer").at("optimizer").get<std::string>();
   m.state_names = j.at("state_names").get<std::vector<std::string>>();
+  const std::vector<std::string_view> states = optimizer_state_names(m.optimizer);
+  MXDDP_CHECK(std::equal(m.state_names.begin(), m.state_names.end(), states.begin(), states.end()),
+              "state_names [{}] are not optimizer '{}''s [{}]", fmt::join(m.state_names, ", "), m.optimizer,
+              fmt::join(states, ", "));
   m.model_dtype = parse_dtype(j.at("model_dtype").get<std::string>());
   MXDDP_CHECK(m.model_dtype == DType::kBF16 || m.model_dtype == DType::kF32, "model_dtype {} is not bf16 or f32",
               dtype_name(m.model_dtype));
@@ -107,6 +113,10 @@ Manifest parse_manifest(const json& j, const std::string& path) {
     }
     MXDDP_CHECK(std::none_of(m.params.begin(), m.params.end(), [&](const ManifestParam& q) { return q.name == param.name; }),
                 "checkpoint manifest '{}' lists param '{}' twice", path, param.name);
+    MXDDP_CHECK(!param.shared_embedding || std::none_of(m.params.begin(), m.params.end(),
+                                                        [](const ManifestParam& q) { return q.shared_embedding; }),
+                "checkpoint manifest '{}' marks param '{}' as a second shared embedding; a model has at most one", path,
+                param.name);
     m.params.push_back(std::move(param));
   }
   return m;

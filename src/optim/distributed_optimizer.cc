@@ -31,7 +31,7 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConf
     : dp_(dp), config_(config) {
   validate(config, dp);
   const int num_buckets = static_cast<int>(dp.layout().buckets.size());
-  state_.resize(config.optimizer == "adam" ? 2 : 1);
+  state_.resize(optimizer_state_names(config.optimizer).size());
   for (int b = 0; b < num_buckets; ++b) {
     buckets_.push_back(dp.optimizer_bucket(b));
     const TensorView initial = dp.initial_params(b);
@@ -64,9 +64,14 @@ TensorView DistributedOptimizer::state(int index, int bucket) const {
   return b.view(DType::kF32, Shape{static_cast<int64_t>(b.size_bytes() / sizeof(float))});
 }
 
+std::vector<std::string_view> optimizer_state_names(std::string_view optimizer) {
+  if (optimizer == "adam") return {"exp_avg", "exp_avg_sq"};
+  if (optimizer == "sgd") return {"momentum_buffer"};
+  MXDDP_FAIL("optimizer '{}' is not supported; valid: adam, sgd", optimizer);
+}
+
 std::string_view DistributedOptimizer::state_name(int index) const {
-  if (config_.optimizer == "sgd") return "momentum_buffer";
-  return index == 0 ? "exp_avg" : "exp_avg_sq";
+  return optimizer_state_names(config_.optimizer).at(static_cast<size_t>(index));
 }
 
 double DistributedOptimizer::local_grad_sum_of_squares() const {

@@ -72,14 +72,14 @@ TEST(Mxfp8Params, InvalidCombinationsAreErrorsAtConstruction) {
     };
     DdpConfig reuse_only = optim_ddp_config();
     reuse_only.reuse_grad_buf_for_mxfp8_param_ag = true;
-    expect_error(reuse_only, mlp_params(true), "reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather");
+    expect_error(reuse_only, mlp_params(true), "--reuse-grad-buf-for-mxfp8-param-ag) needs fp8_param_gather (--fp8-param-gather)");
     DdpConfig no_distopt = mxfp8_config(true);
     no_distopt.use_distributed_optimizer = false;
     expect_error(no_distopt, mlp_params(true), "fp8_param_gather needs use_distributed_optimizer");
     expect_error(optim_ddp_config(), mlp_params(true), "marked mxfp8 but fp8_param_gather is off");
     DdpConfig with_step = mxfp8_config(true, /*overlap_param_gather=*/true);
     with_step.overlap_param_gather_with_optimizer_step = true;
-    expect_error(with_step, mlp_params(true), "reuse_grad_buf_for_mxfp8_param_ag cannot overlap the param gather with the optimizer step");
+    expect_error(with_step, mlp_params(true), "cannot overlap the param gather with the optimizer step (--overlap-param-gather-with-optimizer-step)");
     auto bad = mlp_params(true);
     bad[1].mxfp8 = true;  // a bias
     expect_error(mxfp8_config(false), bad, "MXFP8 params are 2-D");
