@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/train.h>
 
 namespace mxddp::app {
 
@@ -20,9 +21,16 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptArgs& args) {
 
 namespace {
 
+// The checkpoint layer's checks and the GPT's (the param list its saved model config implies).
+CheckpointInfo inspect(const std::string& dir) {
+  CheckpointInfo info = inspect_checkpoint(dir);
+  for (std::string& problem : gpt_checkpoint_problems(info)) info.problems.push_back(std::move(problem));
+  return info;
+}
+
 int print_json(const CkptArgs& args) {
   try {
-    const CheckpointInfo info = inspect_checkpoint(args.dir);
+    const CheckpointInfo info = inspect(args.dir);
     std::printf("%s\n", checkpoint_info_json(info).c_str());
     return info.ok() ? 0 : 1;
   } catch (const Error& e) {
@@ -37,7 +45,7 @@ int print_json(const CkptArgs& args) {
 
 int run_ckpt_inspect(const CkptArgs& args) {
   if (args.json) return print_json(args);
-  const CheckpointInfo info = inspect_checkpoint(args.dir);
+  const CheckpointInfo info = inspect(args.dir);
   std::printf("checkpoint %s: step %lld, saved at dp %d, optimizer %s, model params %s\n", info.dir.c_str(),
               static_cast<long long>(info.step), info.saved_dp, info.optimizer.c_str(), info.model_dtype.c_str());
   for (const auto& [key, value] : info.metadata) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
@@ -55,7 +63,8 @@ int run_ckpt_inspect(const CkptArgs& args) {
                 f.status == "ok" ? "ok" : "DAMAGED (see below)");
   if (info.ok()) {
     std::printf("\nall files intact: manifest checksum, file sizes and CRC-32s, tensor dtypes and sizes, and the "
-                "coverage of every param verified\n");
+                "coverage of every param verified%s\n",
+                info.model_config.empty() ? "" : "; the param list is the one the saved model config implies");
     return 0;
   }
   std::printf("\nDAMAGED: %zu problem(s):\n", info.problems.size());

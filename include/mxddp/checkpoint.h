@@ -72,6 +72,7 @@ struct CheckpointParamInfo {
   std::string name;
   Shape shape;
   int slices = 0;
+  bool shared_embedding = false;
 };
 struct CheckpointInfo {
   std::string dir;  // the directory read: DIR, or DIR.partial / DIR.old after an interrupted save

@@ -47,6 +47,9 @@ struct GptConfig {
   // Every field as (name, value), in declaration order: what a checkpoint stores and compares
   // on load (two models with other head counts have the same param shapes).
   std::vector<std::pair<std::string, std::string>> fields() const;
+  // The inverse of fields(): the same names in the same order, integer values; throws Error
+  // naming the field otherwise, or when the config is not valid.
+  static GptConfig from_fields(const std::vector<std::pair<std::string, std::string>>& fields);
 };
 
 // "tiny" (2 x 64, seq 64), "small" (6 x 384, seq 256, ~10.8M params), "gpt2-124m" (GPT-2 small's

@@ -129,6 +129,12 @@ struct TrainCallbacks {
 // between iterations, after force_param_sync.
 std::string param_hash_mismatches(DataParallel& dp, const std::vector<std::vector<int>>& modules);
 
+// The reference GPT's checks of a checkpoint that the checkpoint layer cannot run: when the
+// manifest records a model config, its param list (names, shapes, the shared embedding) must be
+// the one gpt_param_specs gives for that config. One message per problem; none when no config
+// was saved. `mxddp ckpt inspect` adds them to inspect_checkpoint's.
+std::vector<std::string> gpt_checkpoint_problems(const CheckpointInfo& info);
+
 // Collective: every rank of comm calls it with the same config.
 TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks = {});
 

@@ -257,6 +257,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
                 "'{}' was saved by optimizer '{}' with state [{}]; this optimizer is '{}' with state [{}]", dir,
                 m.optimizer, fmt::join(m.state_names, ", "), opt.config().optimizer, fmt::join(run_states, ", "));
     check_no_problems(dir, ckpt::coverage_problems(m));
+    if (comm.rank() == 0) check_no_problems(dir, ckpt::unlisted_rank_file_problems(dir, m));
     // The files that hold the slices this rank's shards need, each checked whole when first used.
     std::map<std::string, ckpt::RankFile> files;
     auto file = [&](const std::string& name) -> const ckpt::RankFile& {
@@ -295,6 +296,15 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
         MXDDP_CHECK(covered == need.in_param.size(), "'{}' covers {} of the {} elements [{}, {}) of '{}' this rank needs",
                     dir, covered, need.in_param.size(), need.in_param.start, need.in_param.end, name);
       }
+    }
+    // Every listed file is checked by some rank, also those no rank needs (a load at another dp,
+    // a rank holding only padding): file i by rank i % size unless that rank read it above, so a
+    // load at the saved dp reads nothing twice. A load accepts what inspect accepts, no more.
+    for (size_t i = static_cast<size_t>(comm.rank()); i < m.files.size(); i += static_cast<size_t>(comm.size())) {
+      if (files.count(m.files[i].name)) continue;
+      std::vector<std::string> problems;
+      ckpt::check_rank_file(dir, m, m.files[i], problems);
+      check_no_problems(dir, problems);
     }
     step = m.step;
     metadata = m.metadata;

@@ -22,8 +22,9 @@ CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
   info.model_config = m.model_config;
   info.metadata = m.metadata;
   for (const ckpt::ManifestParam& p : m.params)
-    info.params.push_back({p.name, p.shape, static_cast<int>(p.slices.size())});
+    info.params.push_back({p.name, p.shape, static_cast<int>(p.slices.size()), p.shared_embedding});
   info.problems = ckpt::coverage_problems(m);
+  for (std::string& problem : ckpt::unlisted_rank_file_problems(info.dir, m)) info.problems.push_back(std::move(problem));
   for (const ckpt::ManifestFile& f : m.files) {
     std::vector<std::string> problems;
     ckpt::check_rank_file(info.dir, m, f, problems);
@@ -50,7 +51,7 @@ std::string checkpoint_info_json(const CheckpointInfo& info) {
   for (const CheckpointParamInfo& p : info.params) {
     json shape = json::array();
     for (int d = 0; d < p.shape.ndim(); ++d) shape.push_back(p.shape[d]);
-    j["params"].push_back({{"name", p.name}, {"shape", shape}, {"slices", p.slices}});
+    j["params"].push_back({{"name", p.name}, {"shape", shape}, {"slices", p.slices}, {"shared_embedding", p.shared_embedding}});
   }
   for (const CheckpointFileInfo& f : info.files)
     j["files"].push_back({{"name", f.name}, {"bytes", f.size_bytes}, {"crc32", f.crc32}, {"status", f.status}});

@@ -223,6 +223,21 @@ std::vector<std::string> coverage_problems(const Manifest& m) {
   return problems;
 }
 
+std::vector<std::string> unlisted_rank_file_problems(const std::string& dir, const Manifest& m) {
+  std::vector<std::string> problems;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool looks_like_rank_file = name.starts_with("rank_") && name.ends_with(".safetensors");
+    if (looks_like_rank_file && std::none_of(m.files.begin(), m.files.end(), [&](const ManifestFile& f) { return f.name == name; }))
+      problems.push_back(fmt::format("checkpoint file '{}' is not in the manifest (saved at dp {}, files rank_00000.. "
+                                     "rank_{:05d}): a file of another save?", (fs::path(dir) / name).string(), m.dp,
+                                     m.dp - 1));
+  }
+  if (ec) problems.push_back(fmt::format("cannot list checkpoint directory '{}': {}", dir, ec.message()));
+  return problems;
+}
+
 RankFile check_rank_file(const std::string& dir, const Manifest& m, const ManifestFile& file,
                          std::vector<std::string>& problems) {
   const std::string path = (fs::path(dir) / file.name).string();

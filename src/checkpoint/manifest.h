@@ -88,6 +88,11 @@ Manifest read_manifest(const std::string& dir);
 // Check 3: one message per problem, naming the param and the elements.
 std::vector<std::string> coverage_problems(const Manifest& m);
 
+// Check 5: files in the directory that look like rank files (rank_*.safetensors) but are not
+// listed: a save writes exactly the listed ones, so another is a sign of mixed saves. One
+// message per file.
+std::vector<std::string> unlisted_rank_file_problems(const std::string& dir, const Manifest& m);
+
 // Check 4 on one listed file. Appends one message per problem (naming the file and the tensor);
 // returns the file's bytes and tensors when its size, CRC and header are sound, else empty ones.
 struct RankFile {

@@ -1,5 +1,11 @@
 // GptConfig, its presets, the param list and the initialization of the reference GPT.
+#include <charconv>
+#include <climits>
 #include <cmath>
+#include <algorithm>
+#include <ranges>
+
+#include <fmt/ranges.h>
 
 #include <mxddp/model.h>
 
@@ -50,6 +56,30 @@ std::vector<std::pair<std::string, std::string>> GptConfig::fields() const {
           {"hidden_size", std::to_string(hidden_size)},
           {"num_attention_heads", std::to_string(num_attention_heads)},
           {"seq_length", std::to_string(seq_length)}};
+}
+
+GptConfig GptConfig::from_fields(const std::vector<std::pair<std::string, std::string>>& fields) {
+  GptConfig config;
+  const std::vector<std::pair<std::string_view, int*>> slots = {
+      {"vocab_size", &config.vocab_size}, {"num_layers", &config.num_layers}, {"hidden_size", &config.hidden_size},
+      {"num_attention_heads", &config.num_attention_heads}, {"seq_length", &config.seq_length}};
+  MXDDP_CHECK(fields.size() == slots.size(), "a GPT config has {} fields ({}); got {}", slots.size(),
+              fmt::join(std::views::keys(slots), ", "), fields.size());
+  std::vector<bool> seen(slots.size(), false);
+  for (const auto& [key, value] : fields) {  // any order: a JSON object's keys come back sorted
+    const auto slot = std::ranges::find(slots, std::string_view(key), [](const auto& s) { return s.first; });
+    MXDDP_CHECK(slot != slots.end(), "GPT config field '{}' is not one of {}", key,
+                fmt::join(std::views::keys(slots), ", "));
+    MXDDP_CHECK(!seen[static_cast<size_t>(slot - slots.begin())], "GPT config field '{}' is given twice", key);
+    seen[static_cast<size_t>(slot - slots.begin())] = true;
+    int parsed = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+    MXDDP_CHECK(ec == std::errc{} && end == value.data() + value.size(),
+                "GPT config field '{}' is '{}', not an integer in [{}, {}]", key, value, INT_MIN, INT_MAX);
+    *slot->second = parsed;
+  }
+  config.validate();
+  return config;
 }
 
 std::vector<std::string> gpt_preset_names() { return {"tiny", "small", "gpt2-124m"}; }

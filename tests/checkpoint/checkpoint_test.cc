@@ -6,10 +6,12 @@
 #include <fstream>
 #include <functional>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <mxddp/checkpoint.h>
 #include <mxddp/model.h>
+#include <mxddp/train.h>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
@@ -417,6 +419,73 @@ TEST(CheckpointTrust, InspectAndLoadFindACoverageHole) {
   EXPECT_TRUE(mentions(info.problems, "in no slice")) << "no problem reports the hole";
   expect_load_fails_and_changes_nothing(dir, "in no slice");
   fs::remove_all(dir);
+}
+
+// A save writes exactly the listed rank files; another rank_*.safetensors beside them (a file of
+// another save, e.g. a dp-4 save's rank_00004 left in a dp-4 directory) is refused, though no
+// load would read it.
+TEST(CheckpointTrust, UnlistedRankFileIsRefusedByLoadAndInspect) {
+  const std::string dir = saved_checkpoint("unlisted");
+  fs::copy_file(dir + "/rank_00003.safetensors", dir + "/rank_00004.safetensors");
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  EXPECT_FALSE(info.ok());
+  EXPECT_TRUE(mentions(info.problems, "rank_00004.safetensors' is not in the manifest")) << fmt::format("{}", fmt::join(info.problems, "\n"));
+  expect_load_fails_and_changes_nothing(dir, "rank_00004.safetensors' is not in the manifest");
+  fs::remove(dir + "/rank_00004.safetensors");
+  EXPECT_TRUE(inspect_checkpoint(dir).ok());
+  fs::remove_all(dir);
+}
+
+// A listed file that no rank of the loading run needs is still checked: here a dp-4 save whose
+// manifest (resealed) claims dp 5 and lists a fifth file, a copy of rank 0's, that holds no
+// slice. Loading at dp 2 reads files 0-3 for the slices; file 4 is checked by rank 4 % 2 = 0.
+TEST(CheckpointTrust, LoadChecksTheListedFilesNoRankNeeds) {
+  const std::string dir = saved_checkpoint("unneeded");
+  fs::copy_file(dir + "/rank_00000.safetensors", dir + "/rank_00004.safetensors");
+  edit_manifest(dir, [&](json& m) {
+    m["dp"] = 5;
+    json extra = m["files"][0];
+    extra["name"] = "rank_00004.safetensors";
+    m["files"].push_back(extra);
+  });
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  EXPECT_TRUE(mentions(info.problems, "has rank '0' in its metadata; this checkpoint's is '4'"))
+      << fmt::format("{}", fmt::join(info.problems, "\n"));
+  expect_load_fails_and_changes_nothing(dir, "has rank '0' in its metadata; this checkpoint's is '4'");
+  fs::remove_all(dir);
+}
+
+// `mxddp ckpt inspect` compares the param list with the one the saved GPT config implies (a
+// load compares it with the model it loads into): a resealed flip of shared_embedding, a renamed
+// or reshaped param, and a config that is no GPT config are problems; the saved list is none.
+TEST(CheckpointTrust, InspectComparesTheParamListWithTheSavedGptConfig) {
+  const GptConfig config = gpt_preset("tiny");
+  CheckpointInfo info;
+  info.model_config = config.fields();
+  for (const ParamSpec& spec : gpt_param_specs(config)) info.params.push_back({spec.name, spec.shape, 1, spec.shared_embedding});
+  EXPECT_EQ(gpt_checkpoint_problems(info), std::vector<std::string>{});
+  CheckpointInfo flipped = info;
+  flipped.params[0].shared_embedding = false;
+  ASSERT_EQ(gpt_checkpoint_problems(flipped).size(), 1u);
+  EXPECT_NE(gpt_checkpoint_problems(flipped)[0].find("implies 'embedding.word_embeddings.weight' [256, 64] (shared embedding)"),
+            std::string::npos) << gpt_checkpoint_problems(flipped)[0];
+  CheckpointInfo reshaped = info;
+  reshaped.params[3].shape = Shape{7};
+  EXPECT_TRUE(mentions(gpt_checkpoint_problems(reshaped), "param 3 is")) << "a reshaped param";
+  CheckpointInfo fewer = info;
+  fewer.params.pop_back();
+  EXPECT_TRUE(mentions(gpt_checkpoint_problems(fewer), "lists 27 params; its model_config (2 layers) has 28")) << "a missing param";
+  CheckpointInfo huge = info;  // must not build a list of 2^31 layers' specs
+  for (auto& [key, value] : huge.model_config)
+    if (key == "num_layers") value = "2147483647";
+  EXPECT_TRUE(mentions(gpt_checkpoint_problems(huge), "has 25769803768")) << fmt::format("{}", fmt::join(gpt_checkpoint_problems(huge), "\n"));
+  CheckpointInfo not_gpt = info;
+  not_gpt.model_config.push_back({"num_experts", "8"});
+  EXPECT_TRUE(mentions(gpt_checkpoint_problems(not_gpt), "not a GPT config"));
+  not_gpt.model_config = {{"vocab_size", "256"}, {"num_layers", "2"}, {"hidden_size", "0x40"}, {"num_attention_heads", "4"},
+                          {"seq_length", "64"}};
+  EXPECT_TRUE(mentions(gpt_checkpoint_problems(not_gpt), "'hidden_size' is '0x40', not an integer"));
+  EXPECT_EQ(gpt_checkpoint_problems(CheckpointInfo{}), std::vector<std::string>{}) << "no saved config, nothing to compare";
 }
 
 // Issue 15.13: a 4-head checkpoint loaded into an 8-head model, whose params have the same shapes.
