@@ -140,9 +140,11 @@ class GptModel {
 
 // Threads each matrix product of the calling thread may use (OpenMP's per-thread setting, which
 // oneDNN follows): with ranks as threads, each rank's thread sets cores / ranks. A thread that
-// never sets it uses every core. 0 restores that default.
+// never sets it uses every core. 0 restores that default. The count is capped at OpenMP's thread
+// limit (OMP_THREAD_LIMIT) and OpenMP's dynamic adjustment is turned off, so that every region
+// gets the count asked for (oneDNN relies on it).
 void set_compute_threads(int threads);
-int compute_threads();  // the calling thread's
+int compute_threads();  // the calling thread's: at most the thread limit
 
 // What the matrix products run on: for `mxddp train`'s banner and report and the benches.
 struct ComputeInfo {

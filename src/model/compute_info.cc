@@ -5,6 +5,7 @@
 // thread, and a std::thread starts from the process default (every core), not from its parent's
 // setting, so each rank's thread sets its own: ranks that run as threads of one process each get
 // cores / ranks, and dp 1 gets every core.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -93,10 +94,24 @@ int default_compute_threads() {
 
 void set_compute_threads(int threads) {
   MXDDP_CHECK(threads >= 0, "compute threads {} is not valid: 0 (every core) or more", threads);
-  omp_set_num_threads(threads == 0 ? default_compute_threads() : threads);
+  // The count asked for must be the count a region gets: oneDNN splits a product's work for the
+  // thread count it was created for and runs it in a region of that size, so a region that
+  // comes up short (OMP_THREAD_LIMIT below the count, or OMP_DYNAMIC letting the runtime give
+  // fewer) silently skips part of the product. So no dynamic adjustment, and at most the limit.
+  omp_set_dynamic(0);
+  omp_set_num_threads(std::min(threads == 0 ? default_compute_threads() : threads, omp_get_thread_limit()));
 }
 
-int compute_threads() { return omp_get_max_threads(); }
+int compute_threads() { return std::min(omp_get_max_threads(), omp_get_thread_limit()); }
+
+namespace model {
+
+void make_thread_count_exact() {
+  if (omp_in_parallel()) return;  // nested: oneDNN runs the product on the calling thread
+  if (omp_get_dynamic() || omp_get_max_threads() > omp_get_thread_limit()) set_compute_threads(compute_threads());
+}
+
+}  // namespace model
 
 ComputeInfo compute_info() {
   static const ComputeInfo process_wide = [] {

@@ -141,6 +141,7 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a, in
       for (int j = 0; j < n; ++j) c[static_cast<int64_t>(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[static_cast<int64_t>(i) * ldc + j];
     return;
   }
+  make_thread_count_exact();
   const bool bf16 = t_gemm_dtype == GemmDType::kBF16 && bf16_gemm_supported();
   const PlanKey key{m,           n,           k,    lda, ldb, ldc, omp_get_max_threads(), op_a == Op::kT, op_b == Op::kT,
                     bf16, float_bits(alpha), float_bits(beta)};

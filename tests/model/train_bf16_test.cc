@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <mxddp/comm.h>
 #include <mxddp/model.h>
@@ -83,7 +84,7 @@ TEST(TrainBf16, EachRankThreadGetsItsComputeThreads) {
         train(comm, c);
         seen[static_cast<size_t>(comm.rank())] = compute_threads();
       });
-      const int want = configured > 0 ? configured : std::max(1, cores / dp);
+      const int want = std::min(configured > 0 ? configured : std::max(1, cores / dp), omp_get_thread_limit());
       for (int r = 0; r < dp; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], want) << "dp " << dp << " rank " << r;
     }
   }
