@@ -178,7 +178,10 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     MXDDP_CHECK(ddp != nullptr, "TrainCallbacks::wrap_data_parallel returned null");
   }
   DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
-  GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations, .bf16 = config.bf16});
+  GptModel model(*ddp, pool, mc,
+                 {.recompute_granularity = config.recompute_activations ? RecomputeGranularity::kFull
+                                                                        : RecomputeGranularity::kNone,
+                  .bf16 = config.bf16});
 
   TrainResult result;
   result.unigram_entropy = data.unigram_entropy();
