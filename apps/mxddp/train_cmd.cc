@@ -56,7 +56,19 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   model->add_option("--hidden-size", a.hidden_size, "Override the preset's hidden size")->transform(kPositiveInt);
   model->add_option("--num-attention-heads", a.num_attention_heads, "Override the preset's heads")->transform(kPositiveInt);
   model->add_option("--seq-length", a.seq_length, "Override the preset's sequence length")->transform(kPositiveInt);
-  model->add_flag("--recompute-activations", c.recompute_activations, "Recompute each layer's activations in backward");
+  model->add_flag("--recompute-activations", a.recompute_activations,
+                  "Re-run each layer whole in backward, keeping only its input (= --recompute-granularity full; "
+                  "Megatron's flag means selective)");
+  model->add_option("--recompute-granularity", a.recompute_granularity,
+                    "Activation recompute: full (each layer re-runs whole in backward) or selective (only "
+                    "--recompute-modules re-run)");
+  // Each occurrence replaces the list (trigger_on_parse clears it), so a later flag overrides an
+  // earlier one as every other flag does instead of adding to it.
+  model->add_option("--recompute-modules", a.recompute_modules,
+                    "With --recompute-granularity selective: any of core_attn, mlp, layernorm, space- or "
+                    "comma-separated (default: core_attn)")
+      ->delimiter(',')
+      ->trigger_on_parse();
   model->add_flag("--bf16", c.bf16, "BF16 matrix products with F32 accumulation (F32 on CPUs without native BF16)");
 
   auto* batch = cmd->add_option_group("batch and schedule");
@@ -253,6 +265,33 @@ void finish_config(TrainArgs& a) {
   f.overlap_param_gather = a.config.ddp.overlap_param_gather;
   f.grad_reduce_in_fp32 = a.config.ddp.grad_reduce_in_fp32;
   f.param_dtype = a.config.ddp.param_dtype;
+
+  // Recompute: Megatron's two flags, and --recompute-activations with its old meaning here (full).
+  TrainConfig& c = a.config;
+  c.recompute_granularity = a.recompute_granularity.empty() ? RecomputeGranularity::kNone
+                                                            : parse_recompute_granularity(a.recompute_granularity);
+  if (a.recompute_activations) {
+    MXDDP_CHECK(c.recompute_granularity != RecomputeGranularity::kSelective,
+                "--recompute-activations re-runs every layer whole (--recompute-granularity full) and contradicts "
+                "--recompute-granularity selective; valid: one of the two (mxddp keeps the flag's full meaning, where "
+                "Megatron maps it to selective; docs/model.md)");
+    c.recompute_granularity = RecomputeGranularity::kFull;
+  }
+  c.recompute_modules.clear();
+  for (const std::string& name : a.recompute_modules) c.recompute_modules.insert(parse_recompute_module(name));
+  if (c.recompute_granularity == RecomputeGranularity::kSelective && a.recompute_modules.empty())
+    c.recompute_modules = {RecomputeModule::kCoreAttn};  // Megatron's default
+}
+
+// ", selective recompute of core_attn mlp" for the banner; nothing without recompute.
+std::string recompute_banner(const TrainConfig& c) {
+  switch (c.recompute_granularity) {
+    case RecomputeGranularity::kNone: return "";
+    case RecomputeGranularity::kFull: return ", full recompute";
+    case RecomputeGranularity::kSelective:
+      return fmt::format(", selective recompute of {}", recompute_modules_names(c.recompute_modules));
+  }
+  return "";
 }
 
 // A report that cannot be written should fail now, not after the training. Like --save, missing
@@ -285,12 +324,13 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
   auto run_rank = [&a](Communicator& comm) -> TrainResult {
     if (comm.rank() != 0) return train(comm, a.config);
     a.config.validate(comm.size());  // a bad flag fails before the banner
-    std::printf("mxddp train: %s on %d %s rank(s), %s; global batch %d = %d micro x %d dp x %d accumulation; %lld "
+    std::printf("mxddp train: %s on %d %s rank(s), %s%s; global batch %d = %d micro x %d dp x %d accumulation; %lld "
                 "iterations%s\n",
                 a.config.model.describe().c_str(), comm.size(), std::string(comm.backend_name()).c_str(),
                 a.config.use_megatron_fsdp
                     ? fmt::format("FSDP {}", sharding_strategy_name(a.config.fsdp.data_parallel_sharding_strategy)).c_str()
                     : "DDP + distributed optimizer",
+                recompute_banner(a.config).c_str(),
                 a.config.global_batch_size, a.config.micro_batch_size, comm.size(),
                 a.config.accumulation_steps(comm.size()), static_cast<long long>(a.config.train_iters),
                 a.config.load_dir.empty() ? "" : (" (resuming from " + a.config.load_dir + ")").c_str());

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -23,6 +24,12 @@ struct TrainArgs {
   std::string mxfp8_elem = "e4m3";
   std::string mxfp8_scale_mode = "rceil";
   std::string sharding_strategy = "optim_grads_params";
+  // Recompute flags, resolved into config.recompute_* by the command: --recompute-activations is
+  // full granularity here, --recompute-granularity "" is none, --recompute-modules empty is
+  // Megatron's default (core_attn) with selective.
+  bool recompute_activations = false;
+  std::string recompute_granularity;
+  std::vector<std::string> recompute_modules;
   int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)
   std::string report;
   TrainConfig config;

@@ -22,6 +22,12 @@ nlohmann::json memory_json(const MemoryUsage& u) {
   return j;
 }
 
+nlohmann::json recompute_module_list(const RecomputeModules& modules) {
+  nlohmann::json list = nlohmann::json::array();
+  for (RecomputeModule m : modules) list.push_back(std::string(recompute_module_name(m)));
+  return list;
+}
+
 nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& backend) {
   const DdpConfig& d = c.ddp;
   return {
@@ -35,7 +41,11 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
         {"vocab_size", c.model.vocab_size},
         {"num_params", c.model.num_params()},
         {"train_flops_per_token", c.model.train_flops_per_token()}}},
-      {"recompute_activations", c.recompute_activations},
+      // Megatron's names and values: null granularity = no recompute.
+      {"recompute_granularity", c.recompute_granularity == RecomputeGranularity::kNone
+                                    ? nlohmann::json(nullptr)
+                                    : nlohmann::json(std::string(recompute_granularity_name(c.recompute_granularity)))},
+      {"recompute_modules", recompute_module_list(c.recompute_modules)},
       {"bf16", c.bf16},
       {"check_for_nan_in_loss_and_grad", c.check_for_nan_in_loss_and_grad},
       {"check_weight_hash_across_dp_replicas_interval", c.check_weight_hash_across_dp_replicas_interval},

@@ -6,7 +6,8 @@
 //   names) and a deterministic GPT-2-style initialization;
 //   GptModel: a GPT-2 decoder (token + position embeddings, pre-LayerNorm blocks with causal
 //   multi-head attention and a GELU MLP, a final LayerNorm, an LM head tied to the token
-//   embedding) with a hand-written forward and backward on the CPU over a DistributedDataParallel:
+//   embedding) with a hand-written forward and backward on the CPU over a DistributedDataParallel
+//   (with Megatron's full or selective activation recompute):
 //   BF16 params (or MXFP8 with fp8_param_gather) converted into f32 scratch from a
 //   GlobalMemoryBuffer, f32 compute on oneDNN (BF16 products with bf16), weight gradients accumulated straight into
 //   main_grad and reported with grad_ready the moment they are final, before_forward per module;
@@ -16,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -91,14 +93,44 @@ std::vector<std::vector<float>> gpt_init_params(const GptConfig& config, uint64_
 // The model over DistributedDataParallel
 // ----------------------------------------------------------------------------------------------
 
+// Activation recompute, Megatron's --recompute-granularity (docs/model.md, "Activation recompute").
+//   kNone: every layer keeps its activations for backward.
+//   kFull: a layer keeps only its input (the residual stream) and re-runs its whole forward at the
+//     start of its backward (Megatron's full granularity with --recompute-method uniform
+//     --recompute-num-layers 1).
+//   kSelective: a layer keeps its activations except the internals of recompute_modules, which
+//     its backward re-runs just before it needs them.
+enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
+
+// The submodules a selective recompute re-runs, with Megatron's names (--recompute-modules), and
+// what each drops per layer (N = micro-batch x seq rows, C hidden, H heads, T seq):
+//   core_attn: the attention core (scores, softmax, P V; no weights): the softmax [B, H, T, T].
+//   mlp: fc1 -> GELU -> fc2 (weights fc1, fc2): fc1's output and GELU's, [N, 4C] each. Backward
+//     re-runs fc1 and GELU only: fc2's output is not needed for any gradient.
+//   layernorm: the input and pre-MLP norms (weights and biases): their outputs [N, C] and
+//     statistics (mean, rstd) [N] each.
+enum class RecomputeModule : uint8_t { kCoreAttn, kMlp, kLayernorm };
+using RecomputeModules = std::set<RecomputeModule>;
+
+std::string_view recompute_granularity_name(RecomputeGranularity g);  // "none", "full", "selective"
+// "full" or "selective" (the values of Megatron's flag; none is the flag left out). Throws Error
+// naming the value otherwise.
+RecomputeGranularity parse_recompute_granularity(std::string_view name);
+std::string_view recompute_module_name(RecomputeModule m);  // "core_attn", "mlp", "layernorm"
+RecomputeModule parse_recompute_module(std::string_view name);  // throws Error naming the value
+std::string recompute_modules_names(const RecomputeModules& modules);  // "core_attn mlp" (flag order)
+
 struct GptModelOptions {
-  // Drop each layer's activations after its forward and recompute them in backward: activation
-  // scratch falls from L layers' worth to one.
-  bool recompute_activations = false;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
+  // With kSelective, the submodules to recompute: at least one (Megatron's default is
+  // {kCoreAttn}; `mxddp train` fills it in). Must be empty otherwise.
+  RecomputeModules recompute_modules;
   // Megatron's --bf16: the matrix products multiply BF16 operands with F32 accumulation (into F32
   // activations and main_grad) where the CPU has native BF16 (see bf16 in ComputeInfo), F32
   // products elsewhere. Off: F32 products, what the exactness tests compare.
   bool bf16 = false;
+
+  void validate() const;  // throws Error naming a contradictory recompute setting
 };
 
 // Time spent in the model since the last reset, in ms. param_wait_ms is the time the pre-forward

@@ -24,7 +24,10 @@ namespace mxddp {
 
 struct TrainConfig {
   GptConfig model = gpt_preset("tiny");
-  bool recompute_activations = false;
+  // Activation recompute, as GptModelOptions (Megatron's --recompute-granularity and
+  // --recompute-modules). `mxddp train --recompute-activations` sets kFull (docs/model.md).
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
+  RecomputeModules recompute_modules;
   bool bf16 = false;  // Megatron's --bf16: BF16 matrix products with F32 accumulation (GptModelOptions::bf16)
   // Compute threads of each rank (set in the rank's own thread); 0: the cores / the ranks that
   // share this machine (the local backend's ranks, or mpirun's ranks on this node).
@@ -68,6 +71,7 @@ struct TrainConfig {
   std::string load_dir;  // resume from here (any dp size)
 
   void validate(int dp) const;  // throws Error naming a bad value
+  GptModelOptions model_options() const;  // the GPT's options: recompute and bf16
   int accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
 };
 

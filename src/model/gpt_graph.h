@@ -4,7 +4,9 @@
 // DistributedDataParallel; the gradient test runs it in f64 over plain arrays.
 //
 // Per micro-batch: B sequences of T tokens, N = B*T rows, C hidden, H heads, V vocabulary.
-// Activations (scratch, by name; "l<i>/" per layer, or one shared "rc/" set when recomputing):
+// Activations (scratch, by name; "l<i>/" per layer, or one "rc/" set that the layers share for
+// what a recompute drops: everything below with full granularity, a selective recompute's
+// modules' internals otherwise; see RecomputeModule in model.h):
 //   res/<l>   [N, C]  the residual stream entering layer l (l = 0..L; res/L enters the final norm)
 //   ln1, ln2  [N, C]  layer norms; *_mean, *_rstd [N]
 //   qkv       [N, 3C] fused q | k | v
@@ -48,8 +50,10 @@ struct GptAccess {
 template <typename Real>
 class GptGraph {
  public:
-  GptGraph(const GptConfig& config, GptAccess<Real> access, bool recompute_activations)
-      : cfg_(config), ids_(config), access_(std::move(access)), recompute_(recompute_activations) {}
+  // granularity and modules as GptModelOptions (validated there).
+  GptGraph(const GptConfig& config, GptAccess<Real> access,
+           RecomputeGranularity granularity = RecomputeGranularity::kNone, RecomputeModules modules = {})
+      : cfg_(config), ids_(config), access_(std::move(access)), granularity_(granularity), modules_(std::move(modules)) {}
 
   // tokens [batch, T + 1]: inputs are each row's first T, targets its last T. Returns the summed
   // loss over the batch's B*T tokens. With grad_scale != 0 the loss's gradient is kept for
@@ -89,31 +93,79 @@ class GptGraph {
     for (int p : params) access_.grad_ready(p);
   }
 
-  LayerActs acts(int layer) {
-    const std::string prefix = recompute_ ? std::string("rc/") : fmt::format("l{}/", layer);
-    const int64_t n = rows(), c = cfg_.hidden_size, t = cfg_.seq_length;
-    const int64_t probs = int64_t{batch_} * cfg_.num_attention_heads * t * t;
-    return {scratch(prefix + "ln1", n * c), scratch(prefix + "ln1_mean", n), scratch(prefix + "ln1_rstd", n),
-            scratch(prefix + "qkv", 3 * n * c), scratch(prefix + "probs", probs), scratch(prefix + "atty", n * c),
-            scratch(prefix + "xmid", n * c), scratch(prefix + "ln2", n * c), scratch(prefix + "ln2_mean", n),
-            scratch(prefix + "ln2_rstd", n), scratch(prefix + "fc1", 4 * n * c), scratch(prefix + "gelu", 4 * n * c)};
+  // Whether a selective recompute re-runs submodule m in backward.
+  bool selective(RecomputeModule m) const {
+    return granularity_ == RecomputeGranularity::kSelective && modules_.contains(m);
   }
 
-  // Layer l: res/l -> res/(l+1), keeping its activations in `a`.
-  void layer_forward(int l, const LayerActs& a) {
+  // Layer l's activations: its own ("l<l>/") where backward reads what forward wrote, the shared
+  // "rc/" set where forward's values are dropped (overwritten by the next layer) and backward
+  // rebuilds them, so a dropped activation costs one layer's worth of scratch, not L.
+  LayerActs acts(int layer) {
+    const bool full = granularity_ == RecomputeGranularity::kFull;
+    const std::string own = fmt::format("l{}/", layer);
+    const std::string& norms = full || selective(RecomputeModule::kLayernorm) ? kShared : own;
+    const std::string& attn = full || selective(RecomputeModule::kCoreAttn) ? kShared : own;
+    const std::string& mlp = full || selective(RecomputeModule::kMlp) ? kShared : own;
+    const std::string& rest = full ? kShared : own;  // linear outputs no submodule recompute rebuilds
+    const int64_t n = rows(), c = cfg_.hidden_size, t = cfg_.seq_length;
+    const int64_t probs = int64_t{batch_} * cfg_.num_attention_heads * t * t;
+    return {scratch(norms + "ln1", n * c), scratch(norms + "ln1_mean", n), scratch(norms + "ln1_rstd", n),
+            scratch(rest + "qkv", 3 * n * c), scratch(attn + "probs", probs), scratch(rest + "atty", n * c),
+            scratch(rest + "xmid", n * c), scratch(norms + "ln2", n * c), scratch(norms + "ln2_mean", n),
+            scratch(norms + "ln2_rstd", n), scratch(mlp + "fc1", 4 * n * c), scratch(mlp + "gelu", 4 * n * c)};
+  }
+
+  // Why a submodule runs: in the forward pass, or again in backward to rebuild what was dropped.
+  enum class Run : uint8_t { kForward, kRecompute };
+
+  // Layer l: res/l -> res/(l+1), keeping its activations in `a`. A recompute (full granularity)
+  // rebuilds `a` and leaves res/(l+1) alone: it is the next layer's input, not this one's.
+  void layer_forward(int l, const LayerActs& a, Run run) {
     const int n = rows(), c = cfg_.hidden_size;
     const Real* x = res(l);
-    Real* out = res(l + 1);
-    layernorm_forward(x, w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd, n, c);
+    input_layernorm_forward(l, a);
     linear_forward(a.ln1, w(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
-    attention_forward(a.qkv, a.probs, a.atty, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
+    core_attention_forward(a);
     linear_forward(a.atty, w(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
     add_in_place(a.xmid, x, int64_t{n} * c);
-    layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, n, c);
+    pre_mlp_layernorm_forward(l, a);
+    mlp_forward(l, a, run);
+    if (run == Run::kForward) add_in_place(res(l + 1), a.xmid, int64_t{n} * c);
+  }
+
+  // ---- The submodules a recompute re-runs (RecomputeModule). Forward and the recompute in
+  // backward both run a submodule through its function here, so whatever must happen around a
+  // submodule's run (such as gathering its params just before, for a fine-grained FSDP gather)
+  // has exactly one place to go. ----
+
+  // layernorm, the input norm: res/l -> ln1, ln1_mean, ln1_rstd. Reads ln1's weight and bias.
+  void input_layernorm_forward(int l, const LayerActs& a) {
+    layernorm_forward(res(l), w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd, rows(),
+                      cfg_.hidden_size);
+  }
+
+  // core_attn: qkv -> probs, atty. Reads no params.
+  void core_attention_forward(const LayerActs& a) {
+    attention_forward(a.qkv, a.probs, a.atty, batch_, cfg_.seq_length, cfg_.hidden_size, cfg_.num_attention_heads);
+  }
+
+  // layernorm, the pre-MLP norm: xmid -> ln2, ln2_mean, ln2_rstd. Reads ln2's weight and bias.
+  void pre_mlp_layernorm_forward(int l, const LayerActs& a) {
+    layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, rows(),
+                      cfg_.hidden_size);
+  }
+
+  // mlp: ln2 -> fc1 -> GELU -> fc2 -> res/(l+1) (the residual is added by the layer). Forward reads
+  // the forward weights of fc1 and fc2. A recompute stops after GELU and reads fc1's only: backward
+  // needs fc2's input (gelu), never its output (Megatron's checkpoint re-runs fc2 too, and drops
+  // its output).
+  void mlp_forward(int l, const LayerActs& a, Run run) {
+    const int n = rows(), c = cfg_.hidden_size;
     linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
     gelu_forward(a.fc1, a.gelu, int64_t{n} * 4 * c);
-    linear_forward(a.gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), out, n, 4 * c, c);
-    add_in_place(out, a.xmid, int64_t{n} * c);
+    if (run == Run::kRecompute) return;
+    linear_forward(a.gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
   }
 
   std::vector<int> layer_params(int l) const {
@@ -131,7 +183,7 @@ class GptGraph {
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const std::vector<int> params = layer_params(l);
       access_.before_forward(params);
-      layer_forward(l, acts(l));
+      layer_forward(l, acts(l), Run::kForward);
       access_.after_forward(params);
     }
     access_.before_forward({ids_.final_norm_weight(), ids_.final_norm_bias()});
@@ -167,7 +219,10 @@ class GptGraph {
     const std::vector<int> params = layer_params(l);
     access_.before_backward(params);
     const LayerActs a = acts(l);
-    if (recompute_) layer_forward(l, a);  // the activations were dropped after forward
+    // Each recompute runs just before its activations are first needed, as Megatron's does.
+    if (granularity_ == RecomputeGranularity::kFull) layer_forward(l, a, Run::kRecompute);
+    if (selective(RecomputeModule::kLayernorm)) pre_mlp_layernorm_forward(l, a);  // ln2 feeds fc1 (and its recompute)
+    if (selective(RecomputeModule::kMlp)) mlp_forward(l, a, Run::kRecompute);
     const Real* x = res(l);
     Real* dln = scratch("grad/dc", int64_t{n} * c);
     Real* d4c = scratch("grad/d4c", int64_t{n} * 4 * c);
@@ -189,7 +244,10 @@ class GptGraph {
     linear_backward_weight(dres, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
     ready({id(kProjW), id(kProjB)});
     linear_backward_data(dres, w(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
+    // Rewrites atty as well, with the same values; its last reader (proj's weight gradient) is done.
+    if (selective(RecomputeModule::kCoreAttn)) core_attention_forward(a);
     attention_backward(dln, a.qkv, a.probs, d3c, dp, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
+    if (selective(RecomputeModule::kLayernorm)) input_layernorm_forward(l, a);
     linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
     ready({id(kQkvW), id(kQkvB)});
     linear_backward_data(d3c, w(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
@@ -200,8 +258,12 @@ class GptGraph {
 
   GptConfig cfg_;
   GptParamIds ids_;
+  // The prefix of the activations a recompute drops: one set that every layer overwrites.
+  inline static const std::string kShared = "rc/";
+
   GptAccess<Real> access_;
-  bool recompute_;
+  RecomputeGranularity granularity_;
+  RecomputeModules modules_;
   int batch_ = 0;
   bool backward_ready_ = false;
   std::vector<int32_t> inputs_, targets_;  // [N]

@@ -29,6 +29,59 @@ std::string role_of(const std::string& name) {
 
 }  // namespace
 
+std::string_view recompute_granularity_name(RecomputeGranularity g) {
+  switch (g) {
+    case RecomputeGranularity::kNone: return "none";
+    case RecomputeGranularity::kFull: return "full";
+    case RecomputeGranularity::kSelective: return "selective";
+  }
+  return "?";
+}
+
+RecomputeGranularity parse_recompute_granularity(std::string_view name) {
+  for (RecomputeGranularity g : {RecomputeGranularity::kFull, RecomputeGranularity::kSelective})
+    if (recompute_granularity_name(g) == name) return g;
+  MXDDP_FAIL("--recompute-granularity '{}' is not valid: full or selective (leave the flag out for no recompute)", name);
+}
+
+std::string_view recompute_module_name(RecomputeModule m) {
+  switch (m) {
+    case RecomputeModule::kCoreAttn: return "core_attn";
+    case RecomputeModule::kMlp: return "mlp";
+    case RecomputeModule::kLayernorm: return "layernorm";
+  }
+  return "?";
+}
+
+RecomputeModule parse_recompute_module(std::string_view name) {
+  for (RecomputeModule m : {RecomputeModule::kCoreAttn, RecomputeModule::kMlp, RecomputeModule::kLayernorm})
+    if (recompute_module_name(m) == name) return m;
+  // Megatron's other module names are for parts this GPT does not have (MoE, MLA).
+  const bool megatron_only = name == "moe" || name == "moe_act" || name == "shared_experts" || name == "mla_up_proj";
+  MXDDP_FAIL("--recompute-modules '{}' is not valid: core_attn, mlp or layernorm{}", name,
+             megatron_only ? " (Megatron's MoE and MLA modules are not in this GPT)" : "");
+}
+
+std::string recompute_modules_names(const RecomputeModules& modules) {
+  std::string names;
+  for (RecomputeModule m : modules) names += fmt::format("{}{}", names.empty() ? "" : " ", recompute_module_name(m));
+  return names;
+}
+
+void GptModelOptions::validate() const {
+  const bool selective = recompute_granularity == RecomputeGranularity::kSelective;
+  MXDDP_CHECK(!selective || !recompute_modules.empty(),
+              "--recompute-granularity selective needs at least one of --recompute-modules core_attn, mlp, layernorm");
+  // Megatron ignores the modules without selective; a list that does nothing is more likely a
+  // forgotten --recompute-granularity than an intent.
+  MXDDP_CHECK(selective || recompute_modules.empty(),
+              "--recompute-modules {} is only for --recompute-granularity selective, and the granularity is {}; valid: "
+              "add --recompute-granularity selective, or leave --recompute-modules out",
+              recompute_modules_names(recompute_modules),
+              recompute_granularity == RecomputeGranularity::kFull ? "full (every layer re-runs whole)"
+                                                                   : "none (the flag is not given)");
+}
+
 struct GptModel::Impl {
   DataParallel& ddp;
   GlobalMemoryBuffer& pool;
@@ -64,6 +117,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
                    const GptModelOptions& options)
     : impl_(std::make_unique<Impl>(ddp, scratch, config)) {
   config.validate();
+  options.validate();
   Impl& m = *impl_;
   m.specs = ddp.params();
   if (options.bf16) m.gemm_dtype = model::GemmDType::kBF16;
@@ -106,7 +160,8 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
   access.scratch = [&m](const std::string& name, int64_t numel) {
     return m.pool.get_tensor(Shape{numel}, DType::kF32, name).data_as<float>();
   };
-  m.graph = std::make_unique<model::GptGraph<float>>(config, std::move(access), options.recompute_activations);
+  m.graph = std::make_unique<model::GptGraph<float>>(config, std::move(access), options.recompute_granularity,
+                                                     options.recompute_modules);
 }
 
 GptModel::~GptModel() = default;

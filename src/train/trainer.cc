@@ -83,8 +83,13 @@ int rank_compute_threads(const TrainConfig& config, const Communicator& comm) {
   return config.compute_threads > 0 ? config.compute_threads : default_rank_threads(comm);
 }
 
+GptModelOptions TrainConfig::model_options() const {
+  return {.recompute_granularity = recompute_granularity, .recompute_modules = recompute_modules, .bf16 = bf16};
+}
+
 void TrainConfig::validate(int dp) const {
   model.validate();
+  model_options().validate();
   MXDDP_CHECK(compute_threads >= 0, "--compute-threads {} is not valid: 0 (cores / ranks on this machine) or more",
               compute_threads);
   if (use_megatron_fsdp) {
@@ -178,7 +183,7 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     MXDDP_CHECK(ddp != nullptr, "TrainCallbacks::wrap_data_parallel returned null");
   }
   DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
-  GptModel model(*ddp, pool, mc, {.recompute_activations = config.recompute_activations, .bf16 = config.bf16});
+  GptModel model(*ddp, pool, mc, config.model_options());
 
   TrainResult result;
   result.unigram_entropy = data.unigram_entropy();

@@ -1,5 +1,6 @@
 // The reference GPT's backward: every param's gradient against central finite differences of
-// the forward, all in f64 on a tiny model; recomputation giving the same gradients; and the f32
+// the forward, all in f64 on a tiny model; recomputation (full and selective) giving the same
+// gradients bit for bit, in f64 and in f32; and the f32
 // model over DistributedDataParallel (bf16 params, gradients accumulated into main_grad and
 // reported with grad_ready) agreeing with the f64 reference.
 #include <map>
@@ -76,15 +77,23 @@ struct ReferenceGpt {
     return a;
   }
 
-  double loss(const std::vector<int32_t>& tokens, bool recompute = false) {
-    model::GptGraph<double> g(config, access(), recompute);
+  double loss(const std::vector<int32_t>& tokens) {
+    model::GptGraph<double> g(config, access());
     return g.forward(tokens.data(), kBatch, 0.0);
   }
-  double loss_and_grad(const std::vector<int32_t>& tokens, bool recompute = false) {
-    model::GptGraph<double> g(config, access(), recompute);
+  double loss_and_grad(const std::vector<int32_t>& tokens,
+                       RecomputeGranularity granularity = RecomputeGranularity::kNone, RecomputeModules modules = {}) {
+    model::GptGraph<double> g(config, access(), granularity, std::move(modules));
     const double l = g.forward(tokens.data(), kBatch, 1.0);
     g.backward();
     return l;
+  }
+  // The activations the layers share, dropped after each layer's forward ("rc/..."), sorted.
+  std::vector<std::string> shared_scratch() const {
+    std::vector<std::string> names;
+    for (const auto& [name, storage] : scratch)
+      if (name.starts_with("rc/")) names.push_back(name.substr(3));
+    return names;
   }
 };
 
@@ -152,8 +161,47 @@ TEST(GptGradient, RecomputeGivesTheSameLossAndGradientsBitwise) {
   const GptConfig c = grad_check_config();
   const auto tokens = random_tokens(c, 3);
   ReferenceGpt plain(c, random_params(c, 5)), recompute(c, random_params(c, 5));
-  EXPECT_EQ(plain.loss_and_grad(tokens, false), recompute.loss_and_grad(tokens, true));
+  // Other values for the data-gradient products (as MXFP8's column-wise copies are), so that a
+  // recompute reading those instead of the forward weights changes the result.
+  plain.dgrad_params = recompute.dgrad_params = random_params(c, 9);
+  EXPECT_EQ(plain.loss_and_grad(tokens), recompute.loss_and_grad(tokens, RecomputeGranularity::kFull));
   EXPECT_EQ(plain.grads, recompute.grads);
+  EXPECT_EQ(recompute.shared_scratch(),
+            (std::vector<std::string>{"atty", "fc1", "gelu", "ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean",
+                                      "ln2_rstd", "probs", "qkv", "xmid"}))
+      << "full recompute keeps only each layer's input";
+}
+
+// Selective recompute re-runs a module's own operations on the same inputs, in backward, so the
+// loss and every gradient are the plain run's bit for bit. The dropped activations are one set the
+// layers share and overwrite, so after forward it holds the last layer's: a backward that read
+// them without re-running the module would get layer 0's gradients wrong. The shared set is
+// exactly what each module drops (model.h, RecomputeModule), nothing more.
+TEST(GptGradient, SelectiveRecomputeGivesTheSameLossAndGradientsBitwise) {
+  const GptConfig c = grad_check_config();
+  const auto tokens = random_tokens(c, 4);
+  ReferenceGpt plain(c, random_params(c, 6));
+  plain.dgrad_params = random_params(c, 8);  // as in the test above
+  const double plain_loss = plain.loss_and_grad(tokens);
+  EXPECT_TRUE(plain.shared_scratch().empty());
+  using enum RecomputeModule;
+  const std::vector<std::pair<RecomputeModules, std::vector<std::string>>> cases = {
+      {{kCoreAttn}, {"probs"}},
+      {{kMlp}, {"fc1", "gelu"}},
+      {{kCoreAttn, kMlp}, {"fc1", "gelu", "probs"}},
+      {{kLayernorm}, {"ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean", "ln2_rstd"}},
+      {{kCoreAttn, kMlp, kLayernorm},
+       {"fc1", "gelu", "ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean", "ln2_rstd", "probs"}},
+  };
+  for (const auto& [modules, dropped] : cases) {
+    SCOPED_TRACE("selective recompute of " + recompute_modules_names(modules));
+    ReferenceGpt selective(c, random_params(c, 6));
+    selective.dgrad_params = plain.dgrad_params;
+    EXPECT_EQ(selective.loss_and_grad(tokens, RecomputeGranularity::kSelective, modules), plain_loss);
+    EXPECT_EQ(selective.grads, plain.grads);
+    EXPECT_EQ(selective.shared_scratch(), dropped);
+    EXPECT_EQ(selective.ready_order, plain.ready_order);
+  }
 }
 
 // Each gradient is reported the moment it is final: the final norm's first, then each layer's
@@ -176,7 +224,7 @@ TEST(GptGradient, GradientsAreReportedInBackwardOrder) {
 
 TEST(GptGradient, BackwardWithoutForwardIsAnError) {
   ReferenceGpt ref(grad_check_config(), random_params(grad_check_config(), 1));
-  model::GptGraph<double> g(ref.config, ref.access(), false);
+  model::GptGraph<double> g(ref.config, ref.access());
   EXPECT_THROW(g.backward(), Error);
 }
 
@@ -271,6 +319,98 @@ TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradient
     // Elements that would fail the same check with row-wise weights in the data gradients.
     EXPECT_GT(main_grad_mismatches(ddp, row_everywhere, ref, n).count, 100)
         << "the check must tell the orientations apart";
+  });
+}
+
+// The f32 model over DDP: every recompute mode accumulates the plain run's main_grad bit for bit,
+// with bf16 params and with MXFP8 ones (whose forward and data-gradient weights differ).
+TEST(GptModelOverDdp, RecomputeGivesBitwiseTheSameMainGrad) {
+  set_compute_threads(1);
+  const GptConfig c = grad_check_config();
+  const auto tokens = random_tokens(c, 31);
+  const auto init = random_params(c, 37);
+  using enum RecomputeModule;
+  const std::vector<GptModelOptions> modes = {
+      {.recompute_granularity = RecomputeGranularity::kFull},
+      {.recompute_granularity = RecomputeGranularity::kSelective, .recompute_modules = {kCoreAttn}},
+      {.recompute_granularity = RecomputeGranularity::kSelective, .recompute_modules = {kMlp}},
+      {.recompute_granularity = RecomputeGranularity::kSelective, .recompute_modules = {kCoreAttn, kMlp}},
+      {.recompute_granularity = RecomputeGranularity::kSelective, .recompute_modules = {kCoreAttn, kMlp, kLayernorm}},
+  };
+  for (const bool mxfp8 : {false, true}) {
+    const auto specs = gpt_param_specs(c, mxfp8);
+    const F32Params init_f32(init, specs);
+    // main_grad of every param after one forward_backward, and the loss.
+    auto run = [&](const GptModelOptions& options) {
+      std::pair<double, std::vector<std::vector<float>>> out;
+      run_local(1, [&](Communicator& comm) {
+        MemoryTracker tracker;
+        GlobalMemoryBuffer pool(tracker);
+        DistributedDataParallel ddp(comm, specs, {.use_distributed_optimizer = true, .fp8_param_gather = mxfp8},
+                                    tracker, init_f32.views);
+        GptModel model(ddp, pool, c, options);
+        ddp.zero_grad_buffer();
+        out.first = model.forward_backward(tokens.data(), kBatch, 1.0f);
+        ddp.finish_grad_sync();
+        for (int p = 0; p < ddp.num_params(); ++p) {
+          const TensorView g = ddp.main_grad(p);
+          out.second.emplace_back(g.data_as<const float>(), g.data_as<const float>() + g.numel());
+        }
+      });
+      return out;
+    };
+    const auto plain = run({});
+    for (const GptModelOptions& options : modes) {
+      SCOPED_TRACE(fmt::format("{} params, {} recompute of '{}'", mxfp8 ? "mxfp8" : "bf16",
+                               recompute_granularity_name(options.recompute_granularity),
+                               recompute_modules_names(options.recompute_modules)));
+      const auto recomputed = run(options);
+      EXPECT_EQ(recomputed.first, plain.first);
+      EXPECT_EQ(recomputed.second, plain.second);
+    }
+  }
+}
+
+// GptModelOptions names the flag, the value and what would be valid.
+TEST(GptModelOptions, RefusesContradictoryRecomputeSettings) {
+  // The error's message, or "(accepted)".
+  auto message = [](auto&& check) {
+    try {
+      check();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  auto validated = [&](const GptModelOptions& o) { return message([&] { o.validate(); }); };
+  auto expect_has = [](const std::string& text, const std::string& needle) {
+    EXPECT_NE(text.find(needle), std::string::npos) << "'" << needle << "' not in: " << text;
+  };
+  using enum RecomputeModule;
+  expect_has(validated({.recompute_modules = {kMlp}}),
+             "--recompute-modules mlp is only for --recompute-granularity selective, and the granularity is none");
+  expect_has(validated({.recompute_granularity = RecomputeGranularity::kFull, .recompute_modules = {kCoreAttn, kMlp}}),
+             "--recompute-modules core_attn mlp is only for --recompute-granularity selective, and the granularity is "
+             "full");
+  expect_has(validated({.recompute_granularity = RecomputeGranularity::kSelective}),
+             "selective needs at least one of --recompute-modules core_attn, mlp, layernorm");
+  EXPECT_EQ(validated({.recompute_granularity = RecomputeGranularity::kSelective, .recompute_modules = {kLayernorm}}),
+            "(accepted)");
+  EXPECT_EQ(validated({.recompute_granularity = RecomputeGranularity::kFull}), "(accepted)");
+  EXPECT_EQ(parse_recompute_granularity("selective"), RecomputeGranularity::kSelective);
+  EXPECT_EQ(parse_recompute_module("core_attn"), kCoreAttn);
+  expect_has(message([] { parse_recompute_granularity("none"); }),  // not a value of Megatron's flag
+             "--recompute-granularity 'none' is not valid: full or selective");
+  expect_has(message([] { parse_recompute_module("attention"); }),
+             "--recompute-modules 'attention' is not valid: core_attn, mlp or layernorm");
+  // The model refuses them too, not only the command line.
+  run_local(1, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    GlobalMemoryBuffer pool(tracker);
+    const GptConfig c = grad_check_config();
+    DistributedDataParallel ddp(comm, gpt_param_specs(c), {.use_distributed_optimizer = true}, tracker);
+    expect_has(message([&] { GptModel(ddp, pool, c, {.recompute_granularity = RecomputeGranularity::kSelective}); }),
+               "selective needs at least one of --recompute-modules");
   });
 }
 

@@ -49,17 +49,73 @@ TEST(TrainLocal, OverlapChangesNothingButTiming) {
   expect_close(losses(train_local(2, other)), base, 1e-6, "all-reduce instead of reduce-scatter");
 }
 
-TEST(TrainLocal, RecomputeGivesTheSameLossesInLessScratch) {
+// Recompute (full, and selective for each module set) gives the plain run's losses bit for bit at
+// dp 2, and saves exactly the scratch the shapes imply: a dropped activation lives in one set the
+// layers share instead of one per layer, so each saves (L - 1) x its bytes. The pool's scratch
+// never shrinks, so its steady-state peak is the sum of every key's size, and everything else
+// (residual streams, weights, gradients, the head) is the same in every mode.
+TEST(TrainLocal, RecomputeGivesTheSameLossesAndSavesTheScratchTheShapesImply) {
   TrainConfig c = small_train_config();
   c.model.num_layers = 4;
   const TrainResult plain = train_local(2, c);
-  c.recompute_activations = true;
-  const TrainResult recompute = train_local(2, c);
-  EXPECT_EQ(losses(recompute), losses(plain));
-  const int64_t scratch_plain = plain.memory_by_rank[0].steady.peak(MemoryCategory::kScratch);
-  const int64_t scratch_recompute = recompute.memory_by_rank[0].steady.peak(MemoryCategory::kScratch);
-  // One layer's activations instead of four (the residual streams and the head stay).
-  EXPECT_LT(static_cast<double>(scratch_recompute), 0.6 * static_cast<double>(scratch_plain));
+  auto scratch_peak = [](const TrainResult& r) { return r.memory_by_rank[0].steady.peak(MemoryCategory::kScratch); };
+
+  // Elements of each activation a layer keeps for backward (gpt_graph.h), from the shapes.
+  const int64_t b = c.micro_batch_size, t = c.model.seq_length, n = b * t, h = c.model.hidden_size;
+  const int64_t heads = c.model.num_attention_heads, layers = c.model.num_layers;
+  const int64_t probs = b * heads * t * t;           // core_attn: the softmax [B, H, T, T]
+  const int64_t mlp = 2 * n * 4 * h;                 // mlp: fc1's and GELU's outputs [N, 4C]
+  const int64_t norms = 2 * (n * h + 2 * n);         // layernorm: two outputs [N, C] and their mean, rstd [N]
+  const int64_t linear_outputs = n * 3 * h + 2 * n * h;  // qkv [N, 3C], atty and xmid [N, C]: full only
+  auto saving_bytes = [&](int64_t dropped_numel) {
+    return (layers - 1) * dropped_numel * static_cast<int64_t>(sizeof(float));
+  };
+
+  c.recompute_granularity = RecomputeGranularity::kFull;
+  const TrainResult full = train_local(2, c);
+  EXPECT_EQ(losses(full), losses(plain));
+  EXPECT_EQ(scratch_peak(plain) - scratch_peak(full), saving_bytes(probs + mlp + norms + linear_outputs));
+
+  using enum RecomputeModule;
+  const std::vector<std::pair<RecomputeModules, int64_t>> cases = {
+      {{kCoreAttn}, probs}, {{kMlp}, mlp}, {{kCoreAttn, kMlp}, probs + mlp}, {{kLayernorm}, norms},
+      {{kCoreAttn, kMlp, kLayernorm}, probs + mlp + norms}};
+  c.recompute_granularity = RecomputeGranularity::kSelective;
+  for (const auto& [modules, dropped_numel] : cases) {
+    SCOPED_TRACE("selective recompute of " + recompute_modules_names(modules));
+    c.recompute_modules = modules;
+    const TrainResult selective = train_local(2, c);
+    EXPECT_EQ(losses(selective), losses(plain));
+    EXPECT_EQ(scratch_peak(plain) - scratch_peak(selective), saving_bytes(dropped_numel));
+    EXPECT_GT(scratch_peak(plain), scratch_peak(selective));
+    EXPECT_GT(scratch_peak(selective), scratch_peak(full));
+    EXPECT_EQ(selective.memory_by_rank[0].scratch_allocations_after_warmup, 0);
+  }
+}
+
+// A recompute reads weights in backward, after the layer's pre-backward hook: with MXFP8 params
+// gathered through the grad buffer (which holds gradients by then; the model-side copies are what
+// is read) and under FSDP optim_grads_params (the layer is gathered again by that hook; a
+// recompute before it fails), every mode trains exactly as without recompute.
+TEST(TrainLocal, RecomputeChangesNothingWithMxfp8ParamsOrUnderFsdp) {
+  struct Mode {
+    const char* name;
+    bool mxfp8, fsdp;
+  };
+  for (const Mode& mode : {Mode{"ddp mxfp8 reuse", true, false}, Mode{"fsdp optim_grads_params", false, true}}) {
+    SCOPED_TRACE(mode.name);
+    TrainConfig c = small_train_config();
+    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mode.mxfp8;
+    c.use_megatron_fsdp = mode.fsdp;
+    c.ddp.overlap_grad_reduce = c.ddp.overlap_param_gather = true;
+    c.fsdp.overlap_grad_reduce = c.fsdp.overlap_param_gather = true;
+    const std::vector<double> plain = losses(train_local(2, c));
+    c.recompute_granularity = RecomputeGranularity::kFull;
+    EXPECT_EQ(losses(train_local(2, c)), plain) << "full";
+    c.recompute_granularity = RecomputeGranularity::kSelective;
+    c.recompute_modules = {RecomputeModule::kCoreAttn, RecomputeModule::kMlp, RecomputeModule::kLayernorm};
+    EXPECT_EQ(losses(train_local(2, c)), plain) << "selective core_attn mlp layernorm";
+  }
 }
 
 TEST(TrainLocal, SteadyStateAllocatesNothingAndEveryRankReportsItsMemory) {
