@@ -128,6 +128,16 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
                    "Elements; the gather prefetch budget is half, the reduce-scatter queue all (default: 2 x a unit)")
       ->transform(kPositiveInt64);
   fsdp->add_flag("--fsdp-double-buffer", c.fsdp.fsdp_double_buffer, "At most two units gathered at once");
+  auto* fine_on = fsdp->add_flag("--megatron-fsdp-enable-fine-grained-param-gather", a.fine_grained_on,
+                                 "Each weighted submodule (norm, qkv, proj, fc1, fc2) is its own unit: gathered just "
+                                 "before it runs and released after, lowering the peak gathered bytes");
+  auto* fine_off = fsdp->add_flag("--no-megatron-fsdp-enable-fine-grained-param-gather", a.fine_grained_off,
+                                  "Fine-grained param gather explicitly off (an error where the policy requires it)");
+  fine_on->excludes(fine_off);
+  fsdp->add_option("--fine-grained-param-gather-policy", a.fine_grained_policy,
+                   "When fine-grained is on: megatron (MXFP8 + fp8 param gather, or the flag) or recompute-aware "
+                   "(required only for MXFP8 + selective recompute of mlp or layernorm, otherwise the flag)")
+      ->check(CLI::IsMember({"megatron", "recompute-aware"}));
 
   auto* data = cmd->add_option_group("data, evaluation and checkpoints");
   data->add_option("--seed", c.seed, "Seed of the initialization and the sampling")
@@ -265,6 +275,8 @@ void finish_config(TrainArgs& a) {
   f.overlap_param_gather = a.config.ddp.overlap_param_gather;
   f.grad_reduce_in_fp32 = a.config.ddp.grad_reduce_in_fp32;
   f.param_dtype = a.config.ddp.param_dtype;
+  f.fine_grained_param_gather_policy = parse_fine_grained_param_gather_policy(a.fine_grained_policy);
+  if (a.fine_grained_on || a.fine_grained_off) f.megatron_fsdp_enable_fine_grained_param_gather = a.fine_grained_on;
 
   // Recompute: Megatron's two flags, and --recompute-activations with its old meaning here (full).
   TrainConfig& c = a.config;
@@ -334,6 +346,8 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
                 a.config.global_batch_size, a.config.micro_batch_size, comm.size(),
                 a.config.accumulation_steps(comm.size()), static_cast<long long>(a.config.train_iters),
                 a.config.load_dir.empty() ? "" : (" (resuming from " + a.config.load_dir + ")").c_str());
+    if (a.config.use_megatron_fsdp)
+      std::printf("fine-grained param gather: %s\n", a.config.fine_grained_param_gather().reason.c_str());
     std::printf("compute: %s\n", compute_info_for_rank(a.config, comm).c_str());
     std::fflush(stdout);
     Progress progress(a.config.train_iters, a.log_interval);

@@ -24,6 +24,9 @@ struct TrainArgs {
   std::string mxfp8_elem = "e4m3";
   std::string mxfp8_scale_mode = "rceil";
   std::string sharding_strategy = "optim_grads_params";
+  // The fine-grained param gather's tri-state (FsdpConfig), from two flags: on, explicitly off.
+  bool fine_grained_on = false, fine_grained_off = false;
+  std::string fine_grained_policy = "recompute-aware";
   // Recompute flags, resolved into config.recompute_* by the command: --recompute-activations is
   // full granularity here, --recompute-granularity "" is none, --recompute-modules empty is
   // Megatron's default (core_attn) with selective.

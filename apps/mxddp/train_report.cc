@@ -12,6 +12,11 @@ namespace mxddp::app {
 
 namespace {
 
+nlohmann::json fine_grained_json(const TrainConfig& c) {
+  const FineGrainedParamGatherDecision d = c.fine_grained_param_gather();
+  return {{"on", d.on}, {"required", d.required}, {"reason", d.reason}};
+}
+
 nlohmann::json memory_json(const MemoryUsage& u) {
   nlohmann::json j;
   for (int k = 0; k < kNumMemoryCategories; ++k) {
@@ -93,7 +98,13 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
                                                   : nlohmann::json(nullptr)},
         {"fsdp_double_buffer", c.fsdp.fsdp_double_buffer},
         {"grad_reduce_in_fp32", c.fsdp.grad_reduce_in_fp32},
-        {"megatron_fsdp_main_params_dtype", std::string(dtype_name(c.fsdp.megatron_fsdp_main_params_dtype))}}},
+        {"megatron_fsdp_main_params_dtype", std::string(dtype_name(c.fsdp.megatron_fsdp_main_params_dtype))},
+        {"megatron_fsdp_enable_fine_grained_param_gather", c.fsdp.megatron_fsdp_enable_fine_grained_param_gather
+                                                               ? nlohmann::json(*c.fsdp.megatron_fsdp_enable_fine_grained_param_gather)
+                                                               : nlohmann::json()},
+        {"fine_grained_param_gather_policy", std::string(fine_grained_param_gather_policy_name(c.fsdp.fine_grained_param_gather_policy))},
+        // What the policy decided, and why (the flag alone does not say: the policy may force it).
+        {"fine_grained_param_gather", fine_grained_json(c)}}},
       {"seed", c.seed},
       {"data", c.data_path.empty() ? nlohmann::json("builtin") : nlohmann::json(c.data_path)},
       {"corpus_bytes", c.corpus_bytes},
@@ -152,6 +163,8 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
   for (size_t rank = 0; rank < r.memory_by_rank.size(); ++rank) {
     const RankMemory& m = r.memory_by_rank[rank];
     memory.push_back({{"rank", rank},
+                      // FSDP's gathered params at their peak (optim_grads_params; fine-grained lowers it).
+                      {"peak_gathered_bytes", m.overall.peak(MemoryCategory::kGathered)},
                       {"overall", memory_json(m.overall)},
                       {"steady_state", memory_json(m.steady)},
                       {"scratch_allocations_after_warmup", m.scratch_allocations_after_warmup}});

@@ -2,7 +2,8 @@
 //
 // Owns: FsdpConfig (Megatron's names), FullyShardedDataParallel.
 //
-// Units: the model names its units (a decoder layer each); the params of no unit (embeddings,
+// Units: the model names its units (a decoder layer each, or with the fine-grained param gather
+// each of a layer's weighted submodules: see docs/fsdp.md); the params of no unit (embeddings,
 // the final norm) are gathered at their first use in an iteration and kept until
 // finish_grad_sync. Buckets follow the layout rule with a bucket per (unit, dtype): every bucket
 // is padded to divide into dp equal shards, and a rank keeps only its shards of what the strategy
@@ -26,7 +27,10 @@
 //   pre-forward(unit): wait for it, prefetch the next units within the budget;
 //   post-forward(unit): release it;
 //   pre-backward(unit): re-gather, prefetch the previous units within the budget;
-//   post-backward(unit): release it and start its gradients' reduce-scatter (all-reduce for
+//   pre-forward(unit) during backward (a recompute re-running the unit's forward; recognised as a
+//     pre-forward after a pre-backward, or of a unit at or before the last forward unit): gather
+//     it without prefetch and keep it through its post-forward, for its backward reads it next;
+//   post-backward(unit): release it (whichever hook gathered it: every gather is released once) and start its gradients' reduce-scatter (all-reduce for
 //     no_shard): every micro-batch for optim_grads*, the last one only for no_shard and optim;
 //   finish_grad_sync: wait, fold the reduced grads into the shards, release the non-unit params;
 //   the optimizer step on the shards, then (optim, optim_grads) the all-gather of the updated
@@ -51,6 +55,18 @@ std::string_view sharding_strategy_name(ShardingStrategy s);  // "no_shard", "op
 // Throws Error naming the value and the valid names.
 ShardingStrategy parse_sharding_strategy(std::string_view name);
 
+// When FSDP gathers each decoder layer's submodules as units of their own (the fine-grained param
+// gather, Megatron's --megatron-fsdp-enable-fine-grained-param-gather); the rules and the decision
+// are in fsdp_fine_grained.h.
+//   kMegatron: Megatron's merged rule: on for MXFP8 params with fp8_param_gather, or with the flag.
+//   kRecomputeAware: the rule discussed in review of Megatron-LM PR #4181: on where it is required
+//     (MXFP8 params with fp8_param_gather and a selective recompute that re-runs weighted modules),
+//     otherwise as the flag says.
+enum class FineGrainedParamGatherPolicy : uint8_t { kMegatron, kRecomputeAware };
+std::string_view fine_grained_param_gather_policy_name(FineGrainedParamGatherPolicy p);  // "megatron", ...
+// Throws Error naming the value and the valid names.
+FineGrainedParamGatherPolicy parse_fine_grained_param_gather_policy(std::string_view name);
+
 struct FsdpConfig {
   ShardingStrategy data_parallel_sharding_strategy = ShardingStrategy::kOptimGradsParams;
   // Gathers run asynchronously and are prefetched within the budget; off: each unit is gathered
@@ -67,6 +83,13 @@ struct FsdpConfig {
   bool grad_reduce_in_fp32 = true;  // false keeps grads in param_dtype
   DType megatron_fsdp_main_params_dtype = DType::kF32;  // f32 only
   DType param_dtype = DType::kBF16;                     // bf16 or f32
+  // Tri-state, so that "off" can be said explicitly: nullopt (neither flag given) lets the policy
+  // decide; true is --megatron-fsdp-enable-fine-grained-param-gather; false is
+  // --no-megatron-fsdp-enable-fine-grained-param-gather, which is an error where the policy requires
+  // fine-grained. The trainer resolves it (decide_fine_grained_param_gather) into the units it
+  // gives FullyShardedDataParallel, which itself only sees units.
+  std::optional<bool> megatron_fsdp_enable_fine_grained_param_gather;
+  FineGrainedParamGatherPolicy fine_grained_param_gather_policy = FineGrainedParamGatherPolicy::kRecomputeAware;
 };
 
 // Observability: one record per collective issued, in issue order.
@@ -74,6 +97,16 @@ struct FsdpCollective {
   enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce } kind;
   int bucket = 0;
   bool operator==(const FsdpCollective&) const = default;
+};
+
+// Observability: one record per gather or release of a group (a unit, or the non-unit params,
+// group == num_units()), in order; `backward` says whether the hook ran in a backward pass
+// (including a recompute's pre-forward there).
+struct FsdpGatherEvent {
+  enum class Kind : uint8_t { kGather, kRelease } kind;
+  int group = 0;
+  bool backward = false;
+  bool operator==(const FsdpGatherEvent&) const = default;
 };
 
 class FullyShardedDataParallel final : public DataParallel {
@@ -126,6 +159,10 @@ class FullyShardedDataParallel final : public DataParallel {
   int64_t gathers_started() const { return gathers_; }   // unit or non-unit gathers (optim_grads_params)
   int64_t releases_done() const { return releases_; }
   bool anything_gathered() const;
+  int units_gathered() const;  // units gathered or in flight (the non-unit params not counted)
+  // Every gather and release since construction (cleared by clear_gather_events).
+  const std::vector<FsdpGatherEvent>& gather_events() const { return events_; }
+  void clear_gather_events() { events_.clear(); }
   // Every collective since construction, in issue order (cleared by clear_collective_log).
   const std::vector<FsdpCollective>& collective_log() const { return log_; }
   void clear_collective_log() { log_.clear(); }
@@ -172,6 +209,9 @@ class FullyShardedDataParallel final : public DataParallel {
   std::vector<std::vector<Work>> gather_works_;
   std::vector<uint8_t> gather_state_;  // 0 empty, 1 in flight, 2 ready
   int forward_unit_ = -1;              // the last unit whose pre-forward ran in this forward pass
+  // In a backward pass: from a pre-backward, or a recompute's pre-forward, until the next forward
+  // starts (a non-unit module's pre-forward: the embeddings) or finish_grad_sync.
+  bool in_backward_ = false;
   // Reductions in flight, oldest first: (bucket, its work).
   std::vector<std::pair<int, Work>> reductions_;
   int64_t reductions_numel_ = 0;
@@ -184,6 +224,7 @@ class FullyShardedDataParallel final : public DataParallel {
   int no_sync_depth_ = 0;
   int64_t gathers_ = 0, releases_ = 0;
   std::vector<FsdpCollective> log_;
+  std::vector<FsdpGatherEvent> events_;
 };
 
 }  // namespace mxddp

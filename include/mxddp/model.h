@@ -80,9 +80,12 @@ struct GptParamIds {
 // (for fp8_param_gather). The token embedding is marked as the shared embedding.
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& config, bool mxfp8_linear_weights = false);
 
-// FSDP's units for the GPT: one per decoder layer (its 12 params), in forward order. The
-// embeddings and the final norm are non-unit params.
-std::vector<std::vector<int>> gpt_fsdp_units(const GptConfig& config);
+// FSDP's units for the GPT, in forward order: one per decoder layer (its 12 params), or with
+// fine_grained (the fine-grained param gather) one per weighted submodule of each layer, its weight
+// and bias: input norm, qkv, proj, pre-MLP norm, fc1, fc2 (6 per layer; GptModelOptions must then
+// say fine_grained_param_gather, so that the model's hooks name these units). The embeddings and
+// the final norm are non-unit params.
+std::vector<std::vector<int>> gpt_fsdp_units(const GptConfig& config, bool fine_grained = false);
 
 // GPT-2's initialization, deterministic from the seed: linear weights and embeddings N(0, 0.02),
 // the residual projections (attention output, second MLP layer) N(0, 0.02 / sqrt(2 L)), biases 0,
@@ -129,6 +132,11 @@ struct GptModelOptions {
   // activations and main_grad) where the CPU has native BF16 (see bf16 in ComputeInfo), F32
   // products elsewhere. Off: F32 products, what the exactness tests compare.
   bool bf16 = false;
+  // The module hooks run around each weighted submodule (its weight and bias) instead of around
+  // each decoder layer: the modules of gpt_fsdp_units(config, true), for FSDP's fine-grained param
+  // gather. Forward and a recompute call before_forward / after_forward around the submodule's
+  // run; backward calls before_backward / after_backward around each submodule's gradients.
+  bool fine_grained_param_gather = false;
 
   void validate() const;  // throws Error naming a contradictory recompute setting
 };

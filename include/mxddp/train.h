@@ -18,6 +18,7 @@
 
 #include <mxddp/checkpoint.h>
 #include <mxddp/fsdp.h>
+#include <mxddp/fsdp_fine_grained.h>
 #include <mxddp/model.h>
 
 namespace mxddp {
@@ -45,7 +46,8 @@ struct TrainConfig {
   std::string lr_decay_style = "cosine";
   OptimizerConfig optimizer;  // its lr is the schedule's
   DdpConfig ddp;              // use_distributed_optimizer is forced on
-  // FSDP instead of DDP (Megatron's --use-megatron-fsdp): the GPT's decoder layers are the units.
+  // FSDP instead of DDP (Megatron's --use-megatron-fsdp): the GPT's decoder layers are the units,
+  // or its weighted submodules where fine_grained_param_gather() is on.
   bool use_megatron_fsdp = false;
   FsdpConfig fsdp;
   // Megatron's --check-for-nan-in-loss-and-grad, on by default: a NaN or Inf loss or gradient stops
@@ -71,7 +73,10 @@ struct TrainConfig {
   std::string load_dir;  // resume from here (any dp size)
 
   void validate(int dp) const;  // throws Error naming a bad value
-  GptModelOptions model_options() const;  // the GPT's options: recompute and bf16
+  GptModelOptions model_options() const;  // the GPT's options: recompute, bf16, fine-grained hooks
+  // FSDP's fine-grained param gather, decided from fsdp's policy and flag, the MXFP8 params and
+  // the recompute (decide_fine_grained_param_gather); off without FSDP. Throws as that does.
+  FineGrainedParamGatherDecision fine_grained_param_gather() const;
   int accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
 };
 

@@ -26,6 +26,20 @@ ShardingStrategy parse_sharding_strategy(std::string_view name) {
              name);
 }
 
+std::string_view fine_grained_param_gather_policy_name(FineGrainedParamGatherPolicy p) {
+  switch (p) {
+    case FineGrainedParamGatherPolicy::kMegatron: return "megatron";
+    case FineGrainedParamGatherPolicy::kRecomputeAware: return "recompute-aware";
+  }
+  MXDDP_FAIL("unknown fine-grained param gather policy {}", static_cast<int>(p));
+}
+
+FineGrainedParamGatherPolicy parse_fine_grained_param_gather_policy(std::string_view name) {
+  for (FineGrainedParamGatherPolicy p : {FineGrainedParamGatherPolicy::kMegatron, FineGrainedParamGatherPolicy::kRecomputeAware})
+    if (fine_grained_param_gather_policy_name(p) == name) return p;
+  MXDDP_FAIL("--fine-grained-param-gather-policy '{}' is not valid: megatron or recompute-aware", name);
+}
+
 // One bucket's storage; which members are allocated depends on the strategy.
 struct FullyShardedDataParallel::Bucket {
   Range range;          // in the layout
@@ -290,10 +304,21 @@ void FullyShardedDataParallel::before_forward(const std::vector<int>& module_par
     return;
   }
   if (unit < 0) {
+    in_backward_ = false;  // the embeddings open a forward pass (the final norm runs inside one)
     wait_gather(non_unit_group());
     // Only the non-unit modules before the first unit (the embeddings) start the units' prefetch;
     // the final norm comes after the last unit, with nothing left to prefetch in this pass.
     if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, Pass::kForward);
+    return;
+  }
+  // A forward pass meets its units in order, so a pre-forward of a unit at or before the last one
+  // is a re-run: a recompute in backward, which may come before the layer's first pre-backward.
+  if (in_backward_ || (forward_unit_ >= 0 && unit <= forward_unit_)) {
+    // The recompute's gather: no prefetch (this pass runs in backward order, and a forward-order
+    // prefetch would fetch what backward has finished with), kept until the unit's post-backward.
+    in_backward_ = true;
+    forward_unit_ = -1;
+    wait_gather(unit);
     return;
   }
   forward_unit_ = unit;
@@ -303,12 +328,15 @@ void FullyShardedDataParallel::before_forward(const std::vector<int>& module_par
 
 void FullyShardedDataParallel::after_forward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "after_forward");
-  if (shards_params() && unit >= 0) release_group(unit);
+  // After a recompute the unit's backward comes next and reads it again: its post-backward releases
+  // it, so that each gather is released once (Megatron frees it at the unit's post-backward too).
+  if (shards_params() && unit >= 0 && !in_backward_) release_group(unit);
 }
 
 void FullyShardedDataParallel::before_backward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "before_backward");
   forward_unit_ = -1;  // the next forward starts again at the first unit
+  in_backward_ = true;
   if (!shards_params() || unit < 0) return;
   wait_gather(unit);
   if (config_.overlap_param_gather) prefetch_from(unit, Pass::kBackward);
@@ -328,6 +356,7 @@ void FullyShardedDataParallel::after_backward(const std::vector<int>& module_par
 
 void FullyShardedDataParallel::release_gathered_params() {
   forward_unit_ = -1;
+  in_backward_ = false;
   for (int g = 0; g <= num_units(); ++g) release_group(g);
 }
 
@@ -356,6 +385,7 @@ void FullyShardedDataParallel::dispatch_gather(int group) {
   }
   gather_state_[static_cast<size_t>(group)] = 1;
   ++gathers_;
+  events_.push_back({FsdpGatherEvent::Kind::kGather, group, in_backward_});
 }
 
 void FullyShardedDataParallel::wait_gather(int group) {
@@ -377,10 +407,16 @@ void FullyShardedDataParallel::release_group(int group) {
   for (int b : group_buckets(group)) buckets_[static_cast<size_t>(b)]->gathered = HostBuffer();
   state = 0;
   ++releases_;
+  events_.push_back({FsdpGatherEvent::Kind::kRelease, group, in_backward_});
 }
 
 bool FullyShardedDataParallel::anything_gathered() const {
   return std::any_of(gather_state_.begin(), gather_state_.end(), [](uint8_t s) { return s != 0; });
+}
+
+int FullyShardedDataParallel::units_gathered() const {
+  return static_cast<int>(std::count_if(gather_state_.begin(), gather_state_.begin() + num_units(),
+                                        [](uint8_t s) { return s != 0; }));
 }
 
 void FullyShardedDataParallel::prefetch_from(int unit, Pass pass) {
@@ -566,6 +602,7 @@ void FullyShardedDataParallel::step_and_sync_params(const std::function<void(int
 
 void FullyShardedDataParallel::start_iteration(const std::function<void()>&) {
   zero_grad_buffer();
+  in_backward_ = false;
   // The design's start_param_sync: the non-unit params and the first unit, plus the prefetch.
   if (shards_params() && config_.overlap_param_gather) {
     if (gather_state_[static_cast<size_t>(non_unit_group())] == 0) dispatch_gather(non_unit_group());

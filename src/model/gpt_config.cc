@@ -141,11 +141,19 @@ std::vector<std::vector<float>> gpt_init_params(const GptConfig& config, uint64_
   return values;
 }
 
-std::vector<std::vector<int>> gpt_fsdp_units(const GptConfig& config) {
+std::vector<std::vector<int>> gpt_fsdp_units(const GptConfig& config, bool fine_grained) {
   const GptParamIds ids(config);
-  std::vector<std::vector<int>> units(static_cast<size_t>(config.num_layers));
-  for (int l = 0; l < config.num_layers; ++l)
-    for (int k = 0; k < kLayerParamCount; ++k) units[static_cast<size_t>(l)].push_back(ids.layer(l, static_cast<LayerParam>(k)));
+  std::vector<std::vector<int>> units;
+  for (int l = 0; l < config.num_layers; ++l) {
+    if (!fine_grained) {
+      units.emplace_back();
+      for (int k = 0; k < kLayerParamCount; ++k) units.back().push_back(ids.layer(l, static_cast<LayerParam>(k)));
+      continue;
+    }
+    // LayerParam lists each submodule's weight then its bias, in forward order.
+    for (int k = 0; k < kLayerParamCount; k += 2)
+      units.push_back({ids.layer(l, static_cast<LayerParam>(k)), ids.layer(l, static_cast<LayerParam>(k + 1))});
+  }
   return units;
 }
 

@@ -50,10 +50,13 @@ struct GptAccess {
 template <typename Real>
 class GptGraph {
  public:
-  // granularity and modules as GptModelOptions (validated there).
+  // granularity, modules and fine_grained as GptModelOptions (validated there; fine_grained is its
+  // fine_grained_param_gather: the hooks run per weighted submodule, not per layer).
   GptGraph(const GptConfig& config, GptAccess<Real> access,
-           RecomputeGranularity granularity = RecomputeGranularity::kNone, RecomputeModules modules = {})
-      : cfg_(config), ids_(config), access_(std::move(access)), granularity_(granularity), modules_(std::move(modules)) {}
+           RecomputeGranularity granularity = RecomputeGranularity::kNone, RecomputeModules modules = {},
+           bool fine_grained = false)
+      : cfg_(config), ids_(config), access_(std::move(access)), granularity_(granularity), modules_(std::move(modules)),
+        fine_grained_(fine_grained) {}
 
   // tokens [batch, T + 1]: inputs are each row's first T, targets its last T. Returns the summed
   // loss over the batch's B*T tokens. With grad_scale != 0 the loss's gradient is kept for
@@ -125,9 +128,13 @@ class GptGraph {
     const int n = rows(), c = cfg_.hidden_size;
     const Real* x = res(l);
     input_layernorm_forward(l, a);
+    submodule_before_forward(l, kQkvW);
     linear_forward(a.ln1, w(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
+    submodule_after_forward(l, kQkvW);
     core_attention_forward(a);
+    submodule_before_forward(l, kProjW);
     linear_forward(a.atty, w(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
+    submodule_after_forward(l, kProjW);
     add_in_place(a.xmid, x, int64_t{n} * c);
     pre_mlp_layernorm_forward(l, a);
     mlp_forward(l, a, run);
@@ -139,10 +146,33 @@ class GptGraph {
   // submodule's run (such as gathering its params just before, for a fine-grained FSDP gather)
   // has exactly one place to go. ----
 
+  // The params of layer l's submodule whose weight is `weight`: the weight and its bias (LayerParam
+  // lists them in that order), one unit of gpt_fsdp_units(config, true).
+  std::vector<int> submodule_params(int l, LayerParam weight) const {
+    return {ids_.layer(l, weight), ids_.layer(l, static_cast<LayerParam>(weight + 1))};
+  }
+  // With the fine-grained gather, the hooks around a submodule's run (the weights are read, into
+  // the weight scratch, between the two; nothing reads the param storage after the post-hook).
+  // Without it the layer's hooks cover the submodule and these do nothing.
+  void submodule_before_forward(int l, LayerParam weight) {
+    if (fine_grained_) access_.before_forward(submodule_params(l, weight));
+  }
+  void submodule_after_forward(int l, LayerParam weight) {
+    if (fine_grained_) access_.after_forward(submodule_params(l, weight));
+  }
+  void submodule_before_backward(int l, LayerParam weight) {
+    if (fine_grained_) access_.before_backward(submodule_params(l, weight));
+  }
+  void submodule_after_backward(int l, LayerParam weight) {
+    if (fine_grained_) access_.after_backward(submodule_params(l, weight));
+  }
+
   // layernorm, the input norm: res/l -> ln1, ln1_mean, ln1_rstd. Reads ln1's weight and bias.
   void input_layernorm_forward(int l, const LayerActs& a) {
+    submodule_before_forward(l, kLn1W);
     layernorm_forward(res(l), w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd, rows(),
                       cfg_.hidden_size);
+    submodule_after_forward(l, kLn1W);
   }
 
   // core_attn: qkv -> probs, atty. Reads no params.
@@ -152,8 +182,10 @@ class GptGraph {
 
   // layernorm, the pre-MLP norm: xmid -> ln2, ln2_mean, ln2_rstd. Reads ln2's weight and bias.
   void pre_mlp_layernorm_forward(int l, const LayerActs& a) {
+    submodule_before_forward(l, kLn2W);
     layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, rows(),
                       cfg_.hidden_size);
+    submodule_after_forward(l, kLn2W);
   }
 
   // mlp: ln2 -> fc1 -> GELU -> fc2 -> res/(l+1) (the residual is added by the layer). Forward reads
@@ -162,10 +194,14 @@ class GptGraph {
   // its output).
   void mlp_forward(int l, const LayerActs& a, Run run) {
     const int n = rows(), c = cfg_.hidden_size;
+    submodule_before_forward(l, kFc1W);
     linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
+    submodule_after_forward(l, kFc1W);
     gelu_forward(a.fc1, a.gelu, int64_t{n} * 4 * c);
-    if (run == Run::kRecompute) return;
+    if (run == Run::kRecompute) return;  // fc2 is not gathered either
+    submodule_before_forward(l, kFc2W);
     linear_forward(a.gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
+    submodule_after_forward(l, kFc2W);
   }
 
   std::vector<int> layer_params(int l) const {
@@ -182,9 +218,9 @@ class GptGraph {
     embedding_forward(inputs_.data(), w(ids_.wte()), w(ids_.wpe()), res(0), batch_, cfg_.seq_length, c);
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const std::vector<int> params = layer_params(l);
-      access_.before_forward(params);
+      if (!fine_grained_) access_.before_forward(params);
       layer_forward(l, acts(l), Run::kForward);
-      access_.after_forward(params);
+      if (!fine_grained_) access_.after_forward(params);
     }
     access_.before_forward({ids_.final_norm_weight(), ids_.final_norm_bias()});
     Real* lnf = scratch("lnf", int64_t{n} * c);
@@ -217,7 +253,9 @@ class GptGraph {
   void layer_backward(int l, Real* dres) {
     const int n = rows(), c = cfg_.hidden_size;
     const std::vector<int> params = layer_params(l);
-    access_.before_backward(params);
+    // With the fine-grained gather each submodule's backward has its own hooks, below, and a
+    // recompute's submodules gather theirs in their forward functions (kept until their backward).
+    if (!fine_grained_) access_.before_backward(params);
     const LayerActs a = acts(l);
     // Each recompute runs just before its activations are first needed, as Megatron's does.
     if (granularity_ == RecomputeGranularity::kFull) layer_forward(l, a, Run::kRecompute);
@@ -230,30 +268,42 @@ class GptGraph {
     Real* dp = scratch("grad/dprobs", attention_backward_scratch_numel(cfg_.seq_length));
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
+    submodule_before_backward(l, kFc2W);
     linear_backward_weight(dres, a.gelu, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
     ready({id(kFc2W), id(kFc2B)});
     linear_backward_data(dres, w(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+    submodule_after_backward(l, kFc2W);
     gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
+    submodule_before_backward(l, kFc1W);
     linear_backward_weight(d4c, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
     linear_backward_data(d4c, w(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
+    submodule_after_backward(l, kFc1W);
     // dres becomes dL/dxmid: the residual path plus the pre-MLP norm's path.
+    submodule_before_backward(l, kLn2W);
     layernorm_backward(dln, a.xmid, w(id(kLn2W)), a.ln2_mean, a.ln2_rstd, dres, g(id(kLn2W)), g(id(kLn2B)), n, c);
     ready({id(kLn2W), id(kLn2B)});
+    submodule_after_backward(l, kLn2W);
 
+    submodule_before_backward(l, kProjW);
     linear_backward_weight(dres, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
     ready({id(kProjW), id(kProjB)});
     linear_backward_data(dres, w(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
+    submodule_after_backward(l, kProjW);
     // Rewrites atty as well, with the same values; its last reader (proj's weight gradient) is done.
     if (selective(RecomputeModule::kCoreAttn)) core_attention_forward(a);
     attention_backward(dln, a.qkv, a.probs, d3c, dp, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
     if (selective(RecomputeModule::kLayernorm)) input_layernorm_forward(l, a);
+    submodule_before_backward(l, kQkvW);
     linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
     ready({id(kQkvW), id(kQkvB)});
     linear_backward_data(d3c, w(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
+    submodule_after_backward(l, kQkvW);
+    submodule_before_backward(l, kLn1W);
     layernorm_backward(dln, x, w(id(kLn1W)), a.ln1_mean, a.ln1_rstd, dres, g(id(kLn1W)), g(id(kLn1B)), n, c);
     ready({id(kLn1W), id(kLn1B)});
-    access_.after_backward(params);
+    submodule_after_backward(l, kLn1W);
+    if (!fine_grained_) access_.after_backward(params);
   }
 
   GptConfig cfg_;
@@ -264,6 +314,7 @@ class GptGraph {
   GptAccess<Real> access_;
   RecomputeGranularity granularity_;
   RecomputeModules modules_;
+  bool fine_grained_ = false;
   int batch_ = 0;
   bool backward_ready_ = false;
   std::vector<int32_t> inputs_, targets_;  // [N]

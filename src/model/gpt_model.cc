@@ -161,7 +161,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
     return m.pool.get_tensor(Shape{numel}, DType::kF32, name).data_as<float>();
   };
   m.graph = std::make_unique<model::GptGraph<float>>(config, std::move(access), options.recompute_granularity,
-                                                     options.recompute_modules);
+                                                     options.recompute_modules, options.fine_grained_param_gather);
 }
 
 GptModel::~GptModel() = default;

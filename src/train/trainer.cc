@@ -83,8 +83,18 @@ int rank_compute_threads(const TrainConfig& config, const Communicator& comm) {
   return config.compute_threads > 0 ? config.compute_threads : default_rank_threads(comm);
 }
 
+FineGrainedParamGatherDecision TrainConfig::fine_grained_param_gather() const {
+  if (!use_megatron_fsdp) return {.on = false, .required = false, .reason = "off: DDP (no --use-megatron-fsdp)"};
+  return decide_fine_grained_param_gather({.policy = fsdp.fine_grained_param_gather_policy,
+                                           .flag = fsdp.megatron_fsdp_enable_fine_grained_param_gather,
+                                           .mxfp8_param_gather = ddp.fp8_param_gather,
+                                           .recompute_granularity = recompute_granularity,
+                                           .recompute_modules = recompute_modules});
+}
+
 GptModelOptions TrainConfig::model_options() const {
-  return {.recompute_granularity = recompute_granularity, .recompute_modules = recompute_modules, .bf16 = bf16};
+  return {.recompute_granularity = recompute_granularity, .recompute_modules = recompute_modules, .bf16 = bf16,
+          .fine_grained_param_gather = fine_grained_param_gather().on};
 }
 
 void TrainConfig::validate(int dp) const {
@@ -92,6 +102,10 @@ void TrainConfig::validate(int dp) const {
   model_options().validate();
   MXDDP_CHECK(compute_threads >= 0, "--compute-threads {} is not valid: 0 (cores / ranks on this machine) or more",
               compute_threads);
+  // DDP gathers buckets, not modules: the flag would do nothing there.
+  MXDDP_CHECK(use_megatron_fsdp || !fsdp.megatron_fsdp_enable_fine_grained_param_gather,
+              "--{}megatron-fsdp-enable-fine-grained-param-gather needs --use-megatron-fsdp: it chooses FSDP's units",
+              fsdp.megatron_fsdp_enable_fine_grained_param_gather == false ? "no-" : "");
   if (use_megatron_fsdp) {
     // DDP's own knobs mean nothing to FSDP (buckets are per unit): refuse rather than ignore them.
     MXDDP_CHECK(!ddp.fp8_param_gather && !ddp.reuse_grad_buf_for_mxfp8_param_ag,
@@ -174,7 +188,8 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
     std::vector<TensorView> views;
     for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
     if (config.use_megatron_fsdp)
-      ddp = std::make_unique<FullyShardedDataParallel>(comm, specs, gpt_fsdp_units(mc), config.fsdp, tracker, views);
+      ddp = std::make_unique<FullyShardedDataParallel>(comm, specs, gpt_fsdp_units(mc, config.model_options().fine_grained_param_gather),
+                                                       config.fsdp, tracker, views);
     else
       ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
   }
@@ -232,7 +247,9 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   {
     const GptParamIds ids(mc);
     forward_modules.push_back({ids.wte(), ids.wpe()});
-    for (std::vector<int>& unit : gpt_fsdp_units(mc)) forward_modules.push_back(std::move(unit));
+    // The model's modules are FSDP's units (fine-grained: the submodules); DDP takes either.
+    for (std::vector<int>& unit : gpt_fsdp_units(mc, config.model_options().fine_grained_param_gather))
+      forward_modules.push_back(std::move(unit));
     forward_modules.push_back({ids.final_norm_weight(), ids.final_norm_bias()});
   }
   auto check_weight_hashes = [&](int64_t iteration) {
