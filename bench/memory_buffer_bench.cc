@@ -3,13 +3,17 @@
 // is where a fresh allocation's cost lies), for 1 KiB .. 64 MiB.
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
+
 #include <mxddp/memory.h>
 
 #include "bench_util.h"
 
-int main() {
+int main(int argc, char** argv) {
   using namespace mxddp;
   using namespace mxddp::bench;
+  CLI::App app{"Global memory buffer: get_tensor on a warm key against a fresh allocation plus its first touch"};
+  CLI11_PARSE(app, argc, argv);
   MemoryTracker tracker;
   GlobalMemoryBuffer pool(tracker);
   std::printf("%10s %16s %20s %10s\n", "size", "get_tensor_ns", "alloc+touch_ns", "speedup");

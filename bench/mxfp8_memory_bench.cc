@@ -6,12 +6,20 @@
 #include <cstdio>
 #include <mutex>
 
+#include <CLI/CLI.hpp>
+
 #include <mxddp/model.h>
 #include <mxddp/optim.h>
 
 int main(int argc, char** argv) {
   using namespace mxddp;
-  const std::string preset = argc > 1 ? argv[1] : "gpt2-124m";
+  CLI::App app{"Per-rank bytes with MXFP8 params (fp8_param_gather), reuse_grad_buf_for_mxfp8_param_ag off and on, "
+               "dp 1, 2, 4"};
+  std::string preset = "gpt2-124m";
+  app.add_option("preset", preset, "Reference GPT preset whose param list is measured")
+      ->check(CLI::IsMember(gpt_preset_names()))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   const GptConfig model = gpt_preset(preset);
   const std::vector<ParamSpec> params = gpt_param_specs(model, /*mxfp8_linear_weights=*/true);
   std::printf("reference GPT '%s' (%s), linear weights MXFP8 (E4M3, both orientations), AdamW; MiB per rank\n",

@@ -9,14 +9,18 @@
 #include <cstdio>
 #include <mutex>
 
+#include <CLI/CLI.hpp>
+
 #include <mxddp/optim.h>
 
 #include "bench_util.h"
 #include "gpt2_params.h"
 
-int main() {
+int main(int argc, char** argv) {
   using namespace mxddp;
   using namespace mxddp::bench;
+  CLI::App app{"AdamW step time against memcpy bandwidth, and bytes per param per rank (GPT-2-124M params, dp 1-8)"};
+  CLI11_PARSE(app, argc, argv);
   constexpr double kBytesPerElement = 34;
   const double memcpy_bw = memcpy_bandwidth_bytes_per_s(size_t{256} << 20);
   std::printf("memcpy (1 thread, 256 MiB): %.2f GB/s copied = %.2f GB/s read + written\n\n", memcpy_bw / 1e9,

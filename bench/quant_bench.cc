@@ -6,13 +6,17 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include <mxddp/quant.h>
 
 #include "bench_util.h"
 
-int main() {
+int main(int argc, char** argv) {
   using namespace mxddp;
   using namespace mxddp::bench;
+  CLI::App app{"MXFP8 quantizer throughput (row- and column-wise, f32 and bf16 input) against memcpy bandwidth"};
+  CLI11_PARSE(app, argc, argv);
   const double memcpy_bw = memcpy_bandwidth_bytes_per_s(size_t{256} << 20);
   std::printf("memcpy (1 thread, 256 MiB): %.2f GB/s; quantizer threads: %u\n", memcpy_bw / 1e9,
               std::max(1u, std::thread::hardware_concurrency()));
