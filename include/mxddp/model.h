@@ -72,7 +72,8 @@ struct GptParamIds {
   int layer(int l, LayerParam p) const { return 2 + kLayerParamCount * l + static_cast<int>(p); }
   int final_norm_weight() const { return 2 + kLayerParamCount * num_layers; }
   int final_norm_bias() const { return final_norm_weight() + 1; }
-  int count() const { return final_norm_bias() + 1; }
+  // In 64 bits: a config read from an untrusted manifest may have 2^31 - 1 layers.
+  int64_t count() const { return 4 + int64_t{kLayerParamCount} * num_layers; }
   int num_layers;
 };
 

@@ -137,7 +137,7 @@ std::vector<std::vector<float>> gpt_init_params(const GptConfig& config, uint64_
     model::Rng rng(model::mix_hash(seed, i, 0x6770u));  // one stream per param: order-independent
     for (float& x : v) x = static_cast<float>(stddev * rng.normal());
   }
-  MXDDP_ASSERT(static_cast<int>(values.size()) == ids.count());
+  MXDDP_ASSERT(static_cast<int64_t>(values.size()) == ids.count());
   return values;
 }
 

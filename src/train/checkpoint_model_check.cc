@@ -17,8 +17,7 @@ std::vector<std::string> gpt_checkpoint_problems(const CheckpointInfo& info) {
     return {fmt::format("the manifest's model_config is not a GPT config: {}", e.message())};
   }
   // Counted before the list is built: a crafted num_layers must not allocate billions of specs.
-  // (In 64 bits: GptParamIds counts in int, which 2^31 - 1 layers overflow.)
-  const int64_t expected_count = 4 + int64_t{kLayerParamCount} * config.num_layers;
+  const int64_t expected_count = GptParamIds(config).count();
   if (static_cast<int64_t>(info.params.size()) != expected_count)
     return {fmt::format("the manifest lists {} params; its model_config ({} layers) has {}", info.params.size(),
                         config.num_layers, expected_count)};

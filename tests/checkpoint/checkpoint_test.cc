@@ -128,6 +128,18 @@ void expect_load_fails_and_changes_nothing(const std::string& dir, const std::st
   });
 }
 
+// One step of the MLP at dp 2, then a save to dir with options.
+void save_after_one_step(const std::string& dir, const SaveOptions& options) {
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    save_checkpoint(dir, opt, options);
+  });
+}
+
 std::string saved_checkpoint(const std::string& name) {
   const std::string dir = fresh_dir(name);
   run_segment(4, 128, 0, 3, "", dir);
@@ -189,14 +201,7 @@ TEST(Checkpoint, SaveIsAtomicAndRefusesToOverwriteUnlessAsked) {
     EXPECT_NE(entry.path().filename().string()[0], '.') << "temporary file left: " << entry.path();
   EXPECT_THROW(run_segment(2, 128, 0, 1, "", dir), Error);  // exists, no overwrite
   EXPECT_EQ(inspect_checkpoint(dir).step, 3) << "a refused save must leave the old checkpoint";
-  run_local(2, [&](Communicator& comm) {
-    MemoryTracker tracker;
-    auto init = mlp_init();
-    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
-    DistributedOptimizer opt(ddp, kAdam, tracker);
-    ddp_train_step(opt, 0, kGlobalBatch);
-    save_checkpoint(dir, opt, {.overwrite = true});
-  });
+  save_after_one_step(dir, {.overwrite = true});
   const CheckpointInfo info = inspect_checkpoint(dir);
   EXPECT_EQ(info.step, 1);
   EXPECT_EQ(info.saved_dp, 2);
@@ -499,14 +504,7 @@ TEST(CheckpointTrust, ModelConfigMismatchIsRefusedFieldByField) {
   ASSERT_EQ(gpt_param_specs(four_heads).size(), gpt_param_specs(eight_heads).size());
   for (size_t p = 0; p < gpt_param_specs(four_heads).size(); ++p)
     ASSERT_EQ(gpt_param_specs(four_heads)[p].shape, gpt_param_specs(eight_heads)[p].shape) << "param " << p;
-  run_local(2, [&](Communicator& comm) {
-    MemoryTracker tracker;
-    auto init = mlp_init();
-    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
-    DistributedOptimizer opt(ddp, kAdam, tracker);
-    ddp_train_step(opt, 0, kGlobalBatch);
-    save_checkpoint(dir, opt, {.model_config = four_heads.fields()});
-  });
+  save_after_one_step(dir, {.model_config = four_heads.fields()});
   const CheckpointInfo info = inspect_checkpoint(dir);
   using Fields = std::map<std::string, std::string>;  // a JSON object: in key order
   const auto saved = four_heads.fields();

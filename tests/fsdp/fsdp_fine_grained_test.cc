@@ -225,8 +225,7 @@ TEST(FineGrained, EveryGatherIsReleasedOnceAndNoUnitIsGatheredAtFinish) {
         GlobalMemoryBuffer pool(tracker);
         const auto specs = gpt_param_specs(model);
         auto init = gpt_init_params(model, 7);
-        std::vector<TensorView> views;
-        for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+        const std::vector<TensorView> views = param_views(init, specs);
         FsdpConfig fc;
         fc.overlap_grad_reduce = fc.overlap_param_gather = overlap;
         FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(model, true), fc, tracker, views);
@@ -240,13 +239,7 @@ TEST(FineGrained, EveryGatherIsReleasedOnceAndNoUnitIsGatheredAtFinish) {
         for (int it = 0; it < iters; ++it) {
           opt.zero_grad();
           for (int m = 0; m < micro; ++m) {
-            data.fill_batch(false, 1, it, comm.rank() * 4 + m * 2, 2, tokens.data());
-            if (m == 0) {
-              auto scope = fsdp.no_sync();
-              gpt.forward_backward(tokens.data(), 2, 0.5f);
-            } else {
-              gpt.forward_backward(tokens.data(), 2, 0.5f);
-            }
+            forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens);
             EXPECT_EQ(fsdp.units_gathered(), 0) << what << ": a unit outlived its post-backward";
           }
           EXPECT_EQ(fsdp.units_gathered(), 0) << what << ": gathered at finish_grad_sync";

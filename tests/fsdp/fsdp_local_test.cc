@@ -149,8 +149,7 @@ TEST(Fsdp, EveryGatherIsReleasedOnceAndNothingIsGatheredAtFinish) {
       GlobalMemoryBuffer pool(tracker);
       const auto specs = gpt_param_specs(model);
       auto init = gpt_init_params(model, 7);
-      std::vector<TensorView> views;
-      for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+      const std::vector<TensorView> views = param_views(init, specs);
       FsdpConfig fc;
       fc.overlap_grad_reduce = fc.overlap_param_gather = overlap;
       FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(model), fc, tracker, views);
@@ -163,13 +162,7 @@ TEST(Fsdp, EveryGatherIsReleasedOnceAndNothingIsGatheredAtFinish) {
       for (int it = 0; it < 3; ++it) {
         opt.zero_grad();
         for (int m = 0; m < 2; ++m) {
-          data.fill_batch(false, 1, it, comm.rank() * 4 + m * 2, 2, tokens.data());
-          if (m == 0) {
-            auto scope = fsdp.no_sync();
-            gpt.forward_backward(tokens.data(), 2, 0.5f);
-          } else {
-            gpt.forward_backward(tokens.data(), 2, 0.5f);
-          }
+          forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens);
         }
         fsdp.finish_grad_sync();
         EXPECT_FALSE(fsdp.anything_gathered());
@@ -194,8 +187,7 @@ TEST(Fsdp, BadConfigsNameTheValue) {
     const GptConfig model{.num_layers = 1, .hidden_size = 32, .num_attention_heads = 2, .seq_length = 8};
     const auto specs = gpt_param_specs(model);
     auto init = gpt_init_params(model, 1);
-    std::vector<TensorView> views;
-    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+    const std::vector<TensorView> views = param_views(init, specs);
     auto message = [&](const FsdpConfig& fc, const std::vector<std::vector<int>>& units) {
       try {
         FullyShardedDataParallel fsdp(comm, specs, units, fc, tracker, views);

@@ -32,6 +32,26 @@ inline std::string strategy_overlap_dp_micro_name(
   return fmt::format("{}_{}_dp{}_mb{}", sharding_strategy_name(strategy), overlap ? "overlap" : "serial", dp, accum);
 }
 
+// f32 views of init (gpt_init_params's values), one per spec, as FSDP's initial values.
+inline std::vector<TensorView> param_views(std::vector<std::vector<float>>& init, const std::vector<ParamSpec>& specs) {
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+  return views;
+}
+
+// Micro-batch m of iteration it (2 sequences per rank) through gpt; the first of an iteration's
+// micro-batches under no_sync, as a gradient-accumulation loop runs it.
+inline void forward_backward_micro_batch(DataParallel& dp, GptModel& gpt, const TokenDataset& data, int it, int m,
+                                         std::vector<int32_t>& tokens) {
+  data.fill_batch(false, 1, it, dp.communicator().rank() * 4 + m * 2, 2, tokens.data());
+  if (m == 0) {
+    auto scope = dp.no_sync();
+    gpt.forward_backward(tokens.data(), 2, 0.5f);
+  } else {
+    gpt.forward_backward(tokens.data(), 2, 0.5f);
+  }
+}
+
 inline TrainConfig as_ddp(TrainConfig c) {
   c.use_megatron_fsdp = false;
   return c;

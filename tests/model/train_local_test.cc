@@ -93,20 +93,28 @@ TEST(TrainLocal, RecomputeGivesTheSameLossesAndSavesTheScratchTheShapesImply) {
   }
 }
 
+// A training mode the whole-run checks below sweep: DDP (with MXFP8 params staged in the grad
+// buffer or not) or FSDP with a strategy.
+struct TrainMode {
+  const char* name;
+  bool mxfp8, fsdp;
+  ShardingStrategy strategy = ShardingStrategy::kOptimGradsParams;
+  void apply(TrainConfig& c) const {
+    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mxfp8;
+    c.use_megatron_fsdp = fsdp;
+    c.fsdp.data_parallel_sharding_strategy = strategy;
+  }
+};
+
 // A recompute reads weights in backward, after the layer's pre-backward hook: with MXFP8 params
 // gathered through the grad buffer (which holds gradients by then; the model-side copies are what
 // is read) and under FSDP optim_grads_params (the layer is gathered again by that hook; a
 // recompute before it fails), every mode trains exactly as without recompute.
 TEST(TrainLocal, RecomputeChangesNothingWithMxfp8ParamsOrUnderFsdp) {
-  struct Mode {
-    const char* name;
-    bool mxfp8, fsdp;
-  };
-  for (const Mode& mode : {Mode{"ddp mxfp8 reuse", true, false}, Mode{"fsdp optim_grads_params", false, true}}) {
+  for (const TrainMode& mode : {TrainMode{"ddp mxfp8 reuse", true, false}, TrainMode{"fsdp optim_grads_params", false, true}}) {
     SCOPED_TRACE(mode.name);
     TrainConfig c = small_train_config();
-    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mode.mxfp8;
-    c.use_megatron_fsdp = mode.fsdp;
+    mode.apply(c);
     c.ddp.overlap_grad_reduce = c.ddp.overlap_param_gather = true;
     c.fsdp.overlap_grad_reduce = c.fsdp.overlap_param_gather = true;
     const std::vector<double> plain = losses(train_local(2, c));
@@ -300,20 +308,13 @@ class DriftingReplica final : public ForwardingDataParallel {
 // check and trains exactly as without it; one drifted byte on one rank stops the run on every rank,
 // naming the iteration, the param and the rank.
 TEST(TrainLocal, WeightHashCheckFindsADriftedReplicaAndNothingElse) {
-  struct Mode {
-    const char* name;
-    bool mxfp8, fsdp;
-    ShardingStrategy strategy = ShardingStrategy::kOptimGradsParams;
-  };
-  for (const Mode& mode : {Mode{"ddp", false, false}, Mode{"ddp mxfp8 reuse", true, false},
-                           Mode{"fsdp optim_grads_params", false, true},
-                           Mode{"fsdp no_shard", false, true, ShardingStrategy::kNoShard}}) {
+  for (const TrainMode& mode : {TrainMode{"ddp", false, false}, TrainMode{"ddp mxfp8 reuse", true, false},
+                                TrainMode{"fsdp optim_grads_params", false, true},
+                                TrainMode{"fsdp no_shard", false, true, ShardingStrategy::kNoShard}}) {
     SCOPED_TRACE(mode.name);
     TrainConfig c = small_train_config();
     c.eval_iters = 0;  // the only param syncs forced are the checks' (and the one at the end)
-    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mode.mxfp8;
-    c.use_megatron_fsdp = mode.fsdp;
-    c.fsdp.data_parallel_sharding_strategy = mode.strategy;
+    mode.apply(c);
     const TrainResult unchecked = train_local(2, c);
     c.check_weight_hash_across_dp_replicas_interval = 1;
     const TrainResult checked = train_local(2, c);
@@ -374,21 +375,14 @@ TEST(TrainMemoryFloor, ARunThatCannotFitIsRefusedBeforeAllocating) {
 
 // The floor never refuses a run that fits: in every mode it is at most what a run measures.
 TEST(TrainMemoryFloor, IsAtMostWhatTheRunUses) {
-  struct Mode {
-    const char* name;
-    bool mxfp8, fsdp;
-    ShardingStrategy strategy = ShardingStrategy::kOptimGradsParams;
-  };
-  for (const Mode& mode : {Mode{"ddp", false, false}, Mode{"ddp mxfp8 reuse", true, false},
-                           Mode{"fsdp no_shard", false, true, ShardingStrategy::kNoShard},
-                           Mode{"fsdp optim", false, true, ShardingStrategy::kOptim},
-                           Mode{"fsdp optim_grads", false, true, ShardingStrategy::kOptimGrads},
-                           Mode{"fsdp optim_grads_params", false, true}}) {
+  for (const TrainMode& mode : {TrainMode{"ddp", false, false}, TrainMode{"ddp mxfp8 reuse", true, false},
+                                TrainMode{"fsdp no_shard", false, true, ShardingStrategy::kNoShard},
+                                TrainMode{"fsdp optim", false, true, ShardingStrategy::kOptim},
+                                TrainMode{"fsdp optim_grads", false, true, ShardingStrategy::kOptimGrads},
+                                TrainMode{"fsdp optim_grads_params", false, true}}) {
     SCOPED_TRACE(mode.name);
     TrainConfig c = small_train_config();
-    c.ddp.fp8_param_gather = c.ddp.reuse_grad_buf_for_mxfp8_param_ag = mode.mxfp8;
-    c.use_megatron_fsdp = mode.fsdp;
-    c.fsdp.data_parallel_sharding_strategy = mode.strategy;
+    mode.apply(c);
     const TrainMemoryFloor floor = train_memory_floor(c, 2, 0);
     const double tracked_floor = floor.params_bytes + floor.grads_bytes + floor.main_params_bytes +
                                  floor.optimizer_state_bytes + floor.activations_bytes;
