@@ -68,6 +68,30 @@ void mx_quantize(const TensorView& input, TensorView data, TensorView scales, co
 // output /*out*/: f32 or bf16 [M, N] (exact: every MXFP8 value is representable in both).
 void mx_dequantize(const TensorView& data, const TensorView& scales, TensorView output, const QuantizeOptions& options);
 
+// ---- Shards: quantizing a tensor whose elements are split across ranks (FSDP's MXFP8 params) ----
+// A shard is the flat elements [offset, offset + n) of a row-major [M, N] tensor; its boundaries
+// need not fall on blocks, so a block may straddle two ranks. The scale is nondecreasing in the
+// block's amax (and NaN/Inf give 0xFF, the largest byte), so the element-wise MAX over the ranks of
+// each rank's mx_shard_scales is exactly mx_quantize's scales; with those, mx_shard_encode gives
+// exactly mx_quantize's data for the shard's elements. Between the two: a u8 MAX all-reduce of
+// the scales (TransformerEngine's master-weight cast shares amaxes the same way).
+// shard  /*in*/:  f32 or bf16 [n]
+// scales /*out*/: u8 mx_scale_shape(M, N, axis) (any shape of that numel): each block's scale
+//                 from the shard's elements of it; 0 for a block the shard does not touch.
+void mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, TensorView scales,
+                     const QuantizeOptions& options);
+// scales /*in*/:  u8 mx_scale_shape(M, N, axis): the whole tensor's scales.
+// data   /*out*/: u8 [n]: the shard's elements, encoded.
+void mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                     TensorView data, const QuantizeOptions& options);
+
+// One orientation of an MXFP8 [M, N] tensor, as a model reads it (a view: it owns nothing).
+struct Mxfp8View {
+  TensorView data;    // u8 [M, N]
+  TensorView scales;  // u8 mx_scale_shape(M, N, options.axis)
+  QuantizeOptions options;
+};
+
 // MXFP8 storage of one [M, N] weight in both orientations: row-wise for forward GEMMs,
 // column-wise for the data-gradient GEMM of backward. All bytes are charged as kMxfp8.
 class Mxfp8Tensor {
@@ -81,6 +105,7 @@ class Mxfp8Tensor {
   QuantizeOptions options(QuantAxis axis) const { return {elem_, scale_mode_, axis}; }
   TensorView data(QuantAxis axis) const;    // u8 [M, N]
   TensorView scales(QuantAxis axis) const;  // u8 mx_scale_shape(M, N, axis)
+  Mxfp8View view(QuantAxis axis) const;
 
  private:
   int64_t rows_, cols_;

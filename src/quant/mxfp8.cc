@@ -136,6 +136,55 @@ void check_shapes(const TensorView& values, const TensorView& data, const Tensor
               op, want.to_string(), o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
 }
 
+// The shard's elements, as f32 runs along rows: fn(row, col0, x [len], len, offset in the shard).
+template <typename Fn>
+void for_each_row_run(const TensorView& shard, int64_t offset, int64_t cols, Fn&& fn) {
+  const int64_t n = shard.numel();
+  std::vector<float> widened(shard.dtype == DType::kF32 ? 0 : static_cast<size_t>(std::min(cols, n)));
+  for (int64_t i = 0; i < n;) {
+    const int64_t at = offset + i, r = at / cols, c0 = at % cols, len = std::min(cols - c0, n - i);
+    const float* x = shard.data_as<const float>() + (shard.dtype == DType::kF32 ? i : 0);
+    if (shard.dtype != DType::kF32) {
+      convert_bf16_to_f32(shard.data_as<const bf16_bits>() + i, widened.data(), static_cast<size_t>(len));
+      x = widened.data();
+    }
+    fn(r, c0, x, len, i);
+    i += len;
+  }
+}
+
+// The scale index of element (r, c) of a [rows, cols] tensor.
+inline int64_t scale_index(int64_t r, int64_t c, int64_t cols, QuantAxis axis) {
+  return axis == QuantAxis::kRow ? r * ((cols + kMxBlockSize - 1) / kMxBlockSize) + c / kMxBlockSize
+                                 : (r / kMxBlockSize) * cols + c;
+}
+
+template <Fp8Format F>
+void encode_shard(const TensorView& shard, int64_t offset, int64_t cols, const uint8_t* scales, QuantAxis axis,
+                  uint8_t* data) {
+  for_each_row_run(shard, offset, cols, [&](int64_t r, int64_t c0, const float* x, int64_t len, int64_t at) {
+    uint8_t* __restrict out = data + at;
+    for (int64_t k = 0; k < len; ++k) {
+      const uint8_t s = scales[scale_index(r, c0 + k, cols, axis)];
+      out[k] = s == kE8M0Nan ? 0 : fp8::encode(x[k] * inv_scale(s), fp8::kSpec<F>);
+    }
+  });
+}
+
+void check_shard(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                 const QuantizeOptions& o, std::string_view op) {
+  MXDDP_CHECK(shape.ndim() == 2, "{}: the full tensor must be 2-D [M, N]; got {}", op, shape.to_string());
+  MXDDP_CHECK(shard.dtype == DType::kF32 || shard.dtype == DType::kBF16, "{}: values must be f32 or bf16; got {}", op,
+              dtype_name(shard.dtype));
+  MXDDP_CHECK(offset >= 0 && shard.numel() <= shape.numel() - offset,
+              "{}: a shard of {} elements at offset {} does not fit a {} tensor", op, shard.numel(), offset,
+              shape.to_string());
+  const Shape want = mx_scale_shape(shape[0], shape[1], o.axis);
+  MXDDP_CHECK(scales.dtype == DType::kU8 && scales.numel() == want.numel(),
+              "{}: scales must be u8 {} for {}-wise blocks; got {}", op, want.to_string(),
+              o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
+}
+
 }  // namespace
 
 Shape mx_scale_shape(int64_t rows, int64_t cols, QuantAxis axis) {
@@ -194,5 +243,34 @@ TensorView Mxfp8Tensor::scales(QuantAxis axis) const {
 void Mxfp8Tensor::quantize_from(const TensorView& input) {
   for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) mx_quantize(input, data(axis), scales(axis), options(axis));
 }
+
+void mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, TensorView scales,
+                     const QuantizeOptions& o) {
+  check_shard(shard, offset, shape, scales, o, "mx_shard_scales");
+  const int64_t cols = shape[1];
+  // Each block's amax over the shard's elements of it, as |x|'s bits (NaN and Inf sort above all).
+  std::vector<uint32_t> amax(static_cast<size_t>(scales.numel()), 0u);
+  for_each_row_run(shard, offset, cols, [&](int64_t r, int64_t c0, const float* x, int64_t len, int64_t) {
+    for (int64_t k = 0; k < len; ++k) {
+      uint32_t& a = amax[static_cast<size_t>(scale_index(r, c0 + k, cols, o.axis))];
+      a = std::max(a, abs_bits(x[k]));
+    }
+  });
+  auto* s = scales.data_as<uint8_t>();
+  for (size_t k = 0; k < amax.size(); ++k) s[k] = mx_scale_for_amax(amax_from_bits(amax[k]), o.elem, o.scale_mode);
+}
+
+void mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                     TensorView data, const QuantizeOptions& o) {
+  check_shard(shard, offset, shape, scales, o, "mx_shard_encode");
+  MXDDP_CHECK(data.dtype == DType::kU8 && data.numel() == shard.numel(), "mx_shard_encode: data must be u8 [{}]; got {}",
+              shard.numel(), data.to_string());
+  const auto* s = scales.data_as<const uint8_t>();
+  auto* d = data.data_as<uint8_t>();
+  if (o.elem == Fp8Format::kE4M3) encode_shard<Fp8Format::kE4M3>(shard, offset, shape[1], s, o.axis, d);
+  else encode_shard<Fp8Format::kE5M2>(shard, offset, shape[1], s, o.axis, d);
+}
+
+Mxfp8View Mxfp8Tensor::view(QuantAxis axis) const { return {data(axis), scales(axis), options(axis)}; }
 
 }  // namespace mxddp
