@@ -49,6 +49,10 @@ struct LayoutOptions {
   // [num params] or empty. FSDP's units: a bucket never holds params of two units (-1 is the
   // non-unit params), so each unit's buckets are gathered and released on their own.
   std::vector<int> param_unit;
+  // [num params] or empty: the order the walk places params in (a permutation of the indices);
+  // empty is reverse registration order, the rule's. FSDP reorders within a unit so that a unit's
+  // MXFP8 params and its others form a bucket each (Megatron-FSDP keys buckets by unit and dtype).
+  std::vector<int> param_order;
 };
 
 // Megatron's default bucket size: max(40,000,000, 1,000,000 x dp) elements when gradient reduction

@@ -21,6 +21,16 @@ void validate(const std::vector<ParamSpec>& params, const LayoutOptions& options
               "bucket_size must be >= 1 element (or none for one bucket); got {}", options.bucket_size.value_or(0));
   MXDDP_CHECK(options.param_unit.empty() || options.param_unit.size() == params.size(),
               "param_unit names a unit for {} params; the list has {}", options.param_unit.size(), params.size());
+  if (!options.param_order.empty()) {
+    MXDDP_CHECK(options.param_order.size() == params.size(), "param_order lists {} params; the layout has {}",
+                options.param_order.size(), params.size());
+    std::vector<bool> seen(params.size(), false);
+    for (int i : options.param_order) {
+      MXDDP_CHECK(i >= 0 && i < static_cast<int>(params.size()) && !seen[static_cast<size_t>(i)],
+                  "param_order is not a permutation of 0..{}: {} is out of range or repeated", params.size() - 1, i);
+      seen[static_cast<size_t>(i)] = true;
+    }
+  }
   std::set<std::string> names;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
@@ -92,7 +102,8 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
     open.range.start = cursor;
   };
 
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int i = options.param_order.empty() ? static_cast<int>(params.size() - 1 - k) : options.param_order[k];
     const ParamSpec& spec = params[static_cast<size_t>(i)];
     // With the distributed optimizer a shared embedding gets a bucket of its own (Megatron's
     // _does_param_require_new_bucket; without it, it shares one). Megatron closes the bucket
