@@ -22,7 +22,7 @@ class ForwardingDataParallel : public DataParallel {
   std::string describe() const override { return inner_->describe(); }
   TensorView param(int index) const override { return inner_->param(index); }
   bool is_mxfp8(int index) const override { return inner_->is_mxfp8(index); }
-  const Mxfp8Tensor& mxfp8_param(int index) const override { return inner_->mxfp8_param(index); }
+  Mxfp8View mxfp8_param(int index, QuantAxis axis) const override { return inner_->mxfp8_param(index, axis); }
   TensorView main_grad(int index) override { return inner_->main_grad(index); }
   void grad_ready(int index) override { inner_->grad_ready(index); }
   void before_forward(const std::vector<int>& m) override { inner_->before_forward(m); }

@@ -256,6 +256,10 @@ void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
   std::printf(" | total %.2f; scratch allocations after the first iteration: %lld\n",
               static_cast<double>(m.steady.total_peak_bytes) / 1048576.0,
               static_cast<long long>(m.scratch_allocations_after_warmup));
+  const auto& slot = m.peak_gathered_bytes_by_slot;
+  if (c.use_megatron_fsdp && slot[0] + slot[1] + slot[2] > 0)
+    std::printf("FSDP peak gathered bytes per rank (each its own peak): values %lld, row-wise %lld, column-wise %lld\n",
+                static_cast<long long>(slot[0]), static_cast<long long>(slot[1]), static_cast<long long>(slot[2]));
 }
 
 // Everything the flags say, put together and checked before any rank starts.

@@ -165,6 +165,12 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
     memory.push_back({{"rank", rank},
                       // FSDP's gathered params at their peak (optim_grads_params; fine-grained lowers it).
                       {"peak_gathered_bytes", m.overall.peak(MemoryCategory::kGathered)},
+                      // ... and each slot's own peak: BF16 values, MXFP8 row-wise (forward, recompute)
+                      // and column-wise (backward).
+                      {"peak_gathered_bytes_by_orientation",
+                       {{"values", m.peak_gathered_bytes_by_slot[0]},
+                        {"rowwise", m.peak_gathered_bytes_by_slot[1]},
+                        {"colwise", m.peak_gathered_bytes_by_slot[2]}}},
                       {"overall", memory_json(m.overall)},
                       {"steady_state", memory_json(m.steady)},
                       {"scratch_allocations_after_warmup", m.scratch_allocations_after_warmup}});

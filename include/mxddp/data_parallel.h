@@ -5,7 +5,7 @@
 //
 // The model's protocol, per micro-batch (a "module" is the param list a hook names: a decoder
 // layer, the embeddings, the final norm):
-//   before_forward(m) ... read param(i) / mxfp8_param(i) of m ... after_forward(m)
+//   before_forward(m) ... read param(i) / mxfp8_param(i, axis) of m ... after_forward(m)
 //   backward, modules in reverse order:
 //     before_backward(m) ... read params, accumulate into main_grad(i), grad_ready(i) ... after_backward(m)
 //   a forward-only pass (evaluation) ends with release_gathered_params().
@@ -42,7 +42,9 @@ struct OptimizerBucket {
 // Where the optimizer's update of one bucket reads its reduced grads and where the updated params
 // are staged (cast to the param dtype), both [OptimizerBucket::numel]. stage_in_step: the update
 // stages as it goes; false while `params` is grad memory until the step is over (MXFP8 reuse),
-// when staging waits for start_iteration.
+// when staging waits for start_iteration. params is empty (null) where the strategy keeps no values
+// between steps (FSDP's MXFP8 buckets): the optimizer may read grads at any time, params only while
+// step_and_sync_params, start_iteration or force_param_sync has it stage.
 struct OptimizerBucketIo {
   TensorView grads;
   TensorView params;
@@ -63,10 +65,11 @@ class DataParallel {
 
   // ---- The model's side ----
   // The param's values (param_dtype), valid between its module's pre- and post-hook. A param
-  // kept as MXFP8 (is_mxfp8) has none: read mxfp8_param.
+  // kept as MXFP8 (is_mxfp8) has none: read mxfp8_param, row-wise for forward products and
+  // column-wise for backward's data gradient (FSDP holds each only while a pass needs it).
   virtual TensorView param(int index) const = 0;
   virtual bool is_mxfp8(int index) const = 0;
-  virtual const Mxfp8Tensor& mxfp8_param(int index) const = 0;
+  virtual Mxfp8View mxfp8_param(int index, QuantAxis axis) const = 0;
   // Where the param's gradient accumulates (+=) in this micro-batch; valid until grad_ready.
   virtual TensorView main_grad(int index) = 0;
   // The gradient in main_grad is final for this micro-batch. Throws if reported twice.

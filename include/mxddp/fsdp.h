@@ -15,7 +15,11 @@
 //   optim_grads         2        4/N     12/N           2 + 16/N
 //   optim_grads_params  2/N      4/N     12/N           18/N
 //
-// plus the padding. Transient: optim_grads_params's gathered units (the current one plus the
+// plus the padding. MXFP8 params (ParamSpec::mxfp8, optim_grads_params only; Megatron's
+// fp8_param_gather under FSDP) rest as shards of their row-wise and column-wise E4M3/E5M2 payloads,
+// 1 + 1 bytes per element / N, plus both orientations' E8M0 scales replicated on every rank (1/16
+// byte per element); each unit's MXFP8 params form a bucket of their own beside its BF16 one.
+// Transient: optim_grads_params's gathered units (the current one plus the
 // prefetch, or at most two with fsdp_double_buffer) and non-unit params, in the tracker category
 // "gathered"; the sharded-grad strategies' unsharded grad buckets, from a bucket's first gradient
 // until its reduce-scatter has landed in the shard, counted as "grads".
@@ -29,17 +33,24 @@
 //   pre-backward(unit): re-gather, prefetch the previous units within the budget;
 //   pre-forward(unit) during backward (a recompute re-running the unit's forward; recognised as a
 //     pre-forward after a pre-backward, or of a unit at or before the last forward unit): gather
-//     it without prefetch and keep it through its post-forward, for its backward reads it next;
-//   post-backward(unit): release it (whichever hook gathered it: every gather is released once) and start its gradients' reduce-scatter (all-reduce for
-//     no_shard): every micro-batch for optim_grads*, the last one only for no_shard and optim;
+//     it without prefetch; its post-forward releases only the MXFP8 row-wise payloads (backward
+//     reads column-wise) and keeps BF16 values for the unit's backward;
+//   post-backward(unit): release whatever of it is still gathered (every gather is released once)
+//     and start its gradients' reduce-scatter (all-reduce for no_shard): every micro-batch for
+//     optim_grads*, the last one only for no_shard and optim;
 //   finish_grad_sync: wait, fold the reduced grads into the shards, release the non-unit params;
 //   the optimizer step on the shards, then (optim, optim_grads) the all-gather of the updated
-//   param shards into the full params.
+//     param shards into the full params, or (MXFP8 buckets) the quantization of the updated shards:
+//     each rank's partial block scales, a u8 MAX all-reduce, then its shards of both orientations
+//     (bitwise what quantizing the whole gathered tensor gives; quant.h's mx_shard_scales).
+// With MXFP8 params a gather is per slot (GatherSlot): forward gathers values and row-wise,
+// backward values and column-wise, a recompute values and row-wise.
 // The all-gather prefetch budget is suggested_communication_unit_size / 2 elements and the
 // reduce-scatter queue holds at most suggested_communication_unit_size elements in flight; both are
 // caps (Megatron turns them into floors of 5e8 and 1e9 elements with max(1e9, ...)).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -47,6 +58,7 @@
 #include <vector>
 
 #include <mxddp/data_parallel.h>
+#include <mxddp/quant.h>
 
 namespace mxddp {
 
@@ -83,6 +95,9 @@ struct FsdpConfig {
   bool grad_reduce_in_fp32 = true;  // false keeps grads in param_dtype
   DType megatron_fsdp_main_params_dtype = DType::kF32;  // f32 only
   DType param_dtype = DType::kBF16;                     // bf16 or f32
+  // The format of the params marked mxfp8 (DistributedDataParallelConfig's fields of the same names).
+  Fp8Format mxfp8_elem = Fp8Format::kE4M3;
+  ScaleMode mxfp8_scale_mode = ScaleMode::kRceil;
   // Tri-state, so that "off" can be said explicitly: nullopt (neither flag given) lets the policy
   // decide; true is --megatron-fsdp-enable-fine-grained-param-gather; false is
   // --no-megatron-fsdp-enable-fine-grained-param-gather, which is an error where the policy requires
@@ -99,13 +114,25 @@ struct FsdpCollective {
   bool operator==(const FsdpCollective&) const = default;
 };
 
-// Observability: one record per gather or release of a group (a unit, or the non-unit params,
-// group == num_units()), in order; `backward` says whether the hook ran in a backward pass
-// (including a recompute's pre-forward there).
+// What one gather of a group brings in: the values of its BF16 (or F32) params, or one orientation
+// of its MXFP8 params' payloads. Forward and a recompute read row-wise, backward's data gradient
+// column-wise; a BF16 bucket serves every pass from its one gather.
+enum class GatherSlot : uint8_t { kValues, kRowwise, kColwise };
+inline constexpr int kGatherSlots = 3;
+std::string_view gather_slot_name(GatherSlot s);  // "values", "rowwise", "colwise"
+
+// The pass a hook runs in: a forward pass, a backward pass, or a recompute in backward (from its
+// pre-forward to its post-forward).
+enum class FsdpPhase : uint8_t { kForward, kBackward, kRecompute };
+std::string_view fsdp_phase_name(FsdpPhase p);  // "forward", "backward", "recompute"
+
+// Observability: one record per gather or release of one slot of a group (a unit, or the non-unit
+// params, group == num_units()), in order, with the phase of the hook (or prefetch) that did it.
 struct FsdpGatherEvent {
   enum class Kind : uint8_t { kGather, kRelease } kind;
   int group = 0;
-  bool backward = false;
+  FsdpPhase phase = FsdpPhase::kForward;
+  GatherSlot slot = GatherSlot::kValues;
   bool operator==(const FsdpGatherEvent&) const = default;
 };
 
@@ -129,8 +156,8 @@ class FullyShardedDataParallel final : public DataParallel {
   std::string describe() const override;
 
   TensorView param(int index) const override;
-  bool is_mxfp8(int) const override { return false; }
-  const Mxfp8Tensor& mxfp8_param(int index) const override;
+  bool is_mxfp8(int index) const override;
+  Mxfp8View mxfp8_param(int index, QuantAxis axis) const override;
   TensorView main_grad(int index) override;
   void grad_ready(int index) override;
   void before_forward(const std::vector<int>& module_params) override;
@@ -160,6 +187,10 @@ class FullyShardedDataParallel final : public DataParallel {
   int64_t releases_done() const { return releases_; }
   bool anything_gathered() const;
   int units_gathered() const;  // units gathered or in flight (the non-unit params not counted)
+  // The most bytes gathered (or in flight) at once in each slot since construction or the last
+  // reset; the sum over slots at any moment is the tracker's kGathered.
+  int64_t peak_gathered_bytes(GatherSlot slot) const { return gathered_bytes_peak_[static_cast<size_t>(slot)]; }
+  void reset_peak_gathered_bytes() { gathered_bytes_peak_ = gathered_bytes_; }
   // Every gather and release since construction (cleared by clear_gather_events).
   const std::vector<FsdpGatherEvent>& gather_events() const { return events_; }
   void clear_gather_events() { events_.clear(); }
@@ -172,8 +203,8 @@ class FullyShardedDataParallel final : public DataParallel {
   void exit_no_sync() override { --no_sync_depth_; }
 
  private:
-  struct Bucket;  // storage and state of one bucket (fsdp_bucket.h)
-  enum class Pass : uint8_t { kForward, kBackward };
+  struct Bucket;  // storage and state of one bucket (src/fsdp/fsdp_bucket.h)
+  using Slots = std::vector<GatherSlot>;
 
   bool shards_params() const;
   bool shards_grads() const;
@@ -181,11 +212,24 @@ class FullyShardedDataParallel final : public DataParallel {
   // Gather groups: 0..U-1 the units, U the non-unit params.
   int non_unit_group() const { return num_units(); }
   const std::vector<int>& group_buckets(int group) const;
-  void dispatch_gather(int group);
-  void wait_gather(int group);
+  FsdpPhase phase() const;
+  // The slots a pass reads that the group has (forward and recompute: values and row-wise;
+  // backward: values and column-wise).
+  Slots slots_for(int group, FsdpPhase pass) const;
+  uint8_t& slot_state(int group, GatherSlot slot);  // 0 empty, 1 in flight, 2 ready
+  uint8_t slot_state(int group, GatherSlot slot) const;
+  void dispatch_gather(int group, GatherSlot slot);
+  void wait_gather(int group, FsdpPhase pass);
+  void release_slot(int group, GatherSlot slot);
   void release_group(int group);
-  void prefetch_from(int unit, Pass pass);
+  void prefetch_from(int unit, FsdpPhase pass);
   int64_t group_numel(int group) const;
+  // MXFP8 buckets: the optimizer writes bf16(main params) into a staging shard, from which each
+  // rank quantizes its shards of both orientations (src/fsdp/fsdp_mxfp8.cc).
+  void allocate_staging(int bucket);
+  Work start_shard_scales(int bucket);  // this rank's partial scales, MAX all-reduced (async)
+  // Waits for the scales, encodes the shards and (unless keep_staging) frees the staging.
+  void finish_shard_quantize(int bucket, const Work& scales, bool keep_staging = false);
   void issue_reduction(int bucket);
   void complete_oldest_reduction();
   void complete_reductions();
@@ -203,12 +247,15 @@ class FullyShardedDataParallel final : public DataParallel {
   std::vector<int> non_unit_buckets_;
   std::vector<int> unit_of_param_;                 // [param], -1 for non-unit
   std::vector<int> bucket_unit_;                   // [bucket], -1 for non-unit
+  std::vector<std::array<int64_t, 2>> scale_offset_;  // [param][axis] in its bucket's scales (MXFP8)
   int64_t prefetch_budget_numel_ = 0;
   int64_t rs_queue_numel_ = 0;
-  // Gather state per group: [U + 1].
-  std::vector<std::vector<Work>> gather_works_;
-  std::vector<uint8_t> gather_state_;  // 0 empty, 1 in flight, 2 ready
+  // Gather state per group and slot: [U + 1][kGatherSlots].
+  std::vector<std::array<std::vector<Work>, kGatherSlots>> gather_works_;
+  std::vector<std::array<uint8_t, kGatherSlots>> gather_state_;
+  std::array<int64_t, kGatherSlots> gathered_bytes_{}, gathered_bytes_peak_{};
   int forward_unit_ = -1;              // the last unit whose pre-forward ran in this forward pass
+  bool recomputing_ = false;           // from a recompute's pre-forward to its post-forward
   // In a backward pass: from a pre-backward, or a recompute's pre-forward, until the next forward
   // starts (a non-unit module's pre-forward: the embeddings) or finish_grad_sync.
   bool in_backward_ = false;

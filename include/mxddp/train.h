@@ -107,6 +107,9 @@ struct RankMemory {
   MemoryUsage overall;  // peak and live bytes over the whole run
   MemoryUsage steady;   // peaks after the first iteration (the steady state)
   int64_t scratch_allocations_after_warmup = 0;  // global memory buffer (re)allocations; 0 expected
+  // FSDP (optim_grads_params): the peak gathered bytes of each GatherSlot over the run (BF16
+  // values, MXFP8 row-wise, MXFP8 column-wise), each its own peak; zeros under DDP.
+  std::array<int64_t, kGatherSlots> peak_gathered_bytes_by_slot{};
 };
 
 struct TrainResult {

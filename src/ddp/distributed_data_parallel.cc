@@ -89,7 +89,9 @@ bool DistributedDataParallel::is_mxfp8(int index) const {
   return store_ && store_->is_mxfp8(index);
 }
 
-const Mxfp8Tensor& DistributedDataParallel::mxfp8_param(int index) const {
+Mxfp8View DistributedDataParallel::mxfp8_param(int index, QuantAxis axis) const { return mxfp8_tensor(index).view(axis); }
+
+const Mxfp8Tensor& DistributedDataParallel::mxfp8_tensor(int index) const {
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
   MXDDP_CHECK(store_, "param '{}' is not an MXFP8 param (mark it mxfp8 and turn on fp8_param_gather)",
               buffer_.params()[static_cast<size_t>(index)].name);

@@ -1,10 +1,13 @@
-// FullyShardedDataParallel: storage per strategy, the unit gather / release state machine with
-// its prefetch budget, and the per-unit gradient reductions (see fsdp.h).
+// FullyShardedDataParallel: storage per strategy, the hooks, the per-unit gradient reductions and
+// the optimizer's side (see fsdp.h). The gather state machine is in fsdp_gather.cc, the MXFP8
+// shards' quantization in fsdp_mxfp8.cc.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 
 #include <mxddp/fsdp.h>
+
+#include "fsdp_bucket.h"
 
 namespace mxddp {
 
@@ -40,19 +43,6 @@ FineGrainedParamGatherPolicy parse_fine_grained_param_gather_policy(std::string_
   MXDDP_FAIL("--fine-grained-param-gather-policy '{}' is not valid: megatron or recompute-aware", name);
 }
 
-// One bucket's storage; which members are allocated depends on the strategy.
-struct FullyShardedDataParallel::Bucket {
-  Range range;          // in the layout
-  int64_t numel = 0;    // padded: G
-  int64_t shard = 0;    // G / dp
-  HostBuffer params_full;   // [G] param dtype, kParams: no_shard, optim, optim_grads
-  HostBuffer params_shard;  // [G/dp] param dtype, kParams: optim_grads_params
-  HostBuffer gathered;      // [G] param dtype, kGathered: optim_grads_params while its group is gathered
-  HostBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
-  HostBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
-  bool reduction_in_flight = false;
-};
-
 namespace {
 
 void validate(const FsdpConfig& c, const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units) {
@@ -76,16 +66,33 @@ void validate(const FsdpConfig& c, const std::vector<ParamSpec>& params, const s
       seen[static_cast<size_t>(p)] = static_cast<int>(u);
     }
   }
-  for (const ParamSpec& p : params)
-    MXDDP_CHECK(!p.mxfp8, "param '{}' is marked mxfp8: MXFP8 params are not supported under FSDP; use DDP with "
-                "--fp8-param-gather", p.name);
+  for (const ParamSpec& p : params) {
+    if (!p.mxfp8) continue;
+    MXDDP_CHECK(c.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams,
+                "param '{}' is marked mxfp8, and MXFP8 params under FSDP need data_parallel_sharding_strategy "
+                "optim_grads_params (their row- and column-wise shards are what a gather moves); got {}",
+                p.name, sharding_strategy_name(c.data_parallel_sharding_strategy));
+    MXDDP_CHECK(p.shape.ndim() == 2, "param '{}' is marked mxfp8 but has shape {}; MXFP8 params are 2-D [M, N]",
+                p.name, p.shape.to_string());
+  }
 }
 
-// The elements [offset, offset + shape.numel()) of a flat view, shaped.
-TensorView sub(const TensorView& flat, int64_t offset, const Shape& shape) {
-  MXDDP_ASSERT(offset >= 0 && offset + shape.numel() <= flat.numel());
-  return TensorView{static_cast<char*>(flat.data) + static_cast<size_t>(offset) * dtype_size_bytes(flat.dtype), flat.dtype,
-                    shape, flat.device};
+// The walk order for the layout: reverse registration order (the rule's), except that within each
+// run of one unit's params the MXFP8 ones come after the others, so that the key (unit, mxfp8)
+// changes once per unit and each unit gets one bucket per kind. Without MXFP8 params: empty (the
+// rule's own order).
+std::vector<int> layout_order(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param) {
+  if (std::none_of(params.begin(), params.end(), [](const ParamSpec& p) { return p.mxfp8; })) return {};
+  std::vector<int> order;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
+    int j = i;
+    while (j >= 0 && unit_of_param[static_cast<size_t>(j)] == unit_of_param[static_cast<size_t>(i)]) --j;
+    for (bool mxfp8 : {false, true})
+      for (int k = i; k > j; --k)
+        if (params[static_cast<size_t>(k)].mxfp8 == mxfp8) order.push_back(k);
+    i = j;
+  }
+  return order;
 }
 
 // Copies `count` elements of src (f32 or dst_dtype) into dst (dst_dtype), rounding to bf16 if needed.
@@ -122,9 +129,15 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
   for (size_t u = 0; u < units.size(); ++u)
     for (int p : units[u]) unit_of_param_[static_cast<size_t>(p)] = static_cast<int>(u);
   // The distributed optimizer's layout rule (padding, shards), a bucket per unit.
+  // Buckets are keyed by (unit, MXFP8 or not), as Megatron-FSDP keys them by unit and dtype.
+  std::vector<int> bucket_key(params.size());
+  for (size_t p = 0; p < params.size(); ++p)
+    bucket_key[p] = unit_of_param_[p] < 0 ? -1 : 2 * unit_of_param_[p] + (params[p].mxfp8 ? 1 : 0);
   layout_ = compute_param_layout(params, LayoutOptions{.dp = dp, .bucket_size = std::nullopt,
                                                        .use_distributed_optimizer = true,
-                                                       .param_unit = unit_of_param_});
+                                                       .param_unit = bucket_key,
+                                                       .param_order = layout_order(params, unit_of_param_)});
+  scale_offset_.assign(params.size(), {-1, -1});
   unit_buckets_.resize(units.size());
   const size_t elem = dtype_size_bytes(config_.param_dtype), grad_elem = dtype_size_bytes(grad_dtype());
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
@@ -137,6 +150,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
     bucket->range = placement.range;
     bucket->numel = placement.range.size();
     bucket->shard = bucket->numel / dp;
+    bucket->mxfp8 = params[static_cast<size_t>(placement.params.front())].mxfp8;
     const auto g = static_cast<size_t>(bucket->numel), s = static_cast<size_t>(bucket->shard);
     // The bucket's initial values, padding zero; every rank keeps what its strategy keeps.
     std::vector<char> full(g * elem, 0);
@@ -146,6 +160,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
                      config_.param_dtype, static_cast<size_t>(params[static_cast<size_t>(p)].shape.numel()));
     }
     if (shards_params()) {
+      // (An MXFP8 bucket's is the optimizer's initial staging, quantized below.)
       bucket->params_shard = HostBuffer(s * elem, MemoryCategory::kParams, tracker);
       std::memcpy(bucket->params_shard.data(), full.data() + static_cast<size_t>(rank) * s * elem, s * elem);
     } else {
@@ -159,8 +174,25 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
       bucket->grads_full = HostBuffer(g * grad_elem, MemoryCategory::kGrads, tracker);
       std::memset(bucket->grads_full.data(), 0, g * grad_elem);
     }
+    if (bucket->mxfp8) {
+      int64_t scales_numel = 0;
+      for (int p : placement.params) {
+        const Shape& shape = params[static_cast<size_t>(p)].shape;
+        for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
+          scale_offset_[static_cast<size_t>(p)][static_cast<size_t>(axis)] = scales_numel;
+          scales_numel += mx_scale_shape(shape[0], shape[1], axis).numel();
+        }
+      }
+      bucket->scales = HostBuffer(static_cast<size_t>(scales_numel), MemoryCategory::kMxfp8, tracker);
+      bucket->row_shard = HostBuffer(s, MemoryCategory::kMxfp8, tracker);
+      bucket->col_shard = HostBuffer(s, MemoryCategory::kMxfp8, tracker);
+    }
     buckets_.push_back(std::move(bucket));
   }
+  // The MXFP8 shards of the initial values (collective: every rank constructs). The staging stays
+  // for the optimizer's initial main params until the first start_iteration.
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    if (buckets_[static_cast<size_t>(b)]->mxfp8) finish_shard_quantize(b, start_shard_scales(b), /*keep_staging=*/true);
   // Budgets (elements): Megatron's default unit size is twice the average unit.
   int64_t unit_numel_sum = 0;
   for (int u = 0; u < num_units(); ++u) unit_numel_sum += group_numel(u);
@@ -169,7 +201,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
   rs_queue_numel_ = unit_size;
 
   gather_works_.resize(static_cast<size_t>(num_units() + 1));
-  gather_state_.assign(static_cast<size_t>(num_units() + 1), 0);
+  gather_state_.assign(static_cast<size_t>(num_units() + 1), {0, 0, 0});
   reduced_.assign(buckets_.size(), false);
   full_param_gathers_.resize(buckets_.size());
   full_param_waited_.assign(buckets_.size(), true);
@@ -184,7 +216,8 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
     }
   };
   for (auto& group : gather_works_)
-    for (Work& w : group) quiet_wait(w);
+    for (auto& slot : group)
+      for (Work& w : slot) quiet_wait(w);
   for (auto& [bucket, w] : reductions_) quiet_wait(w);
   for (Work& w : full_param_gathers_) quiet_wait(w);
 }
@@ -216,18 +249,43 @@ TensorView FullyShardedDataParallel::param(int index) const {
   if (!shards_params()) {
     MXDDP_CHECK(full_param_waited_[static_cast<size_t>(p.bucket)],
                 "param '{}' read before its module's pre-forward hook waited for its all-gather", spec.name);
-    return sub(b.params_full.view(config_.param_dtype, Shape{b.numel}), at, spec.shape);
+    return fsdp_sub(b.params_full.view(config_.param_dtype, Shape{b.numel}), at, spec.shape);
   }
+  MXDDP_CHECK(!spec.mxfp8, "param '{}' is kept as MXFP8: read it with mxfp8_param({}, axis)", spec.name, index);
   const int unit = unit_of_param_[static_cast<size_t>(index)];
   const int group = unit < 0 ? non_unit_group() : unit;
-  MXDDP_CHECK(gather_state_[static_cast<size_t>(group)] == 2,
+  MXDDP_CHECK(slot_state(group, GatherSlot::kValues) == 2,
               "param '{}' read while its {} is not gathered: call the module's pre-forward or pre-backward hook first",
               spec.name, unit < 0 ? std::string("non-unit params") : fmt::format("unit {}", unit));
-  return sub(b.gathered.view(config_.param_dtype, Shape{b.numel}), at, spec.shape);
+  return fsdp_sub(b.gathered[static_cast<size_t>(GatherSlot::kValues)].view(config_.param_dtype, Shape{b.numel}), at,
+                  spec.shape);
 }
 
-const Mxfp8Tensor& FullyShardedDataParallel::mxfp8_param(int index) const {
-  MXDDP_FAIL("param {} is not an MXFP8 param: FSDP keeps no MXFP8 params", index);
+bool FullyShardedDataParallel::is_mxfp8(int index) const {
+  MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
+  return specs_[static_cast<size_t>(index)].mxfp8;
+}
+
+Mxfp8View FullyShardedDataParallel::mxfp8_param(int index, QuantAxis axis) const {
+  MXDDP_CHECK(is_mxfp8(index), "param '{}' is not an MXFP8 param: read it with param({})",
+              specs_[static_cast<size_t>(index)].name, index);
+  const ParamSpec& spec = specs_[static_cast<size_t>(index)];
+  const ParamPlacement& p = layout_.params[static_cast<size_t>(index)];
+  const Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
+  const GatherSlot slot = axis == QuantAxis::kRow ? GatherSlot::kRowwise : GatherSlot::kColwise;
+  const int unit = unit_of_param_[static_cast<size_t>(index)];
+  // Forward and a recompute gather row-wise, backward column-wise: reading the other is a model bug.
+  MXDDP_CHECK(unit >= 0 && slot_state(unit, slot) == 2,
+              "MXFP8 param '{}' read {} while unit {} holds no {} copy: forward and recompute read row-wise, "
+              "backward's data gradient column-wise, each between the unit's pre- and post-hook",
+              spec.name, gather_slot_name(slot), unit, gather_slot_name(slot));
+  const Shape scale_shape = mx_scale_shape(spec.shape[0], spec.shape[1], axis);
+  const int64_t scale_at = scale_offset_[static_cast<size_t>(index)][static_cast<size_t>(axis)];
+  return Mxfp8View{
+      .data = fsdp_sub(b.gathered[static_cast<size_t>(slot)].view(DType::kU8, Shape{b.numel}), p.range.start - b.range.start,
+                       spec.shape),
+      .scales = fsdp_sub(b.scales.view(DType::kU8, Shape{static_cast<int64_t>(b.scales.size_bytes())}), scale_at, scale_shape),
+      .options = {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis}};
 }
 
 TensorView FullyShardedDataParallel::main_grad(int index) {
@@ -244,7 +302,7 @@ TensorView FullyShardedDataParallel::main_grad(int index) {
     b.grads_full = HostBuffer(bytes, MemoryCategory::kGrads, tracker_);
     std::memset(b.grads_full.data(), 0, bytes);
   }
-  return sub(b.grads_full.view(grad_dtype(), Shape{b.numel}), p.range.start - b.range.start,
+  return fsdp_sub(b.grads_full.view(grad_dtype(), Shape{b.numel}), p.range.start - b.range.start,
                                                                specs_[static_cast<size_t>(index)].shape);
 }
 
@@ -305,41 +363,51 @@ void FullyShardedDataParallel::before_forward(const std::vector<int>& module_par
   }
   if (unit < 0) {
     in_backward_ = false;  // the embeddings open a forward pass (the final norm runs inside one)
-    wait_gather(non_unit_group());
+    recomputing_ = false;
+    wait_gather(non_unit_group(), FsdpPhase::kForward);
     // Only the non-unit modules before the first unit (the embeddings) start the units' prefetch;
     // the final norm comes after the last unit, with nothing left to prefetch in this pass.
-    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, Pass::kForward);
+    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, FsdpPhase::kForward);
     return;
   }
   // A forward pass meets its units in order, so a pre-forward of a unit at or before the last one
   // is a re-run: a recompute in backward, which may come before the layer's first pre-backward.
   if (in_backward_ || (forward_unit_ >= 0 && unit <= forward_unit_)) {
     // The recompute's gather: no prefetch (this pass runs in backward order, and a forward-order
-    // prefetch would fetch what backward has finished with), kept until the unit's post-backward.
+    // prefetch would fetch what backward has finished with).
     in_backward_ = true;
+    recomputing_ = true;
     forward_unit_ = -1;
-    wait_gather(unit);
+    wait_gather(unit, FsdpPhase::kRecompute);
     return;
   }
   forward_unit_ = unit;
-  wait_gather(unit);
-  if (config_.overlap_param_gather) prefetch_from(unit, Pass::kForward);
+  wait_gather(unit, FsdpPhase::kForward);
+  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kForward);
 }
 
 void FullyShardedDataParallel::after_forward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "after_forward");
-  // After a recompute the unit's backward comes next and reads it again: its post-backward releases
-  // it, so that each gather is released once (Megatron frees it at the unit's post-backward too).
-  if (shards_params() && unit >= 0 && !in_backward_) release_group(unit);
+  if (!shards_params() || unit < 0) return;
+  if (!in_backward_) {
+    release_group(unit);
+    return;
+  }
+  // After a recompute the unit's backward comes next: it reads the BF16 values again (kept, and
+  // released by its post-backward, so each gather is released once) but MXFP8 weights only
+  // column-wise, so the row-wise copy has had its last use (Megatron keeps it to post-backward).
+  release_slot(unit, GatherSlot::kRowwise);
+  recomputing_ = false;
 }
 
 void FullyShardedDataParallel::before_backward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "before_backward");
   forward_unit_ = -1;  // the next forward starts again at the first unit
   in_backward_ = true;
+  recomputing_ = false;
   if (!shards_params() || unit < 0) return;
-  wait_gather(unit);
-  if (config_.overlap_param_gather) prefetch_from(unit, Pass::kBackward);
+  wait_gather(unit, FsdpPhase::kBackward);
+  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kBackward);
 }
 
 void FullyShardedDataParallel::after_backward(const std::vector<int>& module_params) {
@@ -356,89 +424,9 @@ void FullyShardedDataParallel::after_backward(const std::vector<int>& module_par
 
 void FullyShardedDataParallel::release_gathered_params() {
   forward_unit_ = -1;
+  recomputing_ = false;
+  for (int g = 0; g <= num_units(); ++g) release_group(g);  // in the phase that ends (forward or backward)
   in_backward_ = false;
-  for (int g = 0; g <= num_units(); ++g) release_group(g);
-}
-
-// ---- Gathers (optim_grads_params) ----
-
-const std::vector<int>& FullyShardedDataParallel::group_buckets(int group) const {
-  return group == non_unit_group() ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(group)];
-}
-
-int64_t FullyShardedDataParallel::group_numel(int group) const {
-  int64_t n = 0;
-  for (int b : group_buckets(group)) n += buckets_[static_cast<size_t>(b)]->numel;
-  return n;
-}
-
-void FullyShardedDataParallel::dispatch_gather(int group) {
-  MXDDP_ASSERT(gather_state_[static_cast<size_t>(group)] == 0);
-  const size_t elem = dtype_size_bytes(config_.param_dtype);
-  for (int bi : group_buckets(group)) {
-    Bucket& b = *buckets_[static_cast<size_t>(bi)];
-    b.gathered = HostBuffer(static_cast<size_t>(b.numel) * elem, MemoryCategory::kGathered, tracker_);
-    gather_works_[static_cast<size_t>(group)].push_back(
-        comm_.all_gather(b.params_shard.view(config_.param_dtype, Shape{b.shard}),
-                         b.gathered.view(config_.param_dtype, Shape{b.numel}), {.async_op = true}));
-    log_.push_back({FsdpCollective::Kind::kAllGather, bi});
-  }
-  gather_state_[static_cast<size_t>(group)] = 1;
-  ++gathers_;
-  events_.push_back({FsdpGatherEvent::Kind::kGather, group, in_backward_});
-}
-
-void FullyShardedDataParallel::wait_gather(int group) {
-  auto& state = gather_state_[static_cast<size_t>(group)];
-  if (state == 0) dispatch_gather(group);
-  if (state == 1) {
-    for (Work& w : gather_works_[static_cast<size_t>(group)]) w.wait();
-    gather_works_[static_cast<size_t>(group)].clear();
-    state = 2;
-  }
-}
-
-void FullyShardedDataParallel::release_group(int group) {
-  auto& state = gather_state_[static_cast<size_t>(group)];
-  if (state == 0) return;
-  // A gather still in flight writes into the storage: let it land before freeing it.
-  for (Work& w : gather_works_[static_cast<size_t>(group)]) w.wait();
-  gather_works_[static_cast<size_t>(group)].clear();
-  for (int b : group_buckets(group)) buckets_[static_cast<size_t>(b)]->gathered = HostBuffer();
-  state = 0;
-  ++releases_;
-  events_.push_back({FsdpGatherEvent::Kind::kRelease, group, in_backward_});
-}
-
-bool FullyShardedDataParallel::anything_gathered() const {
-  return std::any_of(gather_state_.begin(), gather_state_.end(), [](uint8_t s) { return s != 0; });
-}
-
-int FullyShardedDataParallel::units_gathered() const {
-  return static_cast<int>(std::count_if(gather_state_.begin(), gather_state_.begin() + num_units(),
-                                        [](uint8_t s) { return s != 0; }));
-}
-
-void FullyShardedDataParallel::prefetch_from(int unit, Pass pass) {
-  // Units ahead of `unit` in this pass's order, dispatched while what is gathered or in flight
-  // ahead of it fits the budget (the current unit is always fetched and not counted), and with
-  // fsdp_double_buffer while fewer than two units are held.
-  const int step = pass == Pass::kForward ? 1 : -1;
-  int64_t ahead = 0;
-  int held = 0;
-  for (int u = 0; u < num_units(); ++u) held += gather_state_[static_cast<size_t>(u)] != 0;
-  for (int u = unit + step; u >= 0 && u < num_units(); u += step) {
-    const int64_t n = group_numel(u);
-    if (gather_state_[static_cast<size_t>(u)] != 0) {
-      ahead += n;
-      continue;
-    }
-    if (ahead + n > prefetch_budget_numel_) break;
-    if (config_.fsdp_double_buffer && held >= 2) break;
-    dispatch_gather(u);
-    ahead += n;
-    ++held;
-  }
 }
 
 // ---- Reductions ----
@@ -457,7 +445,7 @@ void FullyShardedDataParallel::issue_reduction(int bucket) {
     log_.push_back({FsdpCollective::Kind::kAllReduce, bucket});
   } else {
     // In place: this rank's block of the bucket receives its reduced shard.
-    work = comm_.reduce_scatter(grads, sub(grads, comm_.rank() * b.shard, Shape{b.shard}),
+    work = comm_.reduce_scatter(grads, fsdp_sub(grads, comm_.rank() * b.shard, Shape{b.shard}),
                                 {.op = ReduceOp::kSum, .async_op = true, .prescale = prescale});
     log_.push_back({FsdpCollective::Kind::kReduceScatter, bucket});
   }
@@ -551,14 +539,16 @@ OptimizerBucketIo FullyShardedDataParallel::optimizer_io(int bucket) const {
       return {.grads = b.grads_full.view(grad_dtype(), Shape{b.numel}),
               .params = b.params_full.view(config_.param_dtype, Shape{b.numel})};
     case ShardingStrategy::kOptim:
-      return {.grads = sub(b.grads_full.view(grad_dtype(), Shape{b.numel}), at, Shape{b.shard}),
-              .params = sub(b.params_full.view(config_.param_dtype, Shape{b.numel}), at, Shape{b.shard})};
+      return {.grads = fsdp_sub(b.grads_full.view(grad_dtype(), Shape{b.numel}), at, Shape{b.shard}),
+              .params = fsdp_sub(b.params_full.view(config_.param_dtype, Shape{b.numel}), at, Shape{b.shard})};
     case ShardingStrategy::kOptimGrads:
       return {.grads = b.grads_shard.view(grad_dtype(), Shape{b.shard}),
-              .params = sub(b.params_full.view(config_.param_dtype, Shape{b.numel}), at, Shape{b.shard})};
+              .params = fsdp_sub(b.params_full.view(config_.param_dtype, Shape{b.numel}), at, Shape{b.shard})};
     case ShardingStrategy::kOptimGradsParams:
+      // An MXFP8 bucket's bf16 values exist only while the optimizer stages them (its construction
+      // before the first iteration, a step, a forced param sync); otherwise params is empty.
       return {.grads = b.grads_shard.view(grad_dtype(), Shape{b.shard}),
-              .params = b.params_shard.view(config_.param_dtype, Shape{b.shard})};
+              .params = b.params_shard.data() ? b.params_shard.view(config_.param_dtype, Shape{b.shard}) : TensorView{}};
   }
   MXDDP_FAIL("unknown sharding strategy");
 }
@@ -572,7 +562,7 @@ void FullyShardedDataParallel::issue_full_param_gathers() {
     const Bucket& bucket = *buckets_[static_cast<size_t>(b)];
     const TensorView full = bucket.params_full.view(config_.param_dtype, Shape{bucket.numel});
     full_param_gathers_[static_cast<size_t>(b)] =
-        comm_.all_gather(sub(full, comm_.rank() * bucket.shard, Shape{bucket.shard}), full, {.async_op = true});
+        comm_.all_gather(fsdp_sub(full, comm_.rank() * bucket.shard, Shape{bucket.shard}), full, {.async_op = true});
     full_param_waited_[static_cast<size_t>(b)] = false;
     log_.push_back({FsdpCollective::Kind::kAllGather, b});
   }
@@ -591,7 +581,19 @@ void FullyShardedDataParallel::wait_full_param_gathers() {
 
 void FullyShardedDataParallel::step_and_sync_params(const std::function<void(int bucket)>& update) {
   wait_full_param_gathers();  // (done by the forward already; the update rewrites the shards)
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) update(b);
+  // An MXFP8 bucket's scales all-reduce runs while the next bucket updates; so at most two staging
+  // shards are alive at once.
+  std::optional<std::pair<int, Work>> quantizing;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    const bool mxfp8 = buckets_[static_cast<size_t>(b)]->mxfp8;
+    if (mxfp8) allocate_staging(b);
+    update(b);
+    if (!mxfp8) continue;
+    Work scales = start_shard_scales(b);
+    if (quantizing) finish_shard_quantize(quantizing->first, quantizing->second);
+    quantizing.emplace(b, std::move(scales));
+  }
+  if (quantizing) finish_shard_quantize(quantizing->first, quantizing->second);
   const ShardingStrategy s = config_.data_parallel_sharding_strategy;
   if (s == ShardingStrategy::kOptim || s == ShardingStrategy::kOptimGrads) {
     issue_full_param_gathers();
@@ -602,12 +604,16 @@ void FullyShardedDataParallel::step_and_sync_params(const std::function<void(int
 
 void FullyShardedDataParallel::start_iteration(const std::function<void()>&) {
   zero_grad_buffer();
-  in_backward_ = false;
+  in_backward_ = recomputing_ = false;
+  // The MXFP8 buckets' initial staging has served the optimizer's construction.
+  for (auto& b : buckets_)
+    if (b->mxfp8) b->params_shard = HostBuffer();
   // The design's start_param_sync: the non-unit params and the first unit, plus the prefetch.
   if (shards_params() && config_.overlap_param_gather) {
-    if (gather_state_[static_cast<size_t>(non_unit_group())] == 0) dispatch_gather(non_unit_group());
-    if (gather_state_[0] == 0) dispatch_gather(0);
-    prefetch_from(0, Pass::kForward);
+    for (int group : {non_unit_group(), 0})
+      for (GatherSlot slot : slots_for(group, FsdpPhase::kForward))
+        if (slot_state(group, slot) == 0) dispatch_gather(group, slot);
+    prefetch_from(0, FsdpPhase::kForward);
   }
 }
 
@@ -615,7 +621,13 @@ void FullyShardedDataParallel::force_param_sync(const std::function<void()>& sta
   // Whatever was gathered or is in flight came from the shards as they were: drop it all.
   wait_full_param_gathers();
   release_gathered_params();
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    if (buckets_[static_cast<size_t>(b)]->mxfp8) allocate_staging(b);
   stage();
+  std::vector<std::pair<int, Work>> quantizing;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    if (buckets_[static_cast<size_t>(b)]->mxfp8) quantizing.emplace_back(b, start_shard_scales(b));
+  for (auto& [b, scales] : quantizing) finish_shard_quantize(b, scales);
   const ShardingStrategy s = config_.data_parallel_sharding_strategy;
   if (s == ShardingStrategy::kOptim || s == ShardingStrategy::kOptimGrads) {
     issue_full_param_gathers();

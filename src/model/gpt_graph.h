@@ -257,10 +257,17 @@ class GptGraph {
     // recompute's submodules gather theirs in their forward functions (kept until their backward).
     if (!fine_grained_) access_.before_backward(params);
     const LayerActs a = acts(l);
-    // Each recompute runs just before its activations are first needed, as Megatron's does.
+    // Each recompute runs just before its activations are first needed, as Megatron's does. It is a
+    // forward of (part of) the layer: without the fine-grained gather the layer's own pre- and
+    // post-forward hooks cover it, so that what only forward reads (FSDP's MXFP8 row-wise copy) is
+    // gathered for it, for the whole layer; with it, each submodule's hooks gather only its own.
+    const bool early_recompute = granularity_ == RecomputeGranularity::kFull || selective(RecomputeModule::kLayernorm) ||
+                                 selective(RecomputeModule::kMlp);
+    if (early_recompute && !fine_grained_) access_.before_forward(params);
     if (granularity_ == RecomputeGranularity::kFull) layer_forward(l, a, Run::kRecompute);
     if (selective(RecomputeModule::kLayernorm)) pre_mlp_layernorm_forward(l, a);  // ln2 feeds fc1 (and its recompute)
     if (selective(RecomputeModule::kMlp)) mlp_forward(l, a, Run::kRecompute);
+    if (early_recompute && !fine_grained_) access_.after_forward(params);
     const Real* x = res(l);
     Real* dln = scratch("grad/dc", int64_t{n} * c);
     Real* d4c = scratch("grad/d4c", int64_t{n} * 4 * c);

@@ -101,9 +101,8 @@ struct GptModel::Impl {
     const bool dgrad = is_mxfp8[static_cast<size_t>(i)] && use == model::WeightUse::kDataGrad;
     TensorView out = pool.get_tensor(spec.shape, DType::kF32, (dgrad ? weight_key_dgrad : weight_key)[static_cast<size_t>(i)]);
     if (is_mxfp8[static_cast<size_t>(i)]) {
-      const Mxfp8Tensor& q = ddp.mxfp8_param(i);
-      const QuantAxis axis = dgrad ? QuantAxis::kCol : QuantAxis::kRow;
-      mx_dequantize(q.data(axis), q.scales(axis), out, q.options(axis));
+      const Mxfp8View q = ddp.mxfp8_param(i, dgrad ? QuantAxis::kCol : QuantAxis::kRow);
+      mx_dequantize(q.data, q.scales, out, q.options);
     } else {
       const TensorView p = ddp.param(i);
       if (p.dtype == DType::kBF16) convert_bf16_to_f32(p.data_as<const bf16_bits>(), out.data_as<float>(), static_cast<size_t>(p.numel()));

@@ -161,6 +161,7 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
   const TensorView& grads = io.grads;
   const TensorView& params = io.params;
   const bool stage = io.stage_in_step;
+  MXDDP_ASSERT(params.data != nullptr);
   float* main = static_cast<float*>(main_[b].data());
   float* s0 = static_cast<float*>(state_[0][b].data());
   for (const ShardParamRange& r : buckets_[b].update) {
@@ -185,6 +186,7 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
 void DistributedOptimizer::stage_main_params() {
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView shard = dp_.optimizer_io(static_cast<int>(b)).params;
+    MXDDP_ASSERT(shard.data != nullptr);
     const auto* main = static_cast<const float*>(main_[b].data());
     if (shard.dtype == DType::kF32) std::memcpy(shard.data, main, shard.nbytes());
     else convert_f32_to_bf16(main, shard.data_as<bf16_bits>(), static_cast<size_t>(shard.numel()));

@@ -23,17 +23,15 @@ uint32_t crc32_update(uint32_t crc, const TensorView& v) {
   return crc;
 }
 
-// The param as the forward reads it: its values, or an MXFP8 param's payloads and scales in both
-// orientations (backward reads the column-wise copy, so a drift there matters as much).
+// The param as the forward reads it: its values, or an MXFP8 param's row-wise payload and scales.
+// (The column-wise copy is quantized from the same values in the same step, DDP's from the same
+// gathered tensor and FSDP's from the same staged shard and all-reduced scales; FSDP holds it only
+// in backward, so a forward-only pass cannot read it.)
 uint32_t param_hash(const DataParallel& dp, int index) {
-  uint32_t crc = static_cast<uint32_t>(::crc32(0L, Z_NULL, 0));
+  const uint32_t crc = static_cast<uint32_t>(::crc32(0L, Z_NULL, 0));
   if (!dp.is_mxfp8(index)) return crc32_update(crc, dp.param(index));
-  const Mxfp8Tensor& t = dp.mxfp8_param(index);
-  for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-    crc = crc32_update(crc, t.data(axis));
-    crc = crc32_update(crc, t.scales(axis));
-  }
-  return crc;
+  const Mxfp8View t = dp.mxfp8_param(index, QuantAxis::kRow);
+  return crc32_update(crc32_update(crc, t.data), t.scales);
 }
 
 }  // namespace

@@ -108,8 +108,16 @@ void TrainConfig::validate(int dp) const {
               fsdp.megatron_fsdp_enable_fine_grained_param_gather == false ? "no-" : "");
   if (use_megatron_fsdp) {
     // DDP's own knobs mean nothing to FSDP (buckets are per unit): refuse rather than ignore them.
-    MXDDP_CHECK(!ddp.fp8_param_gather && !ddp.reuse_grad_buf_for_mxfp8_param_ag,
-                "--fp8-param-gather is not supported with --use-megatron-fsdp (MXFP8 params under FSDP); use DDP");
+    MXDDP_CHECK(!ddp.reuse_grad_buf_for_mxfp8_param_ag,
+                "--reuse-grad-buf-for-mxfp8-param-ag is DDP's (its param buffer is staged in the grad buffer); FSDP "
+                "has no param buffer: MXFP8 params under --use-megatron-fsdp gather their row- and column-wise shards");
+    MXDDP_CHECK(!ddp.fp8_param_gather || fsdp.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams,
+                "--fp8-param-gather with --use-megatron-fsdp needs --data-parallel-sharding-strategy optim_grads_params "
+                "(MXFP8 params are sharded as row- and column-wise payloads); got {}",
+                sharding_strategy_name(fsdp.data_parallel_sharding_strategy));
+    MXDDP_CHECK(!ddp.fp8_param_gather || fsdp.param_dtype == DType::kBF16,
+                "--fp8-param-gather with --use-megatron-fsdp quantizes bf16(main params), so the params are bf16; got {}",
+                dtype_name(fsdp.param_dtype));
     MXDDP_CHECK(!ddp.bucket_size && ddp.buckets_per_group == 1 && !ddp.pad_buckets_for_high_nccl_busbw,
                 "--bucket-size, --buckets-per-group and --pad-buckets-for-high-nccl-busbw are DDP's: FSDP has a bucket "
                 "per unit; use --suggested-communication-unit-size");
@@ -182,14 +190,21 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   DdpConfig ddp_config = config.ddp;
   ddp_config.use_distributed_optimizer = true;
   std::unique_ptr<DataParallel> ddp;  // DDP or FSDP: the model and the optimizer see only this
+  const FullyShardedDataParallel* fsdp = nullptr;  // the same object under FSDP, for its gather peaks
   {
     std::vector<std::vector<float>> init = gpt_init_params(mc, config.seed);  // freed once copied in
     const std::vector<ParamSpec> specs = gpt_param_specs(mc, ddp_config.fp8_param_gather);
     std::vector<TensorView> views;
     for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
-    if (config.use_megatron_fsdp)
-      ddp = std::make_unique<FullyShardedDataParallel>(comm, specs, gpt_fsdp_units(mc, config.model_options().fine_grained_param_gather),
-                                                       config.fsdp, tracker, views);
+    if (config.use_megatron_fsdp) {
+      FsdpConfig fsdp_config = config.fsdp;  // the MXFP8 format is set where DDP's is (--fp8-format, ...)
+      fsdp_config.mxfp8_elem = ddp_config.mxfp8_elem;
+      fsdp_config.mxfp8_scale_mode = ddp_config.mxfp8_scale_mode;
+      auto owned = std::make_unique<FullyShardedDataParallel>(
+          comm, specs, gpt_fsdp_units(mc, config.model_options().fine_grained_param_gather), fsdp_config, tracker, views);
+      fsdp = owned.get();
+      ddp = std::move(owned);
+    }
     else
       ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
   }
@@ -342,6 +357,9 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   mine.steady = tracker.usage();
   mine.overall = result.steps.empty() ? mine.steady : max_usage(warmup_usage, mine.steady);
   mine.scratch_allocations_after_warmup = result.steps.empty() ? 0 : pool.allocation_count() - allocations_at_warmup;
+  if (fsdp != nullptr)
+    for (int s = 0; s < kGatherSlots; ++s)
+      mine.peak_gathered_bytes_by_slot[static_cast<size_t>(s)] = fsdp->peak_gathered_bytes(static_cast<GatherSlot>(s));
   result.memory_by_rank = gather_memory(comm, mine);
   return result;
 }

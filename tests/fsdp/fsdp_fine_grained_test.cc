@@ -135,11 +135,6 @@ TEST(FineGrainedUnits, SixSubmodulesPerLayerCoverTheLayerUnitsInOrder) {
 
 // ---- Losses: fine-grained equals the unit-per-layer gather bitwise ---------------------------------
 
-struct Recompute {
-  const char* name;
-  RecomputeGranularity granularity;
-  RecomputeModules modules;
-};
 const Recompute kRecomputes[] = {
     {"none", RecomputeGranularity::kNone, {}},
     {"full", RecomputeGranularity::kFull, {}},
@@ -195,22 +190,24 @@ TEST(FineGrained, OtherStrategiesKeepTheirLossesBitwise) {
 
 // ---- The gather / release protocol, driven by hand ------------------------------------------------
 
-// Per group, the events alternate gather, release, ... and end released.
+// Per group and slot, the events alternate gather, release, ... and end released.
 void expect_each_gather_released_once(const std::vector<FsdpGatherEvent>& events, int groups, const std::string& what) {
-  std::vector<int> held(static_cast<size_t>(groups), 0);
+  std::vector<std::array<int, kGatherSlots>> held(static_cast<size_t>(groups), {0, 0, 0});
   for (const FsdpGatherEvent& e : events) {
     ASSERT_GE(e.group, 0);
     ASSERT_LT(e.group, groups);
-    int& h = held[static_cast<size_t>(e.group)];
+    int& h = held[static_cast<size_t>(e.group)][static_cast<size_t>(e.slot)];
     if (e.kind == FsdpGatherEvent::Kind::kGather) {
-      EXPECT_EQ(h, 0) << what << ": group " << e.group << " gathered twice";
+      EXPECT_EQ(h, 0) << what << ": group " << e.group << " " << gather_slot_name(e.slot) << " gathered twice";
       h = 1;
     } else {
-      EXPECT_EQ(h, 1) << what << ": group " << e.group << " released without a gather";
+      EXPECT_EQ(h, 1) << what << ": group " << e.group << " " << gather_slot_name(e.slot) << " released without a gather";
       h = 0;
     }
   }
-  for (int g = 0; g < groups; ++g) EXPECT_EQ(held[static_cast<size_t>(g)], 0) << what << ": group " << g << " still held";
+  for (int g = 0; g < groups; ++g)
+    for (int s = 0; s < kGatherSlots; ++s)
+      EXPECT_EQ(held[static_cast<size_t>(g)][static_cast<size_t>(s)], 0) << what << ": group " << g << " slot " << s << " still held";
 }
 
 TEST(FineGrained, EveryGatherIsReleasedOnceAndNoUnitIsGatheredAtFinish) {
@@ -256,14 +253,14 @@ TEST(FineGrained, EveryGatherIsReleasedOnceAndNoUnitIsGatheredAtFinish) {
         // Every backward gather (a recompute's pre-forward, a pre-backward or its prefetch) is the
         // unit's only one in that pass, so there are as many as units x micro-batches.
         for (const FsdpGatherEvent& e : fsdp.gather_events())
-          recompute_gathers += e.kind == FsdpGatherEvent::Kind::kGather && e.backward;
+          recompute_gathers += e.kind == FsdpGatherEvent::Kind::kGather && e.phase != FsdpPhase::kForward;
         EXPECT_EQ(recompute_gathers, units * micro * iters) << what << ": one backward gather per unit and micro-batch";
         fsdp.clear_gather_events();
         opt.force_param_sync();
         gpt.evaluate(tokens.data(), 2);
         EXPECT_FALSE(fsdp.anything_gathered()) << what;
         expect_each_gather_released_once(fsdp.gather_events(), units + 1, what + ", evaluation");
-        for (const FsdpGatherEvent& e : fsdp.gather_events()) EXPECT_FALSE(e.backward) << what << ", evaluation";
+        for (const FsdpGatherEvent& e : fsdp.gather_events()) EXPECT_EQ(e.phase, FsdpPhase::kForward) << what << ", evaluation";
       });
 }
 

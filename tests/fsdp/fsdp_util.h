@@ -52,6 +52,13 @@ inline void forward_backward_micro_batch(DataParallel& dp, GptModel& gpt, const 
   }
 }
 
+// A recompute setting with a name for test cases.
+struct Recompute {
+  const char* name;
+  RecomputeGranularity granularity;
+  RecomputeModules modules;
+};
+
 inline TrainConfig as_ddp(TrainConfig c) {
   c.use_megatron_fsdp = false;
   return c;

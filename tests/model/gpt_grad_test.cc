@@ -295,7 +295,7 @@ TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradient
         continue;
       }
       ++mxfp8_params;
-      const Mxfp8Tensor& q = ddp.mxfp8_param(static_cast<int>(i));
+      const Mxfp8Tensor& q = ddp.mxfp8_tensor(static_cast<int>(i));
       std::vector<float> replacement(other[i].begin(), other[i].end());
       mx_quantize({replacement.data(), DType::kF32, specs[i].shape}, q.data(QuantAxis::kCol), q.scales(QuantAxis::kCol),
                   q.options(QuantAxis::kCol));

@@ -292,7 +292,7 @@ class DriftingReplica final : public ForwardingDataParallel {
   void before_forward(const std::vector<int>& m) override {
     ForwardingDataParallel::before_forward(m);
     if (!armed_ || std::find(m.begin(), m.end(), param_) == m.end()) return;
-    const TensorView bytes = is_mxfp8(param_) ? mxfp8_param(param_).data(QuantAxis::kRow) : param(param_);
+    const TensorView bytes = is_mxfp8(param_) ? mxfp8_param(param_, QuantAxis::kRow).data : param(param_);
     static_cast<uint8_t*>(bytes.data)[7] ^= 0x10;
     armed_ = false;
   }

@@ -130,7 +130,7 @@ inline std::vector<float> dequantized(const Mxfp8Tensor& t, QuantAxis axis) {
 
 // Param i as f32: an MXFP8 param dequantized in the given orientation, any other widened.
 inline std::vector<float> ddp_param_f32(const DistributedDataParallel& ddp, int i, QuantAxis mxfp8_axis) {
-  if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i), mxfp8_axis);
+  if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_tensor(i), mxfp8_axis);
   const TensorView p = ddp.param(i);
   std::vector<float> v(static_cast<size_t>(p.numel()));
   if (p.dtype == DType::kF32) std::copy_n(p.data_as<const float>(), v.size(), v.begin());

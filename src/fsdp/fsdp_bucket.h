@@ -1,0 +1,41 @@
+// FullyShardedDataParallel::Bucket: the storage of one FSDP bucket (a unit's params of one kind,
+// or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated
+// depends on the strategy and on whether the bucket holds MXFP8 params.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include <mxddp/fsdp.h>
+
+namespace mxddp {
+
+struct FullyShardedDataParallel::Bucket {
+  Range range;          // in the layout
+  int64_t numel = 0;    // padded: G
+  int64_t shard = 0;    // G / dp
+  bool mxfp8 = false;   // holds MXFP8 params only (FSDP gives a unit's MXFP8 params a bucket of their own)
+  HostBuffer params_full;   // [G] param dtype, kParams: no_shard, optim, optim_grads
+  // [G/dp] param dtype, kParams: optim_grads_params. For an MXFP8 bucket it is only the optimizer's
+  // staging of bf16(main params): from construction (the initial values) to the first
+  // start_iteration, and while a step or a forced sync writes it, until quantized.
+  HostBuffer params_shard;
+  HostBuffer row_shard, col_shard;  // [G/dp] u8, kMxfp8: this rank's row-/column-wise payloads
+  // u8, kMxfp8, replicated: each param's row-wise and column-wise scales (mx_scale_shape), at
+  // FullyShardedDataParallel::scale_offset_[param][axis]; the MAX all-reduce's buffer.
+  HostBuffer scales;
+  // Per GatherSlot while gathered: [G] param dtype (values) or u8 (row-/column-wise), kGathered.
+  std::array<HostBuffer, kGatherSlots> gathered;
+  HostBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
+  HostBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
+  bool reduction_in_flight = false;
+};
+
+// The elements [offset, offset + shape.numel()) of a flat view, shaped.
+inline TensorView fsdp_sub(const TensorView& flat, int64_t offset, const Shape& shape) {
+  MXDDP_ASSERT(offset >= 0 && offset + shape.numel() <= flat.numel());
+  return TensorView{static_cast<char*>(flat.data) + static_cast<size_t>(offset) * dtype_size_bytes(flat.dtype), flat.dtype,
+                    shape, flat.device};
+}
+
+}  // namespace mxddp

@@ -1,0 +1,164 @@
+// FullyShardedDataParallel's gathers (optim_grads_params): per group (a unit, or the non-unit
+// params) and slot (GatherSlot: BF16 values, MXFP8 row-wise, MXFP8 column-wise), the state
+// empty -> in flight -> ready -> empty, the prefetch within the budget, and the bytes per slot.
+#include <algorithm>
+
+#include <mxddp/fsdp.h>
+
+#include "fsdp_bucket.h"
+
+namespace mxddp {
+
+std::string_view gather_slot_name(GatherSlot s) {
+  switch (s) {
+    case GatherSlot::kValues: return "values";
+    case GatherSlot::kRowwise: return "rowwise";
+    case GatherSlot::kColwise: return "colwise";
+  }
+  MXDDP_FAIL("unknown gather slot {}", static_cast<int>(s));
+}
+
+std::string_view fsdp_phase_name(FsdpPhase p) {
+  switch (p) {
+    case FsdpPhase::kForward: return "forward";
+    case FsdpPhase::kBackward: return "backward";
+    case FsdpPhase::kRecompute: return "recompute";
+  }
+  MXDDP_FAIL("unknown FSDP phase {}", static_cast<int>(p));
+}
+
+namespace {
+
+bool slot_applies(GatherSlot slot, bool mxfp8_bucket) { return (slot == GatherSlot::kValues) != mxfp8_bucket; }
+
+}  // namespace
+
+const std::vector<int>& FullyShardedDataParallel::group_buckets(int group) const {
+  return group == non_unit_group() ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(group)];
+}
+
+int64_t FullyShardedDataParallel::group_numel(int group) const {
+  int64_t n = 0;
+  for (int b : group_buckets(group)) n += buckets_[static_cast<size_t>(b)]->numel;
+  return n;
+}
+
+FsdpPhase FullyShardedDataParallel::phase() const {
+  if (recomputing_) return FsdpPhase::kRecompute;
+  return in_backward_ ? FsdpPhase::kBackward : FsdpPhase::kForward;
+}
+
+FullyShardedDataParallel::Slots FullyShardedDataParallel::slots_for(int group, FsdpPhase pass) const {
+  bool values = false, mxfp8 = false;
+  for (int b : group_buckets(group)) (buckets_[static_cast<size_t>(b)]->mxfp8 ? mxfp8 : values) = true;
+  Slots slots;
+  if (values) slots.push_back(GatherSlot::kValues);
+  if (mxfp8) slots.push_back(pass == FsdpPhase::kBackward ? GatherSlot::kColwise : GatherSlot::kRowwise);
+  return slots;
+}
+
+uint8_t& FullyShardedDataParallel::slot_state(int group, GatherSlot slot) {
+  return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)];
+}
+
+uint8_t FullyShardedDataParallel::slot_state(int group, GatherSlot slot) const {
+  return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)];
+}
+
+void FullyShardedDataParallel::dispatch_gather(int group, GatherSlot slot) {
+  MXDDP_ASSERT(slot_state(group, slot) == 0);
+  const auto s = static_cast<size_t>(slot);
+  // Values move in the param dtype, MXFP8 payloads as their bytes (the scales are replicated).
+  const DType dtype = slot == GatherSlot::kValues ? config_.param_dtype : DType::kU8;
+  for (int bi : group_buckets(group)) {
+    Bucket& b = *buckets_[static_cast<size_t>(bi)];
+    if (!slot_applies(slot, b.mxfp8)) continue;
+    const HostBuffer& shard = slot == GatherSlot::kValues ? b.params_shard
+                              : slot == GatherSlot::kRowwise ? b.row_shard : b.col_shard;
+    b.gathered[s] = HostBuffer(static_cast<size_t>(b.numel) * dtype_size_bytes(dtype), MemoryCategory::kGathered, tracker_);
+    gathered_bytes_[s] += static_cast<int64_t>(b.gathered[s].size_bytes());
+    gather_works_[static_cast<size_t>(group)][s].push_back(comm_.all_gather(
+        shard.view(dtype, Shape{b.shard}), b.gathered[s].view(dtype, Shape{b.numel}), {.async_op = true}));
+    log_.push_back({FsdpCollective::Kind::kAllGather, bi});
+  }
+  gathered_bytes_peak_[s] = std::max(gathered_bytes_peak_[s], gathered_bytes_[s]);
+  slot_state(group, slot) = 1;
+  ++gathers_;
+  events_.push_back({FsdpGatherEvent::Kind::kGather, group, phase(), slot});
+}
+
+void FullyShardedDataParallel::wait_gather(int group, FsdpPhase pass) {
+  for (GatherSlot slot : slots_for(group, pass)) {
+    uint8_t& state = slot_state(group, slot);
+    if (state == 0) dispatch_gather(group, slot);
+    if (state == 1) {
+      auto& works = gather_works_[static_cast<size_t>(group)][static_cast<size_t>(slot)];
+      for (Work& w : works) w.wait();
+      works.clear();
+      state = 2;
+    }
+  }
+}
+
+void FullyShardedDataParallel::release_slot(int group, GatherSlot slot) {
+  uint8_t& state = slot_state(group, slot);
+  if (state == 0) return;
+  const auto s = static_cast<size_t>(slot);
+  // A gather still in flight writes into the storage: let it land before freeing it.
+  auto& works = gather_works_[static_cast<size_t>(group)][s];
+  for (Work& w : works) w.wait();
+  works.clear();
+  for (int bi : group_buckets(group)) {
+    Bucket& b = *buckets_[static_cast<size_t>(bi)];
+    gathered_bytes_[s] -= static_cast<int64_t>(b.gathered[s].size_bytes());
+    b.gathered[s] = HostBuffer();
+  }
+  state = 0;
+  ++releases_;
+  events_.push_back({FsdpGatherEvent::Kind::kRelease, group, phase(), slot});
+}
+
+void FullyShardedDataParallel::release_group(int group) {
+  for (GatherSlot slot : {GatherSlot::kValues, GatherSlot::kRowwise, GatherSlot::kColwise}) release_slot(group, slot);
+}
+
+bool FullyShardedDataParallel::anything_gathered() const {
+  return std::any_of(gather_state_.begin(), gather_state_.end(), [](const auto& slots) {
+    return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
+  });
+}
+
+int FullyShardedDataParallel::units_gathered() const {
+  return static_cast<int>(std::count_if(gather_state_.begin(), gather_state_.begin() + num_units(), [](const auto& slots) {
+    return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
+  }));
+}
+
+void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
+  // Units ahead of `unit` in this pass's order, dispatched while what is gathered or in flight
+  // ahead of it fits the budget (the current unit is always fetched and not counted), and with
+  // fsdp_double_buffer while fewer than two units are held. A unit that holds some of the pass's
+  // slots (a recompute's values, say) has its missing ones dispatched.
+  const int step = pass == FsdpPhase::kForward ? 1 : -1;
+  int64_t ahead = 0;
+  int held = units_gathered();
+  for (int u = unit + step; u >= 0 && u < num_units(); u += step) {
+    const int64_t n = group_numel(u);
+    Slots missing;
+    for (GatherSlot slot : slots_for(u, pass))
+      if (slot_state(u, slot) == 0) missing.push_back(slot);
+    const bool holds_any = std::any_of(gather_state_[static_cast<size_t>(u)].begin(),
+                                       gather_state_[static_cast<size_t>(u)].end(), [](uint8_t s) { return s != 0; });
+    if (missing.empty()) {
+      ahead += n;
+      continue;
+    }
+    if (ahead + n > prefetch_budget_numel_) break;
+    if (config_.fsdp_double_buffer && !holds_any && held >= 2) break;
+    for (GatherSlot slot : missing) dispatch_gather(u, slot);
+    ahead += n;
+    held += holds_any ? 0 : 1;
+  }
+}
+
+}  // namespace mxddp
