@@ -111,7 +111,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   ddp->add_flag("--overlap-param-gather", d.overlap_param_gather, "Gather params group by group in the forward pre-hooks");
   ddp->add_flag("--overlap-param-gather-with-optimizer-step", d.overlap_param_gather_with_optimizer_step,
                 "Start each group's gather as soon as the optimizer has updated it");
-  ddp->add_flag("--fp8-param-gather", d.fp8_param_gather, "Keep the linear weights as MXFP8 (quantized after each gather)");
+  ddp->add_flag("--fp8-param-gather", d.fp8_param_gather, "Keep the linear weights as MXFP8 (DDP: quantized after each gather; FSDP: sharded row- and column-wise payloads)");
   ddp->add_option("--mxfp8-elem", a.mxfp8_elem, "MXFP8 element format: e4m3 or e5m2")->check(CLI::IsMember({"e4m3", "e5m2"}));
   ddp->add_option("--mxfp8-scale-mode", a.mxfp8_scale_mode, "MXFP8 scale rule: rceil or floor")
       ->check(CLI::IsMember({"rceil", "floor"}));

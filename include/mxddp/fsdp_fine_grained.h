@@ -7,8 +7,8 @@
 // row-wise copy, which only the fine-grained gather (a forward-style gather per submodule) brings.
 // A full recompute re-runs the whole unit's forward, so the unit-level gather covers it; core_attn
 // has no weights. So it is required iff MXFP8 + fp8_param_gather and selective recompute of mlp or
-// layernorm. MXFP8 params are still refused under FSDP: today only the flag turns it on; the rule
-// is here, and tested, so that it holds when they land.
+// layernorm (in this GPT the layernorm's weights are BF16, so its re-run would do with the unit
+// gather; the rule is the issue's, conservative there).
 #pragma once
 
 #include <optional>

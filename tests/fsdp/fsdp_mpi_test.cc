@@ -1,5 +1,6 @@
-// FSDP under mpirun (-np 2 and -np 4): every strategy trains to DDP's losses over MPI, and a
-// checkpoint saved by FSDP across processes resumes under DDP.
+// FSDP under mpirun (-np 2 and -np 4): every strategy trains to DDP's losses over MPI, MXFP8 params
+// (their scales MAX all-reduced over MPI) to DDP MXFP8's, and a checkpoint saved by FSDP across
+// processes resumes under DDP.
 #include <mxddp/fsdp.h>
 
 #include "model/train_util.h"
@@ -32,6 +33,28 @@ TEST(FsdpMpi, EveryStrategyMatchesDdp) {
     const TrainResult r = train(*g_mpi_comm, fsdp_config(s));
     expect_close(losses(r), want, kMpiRelTol, std::string(sharding_strategy_name(s)).c_str());
     for (const RankMemory& m : r.memory_by_rank) EXPECT_EQ(m.steady.live(MemoryCategory::kGathered), 0);
+  }
+}
+
+TEST(FsdpMpi, Mxfp8ParamsMatchDdpMxfp8WithAndWithoutTheFineGrainedGather) {
+  set_compute_threads(1);
+  TrainConfig ddp = small_train_config();
+  ddp.global_batch_size = 8;
+  ddp.eval_iters = 0;
+  ddp.ddp.fp8_param_gather = true;
+  const std::vector<double> want = losses(train(*g_mpi_comm, ddp));
+  for (bool fine_grained : {false, true}) {
+    TrainConfig c = fsdp_config(ShardingStrategy::kOptimGradsParams);
+    c.ddp.fp8_param_gather = true;
+    c.recompute_granularity = fine_grained ? RecomputeGranularity::kSelective : RecomputeGranularity::kFull;
+    if (fine_grained) c.recompute_modules = {RecomputeModule::kMlp};  // requires the fine-grained gather
+    const TrainResult r = train(*g_mpi_comm, c);
+    expect_close(losses(r), want, kMpiRelTol, fine_grained ? "mxfp8 fine-grained" : "mxfp8 unit");
+    for (const RankMemory& m : r.memory_by_rank) {
+      EXPECT_EQ(m.steady.live(MemoryCategory::kGathered), 0);
+      EXPECT_GT(m.peak_gathered_bytes_by_slot[static_cast<size_t>(GatherSlot::kRowwise)], 0);
+      EXPECT_GT(m.peak_gathered_bytes_by_slot[static_cast<size_t>(GatherSlot::kColwise)], 0);
+    }
   }
 }
 
