@@ -17,6 +17,8 @@
 // pre-hooks plus finish_grad_sync), as a share of the step. Times are medians over the iterations
 // after the first, rank 0's. gpt2-124m runs at a shorter sequence than its 1024 by default (every
 // byte figure is independent of it; the step is what a 2-core machine can afford).
+//
+// `fsdp_bench sweep` is issue 12's sweep of the param gather's memory/time front (fsdp_sweep.cc).
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -26,6 +28,7 @@
 #include <mxddp/train.h>
 
 #include "bench_util.h"
+#include "fsdp_sweep.h"
 
 namespace {
 
@@ -105,7 +108,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpt2-seq-length", gpt2_seq, "Sequence length gpt2-124m runs at")->check(CLI::Range(16, 1024));
   app.add_option("--overlap", overlap, "Overlap param gathers and grad reductions (both DDP and FSDP)");
   app.add_flag("--fsdp-double-buffer", double_buffer, "FSDP: at most two units gathered at once");
+  add_sweep_command(app);
   CLI11_PARSE(app, argc, argv);
+  if (run_sweep_if_chosen()) return 0;
 
   const ComputeInfo info = compute_info();
   std::printf("CPU: %s, %u cores; compute: %s; each rank runs cores / dp threads\n", info.cpu.c_str(),
