@@ -218,6 +218,7 @@ class FullyShardedDataParallel final : public DataParallel {
   Slots slots_for(int group, FsdpPhase pass) const;
   uint8_t& slot_state(int group, GatherSlot slot);  // 0 empty, 1 in flight, 2 ready
   uint8_t slot_state(int group, GatherSlot slot) const;
+  bool holds_any_slot(int group) const;  // some slot gathered or in flight
   void dispatch_gather(int group, GatherSlot slot);
   void wait_gather(int group, FsdpPhase pass);
   void release_slot(int group, GatherSlot slot);
@@ -227,9 +228,13 @@ class FullyShardedDataParallel final : public DataParallel {
   // MXFP8 buckets: the optimizer writes bf16(main params) into a staging shard, from which each
   // rank quantizes its shards of both orientations (src/fsdp/fsdp_mxfp8.cc).
   void allocate_staging(int bucket);
+  // An MXFP8 param's scales in one orientation: u8 mx_scale_shape, in its bucket's replicated scales.
+  TensorView param_scales(int param, QuantAxis axis) const;
   Work start_shard_scales(int bucket);  // this rank's partial scales, MAX all-reduced (async)
   // Waits for the scales, encodes the shards and (unless keep_staging) frees the staging.
   void finish_shard_quantize(int bucket, const Work& scales, bool keep_staging = false);
+  // Every MXFP8 bucket's staging quantized (construction, a forced sync).
+  void quantize_staged_shards(bool keep_staging);
   void issue_reduction(int bucket);
   void complete_oldest_reduction();
   void complete_reductions();

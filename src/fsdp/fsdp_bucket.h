@@ -33,9 +33,9 @@ struct FullyShardedDataParallel::Bucket {
 
 // The elements [offset, offset + shape.numel()) of a flat view, shaped.
 inline TensorView fsdp_sub(const TensorView& flat, int64_t offset, const Shape& shape) {
-  MXDDP_ASSERT(offset >= 0 && offset + shape.numel() <= flat.numel());
-  return TensorView{static_cast<char*>(flat.data) + static_cast<size_t>(offset) * dtype_size_bytes(flat.dtype), flat.dtype,
-                    shape, flat.device};
+  TensorView v = flat.slice(offset, shape.numel());
+  v.shape = shape;
+  return v;
 }
 
 }  // namespace mxddp

@@ -122,16 +122,21 @@ void FullyShardedDataParallel::release_group(int group) {
   for (GatherSlot slot : {GatherSlot::kValues, GatherSlot::kRowwise, GatherSlot::kColwise}) release_slot(group, slot);
 }
 
+bool FullyShardedDataParallel::holds_any_slot(int group) const {
+  const auto& slots = gather_state_[static_cast<size_t>(group)];
+  return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
+}
+
 bool FullyShardedDataParallel::anything_gathered() const {
-  return std::any_of(gather_state_.begin(), gather_state_.end(), [](const auto& slots) {
-    return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
-  });
+  for (int g = 0; g <= num_units(); ++g)
+    if (holds_any_slot(g)) return true;
+  return false;
 }
 
 int FullyShardedDataParallel::units_gathered() const {
-  return static_cast<int>(std::count_if(gather_state_.begin(), gather_state_.begin() + num_units(), [](const auto& slots) {
-    return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
-  }));
+  int n = 0;
+  for (int u = 0; u < num_units(); ++u) n += holds_any_slot(u) ? 1 : 0;
+  return n;
 }
 
 void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
@@ -147,8 +152,7 @@ void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
     Slots missing;
     for (GatherSlot slot : slots_for(u, pass))
       if (slot_state(u, slot) == 0) missing.push_back(slot);
-    const bool holds_any = std::any_of(gather_state_[static_cast<size_t>(u)].begin(),
-                                       gather_state_[static_cast<size_t>(u)].end(), [](uint8_t s) { return s != 0; });
+    const bool holds_any = holds_any_slot(u);
     if (missing.empty()) {
       ahead += n;
       continue;

@@ -191,8 +191,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
   }
   // The MXFP8 shards of the initial values (collective: every rank constructs). The staging stays
   // for the optimizer's initial main params until the first start_iteration.
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
-    if (buckets_[static_cast<size_t>(b)]->mxfp8) finish_shard_quantize(b, start_shard_scales(b), /*keep_staging=*/true);
+  quantize_staged_shards(/*keep_staging=*/true);
   // Budgets (elements): Megatron's default unit size is twice the average unit.
   int64_t unit_numel_sum = 0;
   for (int u = 0; u < num_units(); ++u) unit_numel_sum += group_numel(u);
@@ -279,12 +278,10 @@ Mxfp8View FullyShardedDataParallel::mxfp8_param(int index, QuantAxis axis) const
               "MXFP8 param '{}' read {} while unit {} holds no {} copy: forward and recompute read row-wise, "
               "backward's data gradient column-wise, each between the unit's pre- and post-hook",
               spec.name, gather_slot_name(slot), unit, gather_slot_name(slot));
-  const Shape scale_shape = mx_scale_shape(spec.shape[0], spec.shape[1], axis);
-  const int64_t scale_at = scale_offset_[static_cast<size_t>(index)][static_cast<size_t>(axis)];
   return Mxfp8View{
       .data = fsdp_sub(b.gathered[static_cast<size_t>(slot)].view(DType::kU8, Shape{b.numel}), p.range.start - b.range.start,
                        spec.shape),
-      .scales = fsdp_sub(b.scales.view(DType::kU8, Shape{static_cast<int64_t>(b.scales.size_bytes())}), scale_at, scale_shape),
+      .scales = param_scales(index, axis),
       .options = {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis}};
 }
 
@@ -624,10 +621,7 @@ void FullyShardedDataParallel::force_param_sync(const std::function<void()>& sta
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
     if (buckets_[static_cast<size_t>(b)]->mxfp8) allocate_staging(b);
   stage();
-  std::vector<std::pair<int, Work>> quantizing;
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
-    if (buckets_[static_cast<size_t>(b)]->mxfp8) quantizing.emplace_back(b, start_shard_scales(b));
-  for (auto& [b, scales] : quantizing) finish_shard_quantize(b, scales);
+  quantize_staged_shards(/*keep_staging=*/false);
   const ShardingStrategy s = config_.data_parallel_sharding_strategy;
   if (s == ShardingStrategy::kOptim || s == ShardingStrategy::kOptimGrads) {
     issue_full_param_gathers();

@@ -218,20 +218,13 @@ TEST(FineGrained, EveryGatherIsReleasedOnceAndNoUnitIsGatheredAtFinish) {
     for (bool overlap : {false, true})
       run_local(2, [&](Communicator& comm) {
         const std::string what = fmt::format("recompute {}, overlap {}", r.name, overlap);
-        MemoryTracker tracker;
-        GlobalMemoryBuffer pool(tracker);
-        const auto specs = gpt_param_specs(model);
-        auto init = gpt_init_params(model, 7);
-        const std::vector<TensorView> views = param_views(init, specs);
         FsdpConfig fc;
         fc.overlap_grad_reduce = fc.overlap_param_gather = overlap;
-        FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(model, true), fc, tracker, views);
+        HandDrivenFsdpGpt run(
+            comm, model, fc,
+            {.recompute_granularity = r.granularity, .recompute_modules = r.modules, .fine_grained_param_gather = true});
+        auto& [tracker, pool, specs, init, fsdp, opt, gpt, data, tokens] = run;
         ASSERT_EQ(fsdp.num_units(), units);
-        DistributedOptimizer opt(fsdp, {}, tracker);
-        GptModel gpt(fsdp, pool, model,
-                     {.recompute_granularity = r.granularity, .recompute_modules = r.modules, .fine_grained_param_gather = true});
-        const TokenDataset data(builtin_corpus(1 << 14), 0.1, model.seq_length);
-        std::vector<int32_t> tokens(2 * (model.seq_length + 1));
         int recompute_gathers = 0;
         for (int it = 0; it < iters; ++it) {
           opt.zero_grad();

@@ -145,20 +145,12 @@ TEST(Fsdp, EveryGatherIsReleasedOnceAndNothingIsGatheredAtFinish) {
   set_compute_threads(1);
   for (bool overlap : {false, true})
     run_local(2, [&](Communicator& comm) {
-      MemoryTracker tracker;
-      GlobalMemoryBuffer pool(tracker);
-      const auto specs = gpt_param_specs(model);
-      auto init = gpt_init_params(model, 7);
-      const std::vector<TensorView> views = param_views(init, specs);
       FsdpConfig fc;
       fc.overlap_grad_reduce = fc.overlap_param_gather = overlap;
-      FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(model), fc, tracker, views);
-      DistributedOptimizer opt(fsdp, {}, tracker);
-      GptModel gpt(fsdp, pool, model);
+      HandDrivenFsdpGpt run(comm, model, fc);
+      auto& [tracker, pool, specs, init, fsdp, opt, gpt, data, tokens] = run;
       // Outside its hooks a sharded param has no storage: reading it is an error, not stale data.
       EXPECT_THROW(fsdp.param(GptParamIds(model).layer(1, kQkvW)), Error);
-      const TokenDataset data(builtin_corpus(1 << 14), 0.1, model.seq_length);
-      std::vector<int32_t> tokens(2 * (model.seq_length + 1));
       for (int it = 0; it < 3; ++it) {
         opt.zero_grad();
         for (int m = 0; m < 2; ++m) {

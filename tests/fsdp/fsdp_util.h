@@ -59,6 +59,35 @@ struct Recompute {
   RecomputeModules modules;
 };
 
+// An FSDP (optim_grads_params unless fc says otherwise) over a GPT's params (seed 7; the linear
+// weights MXFP8 with `mxfp8`), its optimizer, the GPT and a dataset, built on one rank's
+// communicator, for the tests that drive iterations and inspect FSDP's state by hand. The units
+// follow options.fine_grained_param_gather.
+struct HandDrivenFsdpGpt {
+  MemoryTracker tracker;
+  GlobalMemoryBuffer pool{tracker};
+  std::vector<ParamSpec> specs;
+  std::vector<std::vector<float>> init;
+  FullyShardedDataParallel fsdp;
+  DistributedOptimizer opt;
+  GptModel gpt;
+  TokenDataset data;
+  std::vector<int32_t> tokens;  // one micro-batch of 2 sequences
+
+  HandDrivenFsdpGpt(Communicator& comm, const GptConfig& model, const FsdpConfig& fc, const GptModelOptions& options = {},
+                    bool mxfp8 = false)
+      : specs(gpt_param_specs(model, mxfp8)),
+        init(gpt_init_params(model, 7)),
+        fsdp(comm, specs, gpt_fsdp_units(model, options.fine_grained_param_gather), fc, tracker, param_views(init, specs)),
+        opt(fsdp, {}, tracker),
+        gpt(fsdp, pool, model, options),
+        data(builtin_corpus(1 << 14), 0.1, model.seq_length),
+        tokens(static_cast<size_t>(2 * (model.seq_length + 1))) {}
+
+  // Micro-batch m of iteration it, as forward_backward_micro_batch runs it.
+  void micro_batch(int it, int m) { forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens); }
+};
+
 inline TrainConfig as_ddp(TrainConfig c) {
   c.use_megatron_fsdp = false;
   return c;
