@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   app.add_flag("--fsdp-double-buffer", double_buffer, "FSDP: at most two units gathered at once");
   add_sweep_command(app);
   CLI11_PARSE(app, argc, argv);
-  if (run_sweep_if_chosen()) return 0;
+  if (const std::optional<int> status = run_sweep_if_chosen()) return *status;
 
   const ComputeInfo info = compute_info();
   std::printf("CPU: %s, %u cores; compute: %s; each rank runs cores / dp threads\n", info.cpu.c_str(),

@@ -16,13 +16,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
 #include "bench_util.h"
@@ -127,6 +127,7 @@ nlohmann::json run_one(const TrainConfig& base, const std::string& gather, const
 
 void run_sweep() {
   const SweepArgs& a = g_args;
+  check_output_file_path(a.json, "--json");  // a bad path fails now, not after every run
   TrainConfig base;
   base.model = gpt_preset(a.preset);
   if (a.preset == "gpt2-124m") base.model.seq_length = 128;
@@ -169,10 +170,7 @@ void run_sweep() {
           }
   const nlohmann::json doc = {{"cpu", info.cpu}, {"compute", info.describe(false)}, {"preset", a.preset},
                               {"dp", a.dp}, {"iters", a.iters}, {"micro_batch", a.micro}, {"runs", runs}};
-  std::ofstream out(a.json);
-  MXDDP_CHECK(out.good(), "cannot write --json {}", a.json);
-  out << doc.dump(1) << "\n";
-  MXDDP_CHECK(out.good(), "writing --json {} failed", a.json);
+  write_output_file(a.json, doc.dump(1) + "\n", "--json");
   std::printf("\nwrote %zu runs to %s (bench/fsdp_front.py draws the front)\n", runs.size(), a.json.c_str());
 }
 
@@ -199,10 +197,15 @@ void add_sweep_command(CLI::App& app) {
   g_sweep->add_option("--json", a.json, "Where the runs are written");
 }
 
-bool run_sweep_if_chosen() {
-  if (g_sweep == nullptr || !g_sweep->parsed()) return false;
-  run_sweep();
-  return true;
+std::optional<int> run_sweep_if_chosen() {
+  if (g_sweep == nullptr || !g_sweep->parsed()) return std::nullopt;
+  try {
+    run_sweep();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "fsdp_bench sweep: error: %s\n", e.message().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace mxddp::bench
