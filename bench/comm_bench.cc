@@ -2,7 +2,10 @@
 // broadcast at 1 MiB .. 256 MiB (the size S of the full buffer: all_reduce's and broadcast's
 // buffer, reduce_scatter's input, all_gather's output), f32 and bf16, in the in-place forms
 // training uses (reduce-scatter into this rank's shard of the grad buffer, all-gather from this
-// rank's shard of the param buffer). It prints two ratios:
+// rank's shard of the param buffer). Each row starts with nccl-tests' columns (size in bytes,
+// element count, type, redop, root, time in µs, algbw = S / time, busbw = algbw x the op's bus
+// factor, all in GB/s); --json FILE writes the rows and the machine's figures as JSON. Then two
+// ratios:
 //
 //   vs_memcpy  busbw over one thread's memcpy bandwidth (the old figure, kept for comparison):
 //              busbw = S / time x (all_reduce: 2(n-1)/n, reduce_scatter and all_gather: (n-1)/n,
@@ -28,8 +31,13 @@
 
 #include <CLI/CLI.hpp>
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 
 #include <mxddp/comm.h>
+#include <mxddp/model.h>
+#include <mxddp/output_file.h>
+
+#include "comm/reduce.h"
 
 #include "bench_util.h"
 #include "stream_bandwidth.h"
@@ -63,14 +71,49 @@ double group_bytes_moved(Op op, int n, double bytes) {
   return 0;
 }
 
+struct Args;
+std::vector<Op> selected_ops(const Args& args);
+
 struct Args {
   std::string backend = "local";
   std::string ranks = "2,4";
   std::string dtypes = "f32,bf16";
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
   int64_t min_bytes = int64_t{1} << 20;
   int64_t max_bytes = int64_t{256} << 20;
   int runs = 5;
+  std::string json;  // --json: the rows and the machine's figures, written at the end
 };
+
+// nccl-tests' leading columns of one row; the backend's ratios follow them.
+struct Row {
+  int ranks = 0;
+  Op op = Op::kAllReduce;
+  DType dtype = DType::kF32;
+  size_t bytes = 0;
+  double time_s = 0;
+};
+const char* redop_name(Op op) { return op == Op::kAllReduce || op == Op::kReduceScatter ? "sum" : "none"; }
+constexpr const char* kRowHeader = "%-5s %-14s %11s %10s %5s %5s %5s %10s %8s %8s";
+void print_row_start(const Row& r) {
+  const double algbw = static_cast<double>(r.bytes) / r.time_s;
+  std::printf("%-5d %-14s %11zu %10zu %5s %5s %5d %10.1f %8.2f %8.2f", r.ranks, op_name(r.op), r.bytes,
+              r.bytes / dtype_size_bytes(r.dtype), std::string(dtype_name(r.dtype)).c_str(), redop_name(r.op),
+              r.op == Op::kBroadcast ? 0 : -1, r.time_s * 1e6, algbw / 1e9, algbw * bus_factor(r.op, r.ranks) / 1e9);
+}
+nlohmann::json row_json(const Row& r) {
+  const double algbw = static_cast<double>(r.bytes) / r.time_s;
+  return {{"ranks", r.ranks},
+          {"op", op_name(r.op)},
+          {"size_bytes", r.bytes},
+          {"count", r.bytes / dtype_size_bytes(r.dtype)},
+          {"type", dtype_name(r.dtype)},
+          {"redop", redop_name(r.op)},
+          {"root", r.op == Op::kBroadcast ? 0 : -1},
+          {"time_us", r.time_s * 1e6},
+          {"algbw_GBps", algbw / 1e9},
+          {"busbw_GBps", algbw * bus_factor(r.op, r.ranks) / 1e9}};
+}
 
 // A rank's full buffer of `bytes`; reduce_scatter and all_gather use its block `rank` in place.
 // Every f32 word is 1.0f, so as bf16 the elements alternate 0 and 1.0: finite, never subnormal.
@@ -101,6 +144,13 @@ double time_op(Communicator& comm, Op op, DType dtype, Buffers& b, int iters) {
   return (now_s() - t0) / iters;
 }
 
+std::vector<Op> selected_ops(const Args& args) {
+  std::vector<Op> ops;
+  for (Op op : kOps)
+    if (std::find(args.ops.begin(), args.ops.end(), op_name(op)) != args.ops.end()) ops.push_back(op);
+  return ops;
+}
+
 int iters_for(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t{512} << 20) / bytes, 2, 50)); }
 
 std::vector<size_t> sizes(const Args& a) {
@@ -122,13 +172,14 @@ std::vector<DType> parse_dtypes(const std::string& text) {
   return v;
 }
 
-void run_local_sweep(const Args& args, double memcpy_bw) {
+nlohmann::json run_local_sweep(const Args& args, double memcpy_bw) {
+  nlohmann::json rows = nlohmann::json::array();
   std::map<size_t, StreamBandwidth> stream;  // footprint -> bandwidth, measured once per footprint
-  std::printf("%-6s %-15s %-5s %8s %9s %10s %10s %9s %11s %10s\n", "ranks", "op", "dtype", "size", "time_ms",
-              "busbw_GBps", "vs_memcpy", "moved_GBps", "stream_GBps", "vs_stream");
+  std::printf(kRowHeader, "ranks", "op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw");
+  std::printf(" %9s %10s %11s %9s\n", "vs_memcpy", "moved_GBps", "stream_GBps", "vs_stream");
   for (const int64_t ranks : parse_int_list(args.ranks)) {
     const auto n = static_cast<int>(ranks);
-    for (Op op : kOps)
+    for (Op op : selected_ops(args))
       for (DType dtype : parse_dtypes(args.dtypes))
         for (size_t bytes : sizes(args)) {
           const size_t footprint = bytes * static_cast<size_t>(n);
@@ -143,15 +194,21 @@ void run_local_sweep(const Args& args, double memcpy_bw) {
               const double t = time_op(comm, op, dtype, bufs[static_cast<size_t>(comm.rank())], iters_for(bytes));
               if (comm.rank() == 0) { std::lock_guard lock(mutex); times.push_back(t); }
             });
-          const double t = median(times);
-          const double busbw = static_cast<double>(bytes) / t * bus_factor(op, n);
-          const double moved = group_bytes_moved(op, n, static_cast<double>(bytes)) / t;
-          std::printf("%-6d %-15s %-5s %8s %9.3f %10.2f %10.2f %9.2f %11.2f %10.2f\n", n, op_name(op),
-                      std::string(dtype_name(dtype)).c_str(), mib(bytes).c_str(), t * 1e3, busbw / 1e9,
-                      busbw / memcpy_bw, moved / 1e9, stream_bw / 1e9, moved / stream_bw);
+          const Row row{n, op, dtype, bytes, median(times)};
+          const double busbw = static_cast<double>(bytes) / row.time_s * bus_factor(op, n);
+          const double moved = group_bytes_moved(op, n, static_cast<double>(bytes)) / row.time_s;
+          print_row_start(row);
+          std::printf(" %9.2f %10.2f %11.2f %9.2f\n", busbw / memcpy_bw, moved / 1e9, stream_bw / 1e9, moved / stream_bw);
           std::fflush(stdout);
+          nlohmann::json j = row_json(row);
+          j["vs_memcpy"] = busbw / memcpy_bw;
+          j["moved_GBps"] = moved / 1e9;
+          j["stream_GBps"] = stream_bw / 1e9;
+          j["vs_stream"] = moved / stream_bw;
+          rows.push_back(std::move(j));
         }
   }
+  return rows;
 }
 
 // The raw MPI loop the MPI backend is compared with: the same call with nothing around it.
@@ -181,15 +238,17 @@ double time_raw_mpi(Op op, Buffers& b, int iters, int size) {
   return (now_s() - t0) / iters;
 }
 
-void run_mpi_sweep(const Args& args, double memcpy_bw) {
+nlohmann::json run_mpi_sweep(const Args& args, double memcpy_bw) {
   auto checked = make_mpi_communicator({.check_consistency = true});
   auto unchecked = make_mpi_communicator({.check_consistency = false});
   const int n = checked->size();
   const bool root = checked->rank() == 0;
-  if (root)
-    std::printf("%-6s %-15s %10s %12s %10s %10s %14s\n", "ranks", "op", "size", "busbw_GBps", "vs_memcpy", "vs_raw_mpi",
-                "vs_raw_nocheck");
-  for (Op op : kOps)
+  nlohmann::json rows = nlohmann::json::array();
+  if (root) {
+    std::printf(kRowHeader, "ranks", "op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw");
+    std::printf(" %9s %10s %14s\n", "vs_memcpy", "vs_raw_mpi", "vs_raw_nocheck");
+  }
+  for (Op op : selected_ops(args))
     for (size_t bytes : sizes(args)) {
       Buffers b(bytes);
       std::vector<double> ours, ours_nocheck, raw;
@@ -198,12 +257,20 @@ void run_mpi_sweep(const Args& args, double memcpy_bw) {
         ours.push_back(time_op(*checked, op, DType::kF32, b, iters_for(bytes)));
         ours_nocheck.push_back(time_op(*unchecked, op, DType::kF32, b, iters_for(bytes)));
       }
-      const double busbw = static_cast<double>(bytes) / median(ours) * bus_factor(op, n);
-      if (root)
-        std::printf("%-6d %-15s %10s %12.2f %10.2f %10.3f %14.3f\n", n, op_name(op), mib(bytes).c_str(), busbw / 1e9,
-                    busbw / memcpy_bw, median(raw) / median(ours), median(raw) / median(ours_nocheck));
+      const Row row{n, op, DType::kF32, bytes, median(ours)};
+      const double busbw = static_cast<double>(bytes) / row.time_s * bus_factor(op, n);
+      if (root) {
+        print_row_start(row);
+        std::printf(" %9.2f %10.3f %14.3f\n", busbw / memcpy_bw, median(raw) / row.time_s, median(raw) / median(ours_nocheck));
+        nlohmann::json j = row_json(row);
+        j["vs_memcpy"] = busbw / memcpy_bw;
+        j["vs_raw_mpi"] = median(raw) / row.time_s;
+        j["vs_raw_nocheck"] = median(raw) / median(ours_nocheck);
+        rows.push_back(std::move(j));
+      }
       std::fflush(stdout);
     }
+  return rows;
 }
 
 }  // namespace
@@ -216,30 +283,51 @@ int main(int argc, char** argv) {
   app.add_option("--backend", args.backend)->check(CLI::IsMember({"local", "mpi"}))->capture_default_str();
   app.add_option("--ranks", args.ranks, "local: comma-separated rank counts")->capture_default_str();
   app.add_option("--dtypes", args.dtypes, "local: comma-separated, f32 and/or bf16")->capture_default_str();
+  app.add_option("--ops", args.ops, "collectives to run")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast"}))
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--min-bytes", args.min_bytes)->capture_default_str();
   app.add_option("--max-bytes", args.max_bytes)->capture_default_str();
   app.add_option("--runs", args.runs, "runs per point; the median is reported")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--json", args.json, "also write the rows and the machine's figures to this JSON file");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!args.json.empty()) mxddp::check_output_file_path(args.json, "--json");  // before minutes of runs
+    nlohmann::json doc = {{"backend", args.backend}, {"cpu", mxddp::compute_info().cpu},
+                          {"reduce_kernel_isa", mxddp::reduce_kernel_isa()}};
+    bool write = true;
     if (args.backend == "mpi") {
       mxddp::MpiRuntime runtime(&argc, &argv);
       // Rank 0 measures memcpy alone (the other processes would contend for the same memory).
       double bw = 0;
       if (mxddp::MpiRuntime::world_rank() == 0) bw = memcpy_bandwidth_bytes_per_s(static_cast<size_t>(args.max_bytes));
       MPI_Bcast(&bw, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-      if (mxddp::MpiRuntime::world_rank() == 0)
+      write = mxddp::MpiRuntime::world_rank() == 0;
+      if (write)
         std::printf("memcpy (1 thread, %s): %.2f GB/s\n", mib(static_cast<size_t>(args.max_bytes)).c_str(), bw / 1e9);
-      run_mpi_sweep(args, bw);
+      doc["memcpy_GBps"] = bw / 1e9;
+      doc["rows"] = run_mpi_sweep(args, bw);
     } else {
       const double bw = memcpy_bandwidth_bytes_per_s(static_cast<size_t>(args.max_bytes));
+      std::printf("CPU: %s; reduction and copy kernels: %s\n", mxddp::compute_info().cpu.c_str(),
+                  std::string(mxddp::reduce_kernel_isa()).c_str());
       std::printf("memcpy (1 thread, %s): %.2f GB/s\n", mib(static_cast<size_t>(args.max_bytes)).c_str(), bw / 1e9);
       const StreamBandwidth big = stream_bandwidth(static_cast<size_t>(args.max_bytes) * 4);
       std::printf("stream (%d threads, %s footprint, GB/s): copy_nt %.2f, triad %.2f, add %.2f; stream_GBps below "
                   "is the best of the three on each row's footprint (n x size)\n",
                   big.threads, mib(static_cast<size_t>(args.max_bytes) * 4).c_str(), big.copy_bytes_per_s / 1e9,
                   big.triad_bytes_per_s / 1e9, big.add_bytes_per_s / 1e9);
-      run_local_sweep(args, bw);
+      std::printf("size in bytes, time in us, algbw and busbw in GB/s (nccl-tests' columns)\n");
+      doc["memcpy_GBps"] = bw / 1e9;
+      doc["stream"] = {{"threads", big.threads},
+                       {"footprint_bytes", args.max_bytes * 4},
+                       {"copy_nt_GBps", big.copy_bytes_per_s / 1e9},
+                       {"triad_GBps", big.triad_bytes_per_s / 1e9},
+                       {"add_GBps", big.add_bytes_per_s / 1e9}};
+      doc["rows"] = run_local_sweep(args, bw);
     }
+    if (write && !args.json.empty()) mxddp::write_output_file(args.json, doc.dump(1) + "\n", "--json");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_bench: error: %s\n", e.what());
     return 1;

@@ -12,17 +12,20 @@ namespace mxddp {
 namespace {
 
 using FloatKernel = void (*)(const reduce_kernels::FloatReduce&);
+using CopyKernel = void (*)(const reduce_kernels::CopyMany&);
 
 struct KernelChoice {
   FloatKernel kernel;
+  CopyKernel copy;
   std::string_view isa;
 };
 
 KernelChoice choose_kernel() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return {reduce_kernels::reduce_float_avx512, "avx512f"};
-  if (__builtin_cpu_supports("avx2")) return {reduce_kernels::reduce_float_avx2, "avx2"};
-  return {reduce_kernels::reduce_float_base, "x86-64-v2"};
+  if (__builtin_cpu_supports("avx512f"))
+    return {reduce_kernels::reduce_float_avx512, reduce_kernels::copy_many_avx512, "avx512f"};
+  if (__builtin_cpu_supports("avx2")) return {reduce_kernels::reduce_float_avx2, reduce_kernels::copy_many_avx2, "avx2"};
+  return {reduce_kernels::reduce_float_base, reduce_kernels::copy_many_base, "x86-64-v2"};
 }
 
 const KernelChoice& kernel_choice() {
@@ -100,13 +103,13 @@ void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_in
 }
 
 void copy_to_many(const void* src, void* const* dsts, int n_dsts, size_t bytes) {
-  // 256 KiB: src's chunk stays in L2 (>= 512 KiB on the CPUs we run on) while it is written out.
-  constexpr size_t kChunkBytes = size_t{256} << 10;
-  for (size_t begin = 0; begin < bytes; begin += kChunkBytes) {
-    const size_t n = std::min(kChunkBytes, bytes - begin);
-    for (int j = 0; j < n_dsts; ++j)
-      std::memcpy(static_cast<char*>(dsts[j]) + begin, static_cast<const char*>(src) + begin, n);
-  }
+  reduce_kernels::CopyMany c;
+  c.src = src;
+  c.dsts = dsts;
+  c.n_dsts = n_dsts;
+  c.bytes = bytes;
+  c.nontemporal = bytes * static_cast<size_t>(n_dsts) >= kNontemporalCopyBytesMin;
+  kernel_choice().copy(c);
 }
 
 std::string_view reduce_kernel_isa() { return kernel_choice().isa; }

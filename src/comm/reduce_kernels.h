@@ -1,4 +1,4 @@
-// The per-ISA float reduction kernels behind reduce_arrays (reduce.h). One source
+// The per-ISA float reduction and copy kernels behind reduce_arrays and copy_to_many (reduce.h). One source
 // (reduce_simd.inc) is compiled three times, for x86-64-v2 (the build's baseline), AVX2 and
 // AVX-512F, and reduce.cc picks the widest the CPU runs, once, at run time. The interface uses only
 // plain types so those translation units include no inline code of the library's headers: an
@@ -29,5 +29,21 @@ struct FloatReduce {
 void reduce_float_base(const FloatReduce& r);
 void reduce_float_avx2(const FloatReduce& r);
 void reduce_float_avx512(const FloatReduce& r);
+
+// dsts[j][0..bytes) = src[0..bytes) for every j < n_dsts, a chunk of src at a time (read from
+// memory once, from cache for the other destinations). With nontemporal, the stores stream past
+// the caches: no read for ownership of the destination lines, and the caller's working set stays
+// cached, at the price of the destination not being cached afterwards.
+struct CopyMany {
+  const void* src = nullptr;    // [bytes]
+  void* const* dsts = nullptr;  // [n_dsts], each [bytes]; none overlaps src or another
+  int n_dsts = 0;
+  uint64_t bytes = 0;
+  bool nontemporal = false;
+};
+
+void copy_many_base(const CopyMany& c);
+void copy_many_avx2(const CopyMany& c);
+void copy_many_avx512(const CopyMany& c);
 
 }  // namespace mxddp::reduce_kernels

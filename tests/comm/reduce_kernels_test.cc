@@ -1,10 +1,11 @@
 // Every ISA's float reduction kernel this CPU can run (x86-64-v2 always; AVX2 and AVX-512F where
 // present) against a scalar reference, element for element and bit for bit: f32 and bf16, sum,
 // avg and max, with and without prescale, 1 to 5 inputs, several outputs (one of them an input,
-// as all_reduce writes), lengths around every vector width, unaligned pointers, and values that
-// exercise bf16 rounding (ties, carries into Inf), NaN, Inf, signed zeros and subnormals. Also the
-// one-to-many copy the gathers use.
+// as all_reduce writes), lengths around every vector width and unrolled step (4 vectors), unaligned
+// pointers, and values that exercise bf16 rounding (ties, carries into Inf), NaN, Inf, signed zeros
+// and subnormals. Also every ISA's one-to-many copy the gathers use, with plain and streaming stores.
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -156,7 +157,7 @@ TEST(ReduceKernels, EveryIsaMatchesScalarReferenceBitForBit) {
         for (float prescale : {1.0f, 0.37f}) {
           if (combine == Combine::kMax && prescale != 1.0f) continue;
           for (int n_inputs : {1, 2, 3, 5})
-            for (int64_t count : {0, 1, 3, 4, 7, 8, 15, 16, 17, 31, 33, 100, 1027})
+            for (int64_t count : {0, 1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1027})
               for (size_t offset : {size_t{0}, size_t{1}})
                 check_case(isa, elem, combine, prescale, n_inputs, count, offset, rng);
         }
@@ -172,23 +173,66 @@ TEST(ReduceKernels, DispatchNamesTheWidestIsaTheCpuHas) {
   EXPECT_EQ(reduce_kernel_isa(), want);
 }
 
-TEST(CopyToMany, EveryDestinationGetsTheBytesAndNothingElse) {
-  std::mt19937 rng(5);
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{4099}, size_t{600001}}) {
-    std::vector<unsigned char> src(bytes + 3);
-    for (auto& b : src) b = static_cast<unsigned char>(rng());
-    constexpr unsigned char kGuard = 0x5A;
-    std::vector<unsigned char> dst(3 * (bytes + 16), kGuard);
-    void* dsts[3] = {dst.data() + 1, dst.data() + (bytes + 16) + 7, dst.data() + 2 * (bytes + 16)};
-    copy_to_many(src.data() + 3, dsts, 3, bytes);
-    for (int j = 0; j < 3; ++j)
-      ASSERT_EQ(std::memcmp(dsts[j], src.data() + 3, bytes), 0) << "bytes=" << bytes << " dst " << j;
-    size_t untouched = 0;
-    for (unsigned char b : dst) untouched += b == kGuard;
-    // Random source bytes can equal the guard; count only what must be guard.
-    size_t guard_in_copies = 0;
-    for (size_t i = 0; i < bytes; ++i) guard_in_copies += src[3 + i] == kGuard;
-    EXPECT_EQ(untouched, dst.size() - 3 * bytes + 3 * guard_in_copies) << "bytes=" << bytes;
+// Every byte lands, at every destination offset within a line (the streaming path starts at the
+// destination's next 64-byte line), at lengths around a line and the 256 KiB chunk, for every ISA's
+// kernel this CPU runs, with plain and streaming stores, and through copy_to_many (which streams at
+// kNontemporalCopyBytesMin and up); nothing outside a destination's range is written.
+TEST(CopyToMany, CopiesEveryByteOnEveryKernelAndStorePath) {
+  using reduce_kernels::CopyMany;
+  std::vector<std::pair<std::string, std::function<void(const void*, void* const*, int, size_t)>>> copies;
+  copies.emplace_back("copy_to_many", copy_to_many);
+  std::vector<std::pair<std::string, void (*)(const CopyMany&)>> kernels = {{"base", reduce_kernels::copy_many_base}};
+  if (__builtin_cpu_supports("avx2")) kernels.emplace_back("avx2", reduce_kernels::copy_many_avx2);
+  if (__builtin_cpu_supports("avx512f")) kernels.emplace_back("avx512", reduce_kernels::copy_many_avx512);
+  for (const auto& [isa, kernel] : kernels)
+    for (bool stream : {false, true})
+      copies.emplace_back(isa + (stream ? " streaming" : " plain"),
+                          [kernel, stream](const void* src, void* const* dsts, int n_dsts, size_t bytes) {
+                            CopyMany c;
+                            c.src = src;
+                            c.dsts = dsts;
+                            c.n_dsts = n_dsts;
+                            c.bytes = bytes;
+                            c.nontemporal = stream;
+                            kernel(c);
+                          });
+  constexpr size_t kGuard = 64;
+  const size_t chunk = size_t{256} << 10;
+  const size_t big = kNontemporalCopyBytesMin / 2 + 129;  // x2 destinations: streaming
+  std::mt19937 rng(11);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, chunk - 1, chunk + 77,
+                       big}) {
+    std::vector<uint8_t> src(bytes + 3);
+    for (uint8_t& b : src) b = static_cast<uint8_t>(rng());
+    for (size_t dst_offset : {size_t{0}, size_t{1}, size_t{13}, size_t{32}, size_t{63}}) {
+      for (size_t src_offset : {size_t{0}, size_t{3}}) {
+        for (int n_dsts : {1, 2}) {
+          std::vector<std::vector<uint8_t>> dst(static_cast<size_t>(n_dsts),
+                                                std::vector<uint8_t>(bytes + dst_offset + 2 * kGuard + 64, 0xA5));
+          void* dsts[2];
+          for (int j = 0; j < n_dsts; ++j) {
+            // kGuard bytes before the range, then dst_offset past a 64-byte line.
+            auto* base = dst[static_cast<size_t>(j)].data();
+            const size_t to_line = (64 - reinterpret_cast<uintptr_t>(base + kGuard) % 64) % 64;
+            dsts[j] = base + kGuard + to_line + dst_offset;
+          }
+          for (const auto& [name, copy] : copies) {
+          std::fill(dst[0].begin(), dst[0].end(), uint8_t{0xA5});
+          if (n_dsts == 2) std::fill(dst[1].begin(), dst[1].end(), uint8_t{0xA5});
+          copy(src.data() + src_offset, dsts, n_dsts, bytes);
+          for (int j = 0; j < n_dsts; ++j) {
+            const auto* base = dst[static_cast<size_t>(j)].data();
+            const auto begin = static_cast<size_t>(static_cast<const uint8_t*>(dsts[j]) - base);
+            for (size_t i = 0; i < dst[static_cast<size_t>(j)].size(); ++i) {
+              const uint8_t want = i >= begin && i < begin + bytes ? src[src_offset + i - begin] : uint8_t{0xA5};
+              ASSERT_EQ(base[i], want) << name << " bytes=" << bytes << " dst_offset=" << dst_offset
+                                       << " src_offset=" << src_offset << " dst " << j << " byte " << i;
+            }
+          }
+          }
+        }
+      }
+    }
   }
 }
 
