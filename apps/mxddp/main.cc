@@ -12,6 +12,7 @@
 
 #include "ckpt_cmd.h"
 #include "cli_checks.h"
+#include "launcher.h"
 #include "layout_cmd.h"
 #include "quantize_cmd.h"
 #include "selfcheck.h"
@@ -20,8 +21,9 @@
 namespace {
 
 struct SelfcheckArgs {
-  std::string backend = "local";
+  std::string backend;  // "" when not given: the launcher decides (launcher.h)
   int ranks = 4;
+  const CLI::Option* ranks_option = nullptr;  // whether --ranks was given
   int64_t count = 4099;  // prime-ish on purpose: splits unevenly across ranks
   int64_t timeout_ms = 60'000;
 };
@@ -37,7 +39,9 @@ int report(int rank, int size, std::string_view backend, const mxddp::app::Selfc
 }
 
 int run_selfcheck(int argc, char** argv, const SelfcheckArgs& args) {
-  if (args.backend == "mpi") {
+  const std::string backend = mxddp::app::resolve_backend(args.backend, args.ranks_option->count() > 0, args.ranks,
+                                                          mxddp::app::detect_mpi_launcher());
+  if (backend == "mpi") {
     mxddp::MpiRuntime runtime(&argc, &argv);
     int failures = 0;
     {
@@ -46,7 +50,6 @@ int run_selfcheck(int argc, char** argv, const SelfcheckArgs& args) {
     }
     return failures == 0 ? 0 : 1;
   }
-  MXDDP_CHECK(args.backend == "local", "--backend '{}' is not a backend; valid: local, mpi", args.backend);
   std::mutex mutex;
   int failures = 0;
   mxddp::run_local(
@@ -70,11 +73,12 @@ int main(int argc, char** argv) {
 
   SelfcheckArgs selfcheck;
   auto* cmd = app.add_subcommand("selfcheck", "Run every collective on every dtype and check it against a serial reference");
-  cmd->add_option("--backend", selfcheck.backend, "local (ranks as threads) or mpi (under mpirun)")
-      ->check(CLI::IsMember({"local", "mpi"}))
-      ->capture_default_str();
-  cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend")->transform(mxddp::app::integer_in(1, 256))
-      ->capture_default_str();
+  cmd->add_option("--backend", selfcheck.backend,
+                  "local (ranks as threads) or mpi; default: mpi under an MPI launcher (mpirun, srun), else local")
+      ->check(CLI::IsMember({"local", "mpi"}));
+  selfcheck.ranks_option = cmd->add_option("--ranks", selfcheck.ranks, "Ranks of the local backend (under mpirun, -np sets them)")
+                               ->transform(mxddp::app::integer_in(1, 256))
+                               ->capture_default_str();
   cmd->add_option("--count", selfcheck.count, "Elements per rank per collective")
       ->transform(mxddp::app::integer_in(1, int64_t{1} << 28))->capture_default_str();
   cmd->add_option("--timeout-ms", selfcheck.timeout_ms, "How long a rank waits for its peers (mpi: then aborts the job)")

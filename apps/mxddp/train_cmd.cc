@@ -15,6 +15,7 @@
 #include <mxddp/quant.h>
 
 #include "cli_checks.h"
+#include "launcher.h"
 #include "train_report.h"
 
 namespace mxddp::app {
@@ -43,9 +44,11 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   auto* cmd = app.add_subcommand("train", "Train the reference GPT with data parallelism");
   // A later flag overrides an earlier one (scripts append overrides to a base command line).
   cmd->option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--backend", a.backend, "local (ranks as threads) or mpi (under mpirun)")
+  cmd->add_option("--backend", a.backend,
+                  "local (ranks as threads) or mpi; default: mpi under an MPI launcher (mpirun, srun), else local")
       ->check(CLI::IsMember({"local", "mpi"}));
-  cmd->add_option("--ranks", a.ranks, "Ranks of the local backend")->transform(integer_in(1, 256));
+  a.ranks_option =
+      cmd->add_option("--ranks", a.ranks, "Ranks of the local backend (under mpirun, -np sets them)")->transform(integer_in(1, 256));
   cmd->add_option("--timeout-ms", a.timeout_ms, "How long a rank waits for its peers (mpi: then aborts the job)")
       ->transform(integer_in(1, kTimeoutMsMax));
 
@@ -167,8 +170,11 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
 
   auto* out = cmd->add_option_group("output");
   out->add_option("--report", a.report, "Write a JSON report here")->transform(non_empty_path());
-  out->add_option("--log-interval", a.log_interval, "Plain progress line every N iterations (0: about 20 lines)")
-      ->transform(kIterations);
+  a.log_interval_option =
+      out->add_option("--log-interval", a.log_interval,
+                      "A plain log line every N iterations (0: about 20 lines), also on a terminal (which otherwise "
+                      "shows a progress bar)")
+          ->transform(kIterations);
   out->add_option("--compute-threads,--blas-threads", c.compute_threads,
                   "Matrix-product threads per rank (0: cores / ranks on this machine)")
       ->transform(integer_in(0, kComputeThreadsMax));
@@ -177,20 +183,26 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
 
 namespace {
 
-// Rank 0's view of the run on stdout: a progress bar on a terminal, plain lines otherwise.
+// Rank 0's view of the run on stdout (under MPI only rank 0 writes): a bar redrawn in place on an
+// interactive terminal, plain lines otherwise. Plain lines use Megatron's field names, so the greps
+// and parsers written for Megatron's logs read them; averages cover the iterations since the
+// previous line. mpirun gives its ranks a pseudo-terminal, so under an MPI launcher the output is
+// a log however it looks, and --log-interval asks for lines on a terminal too.
 class Progress {
  public:
-  Progress(int64_t total, int64_t log_interval)
-      : total_(total), tty_(isatty(STDOUT_FILENO) == 1),
-        log_interval_(log_interval > 0 ? log_interval : std::max<int64_t>(1, total / 20)) {}
+  Progress(int64_t total, int64_t log_interval, bool bar)
+      : total_(total), bar_(bar), log_interval_(log_interval > 0 ? log_interval : std::max<int64_t>(1, total / 20)) {}
 
-  void step(const StepRecord& r, int64_t tokens_per_iteration) {
+  void step(const StepRecord& r, int64_t tokens_per_iteration, int global_batch) {
     ms_sum_ += r.step_ms;
     ++steps_;
+    interval_ms_ += r.step_ms;
+    ++interval_steps_;
+    interval_skipped_ += r.skipped ? 1 : 0;
     const double ms_per_iter = ms_sum_ / static_cast<double>(steps_);
-    const double tokens_per_s = static_cast<double>(tokens_per_iteration) / (ms_per_iter / 1e3);
     const auto eta_s = static_cast<int64_t>(static_cast<double>(total_ - r.iteration) * ms_per_iter / 1e3);
-    if (tty_) {
+    if (bar_) {
+      const double tokens_per_s = static_cast<double>(tokens_per_iteration) / (ms_per_iter / 1e3);
       constexpr int kWidth = 24;
       const int filled = static_cast<int>(kWidth * r.iteration / std::max<int64_t>(1, total_));
       std::printf("\r[%s%s] %lld/%lld loss %.4f | %.1fk tok/s | ETA %lld:%02lld ", std::string(static_cast<size_t>(filled), '#').c_str(),
@@ -199,9 +211,17 @@ class Progress {
                   static_cast<long long>(eta_s % 60));
       line_open_ = true;
     } else if (r.iteration % log_interval_ == 0 || r.iteration == total_ || steps_ == 1) {
-      std::printf("iter %6lld/%lld | loss %.4f | lr %.3e | grad norm %.3f%s | %.1fk tok/s | %.1f ms/iter | ETA %llds\n",
-                  static_cast<long long>(r.iteration), static_cast<long long>(total_), r.loss, r.lr, r.grad_norm,
-                  r.skipped ? " (skipped)" : "", tokens_per_s / 1e3, ms_per_iter, static_cast<long long>(eta_s));
+      const double interval_ms_per_iter = interval_ms_ / static_cast<double>(interval_steps_);
+      std::printf(" iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                  "tokens per second: %.0f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
+                  "grad norm: %.3f | number of skipped iterations: %3lld | ETA (s): %lld |\n",
+                  static_cast<long long>(r.iteration), static_cast<long long>(total_),
+                  static_cast<long long>(r.iteration) * global_batch, interval_ms_per_iter,
+                  static_cast<double>(tokens_per_iteration) / (interval_ms_per_iter / 1e3), r.lr, global_batch, r.loss,
+                  r.grad_norm, static_cast<long long>(interval_skipped_), static_cast<long long>(eta_s));
+      interval_ms_ = 0;
+      interval_steps_ = 0;
+      interval_skipped_ = 0;
     }
     std::fflush(stdout);
   }
@@ -214,17 +234,19 @@ class Progress {
 
  private:
   int64_t total_;
-  bool tty_;
+  bool bar_;
   int64_t log_interval_;
   double ms_sum_ = 0;
   int64_t steps_ = 0;
+  double interval_ms_ = 0;  // since the last plain line
+  int64_t interval_steps_ = 0, interval_skipped_ = 0;
   bool line_open_ = false;
 };
 
 TrainCallbacks rank0_callbacks(Progress& progress, const TrainConfig& c) {
   TrainCallbacks cb;
   const int64_t tokens = int64_t{c.global_batch_size} * c.model.seq_length;
-  cb.on_step = [&progress, tokens](const StepRecord& r) { progress.step(r, tokens); };
+  cb.on_step = [&progress, tokens, batch = c.global_batch_size](const StepRecord& r) { progress.step(r, tokens, batch); };
   cb.on_eval = [&progress](const EvalRecord& e) {
     progress.message(fmt::format("validation at iter {}: loss {:.4f}", e.iteration, e.loss));
   };
@@ -354,7 +376,8 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
       std::printf("fine-grained param gather: %s\n", a.config.fine_grained_param_gather().reason.c_str());
     std::printf("compute: %s\n", compute_info_for_rank(a.config, comm).c_str());
     std::fflush(stdout);
-    Progress progress(a.config.train_iters, a.log_interval);
+    const bool bar = isatty(STDOUT_FILENO) == 1 && a.log_interval_option->count() == 0 && !detect_mpi_launcher();
+    Progress progress(a.config.train_iters, a.log_interval, bar);
     TrainResult r = train(comm, a.config, rank0_callbacks(progress, a.config));
     progress.message("");
     print_summary(a.config, r, comm.size());
@@ -365,7 +388,7 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
     return r;
   };
 
-  if (a.backend == "mpi") {
+  if (resolve_backend(a.backend, a.ranks_option->count() > 0, a.ranks, detect_mpi_launcher()) == "mpi") {
     MpiRuntime runtime(&argc, &argv);
     auto comm = make_mpi_communicator({.timeout_ms = a.timeout_ms});
     run_rank(*comm);

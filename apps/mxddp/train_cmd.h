@@ -15,8 +15,9 @@
 namespace mxddp::app {
 
 struct TrainArgs {
-  std::string backend = "local";
+  std::string backend;  // "" when not given: the launcher decides (launcher.h)
   int ranks = 4;
+  const CLI::Option* ranks_option = nullptr;  // whether --ranks was given
   int64_t timeout_ms = 600'000;
   std::string model = "tiny";
   // Overrides of the preset.
@@ -34,6 +35,7 @@ struct TrainArgs {
   std::string recompute_granularity;
   std::vector<std::string> recompute_modules;
   int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)
+  const CLI::Option* log_interval_option = nullptr;  // given: plain lines even on a terminal
   std::string report;
   TrainConfig config;
 };
