@@ -3,7 +3,7 @@
 # configures and builds the given CMake preset (default: release). Sourced by run.sh and test.sh.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libopenblas-dev libdnnl-dev strace clang libclang-rt-dev)
+packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libopenblas-dev libdnnl-dev strace clang libclang-rt-dev python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,6 +16,7 @@
 
 #include "cli_checks.h"
 #include "launcher.h"
+#include "metrics_log.h"
 #include "train_report.h"
 
 namespace mxddp::app {
@@ -170,6 +171,10 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
 
   auto* out = cmd->add_option_group("output");
   out->add_option("--report", a.report, "Write a JSON report here")->transform(non_empty_path());
+  out->add_option("--metrics-file", a.metrics_file,
+                  "Write one JSON line per iteration and per validation here as training goes (appended to with "
+                  "--load); scripts/plot_metrics.py draws it")
+      ->transform(non_empty_path());
   a.log_interval_option =
       out->add_option("--log-interval", a.log_interval,
                       "A plain log line every N iterations (0: about 20 lines), also on a terminal (which otherwise "
@@ -243,11 +248,16 @@ class Progress {
   bool line_open_ = false;
 };
 
-TrainCallbacks rank0_callbacks(Progress& progress, const TrainConfig& c) {
+// metrics: --metrics-file's log, or null.
+TrainCallbacks rank0_callbacks(Progress& progress, MetricsLog* metrics, const TrainConfig& c) {
   TrainCallbacks cb;
   const int64_t tokens = int64_t{c.global_batch_size} * c.model.seq_length;
-  cb.on_step = [&progress, tokens, batch = c.global_batch_size](const StepRecord& r) { progress.step(r, tokens, batch); };
-  cb.on_eval = [&progress](const EvalRecord& e) {
+  cb.on_step = [&progress, metrics, tokens, batch = c.global_batch_size](const StepRecord& r) {
+    if (metrics != nullptr) metrics->iteration(r, batch, tokens);
+    progress.step(r, tokens, batch);
+  };
+  cb.on_eval = [&progress, metrics](const EvalRecord& e) {
+    if (metrics != nullptr) metrics->validation(e);
     progress.message(fmt::format("validation at iter {}: loss {:.4f}", e.iteration, e.loss));
   };
   cb.on_save = [&progress](int64_t it, const std::string& dir) {
@@ -356,6 +366,7 @@ std::string compute_info_for_rank(const TrainConfig& config, const Communicator&
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_config(a);
   prepare_report_path(a.report);
+  if (!a.metrics_file.empty()) check_output_file_path(a.metrics_file, "--metrics-file");
   // train() checks --save too, but only after the banner; a bad path should stop the command first.
   if (!a.config.save_dir.empty()) check_output_dir_path(a.config.save_dir, "--save");
 
@@ -378,7 +389,10 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
     std::fflush(stdout);
     const bool bar = isatty(STDOUT_FILENO) == 1 && a.log_interval_option->count() == 0 && !detect_mpi_launcher();
     Progress progress(a.config.train_iters, a.log_interval, bar);
-    TrainResult r = train(comm, a.config, rank0_callbacks(progress, a.config));
+    std::optional<MetricsLog> metrics;
+    if (!a.metrics_file.empty()) metrics.emplace(a.metrics_file, !a.config.load_dir.empty());
+    TrainResult r = train(comm, a.config, rank0_callbacks(progress, metrics ? &*metrics : nullptr, a.config));
+    if (metrics) metrics->memory(r.memory_by_rank);
     progress.message("");
     print_summary(a.config, r, comm.size());
     if (!a.report.empty()) {

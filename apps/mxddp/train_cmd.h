@@ -37,6 +37,7 @@ struct TrainArgs {
   int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)
   const CLI::Option* log_interval_option = nullptr;  // given: plain lines even on a terminal
   std::string report;
+  std::string metrics_file;  // --metrics-file: JSON lines as training goes (metrics_log.h)
   TrainConfig config;
 };
 

@@ -17,16 +17,6 @@ nlohmann::json fine_grained_json(const TrainConfig& c) {
   return {{"on", d.on}, {"required", d.required}, {"reason", d.reason}};
 }
 
-nlohmann::json memory_json(const MemoryUsage& u) {
-  nlohmann::json j;
-  for (int k = 0; k < kNumMemoryCategories; ++k) {
-    const auto c = static_cast<MemoryCategory>(k);
-    j[std::string(memory_category_name(c))] = {{"live_bytes", u.live(c)}, {"peak_bytes", u.peak(c)}};
-  }
-  j["total"] = {{"live_bytes", u.total_live_bytes}, {"peak_bytes", u.total_peak_bytes}};
-  return j;
-}
-
 nlohmann::json recompute_module_list(const RecomputeModules& modules) {
   nlohmann::json list = nlohmann::json::array();
   for (RecomputeModule m : modules) list.push_back(std::string(recompute_module_name(m)));
@@ -119,6 +109,16 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
 
 }  // namespace
 
+nlohmann::json memory_usage_json(const MemoryUsage& u) {
+  nlohmann::json j;
+  for (int k = 0; k < kNumMemoryCategories; ++k) {
+    const auto c = static_cast<MemoryCategory>(k);
+    j[std::string(memory_category_name(c))] = {{"live_bytes", u.live(c)}, {"peak_bytes", u.peak(c)}};
+  }
+  j["total"] = {{"live_bytes", u.total_live_bytes}, {"peak_bytes", u.total_peak_bytes}};
+  return j;
+}
+
 void write_train_report(const std::string& path, const TrainConfig& config, const TrainResult& r, int dp,
                         const std::string& backend) {
   nlohmann::json j;
@@ -171,8 +171,8 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
                        {{"values", m.peak_gathered_bytes_by_slot[0]},
                         {"rowwise", m.peak_gathered_bytes_by_slot[1]},
                         {"colwise", m.peak_gathered_bytes_by_slot[2]}}},
-                      {"overall", memory_json(m.overall)},
-                      {"steady_state", memory_json(m.steady)},
+                      {"overall", memory_usage_json(m.overall)},
+                      {"steady_state", memory_usage_json(m.steady)},
                       {"scratch_allocations_after_warmup", m.scratch_allocations_after_warmup}});
   }
   j["memory"] = std::move(memory);

@@ -4,9 +4,15 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include <mxddp/train.h>
 
 namespace mxddp::app {
+
+// {category: {live_bytes, peak_bytes}, ..., total: {...}}: one rank's memory, as the report and
+// the metrics file (metrics_log.h) write it.
+nlohmann::json memory_usage_json(const MemoryUsage& usage);
 
 // Writes atomically (a temporary file renamed into place); throws Error if it cannot.
 void write_train_report(const std::string& path, const TrainConfig& config, const TrainResult& result, int dp,
