@@ -75,7 +75,7 @@ mxddp_cli_rejects(cli_ckpt_inspect_rejects_fifo_manifest
   FIXTURES_REQUIRED cli_ckpt)
 mxddp_cli_rejects(cli_train_load_rejects_fifo_rank_file
   "error: .*checkpoint file '.*/rank_00000.safetensors' is a FIFO, not a regular file"
-  "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/rank_00000.safetensors && mkfifo $d/ck/rank_00000.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
+  "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/iter_0000004/rank_00000.safetensors && mkfifo $d/ck/iter_0000004/rank_00000.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
   FIXTURES_REQUIRED cli_train)
 
 # ---- 7. a timeout past what a deadline can hold is refused at the flag ----
@@ -90,7 +90,7 @@ mxddp_cli_rejects(cli_ckpt_inspect_names_directory_manifest
   FIXTURES_REQUIRED cli_ckpt)
 mxddp_cli_rejects(cli_train_load_names_directory_rank_file
   "error: .*checkpoint file '.*/rank_00001.safetensors' is a directory, not a regular file"
-  "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/rank_00001.safetensors && mkdir $d/ck/rank_00001.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
+  "cp -r ${cli_train_dir}/ckpt $d/ck && rm $d/ck/iter_0000004/rank_00001.safetensors && mkdir $d/ck/iter_0000004/rank_00001.safetensors && $m train --ranks 2 ${cli_train_small_str} --train-iters 6 --load $d/ck"
   FIXTURES_REQUIRED cli_train)
 # One flipped byte in a key: the error names the manifest and both checksums (issue 15.13: the
 # checksum is verified before any field is read).

@@ -1,8 +1,10 @@
 // `mxddp train`: see train_cmd.h. Rank 0 prints and writes the report; every rank trains.
 #include "train_cmd.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +18,7 @@
 
 #include "cli_checks.h"
 #include "launcher.h"
+#include "megatron_flags.h"
 #include "metrics_log.h"
 #include "train_report.h"
 
@@ -101,7 +104,7 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   auto* ddp = cmd->add_option_group("data parallelism (DdpConfig; the distributed optimizer is always on)");
   DdpConfig& d = c.ddp;
   ddp->add_flag("--overlap-grad-reduce", d.overlap_grad_reduce, "Reduce-scatter bucket groups during backward");
-  ddp->add_option("--bucket-size,--ddp-bucket-size", d.bucket_size, "Bucket size in elements (with --overlap-grad-reduce)")
+  a.bucket_size_option = ddp->add_option("--bucket-size,--ddp-bucket-size", d.bucket_size, "Bucket size in elements (with --overlap-grad-reduce)")
       ->transform(kPositiveInt64);
   ddp->add_option("--buckets-per-group", d.buckets_per_group, "Buckets per bucket group (one collective call each)")
       ->transform(kPositiveInt);
@@ -155,10 +158,16 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
       ->transform(kIterations);
   data->add_option("--eval-iters", c.eval_iters, "Global batches per validation (0: none)")
       ->transform(integer_in(0, std::numeric_limits<int>::max()));
-  data->add_option("--save", c.save_dir, "Checkpoint directory (written atomically, replaced at each save)")
+  data->add_option("--save", c.save_dir,
+                   "Checkpoint history: each save in DIR/iter_0000100/ (written atomically), "
+                   "DIR/latest_checkpointed_iteration.txt naming the newest (Megatron's layout)")
       ->transform(non_empty_path());
   data->add_option("--save-interval", c.save_interval, "Save every N iterations (and at the end)")->transform(kIterations);
-  data->add_option("--load", c.load_dir, "Resume from this checkpoint (any data-parallel size)")
+  data->add_option("--keep-last", c.keep_last, "Keep only the newest N saves in --save (0: all)")
+      ->transform(integer_in(0, kIntMax));
+  data->add_option("--load", c.load_dir,
+                   "Resume from a --save directory's newest checkpoint, or from one checkpoint (an iter_ directory); "
+                   "any data-parallel size")
       ->transform(non_empty_path());
   data->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", c.check_for_nan_in_loss_and_grad,
                  "Stop on a NaN or Inf loss or gradient, naming the iteration and params (default: on); off, such "
@@ -168,6 +177,17 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
                    "mismatch, naming the params and ranks (0: never)")
       ->transform(kIterations)
       ->capture_default_str();
+
+  add_megatron_flags(cmd, a.megatron, a.data_path_alias);
+
+  auto* exit = cmd->add_option_group("stopping early (Megatron's flags; each saves first when --save is given)");
+  exit->add_option("--exit-interval", c.exit_interval, "Stop after an iteration divisible by N (0: never)")
+      ->transform(kIterations);
+  exit->add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
+                   "Stop after the first iteration that ends this many minutes after the start (0: never)")
+      ->transform(kNonNegativeFloat);
+  exit->add_flag("--exit-signal-handler", a.exit_signal_handler,
+                 "On SIGTERM, finish the iteration, save, and exit with status 0 (a preempted job loses nothing)");
 
   auto* out = cmd->add_option_group("output");
   out->add_option("--report", a.report, "Write a JSON report here")->transform(non_empty_path());
@@ -187,6 +207,17 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
 }
 
 namespace {
+
+// --exit-signal-handler: SIGTERM sets this flag (a lock-free atomic store is async-signal-safe);
+// the training loop polls it after each iteration.
+std::atomic<bool> g_sigterm_received{false};
+extern "C" void on_sigterm(int) { g_sigterm_received.store(true); }
+void install_sigterm_flag() {
+  struct sigaction action {};
+  action.sa_handler = on_sigterm;
+  sigemptyset(&action.sa_mask);
+  MXDDP_CHECK(sigaction(SIGTERM, &action, nullptr) == 0, "--exit-signal-handler: cannot install a SIGTERM handler");
+}
 
 // Rank 0's view of the run on stdout (under MPI only rank 0 writes): a bar redrawn in place on an
 // interactive terminal, plain lines otherwise. Plain lines use Megatron's field names, so the greps
@@ -260,6 +291,7 @@ TrainCallbacks rank0_callbacks(Progress& progress, MetricsLog* metrics, const Tr
     if (metrics != nullptr) metrics->validation(e);
     progress.message(fmt::format("validation at iter {}: loss {:.4f}", e.iteration, e.loss));
   };
+  cb.on_warning = [&progress](const std::string& message) { progress.message("warning: " + message); };
   cb.on_save = [&progress](int64_t it, const std::string& dir) {
     progress.message(fmt::format("saved checkpoint at iter {} to {}", it, dir));
   };
@@ -296,12 +328,18 @@ void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
 
 // Everything the flags say, put together and checked before any rank starts.
 void finish_config(TrainArgs& a) {
+  if (!a.data_path_alias.empty()) {
+    MXDDP_CHECK(a.config.data_path.empty() || a.config.data_path == a.data_path_alias,
+                "--data '{}' and --data-path '{}' name two files; give one", a.config.data_path, a.data_path_alias);
+    a.config.data_path = a.data_path_alias;
+  }
   GptConfig& m = a.config.model;
   m = gpt_preset(a.model);
   m.num_layers = a.num_layers.value_or(m.num_layers);
   m.hidden_size = a.hidden_size.value_or(m.hidden_size);
   m.num_attention_heads = a.num_attention_heads.value_or(m.num_attention_heads);
   m.seq_length = a.seq_length.value_or(m.seq_length);
+  a.notes = apply_megatron_flags(a.megatron, m.num_params(), a.bucket_size_option->count() > 0, a.config.ddp.bucket_size);
   a.config.ddp.mxfp8_elem = parse_fp8_format(a.mxfp8_elem);
   a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
   // The overlap flags and the grad dtype mean the same under FSDP (Megatron's names are shared).
@@ -370,8 +408,13 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
   // train() checks --save too, but only after the banner; a bad path should stop the command first.
   if (!a.config.save_dir.empty()) check_output_dir_path(a.config.save_dir, "--save");
 
-  auto run_rank = [&a](Communicator& comm) -> TrainResult {
-    if (comm.rank() != 0) return train(comm, a.config);
+  if (a.exit_signal_handler) install_sigterm_flag();
+  // Every rank gets the same stop_requested (or none): the ranks agree on it by a collective.
+  TrainCallbacks every_rank;
+  if (a.exit_signal_handler) every_rank.stop_requested = [] { return g_sigterm_received.load(); };
+
+  auto run_rank = [&a, &every_rank](Communicator& comm) -> TrainResult {
+    if (comm.rank() != 0) return train(comm, a.config, every_rank);
     a.config.validate(comm.size());  // a bad flag fails before the banner
     std::printf("mxddp train: %s on %d %s rank(s), %s%s; global batch %d = %d micro x %d dp x %d accumulation; %lld "
                 "iterations%s\n",
@@ -386,14 +429,22 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
     if (a.config.use_megatron_fsdp)
       std::printf("fine-grained param gather: %s\n", a.config.fine_grained_param_gather().reason.c_str());
     std::printf("compute: %s\n", compute_info_for_rank(a.config, comm).c_str());
+    for (const std::string& note : a.notes) std::printf("note: %s\n", note.c_str());
     std::fflush(stdout);
     const bool bar = isatty(STDOUT_FILENO) == 1 && a.log_interval_option->count() == 0 && !detect_mpi_launcher();
     Progress progress(a.config.train_iters, a.log_interval, bar);
     std::optional<MetricsLog> metrics;
     if (!a.metrics_file.empty()) metrics.emplace(a.metrics_file, !a.config.load_dir.empty());
-    TrainResult r = train(comm, a.config, rank0_callbacks(progress, metrics ? &*metrics : nullptr, a.config));
+    TrainCallbacks callbacks = rank0_callbacks(progress, metrics ? &*metrics : nullptr, a.config);
+    callbacks.stop_requested = every_rank.stop_requested;
+    TrainResult r = train(comm, a.config, callbacks);
     if (metrics) metrics->memory(r.memory_by_rank);
     progress.message("");
+    if (!r.exit_reason.empty())
+      std::printf("stopped after iteration %lld of %lld: %s%s\n",
+                  static_cast<long long>(r.steps.empty() ? r.start_iteration : r.steps.back().iteration),
+                  static_cast<long long>(a.config.train_iters), r.exit_reason.c_str(),
+                  a.config.save_dir.empty() ? " (no --save: nothing saved)" : "; the checkpoint is saved");
     print_summary(a.config, r, comm.size());
     if (!a.report.empty()) {
       write_train_report(a.report, a.config, r, comm.size(), std::string(comm.backend_name()));

@@ -12,6 +12,8 @@
 
 #include <mxddp/train.h>
 
+#include "megatron_flags.h"
+
 namespace mxddp::app {
 
 struct TrainArgs {
@@ -37,7 +39,12 @@ struct TrainArgs {
   int64_t log_interval = 0;  // plain-line progress every N iterations (0: about 20 lines)
   const CLI::Option* log_interval_option = nullptr;  // given: plain lines even on a terminal
   std::string report;
-  std::string metrics_file;  // --metrics-file: JSON lines as training goes (metrics_log.h)
+  std::string metrics_file;
+  bool exit_signal_handler = false;
+  MegatronFlags megatron;            // Megatron's spellings without an mxddp flag of their own
+  std::string data_path_alias;       // --data-path (Megatron's name of --data)
+  const CLI::Option* bucket_size_option = nullptr;  // whether --ddp-bucket-size was given
+  std::vector<std::string> notes;    // what those flags changed or did not, for the banner  // --exit-signal-handler: SIGTERM stops after the iteration, saved  // --metrics-file: JSON lines as training goes (metrics_log.h)
   TrainConfig config;
 };
 

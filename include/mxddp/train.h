@@ -67,10 +67,19 @@ struct TrainConfig {
   // over eval_iters global batches of the validation split. eval_iters 0 disables evaluation.
   int64_t eval_interval = 100;
   int eval_iters = 2;
-  // Checkpoints: every save_interval iterations and after the last, when save_dir is set.
+  // Checkpoints: every save_interval iterations and after the last, when save_dir is set, each in
+  // save_dir/iter_0000100/ with save_dir/latest_checkpointed_iteration.txt naming the newest
+  // (Megatron's layout); keep_last > 0 keeps only that many iter_ directories.
   std::string save_dir;
   int64_t save_interval = 0;
-  std::string load_dir;  // resume from here (any dp size)
+  int keep_last = 0;
+  std::string load_dir;  // resume from here (any dp size): a save_dir (its newest) or one checkpoint
+  // Stopping early, as Megatron's flags: after an iteration divisible by exit_interval, or once the
+  // run has lasted exit_duration_in_mins, or when TrainCallbacks::stop_requested says so on any
+  // rank, every rank stops after the same iteration, saves (when save_dir is set) and returns with
+  // TrainResult::exit_reason. 0: never.
+  int64_t exit_interval = 0;
+  double exit_duration_in_mins = 0;
 
   void validate(int dp) const;  // throws Error naming a bad value
   GptModelOptions model_options() const;  // the GPT's options: recompute, bf16, fine-grained hooks
@@ -121,12 +130,19 @@ struct TrainResult {
   double train_seconds = 0;
   double tokens_per_second = 0;
   std::vector<RankMemory> memory_by_rank;  // [dp], on every rank
+  std::string exit_reason;  // why the run stopped before train_iters ("" when it did not)
 };
 
 struct TrainCallbacks {
   std::function<void(const StepRecord&)> on_step;  // after every iteration, on every rank
   std::function<void(const EvalRecord&)> on_eval;
   std::function<void(int64_t iteration, const std::string& dir)> on_save;
+  // Resuming with a schedule or batch other than the checkpoint's: one message per difference.
+  std::function<void(const std::string& message)> on_warning;
+  // Polled after every iteration on every rank (e.g. a SIGTERM flag, Megatron's
+  // --exit-signal-handler); true on any rank stops the run as exit_interval does. Set it on every
+  // rank or on none: the ranks agree on it through a collective.
+  std::function<bool()> stop_requested;
   // Tests and benchmarks: decorate the DDP or FSDP object before the model and the optimizer are
   // built on it (e.g. to inject delays into its hooks or to read its event log). Returns the
   // object they will use; it must forward to the one it is given, which it then owns.
@@ -146,6 +162,11 @@ std::string param_hash_mismatches(DataParallel& dp, const std::vector<std::vecto
 // the one gpt_param_specs gives for that config. One message per problem; none when no config
 // was saved. `mxddp ckpt inspect` adds them to inspect_checkpoint's.
 std::vector<std::string> gpt_checkpoint_problems(const CheckpointInfo& info);
+
+// The checkpoint a --load (or `mxddp ckpt inspect`/`export`) of dir means: the iter_ directory
+// dir's latest_checkpointed_iteration.txt names, or dir itself when it is one checkpoint (holds
+// manifest.json). Throws Error naming dir and what it holds otherwise.
+std::string resolve_checkpoint_dir(const std::string& dir);
 
 // Collective: every rank of comm calls it with the same config.
 TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks = {});

@@ -11,6 +11,7 @@
 #include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
+#include "checkpoint_history.h"
 #include "memory_floor.h"
 
 namespace mxddp {
@@ -45,22 +46,44 @@ MemoryUsage max_usage(const MemoryUsage& a, const MemoryUsage& b) {
 
 // The model itself is stored structurally (SaveOptions::model_config, every GptConfig field) and
 // compared field by field on --load.
-std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t iteration) {
-  return {{"iteration", std::to_string(iteration)},
-          {"seed", std::to_string(c.seed)},
-          {"global_batch_size", std::to_string(c.global_batch_size)}};
+// What a resume compares with the run's flags (warn_on_resume_differences): the batch and the
+// whole learning-rate schedule (train_iters too: a cosine decay over lr_decay_iters 0 spans it).
+std::map<std::string, std::string> schedule_fields(const TrainConfig& c) {
+  return {{"global_batch_size", std::to_string(c.global_batch_size)},
+          {"lr", fmt::format("{}", c.lr)},
+          {"min_lr", fmt::format("{}", c.min_lr)},
+          {"lr_warmup_iters", std::to_string(c.lr_warmup_iters)},
+          {"lr_decay_iters", std::to_string(c.lr_decay_iters)},
+          {"lr_decay_style", c.lr_decay_style},
+          {"train_iters", std::to_string(c.train_iters)}};
 }
 
-// Saves replace the checkpoint at --save, so a path that holds something else must be refused
-// before training starts, not deleted after it.
-void check_save_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  if (dir.empty()) return;
-  check_output_dir_path(dir, "--save");  // not a file, FIFO or link, and under a directory
-  if (!fs::exists(dir)) return;
-  MXDDP_CHECK(fs::is_directory(dir) && (fs::is_empty(dir) || fs::exists(fs::path(dir) / "manifest.json")),
-              "--save '{}' exists and is not an mxddp checkpoint (no manifest.json); saving would replace it. Give a "
-              "new path, an empty directory or an existing checkpoint", dir);
+std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t iteration) {
+  std::map<std::string, std::string> meta = schedule_fields(c);
+  meta["iteration"] = std::to_string(iteration);
+  meta["seed"] = std::to_string(c.seed);
+  return meta;
+}
+
+// Megatron resumes whatever the flags say; so do we, but say what differs from the checkpoint's
+// (a checkpoint from before these fields were saved has fewer to compare).
+void warn_on_resume_differences(const std::map<std::string, std::string>& meta, const TrainConfig& c,
+                                const std::string& dir, const TrainCallbacks& callbacks) {
+  if (!callbacks.on_warning) return;
+  for (const auto& [key, value] : schedule_fields(c)) {
+    const auto it = meta.find(key);
+    if (it == meta.end() || it->second == value) continue;
+    // A longer run is the usual reason to resume; it changes the schedule only when the decay
+    // spans the run.
+    const bool decay_spans_run = c.lr_decay_iters == 0 && c.lr_decay_style != "constant";
+    if (key == "train_iters" && !decay_spans_run) continue;
+    callbacks.on_warning(fmt::format("resuming from '{}' with {} {} (the checkpoint was saved with {}){}; the run goes "
+                                     "on with this run's value",
+                                     dir, key, value, it->second,
+                                     key == "train_iters" ? ": the lr decays over train_iters (--lr-decay-iters 0), so "
+                                                            "the schedule from here differs"
+                                                          : ""));
+  }
 }
 
 // The ranks that share this machine's cores and memory: ranks as threads (local backend) share
@@ -144,6 +167,11 @@ void TrainConfig::validate(int dp) const {
               eval_iters);
   MXDDP_CHECK(save_interval >= 0, "--save-interval {} is not valid: 0 (only at the end) or more", save_interval);
   MXDDP_CHECK(save_interval == 0 || !save_dir.empty(), "--save-interval {} needs --save DIR", save_interval);
+  MXDDP_CHECK(keep_last >= 0, "--keep-last {} is not valid: 0 (keep every save) or more", keep_last);
+  MXDDP_CHECK(keep_last == 0 || !save_dir.empty(), "--keep-last {} needs --save DIR", keep_last);
+  MXDDP_CHECK(exit_interval >= 0, "--exit-interval {} is not valid: 0 (never) or more", exit_interval);
+  MXDDP_CHECK(std::isfinite(exit_duration_in_mins) && exit_duration_in_mins >= 0,
+              "--exit-duration-in-mins {} is not valid: 0 (never) or a positive number of minutes", exit_duration_in_mins);
   MXDDP_CHECK(check_weight_hash_across_dp_replicas_interval >= 0,
               "--check-weight-hash-across-dp-replicas-interval {} is not valid: 0 (never) or more",
               check_weight_hash_across_dp_replicas_interval);
@@ -163,9 +191,10 @@ float learning_rate(const TrainConfig& c, int64_t it) {
 }
 
 TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks) {
+  const auto t_start = Clock::now();  // --exit-duration-in-mins counts from here, as Megatron's from its start
   const int dp = comm.size(), rank = comm.rank();
   config.validate(dp);
-  check_save_dir(config.save_dir);
+  if (!config.save_dir.empty()) checkpoint_history::check_save_dir(config.save_dir);
   {
     // Before anything is allocated: a run that cannot fit is an error with the figures, not a
     // process that grows until it is killed. A --data file's size is read here; from_file below
@@ -219,12 +248,13 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
   result.unigram_entropy = data.unigram_entropy();
   result.tokens_per_iteration = int64_t{config.global_batch_size} * mc.seq_length;
   if (!config.load_dir.empty()) {
+    const std::string load_dir = resolve_checkpoint_dir(config.load_dir);  // a history's newest, or one checkpoint
     // The model config is compared before anything changes: a model with other heads can have
     // the same param shapes and would load silently.
-    const auto meta = load_checkpoint(config.load_dir, optimizer, {.model_config = config.model.fields()});
+    const auto meta = load_checkpoint(load_dir, optimizer, {.model_config = config.model.fields()});
     const auto it = meta.find("iteration");
     MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
-                config.load_dir);
+                load_dir);
     size_t used = 0;
     try {
       result.start_iteration = std::stoll(it->second, &used);
@@ -232,13 +262,14 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
       used = 0;
     }
     MXDDP_CHECK(used > 0 && used == it->second.size() && result.start_iteration >= 0,
-                "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", config.load_dir,
+                "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", load_dir,
                 it->second);
     // Every optimizer step is an iteration (a skipped one is an iteration without a step).
     MXDDP_CHECK(optimizer.step_count() <= result.start_iteration,
                 "checkpoint '{}' holds optimizer step {} but iteration {}: a run takes at most one step per iteration, "
-                "so its manifest is not what mxddp train saved", config.load_dir, optimizer.step_count(),
+                "so its manifest is not what mxddp train saved", load_dir, optimizer.step_count(),
                 result.start_iteration);
+    if (rank == 0) warn_on_resume_differences(meta, config, load_dir, callbacks);
   }
 
   std::vector<int32_t> tokens(static_cast<size_t>(mb) * (mc.seq_length + 1));  // [micro-batch, T + 1]
@@ -276,9 +307,39 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
                 iteration, config.check_weight_hash_across_dp_replicas_interval, mismatches);
   };
   auto save = [&](int64_t iteration) {
-    save_checkpoint(config.save_dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration),
-                                                 .model_config = config.model.fields()});
-    if (callbacks.on_save) callbacks.on_save(iteration, config.save_dir);
+    const std::string dir = checkpoint_history::iteration_dir(config.save_dir, iteration);
+    save_checkpoint(dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration),
+                                     .model_config = config.model.fields()});
+    // Rank 0 points the tracker at the complete checkpoint; every rank learns whether it could.
+    std::string error;
+    if (rank == 0) {
+      try {
+        checkpoint_history::commit(config.save_dir, iteration, config.keep_last);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    uint8_t failed = error.empty() ? 0 : 1;
+    comm.all_reduce(TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
+    MXDDP_CHECK(failed == 0, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
+                iteration, dir, error.empty() ? " (on rank 0)" : ": " + error);
+    if (callbacks.on_save) callbacks.on_save(iteration, dir);
+  };
+  // Whether to stop after this iteration, the same answer on every rank: --exit-interval needs no
+  // agreement; the clock and stop_requested (a signal) are each rank's own, so the ranks agree on
+  // the maximum. Empty: go on.
+  const bool agree_on_exit = config.exit_duration_in_mins > 0 || callbacks.stop_requested;
+  auto exit_reason = [&](int64_t iteration) -> std::string {
+    if (config.exit_interval > 0 && iteration % config.exit_interval == 0)
+      return fmt::format("--exit-interval {}", config.exit_interval);
+    if (!agree_on_exit) return "";
+    const double minutes = std::chrono::duration<double>(Clock::now() - t_start).count() / 60;
+    uint8_t flags[2] = {static_cast<uint8_t>(config.exit_duration_in_mins > 0 && minutes >= config.exit_duration_in_mins),
+                        static_cast<uint8_t>(callbacks.stop_requested && callbacks.stop_requested())};
+    comm.all_reduce(TensorView{flags, DType::kU8, Shape{2}, Device::cpu()}, {.op = ReduceOp::kMax});
+    if (flags[1]) return "a stop was requested (--exit-signal-handler: SIGTERM)";
+    if (flags[0]) return fmt::format("--exit-duration-in-mins {} reached", config.exit_duration_in_mins);
+    return "";
   };
 
   MemoryUsage warmup_usage;
@@ -342,8 +403,14 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
       check_weight_hashes(it + 1);
     if (config.eval_iters > 0 && (last || (config.eval_interval > 0 && (it + 1) % config.eval_interval == 0)))
       evaluate(it + 1);
-    if (!config.save_dir.empty() && (last || (config.save_interval > 0 && (it + 1) % config.save_interval == 0)))
-      save(it + 1);
+    const bool saving = !config.save_dir.empty() && (last || (config.save_interval > 0 && (it + 1) % config.save_interval == 0));
+    if (saving) save(it + 1);
+    if (last) break;
+    if (std::string reason = exit_reason(it + 1); !reason.empty()) {
+      if (!config.save_dir.empty() && !saving) save(it + 1);
+      result.exit_reason = std::move(reason);
+      break;
+    }
   }
   optimizer.force_param_sync();  // end of training: the model holds the final params
   result.train_seconds = std::chrono::duration<double>(Clock::now() - t_train).count();
