@@ -3,7 +3,7 @@
 # configures and builds the given CMake preset (default: release). Sourced by run.sh and test.sh.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libopenblas-dev libdnnl-dev strace clang libclang-rt-dev python3-matplotlib)
+packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libopenblas-dev libdnnl-dev strace clang libclang-rt-dev python3-matplotlib python3-numpy python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,5 +22,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 preset="${1:-release}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The checkpoint-export tests read mxddp's safetensors files with the Python safetensors package
+# too (PyPI; Debian 12 has none): a venv beside the builds that sees Debian's numpy. Without
+# PyPI those tests skip and say why.
+venv=build/pyvenv
+if ! "$venv/bin/python" -c "import numpy, safetensors.numpy" 2>/dev/null; then
+  { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+    "$venv/bin/pip" install -q --disable-pip-version-check safetensors; } >/dev/null 2>&1 ||
+    echo "setup: could not install the Python safetensors package into $venv (its tests will skip)"
+fi
+
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset"

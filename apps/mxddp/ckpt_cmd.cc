@@ -1,7 +1,9 @@
-// `mxddp ckpt inspect`: see ckpt_cmd.h.
+// `mxddp ckpt inspect` and the dispatch of `mxddp ckpt`: see ckpt_cmd.h.
 #include "ckpt_cmd.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -14,16 +16,25 @@ CLI::App* add_ckpt_command(CLI::App& app, CkptArgs& args) {
   auto* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
   ckpt->require_subcommand(1);
   auto* inspect = ckpt->add_subcommand("inspect", "Print what a checkpoint holds and verify all of it");
-  inspect->add_option("dir", args.dir, "Checkpoint directory")->required();
+  inspect->add_option("dir", args.dir, "Checkpoint directory (or a --save directory: its newest checkpoint)")->required();
   inspect->add_flag("--json", args.json, "Print one JSON object (the same content and problems) instead of text");
-  return inspect;
+  args.export_cmd = add_ckpt_export_command(*ckpt, args.export_args);
+  return ckpt;
+}
+
+int run_ckpt_command(const CkptArgs& args) {
+  if (args.export_cmd->parsed()) {
+    run_ckpt_export(args.export_args);
+    return 0;
+  }
+  return run_ckpt_inspect(args);
 }
 
 namespace {
 
 // The checkpoint layer's checks and the GPT's (the param list its saved model config implies).
 CheckpointInfo inspect(const std::string& dir) {
-  CheckpointInfo info = inspect_checkpoint(dir);
+  CheckpointInfo info = inspect_checkpoint(checkpoint_dir_to_read(dir));
   for (std::string& problem : gpt_checkpoint_problems(info)) info.problems.push_back(std::move(problem));
   return info;
 }
@@ -50,16 +61,30 @@ int run_ckpt_inspect(const CkptArgs& args) {
               static_cast<long long>(info.step), info.saved_dp, info.optimizer.c_str(), info.model_dtype.c_str());
   for (const auto& [key, value] : info.metadata) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
   for (const auto& [key, value] : info.model_config) std::printf("  model %s = %s\n", key.c_str(), value.c_str());
-  int64_t numel = 0;
-  std::printf("\n%-40s %-20s %8s\n", "param", "shape", "slices");
+  // Column widths from the longest entry: GPT names such as
+  // decoder.layers.11.self_attention.linear_proj.weight (51 characters) outgrow any fixed width.
+  size_t name_w = std::string_view("param").size(), shape_w = std::string_view("shape").size();
   for (const CheckpointParamInfo& p : info.params) {
-    std::printf("%-40s %-20s %8d\n", p.name.c_str(), p.shape.to_string().c_str(), p.slices);
+    name_w = std::max(name_w, p.name.size());
+    shape_w = std::max(shape_w, p.shape.to_string().size());
+  }
+  const int nw = static_cast<int>(name_w), sw = static_cast<int>(shape_w);
+  int64_t numel = 0;
+  std::printf("\n%-*s  %-*s  %6s\n", nw, "param", sw, "shape", "slices");
+  for (const CheckpointParamInfo& p : info.params) {
+    std::printf("%-*s  %-*s  %6d\n", nw, p.name.c_str(), sw, p.shape.to_string().c_str(), p.slices);
     numel += p.shape.numel();
   }
-  std::printf("%lld params in %zu tensors\n\n%-28s %14s %10s  %s\n", static_cast<long long>(numel), info.params.size(),
-              "file", "bytes", "crc32", "status");
+  size_t file_w = std::string_view("file").size(), bytes_w = std::string_view("bytes").size();
+  for (const CheckpointFileInfo& f : info.files) {
+    file_w = std::max(file_w, f.name.size());
+    bytes_w = std::max(bytes_w, std::to_string(f.size_bytes).size());
+  }
+  const int fw = static_cast<int>(file_w), bw = static_cast<int>(bytes_w);
+  std::printf("%lld params in %zu tensors\n\n%-*s  %*s  %-8s  %s\n", static_cast<long long>(numel), info.params.size(),
+              fw, "file", bw, "bytes", "crc32", "status");
   for (const CheckpointFileInfo& f : info.files)
-    std::printf("%-28s %14lld   %08x  %s\n", f.name.c_str(), static_cast<long long>(f.size_bytes), f.crc32,
+    std::printf("%-*s  %*lld  %08x  %s\n", fw, f.name.c_str(), bw, static_cast<long long>(f.size_bytes), f.crc32,
                 f.status == "ok" ? "ok" : "DAMAGED (see below)");
   if (info.ok()) {
     std::printf("\nall files intact: manifest checksum, file sizes and CRC-32s, tensor dtypes and sizes, and the "

@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   mxddp::app::TrainArgs train;
   auto* train_cmd = mxddp::app::add_train_command(app, train);
   mxddp::app::CkptArgs ckpt;
-  auto* inspect_cmd = mxddp::app::add_ckpt_command(app, ckpt);
+  auto* ckpt_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
   // CLI11's own parse errors read as mxddp's do.
   app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
     if (train_cmd->parsed()) return mxddp::app::run_train_command(argc, argv, train);
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
-    if (inspect_cmd->parsed()) return mxddp::app::run_ckpt_inspect(ckpt);
+    if (ckpt_cmd->parsed()) return mxddp::app::run_ckpt_command(ckpt);
     if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);
   } catch (const std::bad_alloc&) {
     // Sizes come from flags and files, so an allocation can fail anywhere; "std::bad_alloc" alone

@@ -96,4 +96,32 @@ CheckpointInfo inspect_checkpoint(const std::string& dir);
 // model_config, metadata, params, files (name, bytes, crc32, status) and problems.
 std::string checkpoint_info_json(const CheckpointInfo& info);
 
+// A checkpoint's params whole (for `mxddp ckpt export`): each param's FP32 main params (the
+// optimizer's master copy, what a load restores and the model params are cast from; runs with
+// MXFP8 params have them too) assembled from the slices every saving rank wrote, as a load at
+// dp 1 would assemble them.
+struct CheckpointParams {
+  CheckpointInfo info;                     // as inspect_checkpoint gives it, with no problems
+  std::vector<std::vector<float>> values;  // [param] in info.params order: shape.numel() values, row-major
+};
+// Runs every check inspect_checkpoint runs (those a load runs: the manifest's checksum and
+// structure, the coverage of every param, each listed rank file's size, CRC-32, header, save id
+// and tensors, no unlisted rank file), reading each rank file once, and copies the "main/..."
+// slices into place. Throws Error "checkpoint 'DIR' is damaged: ..." with every problem found
+// when any check fails (nothing is returned in part), or what read_manifest throws. Nothing is
+// allocated for the params before the listed files are known to be large enough to hold them.
+CheckpointParams read_checkpoint_params(const std::string& dir);
+
+// One safetensors file of whole params: each param under its checkpoint name with its shape, in
+// info.params order, as F32 or BF16 (dtype kF32 or kBF16; bf16 is f32 rounded to nearest even),
+// the header padded with spaces to 8 bytes as the rank files' are. Its "__metadata__" (string
+// values): "mxddp_model_config", the manifest's model config as one JSON object (numbers as
+// numbers, as the manifest stores it; "{}" when none was saved); "mxddp_step", the optimizer
+// step; "mxddp_iteration", the checkpoint metadata's "iteration" when it has one;
+// "mxddp_checkpoint_metadata", all of that metadata as one JSON object; "mxddp_dtype", "f32" or
+// "bf16"; "mxddp_source", what the values are; then extra_metadata (which may not redefine these).
+// Nothing depends on where the checkpoint lies or the dp it was saved at.
+std::vector<char> encode_checkpoint_params_safetensors(const CheckpointParams& params, DType dtype,
+                                                       const std::map<std::string, std::string>& extra_metadata = {});
+
 }  // namespace mxddp

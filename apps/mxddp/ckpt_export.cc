@@ -1,0 +1,139 @@
+// `mxddp ckpt export`: see ckpt_export.h.
+#include "ckpt_export.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <mxddp/checkpoint.h>
+#include <mxddp/output_file.h>
+#include <mxddp/train.h>
+
+namespace mxddp::app {
+
+const char* const kQkvLayout =
+    "decoder.layers.<l>.self_attention.linear_qkv.weight is [3C, C] (C = hidden_size; linear weights are "
+    "[out, in], y = x W^T + b). Its rows are three blocks, q | k | v: rows [0, C) give the query, [C, 2C) the "
+    "key, [2C, 3C) the value. Within each block head h (of H = num_attention_heads, D = C / H) owns D "
+    "consecutive rows, so head h's query, key and value rows are [h*D, h*D+D), [C+h*D, C+h*D+D) and "
+    "[2C+h*D, 2C+h*D+D). linear_qkv.bias [3C] is split the same way. This is GPT-2's c_attn order (Hugging "
+    "Face stores that weight transposed, [C, 3C]); it is not Megatron-core's linear_qkv order, which "
+    "interleaves the three by head (query group): q_0, k_0, v_0, q_1, k_1, v_1 and so on";
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kHelp =
+    "Writes one safetensors file with every model param whole and shaped, under the checkpoint's param names "
+    "(embedding.word_embeddings.weight, decoder.layers.0.self_attention.linear_qkv.weight, ...). DIR is one "
+    "checkpoint or a `mxddp train --save` directory, whose newest checkpoint is read (as --load reads it). The "
+    "values are its FP32 main params (the optimizer's master copy, from which the model params are cast), "
+    "assembled from every data-parallel rank's shard as a load at dp 1 would, after every check `mxddp ckpt "
+    "inspect` runs: a damaged checkpoint is refused, never exported in part. Runs trained with --fp8-param-gather "
+    "(MXFP8 params) have FP32 main params too and are exported the same way: the export holds those, not the "
+    "MXFP8 payloads and scales. --dtype bf16 rounds them to nearest even. The file's __metadata__ (string "
+    "values) holds mxddp_model_config (the model config as one JSON object), mxddp_iteration, mxddp_step, "
+    "mxddp_checkpoint_metadata, mxddp_dtype, mxddp_source and mxddp_qkv_layout. --out is written atomically "
+    "(a temporary name, then a rename).\n\n"
+    "Layout: the LM head is tied to embedding.word_embeddings.weight [V, C] (no separate output weight); "
+    "embedding.position_embeddings.weight is [T, C]. The fused attention weight: ";
+
+// Refuses --out inside the checkpoint directory or the --save history holding it: saves replace a
+// checkpoint directory as a whole and prune a history's iter_ directories (deleting the export),
+// `mxddp train --save` refuses a history that holds other files, and a checkpoint file's name
+// (manifest.json) would replace that file.
+void check_out_not_in_checkpoint(const CkptExportArgs& a, const std::string& resolved) {
+  std::error_code ec;
+  const fs::path parent = fs::absolute(fs::path(a.out), ec).parent_path();
+  for (const std::string& dir : {a.dir, a.dir + ".partial", a.dir + ".old", resolved}) {
+    std::error_code ec2;
+    MXDDP_CHECK(!fs::equivalent(parent, dir, ec2), "--out '{}' is inside the checkpoint directory '{}', which saves "
+                "replace or prune (deleting the export; a later `mxddp train --save` there refuses a directory "
+                "holding other files), and a checkpoint file's name would replace that file: give a path outside it",
+                a.out, dir);
+  }
+}
+
+// Paragraphs wrapped at `width` columns (CLI11 prints a footer as it is).
+std::string wrap(const std::string& text, size_t width) {
+  std::string out, line;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find_first_of(" \n", start), text.size());
+    const std::string word = text.substr(start, end - start);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    if (end < text.size() && text[end] == '\n') {
+      out += line + "\n";
+      line.clear();
+    }
+    start = end + 1;
+  }
+  return out + line;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_to_read(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "latest_checkpointed_iteration.txt", ec)) return resolve_checkpoint_dir(dir);
+  return dir;
+}
+
+CLI::App* add_ckpt_export_command(CLI::App& ckpt, CkptExportArgs& args) {
+  auto* cmd = ckpt.add_subcommand("export", "Write a checkpoint's params, whole and shaped, to one safetensors file");
+  cmd->footer(wrap(std::string(kHelp) + kQkvLayout + ".", 100));
+  cmd->add_option("dir", args.dir, "Checkpoint directory (or a --save directory: its newest checkpoint)")->required();
+  cmd->add_option("--out", args.out, "The safetensors file to write (a regular file or a new name)")->required();
+  cmd->add_option("--dtype", args.dtype, "f32 (the main params as they are) or bf16 (rounded to nearest even)")
+      ->capture_default_str();
+  return cmd;
+}
+
+void run_ckpt_export(const CkptExportArgs& a) {
+  // The flags and the output path first: a bad one fails before the checkpoint is read.
+  MXDDP_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype '{}' is not valid: give f32 or bf16", a.dtype);
+  const DType dtype = a.dtype == "f32" ? DType::kF32 : DType::kBF16;
+  check_output_file_path(a.out, "--out");
+  {
+    std::error_code ec;
+    const bool any = fs::exists(fs::symlink_status(a.dir, ec)) || fs::exists(a.dir + ".partial", ec) ||
+                     fs::exists(a.dir + ".old", ec);
+    MXDDP_CHECK(any, "checkpoint directory '{}' does not exist", a.dir);
+  }
+  const std::string dir = checkpoint_dir_to_read(a.dir);
+  check_out_not_in_checkpoint(a, dir);
+
+  // The checkpoint layer's checks while reading, then the GPT's (the param list its saved model
+  // config implies): what `mxddp ckpt inspect` runs.
+  CheckpointParams params = read_checkpoint_params(dir);
+  const std::vector<std::string> gpt_problems = gpt_checkpoint_problems(params.info);
+  MXDDP_CHECK(gpt_problems.empty(), "checkpoint '{}' is damaged: {}", params.info.dir, fmt::join(gpt_problems, "; "));
+
+  std::map<std::string, std::string> extra;
+  if (!params.info.model_config.empty()) extra["mxddp_qkv_layout"] = kQkvLayout;
+  std::vector<char> bytes = encode_checkpoint_params_safetensors(params, dtype, extra);
+  int64_t numel = 0;
+  for (const CheckpointParamInfo& p : params.info.params) numel += p.shape.numel();
+  const CheckpointInfo& info = params.info;
+  const auto iteration = info.metadata.find("iteration");
+  const std::string when = (iteration != info.metadata.end() ? fmt::format("iteration {}, ", iteration->second) : "") +
+                           fmt::format("step {}, saved at dp {}", info.step, info.saved_dp);
+  params.values = {};  // the encoded file is all that is needed now
+  write_output_file(a.out, std::string_view(bytes.data(), bytes.size()), "--out");
+  std::printf("exported %zu params (%lld values, %s) of checkpoint %s (%s) to %s: %zu bytes\n", info.params.size(),
+              static_cast<long long>(numel), a.dtype.c_str(), info.dir.c_str(), when.c_str(), a.out.c_str(),
+              bytes.size());
+}
+
+}  // namespace mxddp::app
