@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws the memory/time front of `fsdp_bench sweep` (issue 12) as a PNG.
 
 Each run is a point: x = step time (ms, median), y = peak gathered bytes per rank (KiB). One

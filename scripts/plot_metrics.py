@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws a training run of `mxddp train` as PNGs.
 
 Reads either the metrics file (`--metrics-file`, one JSON object per line, written as training
