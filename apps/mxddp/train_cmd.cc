@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -38,8 +40,55 @@ const CLI::Validator kPositiveInt = integer_in(1, kIntMax);
 const CLI::Validator kPositiveInt64 = integer_in(1, kInt64Max);
 const CLI::Validator kIterations = integer_in(0, kInt64Max);
 const CLI::Validator kNonNegativeFloat = real_in(0, kFloatMax, Storage::kFloat);
-// Adam's bias correction divides by 1 - beta^t, which is 0 for beta = 1 (PyTorch refuses it too).
-const CLI::Validator kAdamBeta = real_in(0, 1, Storage::kFloat, Ends::kOpenHigh);
+
+// The check of a described field's range (config_fields.h) for a flag stored as T: an infinite end
+// is T's own limit.
+template <typename T>
+CLI::Validator range_validator(const FieldRange& r) {
+  if constexpr (std::is_integral_v<T>) {
+    MXDDP_ASSERT(!r.open_low && !r.open_high);  // an integer range is written closed
+    const int64_t lo = std::isinf(r.lo) ? int64_t{std::numeric_limits<T>::min()} : static_cast<int64_t>(r.lo);
+    const int64_t hi = std::isinf(r.hi) ? static_cast<int64_t>(std::numeric_limits<T>::max()) : static_cast<int64_t>(r.hi);
+    return integer_in(lo, hi);
+  } else {
+    static_assert(std::is_floating_point_v<T>);
+    constexpr double kMax = std::numeric_limits<T>::max();
+    MXDDP_ASSERT(!(r.open_low && r.open_high));
+    return real_in(std::isinf(r.lo) ? -kMax : r.lo, std::isinf(r.hi) ? kMax : r.hi,
+                   std::is_same_v<T, float> ? Storage::kFloat : Storage::kDouble,
+                   r.open_low ? Ends::kOpenLow : r.open_high ? Ends::kOpenHigh : Ends::kClosed);
+  }
+}
+
+// An enum flag (FieldEnum<E>): one of the names, stored parsed; the default shown is value's name.
+template <typename E>
+CLI::Option* add_enum_option(CLI::App* group, const std::string& flags, E& value, const std::string& help) {
+  return group
+      ->add_option_function<std::string>(flags, [&value](const std::string& name) { value = FieldEnum<E>::parse(name); },
+                                         help)
+      ->check(CLI::IsMember(FieldEnum<E>::names()))
+      ->default_str(std::string(FieldEnum<E>::name(value)));
+}
+
+// A flag for every described field of config that has one (config_fields.h), bound to the field's
+// member; returns them by field name.
+template <typename Config>
+std::map<std::string_view, CLI::Option*> add_field_options(CLI::App* group, Config& config) {
+  std::map<std::string_view, CLI::Option*> options;
+  for_each_field(config, [&](const auto& field, auto& value) {
+    using T = std::remove_cvref_t<decltype(value)>;
+    if (!field.has_flag()) return;
+    const std::string flags(field.flags), help(field.help);
+    CLI::Option* option = nullptr;
+    if constexpr (std::is_same_v<T, bool>) option = group->add_flag(flags, value, help);
+    else if constexpr (NamedEnum<T>) option = add_enum_option(group, flags, value, help);
+    else if constexpr (kIsOptional<T>)
+      option = group->add_option(flags, value, help)->transform(range_validator<typename T::value_type>(field.range));
+    else option = group->add_option(flags, value, help)->transform(range_validator<T>(field.range));
+    options[field.name] = option;
+  });
+  return options;
+}
 
 }  // namespace
 
@@ -59,10 +108,17 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   auto* model = cmd->add_option_group("model");
   model->add_option("--model", a.model, "Preset: tiny, small (~10.8M params) or gpt2-124m (GPT-2 small's shape)")
       ->check(CLI::IsMember(gpt_preset_names()));
-  model->add_option("--num-layers", a.num_layers, "Override the preset's decoder layers")->transform(kPositiveInt);
-  model->add_option("--hidden-size", a.hidden_size, "Override the preset's hidden size")->transform(kPositiveInt);
-  model->add_option("--num-attention-heads", a.num_attention_heads, "Override the preset's heads")->transform(kPositiveInt);
-  model->add_option("--seq-length", a.seq_length, "Override the preset's sequence length")->transform(kPositiveInt);
+  // GptConfig's flags override the preset's values once it is known (finish_config).
+  for_each_field<GptConfig>([&](const auto& field) {
+    using T = typename std::remove_cvref_t<decltype(field)>::value_type;
+    if (!field.has_flag()) return;
+    model
+        ->add_option_function<T>(
+            std::string(field.flags),
+            [&a, member = field.member](const T& v) { a.model_overrides.push_back([member, v](GptConfig& m) { m.*member = v; }); },
+            fmt::format("Override the preset's {}", field.help))
+        ->transform(range_validator<T>(field.range));
+  });
   model->add_flag("--recompute-activations", a.recompute_activations,
                   "Re-run each layer whole in backward, keeping only its input (= --recompute-granularity full; "
                   "Megatron's flag means selective)");
@@ -88,42 +144,14 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   batch->add_option("--min-lr", c.min_lr, "Learning rate at the end of the decay")->transform(kNonNegativeFloat);
   batch->add_option("--lr-warmup-iters", c.lr_warmup_iters, "Linear warmup iterations")->transform(kIterations);
   batch->add_option("--lr-decay-iters", c.lr_decay_iters, "Decay ends here (0: --train-iters)")->transform(kIterations);
-  batch->add_option("--lr-decay-style", c.lr_decay_style, "cosine, linear or constant")
-      ->check(CLI::IsMember({"cosine", "linear", "constant"}));
+  add_enum_option(batch, "--lr-decay-style", c.lr_decay_style, "cosine, linear or constant");
 
   auto* opt = cmd->add_option_group("optimizer");
-  opt->add_option("--optimizer", c.optimizer.optimizer, "adam (AdamW) or sgd")->check(CLI::IsMember({"adam", "sgd"}));
-  opt->add_option("--weight-decay", c.optimizer.weight_decay, "Decoupled weight decay (2-D params only)")
-      ->transform(kNonNegativeFloat);
-  opt->add_option("--clip-grad", c.optimizer.clip_grad, "Max global grad norm (0: no clipping)")->transform(kNonNegativeFloat);
-  opt->add_option("--adam-beta1", c.optimizer.adam_beta1, "Adam beta1")->transform(kAdamBeta);
-  opt->add_option("--adam-beta2", c.optimizer.adam_beta2, "Adam beta2")->transform(kAdamBeta);
-  opt->add_option("--adam-eps", c.optimizer.adam_eps, "Adam epsilon")->transform(real_in(0, kFloatMax, Storage::kFloat, Ends::kOpenLow));
-  opt->add_option("--sgd-momentum", c.optimizer.sgd_momentum, "SGD momentum")->transform(real_in(0, 1, Storage::kFloat));
+  add_field_options(opt, c.optimizer);  // OptimizerConfig's described fields (optim.h)
 
   auto* ddp = cmd->add_option_group("data parallelism (DdpConfig; the distributed optimizer is always on)");
-  DdpConfig& d = c.ddp;
-  ddp->add_flag("--overlap-grad-reduce", d.overlap_grad_reduce, "Reduce-scatter bucket groups during backward");
-  a.bucket_size_option = ddp->add_option("--bucket-size,--ddp-bucket-size", d.bucket_size, "Bucket size in elements (with --overlap-grad-reduce)")
-      ->transform(kPositiveInt64);
-  ddp->add_option("--buckets-per-group", d.buckets_per_group, "Buckets per bucket group (one collective call each)")
-      ->transform(kPositiveInt);
-  ddp->add_flag("--pad-buckets-for-high-nccl-busbw,--ddp-pad-buckets-for-high-nccl-busbw", d.pad_buckets_for_high_nccl_busbw,
-                "Pad bucket ends to lcm(dp, 128, 65536)");
-  ddp->add_flag("--average-in-collective,--ddp-average-in-collective", d.average_in_collective,
-                "Average in the collective instead of pre-scaling by 1/dp");
-  ddp->add_flag("--check-for-nan-in-grad", d.check_for_nan_in_grad,
-                "DDP: fail on the rank that finds a NaN or Inf gradient, before reducing its bucket");
-  ddp->add_flag("--force-all-reduce", d.force_all_reduce, "All-reduce gradients even with the distributed optimizer");
-  ddp->add_flag("--overlap-param-gather", d.overlap_param_gather, "Gather params group by group in the forward pre-hooks");
-  ddp->add_flag("--overlap-param-gather-with-optimizer-step", d.overlap_param_gather_with_optimizer_step,
-                "Start each group's gather as soon as the optimizer has updated it");
-  ddp->add_flag("--fp8-param-gather", d.fp8_param_gather, "Keep the linear weights as MXFP8 (DDP: quantized after each gather; FSDP: sharded row- and column-wise payloads)");
-  ddp->add_option("--mxfp8-elem", a.mxfp8_elem, "MXFP8 element format: e4m3 or e5m2")->check(CLI::IsMember({"e4m3", "e5m2"}));
-  ddp->add_option("--mxfp8-scale-mode", a.mxfp8_scale_mode, "MXFP8 scale rule: rceil or floor")
-      ->check(CLI::IsMember({"rceil", "floor"}));
-  ddp->add_flag("--reuse-grad-buf-for-mxfp8-param-ag", d.reuse_grad_buf_for_mxfp8_param_ag,
-                "Stage the param all-gather in the grad buffer (no BF16 param buffer)");
+  // DdpConfig's described fields (ddp.h).
+  a.bucket_size_option = add_field_options(ddp, c.ddp).at("bucket_size");
 
   auto* fsdp = cmd->add_option_group(
       "fully sharded data parallel (FsdpConfig; --overlap-grad-reduce and --overlap-param-gather apply too)");
@@ -335,13 +363,8 @@ void finish_config(TrainArgs& a) {
   }
   GptConfig& m = a.config.model;
   m = gpt_preset(a.model);
-  m.num_layers = a.num_layers.value_or(m.num_layers);
-  m.hidden_size = a.hidden_size.value_or(m.hidden_size);
-  m.num_attention_heads = a.num_attention_heads.value_or(m.num_attention_heads);
-  m.seq_length = a.seq_length.value_or(m.seq_length);
+  for (const auto& override_field : a.model_overrides) override_field(m);
   a.notes = apply_megatron_flags(a.megatron, m.num_params(), a.bucket_size_option->count() > 0, a.config.ddp.bucket_size);
-  a.config.ddp.mxfp8_elem = parse_fp8_format(a.mxfp8_elem);
-  a.config.ddp.mxfp8_scale_mode = parse_scale_mode(a.mxfp8_scale_mode);
   // The overlap flags and the grad dtype mean the same under FSDP (Megatron's names are shared).
   FsdpConfig& f = a.config.fsdp;
   f.data_parallel_sharding_strategy = parse_sharding_strategy(a.sharding_strategy);

@@ -4,6 +4,7 @@
 // aliases where they differ (--ddp-bucket-size for --bucket-size, ...).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,10 +23,9 @@ struct TrainArgs {
   const CLI::Option* ranks_option = nullptr;  // whether --ranks was given
   int64_t timeout_ms = 600'000;
   std::string model = "tiny";
-  // Overrides of the preset.
-  std::optional<int> num_layers, hidden_size, num_attention_heads, seq_length;
-  std::string mxfp8_elem = "e4m3";
-  std::string mxfp8_scale_mode = "rceil";
+  // Overrides of the preset (--num-layers, ...: GptConfig's described fields), applied in order
+  // over --model's config.
+  std::vector<std::function<void(GptConfig&)>> model_overrides;
   std::string sharding_strategy = "optim_grads_params";
   // The fine-grained param gather's tri-state (FsdpConfig), from two flags: on, explicitly off.
   bool fine_grained_on = false, fine_grained_off = false;

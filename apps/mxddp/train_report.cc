@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -23,19 +24,30 @@ nlohmann::json recompute_module_list(const RecomputeModules& modules) {
   return list;
 }
 
+// A described config (config_fields.h) as a JSON object: every field under its name, as the
+// checkpoint manifest writes it.
+template <typename Config>
+nlohmann::json fields_json(const Config& config) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, value] : field_values(config))
+    std::visit([&j, key = std::string(name)](const auto& v) { j[key] = v; }, value);
+  return j;
+}
+
 nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& backend) {
-  const DdpConfig& d = c.ddp;
+  nlohmann::json model = fields_json(c.model);
+  model["num_params"] = c.model.num_params();
+  model["train_flops_per_token"] = c.model.train_flops_per_token();
+  // What train() runs with: the schedule's peak lr (the optimizer's changes every iteration) and
+  // the distributed optimizer, always on.
+  OptimizerConfig optimizer = c.optimizer;
+  optimizer.lr = c.lr;
+  DdpConfig ddp = c.ddp;
+  ddp.use_distributed_optimizer = true;
   return {
       {"backend", backend},
       {"dp", dp},
-      {"model",
-       {{"num_layers", c.model.num_layers},
-        {"hidden_size", c.model.hidden_size},
-        {"num_attention_heads", c.model.num_attention_heads},
-        {"seq_length", c.model.seq_length},
-        {"vocab_size", c.model.vocab_size},
-        {"num_params", c.model.num_params()},
-        {"train_flops_per_token", c.model.train_flops_per_token()}}},
+      {"model", std::move(model)},
       // Megatron's names and values: null granularity = no recompute.
       {"recompute_granularity", c.recompute_granularity == RecomputeGranularity::kNone
                                     ? nlohmann::json(nullptr)
@@ -53,31 +65,9 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
       {"min_lr", c.min_lr},
       {"lr_warmup_iters", c.lr_warmup_iters},
       {"lr_decay_iters", c.lr_decay_iters},
-      {"lr_decay_style", c.lr_decay_style},
-      {"optimizer",
-       {{"optimizer", c.optimizer.optimizer},
-        {"weight_decay", c.optimizer.weight_decay},
-        {"clip_grad", c.optimizer.clip_grad},
-        {"adam_beta1", c.optimizer.adam_beta1},
-        {"adam_beta2", c.optimizer.adam_beta2},
-        {"adam_eps", c.optimizer.adam_eps},
-        {"sgd_momentum", c.optimizer.sgd_momentum}}},
-      {"ddp",
-       {{"use_distributed_optimizer", true},
-        {"grad_reduce_in_fp32", d.grad_reduce_in_fp32},
-        {"overlap_grad_reduce", d.overlap_grad_reduce},
-        {"bucket_size", d.bucket_size ? nlohmann::json(*d.bucket_size) : nlohmann::json(nullptr)},
-        {"buckets_per_group", d.buckets_per_group},
-        {"pad_buckets_for_high_nccl_busbw", d.pad_buckets_for_high_nccl_busbw},
-        {"average_in_collective", d.average_in_collective},
-        {"check_for_nan_in_grad", d.check_for_nan_in_grad},
-        {"force_all_reduce", d.force_all_reduce},
-        {"overlap_param_gather", d.overlap_param_gather},
-        {"overlap_param_gather_with_optimizer_step", d.overlap_param_gather_with_optimizer_step},
-        {"fp8_param_gather", d.fp8_param_gather},
-        {"mxfp8_elem", std::string(fp8_format_name(d.mxfp8_elem))},
-        {"mxfp8_scale_mode", std::string(scale_mode_name(d.mxfp8_scale_mode))},
-        {"reuse_grad_buf_for_mxfp8_param_ag", d.reuse_grad_buf_for_mxfp8_param_ag}}},
+      {"lr_decay_style", std::string(lr_decay_style_name(c.lr_decay_style))},
+      {"optimizer", fields_json(optimizer)},
+      {"ddp", fields_json(ddp)},
       {"use_megatron_fsdp", c.use_megatron_fsdp},
       {"fsdp",
        {{"data_parallel_sharding_strategy", std::string(sharding_strategy_name(c.fsdp.data_parallel_sharding_strategy))},

@@ -54,6 +54,21 @@ struct GptConfig {
   static GptConfig from_fields(const std::vector<std::pair<std::string, std::string>>& fields);
 };
 
+// Every GptConfig field, once (config_fields.h): `mxddp train`'s model flags (each overrides its
+// --model preset), its report's "model" section, and the names of fields() (a checkpoint
+// manifest's "model_config"; config_fields_test checks they agree). vocab_size has no flag: the
+// tokens are bytes.
+constexpr auto describe_fields(std::type_identity<GptConfig>) {
+  using C = GptConfig;
+  return std::tuple{
+      ConfigField<C, int>{"vocab_size", "", "Vocabulary size (256: byte-level tokens)", &C::vocab_size, kPositive},
+      ConfigField<C, int>{"num_layers", "--num-layers", "decoder layers", &C::num_layers, kPositive},
+      ConfigField<C, int>{"hidden_size", "--hidden-size", "hidden size", &C::hidden_size, kPositive},
+      ConfigField<C, int>{"num_attention_heads", "--num-attention-heads", "heads", &C::num_attention_heads, kPositive},
+      ConfigField<C, int>{"seq_length", "--seq-length", "sequence length", &C::seq_length, kPositive},
+  };
+}
+
 // "tiny" (2 x 64, seq 64), "small" (6 x 384, seq 256, ~10.8M params), "gpt2-124m" (GPT-2 small's
 // shape: 12 x 768, 12 heads, seq 1024; 85.8M params with the byte-level vocabulary).
 GptConfig gpt_preset(std::string_view name);

@@ -19,16 +19,31 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <mxddp/config_fields.h>
 #include <mxddp/data_parallel.h>
 #include <mxddp/ddp.h>
 #include <mxddp/memory.h>
 
 namespace mxddp {
 
+// The update rule: kAdam is AdamW (decoupled weight decay), kSgd SGD with momentum.
+enum class OptimizerType : uint8_t { kAdam, kSgd };
+std::string_view optimizer_name(OptimizerType optimizer);  // "adam", "sgd": what reports and manifests write
+// The inverse of optimizer_name; throws Error "optimizer 'X' is not supported; valid: adam, sgd".
+OptimizerType parse_optimizer(std::string_view name);
+
+template <>
+struct FieldEnum<OptimizerType> {
+  static std::string_view name(OptimizerType o) { return optimizer_name(o); }
+  static OptimizerType parse(std::string_view s) { return parse_optimizer(s); }
+  static std::vector<std::string> names() { return {"adam", "sgd"}; }
+};
+
 struct OptimizerConfig {
-  std::string optimizer = "adam";  // "adam" (AdamW, decoupled weight decay) or "sgd" (momentum)
+  OptimizerType optimizer = OptimizerType::kAdam;
   float lr = 1e-3f;
   float weight_decay = 0.01f;
   float adam_beta1 = 0.9f;
@@ -38,6 +53,26 @@ struct OptimizerConfig {
   float clip_grad = 1.0f;  // max global grad norm; 0 disables clipping
 };
 
+// Every OptimizerConfig field, once (config_fields.h): `mxddp train`'s flags, its report's
+// "optimizer" section and a checkpoint manifest's "optimizer" section come from here. lr has no
+// flag of its own: `mxddp train` sets it every iteration from the schedule (--lr, --min-lr, ...).
+constexpr auto describe_fields(std::type_identity<OptimizerConfig>) {
+  using C = OptimizerConfig;
+  return std::tuple{
+      ConfigField<C, OptimizerType>{"optimizer", "--optimizer", "adam (AdamW) or sgd", &C::optimizer},
+      ConfigField<C, float>{"lr", "", "Learning rate (mxddp train: the schedule's, from --lr)", &C::lr, kNonNegative},
+      ConfigField<C, float>{"weight_decay", "--weight-decay", "Decoupled weight decay (2-D params only)",
+                            &C::weight_decay, kNonNegative},
+      // Adam's bias correction divides by 1 - beta^t, which is 0 for beta = 1 (PyTorch refuses it too).
+      ConfigField<C, float>{"adam_beta1", "--adam-beta1", "Adam beta1", &C::adam_beta1, {.lo = 0, .hi = 1, .open_high = true}},
+      ConfigField<C, float>{"adam_beta2", "--adam-beta2", "Adam beta2", &C::adam_beta2, {.lo = 0, .hi = 1, .open_high = true}},
+      ConfigField<C, float>{"adam_eps", "--adam-eps", "Adam epsilon", &C::adam_eps, {.lo = 0, .open_low = true}},
+      ConfigField<C, float>{"sgd_momentum", "--sgd-momentum", "SGD momentum", &C::sgd_momentum, {.lo = 0, .hi = 1}},
+      ConfigField<C, float>{"clip_grad", "--clip-grad", "Max global grad norm (0: no clipping)", &C::clip_grad,
+                            kNonNegative},
+  };
+}
+
 struct StepResult {
   bool skipped = false;   // the grad norm was NaN or Inf: nothing changed
   double grad_norm = 0;   // before clipping
@@ -45,7 +80,9 @@ struct StepResult {
 };
 
 // The names of an optimizer's per-element states, in order, as checkpoints store them:
-// adam: exp_avg, exp_avg_sq; sgd: momentum_buffer. Throws Error for another optimizer.
+// adam: exp_avg, exp_avg_sq; sgd: momentum_buffer. The name form (a checkpoint manifest's) throws
+// Error for another optimizer.
+std::vector<std::string_view> optimizer_state_names(OptimizerType optimizer);
 std::vector<std::string_view> optimizer_state_names(std::string_view optimizer);
 
 class DistributedOptimizer {

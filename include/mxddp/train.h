@@ -23,6 +23,19 @@
 
 namespace mxddp {
 
+// The learning rate's decay after the warmup (Megatron's --lr-decay-style).
+enum class LrDecayStyle : uint8_t { kCosine, kLinear, kConstant };
+std::string_view lr_decay_style_name(LrDecayStyle style);  // "cosine", "linear", "constant"
+// The inverse; throws Error "--lr-decay-style 'X' is not valid: cosine, linear or constant".
+LrDecayStyle parse_lr_decay_style(std::string_view name);
+
+template <>
+struct FieldEnum<LrDecayStyle> {
+  static std::string_view name(LrDecayStyle s) { return lr_decay_style_name(s); }
+  static LrDecayStyle parse(std::string_view s) { return parse_lr_decay_style(s); }
+  static std::vector<std::string> names() { return {"cosine", "linear", "constant"}; }
+};
+
 struct TrainConfig {
   GptConfig model = gpt_preset("tiny");
   // Activation recompute, as GptModelOptions (Megatron's --recompute-granularity and
@@ -38,12 +51,12 @@ struct TrainConfig {
   int global_batch_size = 32;
   int64_t train_iters = 300;
   // Learning rate: linear warmup from lr / lr_warmup_iters to lr, then decay to min_lr by
-  // lr_decay_iters (0 = train_iters), "cosine", "linear" or "constant".
+  // lr_decay_iters (0 = train_iters), cosine, linear or constant.
   float lr = 2e-3f;
   float min_lr = 2e-4f;
   int64_t lr_warmup_iters = 30;
   int64_t lr_decay_iters = 0;
-  std::string lr_decay_style = "cosine";
+  LrDecayStyle lr_decay_style = LrDecayStyle::kCosine;
   OptimizerConfig optimizer;  // its lr is the schedule's
   DdpConfig ddp;              // use_distributed_optimizer is forced on
   // FSDP instead of DDP (Megatron's --use-megatron-fsdp): the GPT's decoder layers are the units,

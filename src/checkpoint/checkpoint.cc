@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <variant>
 #include <unistd.h>
 
 #include <fmt/ranges.h>
@@ -66,22 +67,22 @@ json shape_json(const Shape& s) {
   return j;
 }
 
+// A described config (config_fields.h) as a JSON object: every field under its name.
+template <typename Config>
+json fields_json(const Config& config) {
+  json j = json::object();
+  for (const auto& [name, value] : field_values(config))
+    std::visit([&j, key = std::string(name)](const auto& v) { j[key] = v; }, value);
+  return j;
+}
+
+// Informational on load except optimizer.optimizer (read_manifest): every described field of the
+// optimizer's and (with DDP) the DDP's config, under the names the report uses.
 json config_json(const DistributedOptimizer& opt) {
-  const OptimizerConfig& o = opt.config();
-  json j = {{"optimizer", {{"optimizer", o.optimizer}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-                           {"adam_beta1", o.adam_beta1}, {"adam_beta2", o.adam_beta2}, {"adam_eps", o.adam_eps},
-                           {"sgd_momentum", o.sgd_momentum}, {"clip_grad", o.clip_grad}}},
-            {"data_parallel", opt.data_parallel().describe()}};
+  json j = {{"optimizer", fields_json(opt.config())}, {"data_parallel", opt.data_parallel().describe()}};
   // What the layout was computed from; a load recomputes its own and reshards to it.
-  if (const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&opt.data_parallel())) {
-    const DdpConfig& d = ddp->config();
-    j["ddp"] = {{"grad_reduce_in_fp32", d.grad_reduce_in_fp32}, {"overlap_grad_reduce", d.overlap_grad_reduce},
-                {"use_distributed_optimizer", d.use_distributed_optimizer},
-                {"bucket_size", d.bucket_size ? json(*d.bucket_size) : json(nullptr)},
-                {"pad_buckets_for_high_nccl_busbw", d.pad_buckets_for_high_nccl_busbw},
-                {"average_in_collective", d.average_in_collective},
-                {"overlap_param_gather", d.overlap_param_gather}, {"param_dtype", dtype_name(d.param_dtype)}};
-  }
+  if (const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&opt.data_parallel()))
+    j["ddp"] = fields_json(ddp->config());
   return j;
 }
 
@@ -252,9 +253,9 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
                   spec.shape.to_string(), spec.shared_embedding ? " (shared embedding)" : "");
     }
     // read_manifest checked the state names against the saved optimizer's: the name decides.
-    MXDDP_CHECK(m.optimizer == opt.config().optimizer,
+    MXDDP_CHECK(m.optimizer == optimizer_name(opt.config().optimizer),
                 "'{}' was saved by optimizer '{}' with state [{}]; this optimizer is '{}' with state [{}]", dir,
-                m.optimizer, fmt::join(m.state_names, ", "), opt.config().optimizer,
+                m.optimizer, fmt::join(m.state_names, ", "), optimizer_name(opt.config().optimizer),
                 fmt::join(optimizer_state_names(opt.config().optimizer), ", "));
     check_no_problems(dir, ckpt::coverage_problems(m));
     if (comm.rank() == 0) check_no_problems(dir, ckpt::unlisted_rank_file_problems(dir, m));

@@ -14,8 +14,8 @@ namespace {
 void validate(const OptimizerConfig& c, const DataParallel& dp) {
   MXDDP_CHECK(!dp.layout().shards.empty(),
               "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer, or an FSDP");
-  MXDDP_CHECK(c.optimizer == "adam" || c.optimizer == "sgd", "optimizer '{}' is not supported; valid: adam, sgd",
-              c.optimizer);
+  MXDDP_CHECK(c.optimizer == OptimizerType::kAdam || c.optimizer == OptimizerType::kSgd,
+              "optimizer {} is not supported; valid: adam, sgd", static_cast<int>(c.optimizer));
   MXDDP_CHECK(std::isfinite(c.lr) && c.lr >= 0, "lr must be finite and >= 0; got {}", c.lr);
   MXDDP_CHECK(c.weight_decay >= 0, "weight_decay must be >= 0; got {}", c.weight_decay);
   MXDDP_CHECK(c.adam_beta1 >= 0 && c.adam_beta1 < 1, "adam_beta1 must be in [0, 1); got {}", c.adam_beta1);
@@ -64,10 +64,30 @@ TensorView DistributedOptimizer::state(int index, int bucket) const {
   return b.view(DType::kF32, Shape{static_cast<int64_t>(b.size_bytes() / sizeof(float))});
 }
 
+std::string_view optimizer_name(OptimizerType optimizer) {
+  switch (optimizer) {
+    case OptimizerType::kAdam: return "adam";
+    case OptimizerType::kSgd: return "sgd";
+  }
+  MXDDP_FAIL("optimizer {} is not supported; valid: adam, sgd", static_cast<int>(optimizer));
+}
+
+OptimizerType parse_optimizer(std::string_view name) {
+  if (name == "adam") return OptimizerType::kAdam;
+  if (name == "sgd") return OptimizerType::kSgd;
+  MXDDP_FAIL("optimizer '{}' is not supported; valid: adam, sgd", name);
+}
+
+std::vector<std::string_view> optimizer_state_names(OptimizerType optimizer) {
+  switch (optimizer) {
+    case OptimizerType::kAdam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerType::kSgd: return {"momentum_buffer"};
+  }
+  MXDDP_FAIL("optimizer {} is not supported; valid: adam, sgd", static_cast<int>(optimizer));
+}
+
 std::vector<std::string_view> optimizer_state_names(std::string_view optimizer) {
-  if (optimizer == "adam") return {"exp_avg", "exp_avg_sq"};
-  if (optimizer == "sgd") return {"momentum_buffer"};
-  MXDDP_FAIL("optimizer '{}' is not supported; valid: adam, sgd", optimizer);
+  return optimizer_state_names(parse_optimizer(optimizer));
 }
 
 std::string_view DistributedOptimizer::state_name(int index) const {
@@ -168,7 +188,7 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
     const bool decay = dp_.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
     const float wd = decay ? c.weight_decay : 0.0f;
     const int64_t at = r.in_shard.start, n = r.in_shard.size();
-    if (c.optimizer == "adam") {
+    if (c.optimizer == OptimizerType::kAdam) {
       const optim_kernel::AdamScalars s{
           c.lr, wd, c.adam_beta1, c.adam_beta2, c.adam_eps,
           static_cast<float>(c.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(c.adam_beta1), t))),

@@ -93,7 +93,7 @@ TrainMemoryFloor train_memory_floor(const TrainConfig& c, int dp, double data_by
   f.params_bytes = param_elem * n / (shard_params ? ranks : 1);
   f.grads_bytes = grad_elem * n / (shard_grads ? ranks : 1);
   f.main_params_bytes = 4 * n / (shard_optimizer ? ranks : 1);
-  const double state_elems = c.optimizer.optimizer == "sgd" ? 1 : 2;
+  const auto state_elems = static_cast<double>(optimizer_state_names(c.optimizer.optimizer).size());
   f.optimizer_state_bytes = 4 * state_elems * n / (shard_optimizer ? ranks : 1);
   const double rows = static_cast<double>(c.micro_batch_size) * c.model.seq_length;
   f.activations_bytes = 4 * rows * (static_cast<double>(c.model.num_layers) * c.model.hidden_size + c.model.vocab_size);

@@ -54,7 +54,7 @@ std::map<std::string, std::string> schedule_fields(const TrainConfig& c) {
           {"min_lr", fmt::format("{}", c.min_lr)},
           {"lr_warmup_iters", std::to_string(c.lr_warmup_iters)},
           {"lr_decay_iters", std::to_string(c.lr_decay_iters)},
-          {"lr_decay_style", c.lr_decay_style},
+          {"lr_decay_style", std::string(lr_decay_style_name(c.lr_decay_style))},
           {"train_iters", std::to_string(c.train_iters)}};
 }
 
@@ -75,7 +75,7 @@ void warn_on_resume_differences(const std::map<std::string, std::string>& meta, 
     if (it == meta.end() || it->second == value) continue;
     // A longer run is the usual reason to resume; it changes the schedule only when the decay
     // spans the run.
-    const bool decay_spans_run = c.lr_decay_iters == 0 && c.lr_decay_style != "constant";
+    const bool decay_spans_run = c.lr_decay_iters == 0 && c.lr_decay_style != LrDecayStyle::kConstant;
     if (key == "train_iters" && !decay_spans_run) continue;
     callbacks.on_warning(fmt::format("resuming from '{}' with {} {} (the checkpoint was saved with {}){}; the run goes "
                                      "on with this run's value",
@@ -159,8 +159,9 @@ void TrainConfig::validate(int dp) const {
               min_lr, lr);
   MXDDP_CHECK(lr_warmup_iters >= 0, "--lr-warmup-iters {} is not valid: 0 or more", lr_warmup_iters);
   MXDDP_CHECK(lr_decay_iters >= 0, "--lr-decay-iters {} is not valid: 0 (= --train-iters) or more", lr_decay_iters);
-  MXDDP_CHECK(lr_decay_style == "cosine" || lr_decay_style == "linear" || lr_decay_style == "constant",
-              "--lr-decay-style '{}' is not valid: cosine, linear or constant", lr_decay_style);
+  MXDDP_CHECK(lr_decay_style == LrDecayStyle::kCosine || lr_decay_style == LrDecayStyle::kLinear ||
+                  lr_decay_style == LrDecayStyle::kConstant,
+              "--lr-decay-style {} is not valid: cosine, linear or constant", static_cast<int>(lr_decay_style));
   MXDDP_CHECK(eval_interval >= 0, "--eval-interval {} is not valid: 0 (only at the end) or more", eval_interval);
   MXDDP_CHECK(eval_iters >= 0, "--eval-iters {} is not valid: 0 (no evaluation) or more", eval_iters);
   MXDDP_CHECK(eval_iters == 0 || valid_fraction > 0, "--eval-iters {} needs a validation split: --valid-fraction is 0",
@@ -178,15 +179,31 @@ void TrainConfig::validate(int dp) const {
   MXDDP_CHECK(corpus_bytes >= 1, "corpus size {} is not valid: at least 1 byte", corpus_bytes);
 }
 
+std::string_view lr_decay_style_name(LrDecayStyle style) {
+  switch (style) {
+    case LrDecayStyle::kCosine: return "cosine";
+    case LrDecayStyle::kLinear: return "linear";
+    case LrDecayStyle::kConstant: return "constant";
+  }
+  MXDDP_FAIL("--lr-decay-style {} is not valid: cosine, linear or constant", static_cast<int>(style));
+}
+
+LrDecayStyle parse_lr_decay_style(std::string_view name) {
+  if (name == "cosine") return LrDecayStyle::kCosine;
+  if (name == "linear") return LrDecayStyle::kLinear;
+  if (name == "constant") return LrDecayStyle::kConstant;
+  MXDDP_FAIL("--lr-decay-style '{}' is not valid: cosine, linear or constant", name);
+}
+
 float learning_rate(const TrainConfig& c, int64_t it) {
   if (c.lr_warmup_iters > 0 && it < c.lr_warmup_iters)
     return c.lr * static_cast<float>(it + 1) / static_cast<float>(c.lr_warmup_iters);
-  if (c.lr_decay_style == "constant") return c.lr;
+  if (c.lr_decay_style == LrDecayStyle::kConstant) return c.lr;
   const int64_t decay_end = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
   const int64_t span = decay_end - c.lr_warmup_iters;
   if (span <= 0 || it >= decay_end) return c.min_lr;
   const double progress = static_cast<double>(it - c.lr_warmup_iters) / static_cast<double>(span);
-  const double coeff = c.lr_decay_style == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) : 1.0 - progress;
+  const double coeff = c.lr_decay_style == LrDecayStyle::kCosine ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) : 1.0 - progress;
   return static_cast<float>(c.min_lr + coeff * (c.lr - c.min_lr));
 }
 

@@ -77,7 +77,7 @@ TEST(Checkpoint, ReshardingRoundTripContinuesTheUninterruptedRun) {
 TEST(Checkpoint, SameDpResumeIsBitwise) {
   for (const char* optimizer : {"adam", "sgd"}) {
     OptimizerConfig cfg = kAdam;
-    cfg.optimizer = optimizer;
+    cfg.optimizer = parse_optimizer(optimizer);
     const std::string dir = fresh_dir(std::string("same_") + optimizer);
     const std::vector<double> uninterrupted = run_segment(2, 128, 0, 6, "", "", cfg);
     run_segment(2, 128, 0, 3, "", dir, cfg);
@@ -188,7 +188,7 @@ TEST(Checkpoint, ParamListMismatchIsAnError) {
 TEST(Checkpoint, OptimizerMismatchIsAnError) {
   const std::string dir = fresh_dir("optmismatch");
   OptimizerConfig sgd = kAdam;
-  sgd.optimizer = "sgd";
+  sgd.optimizer = OptimizerType::kSgd;
   run_segment(2, 128, 0, 1, "", dir, sgd);
   expect_load_fails_and_changes_nothing(dir, "was saved by optimizer 'sgd' with state [momentum_buffer]; this optimizer is 'adam' with state [exp_avg, exp_avg_sq]");
   fs::remove_all(dir);

@@ -74,10 +74,10 @@ case $mode in
     launch 2 "$prog" train --backend mpi --timeout-ms 3000 --train-iters 1000000 --eval-iters 0 \
       --global-batch-size 16 --micro-batch-size 2 --seq-length 32 --num-layers 2 --hidden-size 64 \
       --num-attention-heads 4
-    # Training has started once rank 0 reports an iteration's loss (a plain line or, as mpirun
-    # hands ranks a terminal, the progress bar).
+    # Training has started once rank 0 reports an iteration's loss (a plain line: under mpirun the
+    # output is a log, whatever terminal mpirun hands the ranks).
     t0=$(now_ms)
-    until grep -q "loss [0-9]" "$out" 2>/dev/null; do
+    until grep -q "lm loss: [0-9]" "$out" 2>/dev/null; do
       kill -0 "$mpirun_pid" 2>/dev/null || fail "the job ended before training started"
       [ $(( $(now_ms) - t0 )) -gt 120000 ] && fail "training did not start within 120 s"
       sleep 0.1

@@ -216,10 +216,12 @@ TEST(TrainLocal, RefusesToSaveOverSomethingThatIsNotACheckpoint) {
     train_local(1, c);
     FAIL() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is not an mxddp checkpoint"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds 'notes.txt', which is not part of an mxddp checkpoint history"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_TRUE(std::filesystem::exists(dir / "precious/notes.txt"));
-  // An existing checkpoint is replaced.
+  // An existing history is saved into.
   c.save_dir = dir / "ckpt";
   train_local(1, c);
   c.train_iters = 2;
@@ -236,8 +238,15 @@ TEST(TrainLocal, BadConfigsAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("--global-batch-size 6"), std::string::npos) << e.what();
   }
   c = small_train_config();
-  c.lr_decay_style = "step";
+  c.lr_decay_style = static_cast<LrDecayStyle>(7);
   EXPECT_THROW(c.validate(1), Error);
+  try {
+    parse_lr_decay_style("step");
+    ADD_FAILURE() << "--lr-decay-style step accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--lr-decay-style 'step' is not valid: cosine, linear or constant"),
+              std::string::npos) << e.what();
+  }
   c = small_train_config();
   c.min_lr = 2 * c.lr;
   EXPECT_THROW(c.validate(1), Error);
@@ -409,9 +418,9 @@ TEST(LearningRate, WarmupThenCosineToMin) {
   EXPECT_FLOAT_EQ(learning_rate(c, 10), 1.0f);
   EXPECT_NEAR(learning_rate(c, 60), 0.55f, 1e-6);
   EXPECT_FLOAT_EQ(learning_rate(c, 110), 0.1f);
-  c.lr_decay_style = "linear";
+  c.lr_decay_style = LrDecayStyle::kLinear;
   EXPECT_NEAR(learning_rate(c, 35), 0.775f, 1e-6);
-  c.lr_decay_style = "constant";
+  c.lr_decay_style = LrDecayStyle::kConstant;
   EXPECT_FLOAT_EQ(learning_rate(c, 100), 1.0f);
 }
 

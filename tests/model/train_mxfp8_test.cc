@@ -79,7 +79,8 @@ TEST(TrainCheckpoint, ModelTensorsAreTheMainParamsCastToBf16InEveryMode) {
     train_local(2, mode.config);
     int64_t compared = 0, nonzero = 0;
     for (int rank = 0; rank < 2; ++rank) {
-      const std::string path = fmt::format("{}/rank_{:05d}.safetensors", mode.config.save_dir, rank);
+      const std::string path =
+          fmt::format("{}/rank_{:05d}.safetensors", resolve_checkpoint_dir(mode.config.save_dir), rank);
       const std::vector<char> file = ckpt::read_file(path);
       const auto entries = ckpt::decode_safetensors(file, path);
       for (const auto& [name, entry] : entries) {

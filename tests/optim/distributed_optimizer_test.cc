@@ -15,7 +15,7 @@ TEST_P(OptimDp, AdamWMatchesPlainAdamWOverTheGlobalBatch) {
 
 TEST_P(OptimDp, SgdMatchesPlainSgd) {
   run_local(GetParam(), [](Communicator& comm) {
-    check_matches_plain_optimizer(comm, {.optimizer = "sgd", .lr = 5e-2f, .weight_decay = 0.1f, .clip_grad = 0}, 6);
+    check_matches_plain_optimizer(comm, {.optimizer = OptimizerType::kSgd, .lr = 5e-2f, .weight_decay = 0.1f, .clip_grad = 0}, 6);
   });
 }
 
@@ -261,11 +261,14 @@ TEST(DistributedOptimizer, RejectsBadConfig) {
     EXPECT_THROW(DistributedOptimizer(plain, {}, tracker), Error);
     DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker);
     try {
-      DistributedOptimizer opt(ddp, {.optimizer = "adamw"}, tracker);
+      parse_optimizer("adamw");
       ADD_FAILURE() << "optimizer 'adamw' accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("'adamw' is not supported; valid: adam, sgd"), std::string::npos);
     }
+    EXPECT_THROW(DistributedOptimizer(ddp, {.optimizer = static_cast<OptimizerType>(7)}, tracker), Error);
+    EXPECT_EQ(parse_optimizer("sgd"), OptimizerType::kSgd);
+    EXPECT_EQ(optimizer_name(OptimizerType::kAdam), "adam");
     EXPECT_THROW(DistributedOptimizer(ddp, {.adam_beta2 = 1.0f}, tracker), Error);
     EXPECT_THROW(DistributedOptimizer(ddp, {.clip_grad = -1.0f}, tracker), Error);
   });

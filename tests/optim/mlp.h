@@ -226,7 +226,7 @@ struct PlainTrainer {
       for (size_t i = 0; i < main[p].size(); ++i) {
         float g = grad[p][i] * static_cast<float>(last_coeff);
         float& x = main[p][i];
-        if (cfg.optimizer == "adam") {
+        if (cfg.optimizer == OptimizerType::kAdam) {
           x *= 1.0f - cfg.lr * wd;
           m[p][i] = cfg.adam_beta1 * m[p][i] + (1 - cfg.adam_beta1) * g;
           v[p][i] = cfg.adam_beta2 * v[p][i] + (1 - cfg.adam_beta2) * g * g;

@@ -18,7 +18,7 @@ TEST(OptimMpi, AdamWMatchesPlainAdamW) {
   check_matches_plain_optimizer(*g_mpi_comm, {.lr = 1e-2f, .clip_grad = 0.05f}, 5, kMpiRelTol);
 }
 TEST(OptimMpi, SgdMatchesPlainSgd) {
-  check_matches_plain_optimizer(*g_mpi_comm, {.optimizer = "sgd", .lr = 5e-2f}, 5, kMpiRelTol);
+  check_matches_plain_optimizer(*g_mpi_comm, {.optimizer = OptimizerType::kSgd, .lr = 5e-2f}, 5, kMpiRelTol);
 }
 
 TEST(OptimMpi, OverlapParamGatherGivesTheSameParams) {
