@@ -71,9 +71,6 @@ double group_bytes_moved(Op op, int n, double bytes) {
   return 0;
 }
 
-struct Args;
-std::vector<Op> selected_ops(const Args& args);
-
 struct Args {
   std::string backend = "local";
   std::string ranks = "2,4";

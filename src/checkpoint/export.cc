@@ -46,22 +46,12 @@ int64_t listed_file_bytes(const std::string& dir, const ckpt::Manifest& m) {
 
 CheckpointParams read_checkpoint_params(const std::string& requested_dir) {
   CheckpointParams out;
+  const std::string dir = ckpt::checkpoint_to_read(requested_dir);
+  const ckpt::Manifest m = ckpt::read_manifest(dir);  // checksum first, then structure; throws
+  out.info = ckpt::manifest_info(dir, m);  // the fields inspect_checkpoint reports, checks 3 and 5
   CheckpointInfo& info = out.info;
-  info.dir = ckpt::checkpoint_to_read(requested_dir);
-  const ckpt::Manifest m = ckpt::read_manifest(info.dir);  // checksum first, then structure; throws
-  // The same fields inspect_checkpoint reports.
-  info.step = m.step;
-  info.saved_dp = m.dp;
-  info.optimizer = m.optimizer;
-  info.state_names = m.state_names;
-  info.model_dtype = std::string(dtype_name(m.model_dtype));
-  info.model_config = m.model_config;
-  info.metadata = m.metadata;
-  for (const ckpt::ManifestParam& p : m.params)
-    info.params.push_back({p.name, p.shape, static_cast<int>(p.slices.size()), p.shared_embedding});
-
-  std::vector<std::string> problems = ckpt::coverage_problems(m);
-  for (std::string& problem : ckpt::unlisted_rank_file_problems(info.dir, m)) problems.push_back(std::move(problem));
+  std::vector<std::string> problems = std::move(info.problems);  // none remain when params are returned
+  info.problems.clear();
   // A checkpoint whose files pass check_rank_file holds every slice's main params in f32, so its
   // files are at least main_param_bytes long. A manifest (with a recomputed checksum) can claim any
   // shapes: nothing is allocated unless the files could hold them. When they cannot, the file

@@ -10,10 +10,9 @@
 
 namespace mxddp {
 
-CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
+CheckpointInfo ckpt::manifest_info(const std::string& dir, const Manifest& m) {
   CheckpointInfo info;
-  info.dir = ckpt::checkpoint_to_read(requested_dir);
-  const ckpt::Manifest m = ckpt::read_manifest(info.dir);  // throws: nothing in it can be trusted
+  info.dir = dir;
   info.step = m.step;
   info.saved_dp = m.dp;
   info.optimizer = m.optimizer;
@@ -21,10 +20,17 @@ CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
   info.model_dtype = std::string(dtype_name(m.model_dtype));
   info.model_config = m.model_config;
   info.metadata = m.metadata;
-  for (const ckpt::ManifestParam& p : m.params)
+  for (const ManifestParam& p : m.params)
     info.params.push_back({p.name, p.shape, static_cast<int>(p.slices.size()), p.shared_embedding});
-  info.problems = ckpt::coverage_problems(m);
-  for (std::string& problem : ckpt::unlisted_rank_file_problems(info.dir, m)) info.problems.push_back(std::move(problem));
+  info.problems = coverage_problems(m);
+  for (std::string& problem : unlisted_rank_file_problems(dir, m)) info.problems.push_back(std::move(problem));
+  return info;
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& requested_dir) {
+  const std::string dir = ckpt::checkpoint_to_read(requested_dir);
+  const ckpt::Manifest m = ckpt::read_manifest(dir);  // throws: nothing in it can be trusted
+  CheckpointInfo info = ckpt::manifest_info(dir, m);
   for (const ckpt::ManifestFile& f : m.files) {
     std::vector<std::string> problems;
     ckpt::check_rank_file(info.dir, m, f, problems);

@@ -12,6 +12,8 @@
 // (3, 4) are collected as messages, so inspect can list them all; load throws with them.
 #pragma once
 
+#include <mxddp/checkpoint.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -92,6 +94,10 @@ std::vector<std::string> coverage_problems(const Manifest& m);
 // listed: a save writes exactly the listed ones, so another is a sign of mixed saves. One
 // message per file.
 std::vector<std::string> unlisted_rank_file_problems(const std::string& dir, const Manifest& m);
+
+// What inspect_checkpoint and read_checkpoint_params report from the manifest of the checkpoint in
+// dir alone: its fields and params, and checks 3 and 5 as problems (files are not read).
+CheckpointInfo manifest_info(const std::string& dir, const Manifest& m);
 
 // Check 4 on one listed file. Appends one message per problem (naming the file and the tensor);
 // returns the file's bytes and tensors when its size, CRC and header are sound, else empty ones.
