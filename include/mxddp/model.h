@@ -194,12 +194,48 @@ class GptModel {
   std::unique_ptr<Impl> impl_;
 };
 
+// ----------------------------------------------------------------------------------------------
+// The model's calls, without the compute (for mxddp plan)
+// ----------------------------------------------------------------------------------------------
+
+// What one micro-batch of GptModel asks of its DataParallel and its scratch pool, in the order it
+// asks, as GptModel::forward_backward / evaluate run it. The memory planner replays these against
+// a simulated DDP or FSDP to know every allocation without running the model.
+class GptCallTrace {
+ public:
+  virtual ~GptCallTrace() = default;
+  // A GlobalMemoryBuffer::get_tensor of numel f32 elements under this name (the weight copies
+  // included: gpt_weight_scratch_name in the model's sources).
+  virtual void scratch(const std::string& name, int64_t numel) = 0;
+  virtual void main_grad(int param) = 0;   // DataParallel::main_grad (FSDP may allocate there)
+  virtual void grad_ready(int param) = 0;  // DataParallel::grad_ready
+  // The module hooks of DataParallel, each with the module's params.
+  virtual void before_forward(const std::vector<int>& params) = 0;
+  virtual void after_forward(const std::vector<int>& params) = 0;
+  virtual void before_backward(const std::vector<int>& params) = 0;
+  virtual void after_backward(const std::vector<int>& params) = 0;
+};
+
+struct GptTraceOptions {
+  int micro_batch = 1;
+  bool backward = true;      // forward_backward; false: evaluate's forward only
+  int compute_threads = 1;   // the rank's threads (attention's backward scratch is one [T, T] per thread)
+  std::vector<bool> mxfp8;   // [num params]: DataParallel::is_mxfp8 (the column-wise weight copies)
+};
+
+// Runs the GPT's forward (and backward) control flow, computing nothing and touching no
+// activation memory, and reports each call to trace. Cost: O(layers), whatever the shapes.
+void trace_gpt_micro_batch(const GptConfig& config, const GptModelOptions& options, const GptTraceOptions& trace_options,
+                           GptCallTrace& trace);
+
 // Threads each matrix product of the calling thread may use (OpenMP's per-thread setting, which
 // oneDNN follows): with ranks as threads, each rank's thread sets cores / ranks. A thread that
 // never sets it uses every core. 0 restores that default. The count is capped at OpenMP's thread
 // limit (OMP_THREAD_LIMIT) and OpenMP's dynamic adjustment is turned off, so that every region
 // gets the count asked for (oneDNN relies on it).
 void set_compute_threads(int threads);
+// The count set_compute_threads(threads) gives a thread (threads > 0): at most the thread limit.
+int effective_compute_threads(int threads);
 int compute_threads();  // the calling thread's: at most the thread limit
 
 // What the matrix products run on: for `mxddp train`'s banner and report and the benches.

@@ -99,8 +99,10 @@ void set_compute_threads(int threads) {
   // comes up short (OMP_THREAD_LIMIT below the count, or OMP_DYNAMIC letting the runtime give
   // fewer) silently skips part of the product. So no dynamic adjustment, and at most the limit.
   omp_set_dynamic(0);
-  omp_set_num_threads(std::min(threads == 0 ? default_compute_threads() : threads, omp_get_thread_limit()));
+  omp_set_num_threads(effective_compute_threads(threads == 0 ? default_compute_threads() : threads));
 }
+
+int effective_compute_threads(int threads) { return std::min(threads, omp_get_thread_limit()); }
 
 int compute_threads() { return std::min(omp_get_max_threads(), omp_get_thread_limit()); }
 

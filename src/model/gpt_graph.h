@@ -45,6 +45,9 @@ struct GptAccess {
   std::function<void(const std::vector<int>& params)> after_backward = [](const std::vector<int>&) {};
   // Scratch of at least numel elements, the same storage for the same name (contents kept).
   std::function<Real*(const std::string& name, int64_t numel)> scratch;
+  // Elements of attention_backward's scratch: it depends on the threads that run it, which a
+  // memory plan names instead of reading them from this thread.
+  std::function<int64_t(int seq)> attention_scratch_numel = attention_backward_scratch_numel;
 };
 
 template <typename Real>
@@ -240,7 +243,7 @@ class GptGraph {
     Real* dln = scratch("grad/dc", int64_t{n} * c);
     gemm(Op::kT, Op::kN, v, c, n, Real(1), dlogits, v, lnf, c, Real(1), g(ids_.wte()), c);
     gemm(Op::kN, Op::kN, n, c, v, Real(1), dlogits, v, w(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
-    std::fill(dres, dres + int64_t{n} * c, Real(0));
+    fill_zero(dres, int64_t{n} * c);
     layernorm_backward(dln, res(L), w(ids_.final_norm_weight()), scratch("lnf_mean", n), scratch("lnf_rstd", n), dres,
                        g(ids_.final_norm_weight()), g(ids_.final_norm_bias()), n, c);
     ready({ids_.final_norm_weight(), ids_.final_norm_bias()});
@@ -272,7 +275,7 @@ class GptGraph {
     Real* dln = scratch("grad/dc", int64_t{n} * c);
     Real* d4c = scratch("grad/d4c", int64_t{n} * 4 * c);
     Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
-    Real* dp = scratch("grad/dprobs", attention_backward_scratch_numel(cfg_.seq_length));
+    Real* dp = scratch("grad/dprobs", access_.attention_scratch_numel(cfg_.seq_length));
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
     submodule_before_backward(l, kFc2W);

@@ -9,6 +9,7 @@
 #include <mxddp/quant.h>
 
 #include "gpt_graph.h"
+#include "gpt_scratch.h"
 
 namespace mxddp {
 
@@ -17,17 +18,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// A param's role, its name without the layer: layers take turns using the same weight scratch.
-std::string role_of(const std::string& name) {
-  constexpr std::string_view kLayers = "decoder.layers.";
-  if (!name.starts_with(kLayers)) return name;
-  const size_t dot = name.find('.', kLayers.size());
-  std::string role = "layer.";
-  role.append(name, dot + 1);
-  return role;
-}
-
 }  // namespace
+
+std::string gpt_weight_scratch_name(const std::string& param_name, bool colwise) {
+  // The param's role, its name without the layer: layers take turns using the same weight scratch.
+  std::string name = "w/";
+  constexpr std::string_view kLayers = "decoder.layers.";
+  if (!param_name.starts_with(kLayers)) name += param_name;
+  else name.append("layer.").append(param_name, param_name.find('.', kLayers.size()) + 1);
+  if (colwise) name += "/col";
+  return name;
+}
 
 std::string_view recompute_granularity_name(RecomputeGranularity g) {
   switch (g) {
@@ -133,9 +134,8 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
   MXDDP_CHECK(ddp.param_dtype() == DType::kBF16 || ddp.param_dtype() == DType::kF32,
               "param dtype {} is not supported by the GPT; valid: bf16, f32", dtype_name(ddp.param_dtype()));
   for (const ParamSpec& s : m.specs) {
-    const std::string role = role_of(s.name);
-    m.weight_key.push_back(fmt::format("w/{}", role));
-    m.weight_key_dgrad.push_back(fmt::format("w/{}/col", role));
+    m.weight_key.push_back(gpt_weight_scratch_name(s.name, false));
+    m.weight_key_dgrad.push_back(gpt_weight_scratch_name(s.name, true));
   }
   for (int i = 0; i < ddp.num_params(); ++i) m.is_mxfp8.push_back(ddp.is_mxfp8(i));
 

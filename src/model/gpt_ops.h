@@ -28,6 +28,12 @@ void add_column_sums(const T* x, int rows, int cols, T* out) {
   }
 }
 
+// y [count] = 0
+template <typename T>
+void fill_zero(T* y, int64_t count) {
+  std::fill(y, y + count, T(0));
+}
+
 // y [count] += x [count]
 template <typename T>
 void add_in_place(T* y, const T* x, int64_t count) {
