@@ -53,6 +53,9 @@ struct LayoutOptions {
   // empty is reverse registration order, the rule's. FSDP reorders within a unit so that a unit's
   // MXFP8 params and its others form a bucket each (Megatron-FSDP keys buckets by unit and dtype).
   std::vector<int> param_order;
+  // false leaves ParamLayout::shards empty: a memory plan needs only their sizes (a bucket's / dp),
+  // and dp x buckets of them is the one part of a layout that grows with dp.
+  bool compute_shards = true;
 };
 
 // Megatron's default bucket size: max(40,000,000, 1,000,000 x dp) elements when gradient reduction
@@ -95,7 +98,8 @@ struct ParamLayout {
   LayoutOptions options;
   std::vector<ParamPlacement> params;   // [num params], by registration index
   std::vector<BucketPlacement> buckets; // [num buckets], in buffer order
-  // [dp][num buckets]; filled with the distributed optimizer only (without it nothing is sharded).
+  // [dp][num buckets]; filled with the distributed optimizer only (without it nothing is sharded),
+  // unless options.compute_shards is false.
   std::vector<std::vector<BucketShard>> shards;
   int64_t numel = 0;  // the whole buffer, padding included
 

@@ -72,6 +72,9 @@ struct DdpConfig {
   LayoutOptions layout_options(int dp) const;
 };
 
+// Throws Error naming what DistributedDataParallel refuses in this config and params.
+void check_ddp_config(const DdpConfig& config, const std::vector<ParamSpec>& params);
+
 // Every DdpConfig field, once (config_fields.h): `mxddp train`'s flags, its report's "ddp" section
 // and a checkpoint manifest's "ddp" section come from here. A field without a flag is set by the
 // command (grad_reduce_in_fp32 and param_dtype keep the GPT's defaults; train() forces

@@ -52,6 +52,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -135,6 +136,35 @@ struct FsdpGatherEvent {
   GatherSlot slot = GatherSlot::kValues;
   bool operator==(const FsdpGatherEvent&) const = default;
 };
+
+// The prefetch rule, shared by FullyShardedDataParallel and the memory plan's simulation of it:
+// walking from `unit` in the pass's order (forward: up, backward: down), each unit ahead that lacks
+// some of the pass's slots gets them dispatched while what is gathered or in flight ahead fits
+// budget_numel (the current unit is always fetched and not counted) and, with double_buffer, while
+// fewer than two units are held. Returns the (unit, slots) to dispatch, in order.
+struct FsdpPrefetchState {
+  int num_units = 0;
+  int64_t budget_numel = 0;
+  bool double_buffer = false;
+  int units_held = 0;                                             // units holding any slot now
+  std::function<int64_t(int unit)> numel;                         // a unit's gathered elements
+  std::function<std::vector<GatherSlot>(int unit)> missing_slots;  // the pass's slots it does not hold
+  std::function<bool(int unit)> holds_any;                         // whether it holds any slot
+};
+std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& state);
+
+// Throws Error naming what FullyShardedDataParallel refuses in this config, params and units.
+void check_fsdp_config(const FsdpConfig& config, const std::vector<ParamSpec>& params,
+                       const std::vector<std::vector<int>>& units);
+
+// [num params]: each param's unit (its index in units), -1 for the non-unit params.
+std::vector<int> fsdp_unit_of_param(size_t num_params, const std::vector<std::vector<int>>& units);
+
+// The layout FullyShardedDataParallel gives these params: the distributed optimizer's rule with no
+// bucket size, a bucket per (unit, MXFP8 or not), a unit's MXFP8 params after its others.
+// compute_shards false: LayoutOptions::compute_shards (for a memory plan).
+ParamLayout fsdp_param_layout(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param, int dp,
+                              bool compute_shards = true);
 
 class FullyShardedDataParallel final : public DataParallel {
  public:

@@ -50,6 +50,12 @@ struct MemoryUsage {
   int64_t peak(MemoryCategory c) const { return peak_bytes[static_cast<size_t>(c)]; }
 };
 
+// "512 B", "3.1 GiB", "1010 TiB", "1200 PiB": binary units, the one a reader expects for the size.
+std::string format_bytes(double bytes);
+
+// Two consecutive periods as one: the later one's live bytes, the larger of each peak.
+MemoryUsage max_peaks(const MemoryUsage& earlier, const MemoryUsage& later);
+
 // Live and peak bytes per category for one rank. Thread-safe; never allocates.
 class MemoryTracker {
  public:

@@ -125,7 +125,7 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
   }
   if (!open.params.empty()) close_bucket(last_param_end);
   layout.numel = cursor;
-  if (padded) compute_shards(layout);
+  if (padded && options.compute_shards) compute_shards(layout);
   return layout;
 }
 

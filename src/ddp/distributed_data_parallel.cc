@@ -26,7 +26,9 @@ BufferOptions buffer_options(const DdpConfig& c) {
                        .params_in_grad_buffer = c.reuse_grad_buf_for_mxfp8_param_ag};
 }
 
-void validate(const DdpConfig& c, const std::vector<ParamSpec>& params) {
+}  // namespace
+
+void check_ddp_config(const DdpConfig& c, const std::vector<ParamSpec>& params) {
   MXDDP_CHECK(!c.overlap_param_gather_with_optimizer_step || (c.overlap_param_gather && c.use_distributed_optimizer),
               "overlap_param_gather_with_optimizer_step (--overlap-param-gather-with-optimizer-step) needs overlap_param_gather "
               "(--overlap-param-gather) and use_distributed_optimizer");
@@ -47,13 +49,12 @@ void validate(const DdpConfig& c, const std::vector<ParamSpec>& params) {
                 p.name, p.shape.to_string());
   }
 }
-}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
                                                  const DdpConfig& config, MemoryTracker& tracker,
                                                  const std::vector<TensorView>& initial_values)
     : comm_(comm),
-      config_((validate(config, params), config)),
+      config_((check_ddp_config(config, params), config)),
       buffer_(params, config.layout_options(comm.size()), buffer_options(config), tracker, initial_values) {
   const auto& groups = buffer_.bucket_groups();
   std::vector<int> group_of_bucket(buffer_.layout().buckets.size());

@@ -139,30 +139,46 @@ int FullyShardedDataParallel::units_gathered() const {
   return n;
 }
 
-void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
-  // Units ahead of `unit` in this pass's order, dispatched while what is gathered or in flight
-  // ahead of it fits the budget (the current unit is always fetched and not counted), and with
-  // fsdp_double_buffer while fewer than two units are held. A unit that holds some of the pass's
-  // slots (a recompute's values, say) has its missing ones dispatched.
+std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& st) {
+  std::vector<std::pair<int, std::vector<GatherSlot>>> dispatch;
   const int step = pass == FsdpPhase::kForward ? 1 : -1;
   int64_t ahead = 0;
-  int held = units_gathered();
-  for (int u = unit + step; u >= 0 && u < num_units(); u += step) {
-    const int64_t n = group_numel(u);
-    Slots missing;
-    for (GatherSlot slot : slots_for(u, pass))
-      if (slot_state(u, slot) == 0) missing.push_back(slot);
-    const bool holds_any = holds_any_slot(u);
+  int held = st.units_held;
+  for (int u = unit + step; u >= 0 && u < st.num_units; u += step) {
+    const int64_t n = st.numel(u);
+    std::vector<GatherSlot> missing = st.missing_slots(u);
+    const bool holds_any = st.holds_any(u);
     if (missing.empty()) {
       ahead += n;
       continue;
     }
-    if (ahead + n > prefetch_budget_numel_) break;
-    if (config_.fsdp_double_buffer && !holds_any && held >= 2) break;
-    for (GatherSlot slot : missing) dispatch_gather(u, slot);
+    if (ahead + n > st.budget_numel) break;
+    if (st.double_buffer && !holds_any && held >= 2) break;
+    dispatch.emplace_back(u, std::move(missing));
     ahead += n;
     held += holds_any ? 0 : 1;
   }
+  return dispatch;
+}
+
+void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
+  // Dispatching only touches the units ahead, which the rule has already walked past.
+  const FsdpPrefetchState state{
+      .num_units = num_units(),
+      .budget_numel = prefetch_budget_numel_,
+      .double_buffer = config_.fsdp_double_buffer,
+      .units_held = units_gathered(),
+      .numel = [this](int u) { return group_numel(u); },
+      .missing_slots =
+          [this, pass](int u) {
+            Slots missing;
+            for (GatherSlot slot : slots_for(u, pass))
+              if (slot_state(u, slot) == 0) missing.push_back(slot);
+            return missing;
+          },
+      .holds_any = [this](int u) { return holds_any_slot(u); }};
+  for (const auto& [u, slots] : fsdp_prefetch(unit, pass, state))
+    for (GatherSlot slot : slots) dispatch_gather(u, slot);
 }
 
 }  // namespace mxddp

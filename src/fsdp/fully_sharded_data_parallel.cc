@@ -45,7 +45,49 @@ FineGrainedParamGatherPolicy parse_fine_grained_param_gather_policy(std::string_
 
 namespace {
 
-void validate(const FsdpConfig& c, const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units) {
+
+// Copies `count` elements of src (f32 or dst_dtype) into dst (dst_dtype), rounding to bf16 if needed.
+void copy_converted(const TensorView& src, void* dst, DType dst_dtype, size_t count) {
+  if (src.dtype == dst_dtype) std::memcpy(dst, src.data, count * dtype_size_bytes(dst_dtype));
+  else if (src.dtype == DType::kF32 && dst_dtype == DType::kBF16)
+    convert_f32_to_bf16(src.data_as<const float>(), static_cast<bf16_bits*>(dst), count);
+  else MXDDP_FAIL("initial value of dtype {} cannot initialize a {} param", dtype_name(src.dtype), dtype_name(dst_dtype));
+}
+
+// dst [n] += src [n], f32 or bf16 (summed in f32, rounded once).
+void accumulate(void* dst, const void* src, DType dtype, int64_t n) {
+  if (dtype == DType::kF32) {
+    float* d = static_cast<float*>(dst);
+    const float* s = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    return;
+  }
+  bf16_bits* d = static_cast<bf16_bits*>(dst);
+  const bf16_bits* s = static_cast<const bf16_bits*>(src);
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
+}
+
+// The walk order for the layout: reverse registration order (the rule's), except that within each
+// run of one unit's params the MXFP8 ones come after the others, so that the key (unit, mxfp8)
+// changes once per unit and each unit gets one bucket per kind. Without MXFP8 params: empty (the
+// rule's own order).
+std::vector<int> layout_order(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param) {
+  if (std::none_of(params.begin(), params.end(), [](const ParamSpec& p) { return p.mxfp8; })) return {};
+  std::vector<int> order;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
+    int j = i;
+    while (j >= 0 && unit_of_param[static_cast<size_t>(j)] == unit_of_param[static_cast<size_t>(i)]) --j;
+    for (bool mxfp8 : {false, true})
+      for (int k = i; k > j; --k)
+        if (params[static_cast<size_t>(k)].mxfp8 == mxfp8) order.push_back(k);
+    i = j;
+  }
+  return order;
+}
+
+}  // namespace
+
+void check_fsdp_config(const FsdpConfig& c, const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units) {
   MXDDP_CHECK(c.megatron_fsdp_main_params_dtype == DType::kF32,
               "megatron_fsdp_main_params_dtype {} is not supported: f32 only",
               dtype_name(c.megatron_fsdp_main_params_dtype));
@@ -77,66 +119,36 @@ void validate(const FsdpConfig& c, const std::vector<ParamSpec>& params, const s
   }
 }
 
-// The walk order for the layout: reverse registration order (the rule's), except that within each
-// run of one unit's params the MXFP8 ones come after the others, so that the key (unit, mxfp8)
-// changes once per unit and each unit gets one bucket per kind. Without MXFP8 params: empty (the
-// rule's own order).
-std::vector<int> layout_order(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param) {
-  if (std::none_of(params.begin(), params.end(), [](const ParamSpec& p) { return p.mxfp8; })) return {};
-  std::vector<int> order;
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0;) {
-    int j = i;
-    while (j >= 0 && unit_of_param[static_cast<size_t>(j)] == unit_of_param[static_cast<size_t>(i)]) --j;
-    for (bool mxfp8 : {false, true})
-      for (int k = i; k > j; --k)
-        if (params[static_cast<size_t>(k)].mxfp8 == mxfp8) order.push_back(k);
-    i = j;
-  }
-  return order;
+std::vector<int> fsdp_unit_of_param(size_t num_params, const std::vector<std::vector<int>>& units) {
+  std::vector<int> unit_of_param(num_params, -1);
+  for (size_t u = 0; u < units.size(); ++u)
+    for (int p : units[u]) unit_of_param.at(static_cast<size_t>(p)) = static_cast<int>(u);
+  return unit_of_param;
 }
 
-// Copies `count` elements of src (f32 or dst_dtype) into dst (dst_dtype), rounding to bf16 if needed.
-void copy_converted(const TensorView& src, void* dst, DType dst_dtype, size_t count) {
-  if (src.dtype == dst_dtype) std::memcpy(dst, src.data, count * dtype_size_bytes(dst_dtype));
-  else if (src.dtype == DType::kF32 && dst_dtype == DType::kBF16)
-    convert_f32_to_bf16(src.data_as<const float>(), static_cast<bf16_bits*>(dst), count);
-  else MXDDP_FAIL("initial value of dtype {} cannot initialize a {} param", dtype_name(src.dtype), dtype_name(dst_dtype));
+ParamLayout fsdp_param_layout(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param, int dp,
+                              bool compute_shards) {
+  // The distributed optimizer's layout rule (padding, shards), a bucket per unit. Buckets are
+  // keyed by (unit, MXFP8 or not), as Megatron-FSDP keys them by unit and dtype.
+  std::vector<int> bucket_key(params.size());
+  for (size_t p = 0; p < params.size(); ++p)
+    bucket_key[p] = unit_of_param[p] < 0 ? -1 : 2 * unit_of_param[p] + (params[p].mxfp8 ? 1 : 0);
+  return compute_param_layout(params, LayoutOptions{.dp = dp, .bucket_size = std::nullopt,
+                                                    .use_distributed_optimizer = true,
+                                                    .param_unit = bucket_key,
+                                                    .param_order = layout_order(params, unit_of_param),
+                                                    .compute_shards = compute_shards});
 }
-
-// dst [n] += src [n], f32 or bf16 (summed in f32, rounded once).
-void accumulate(void* dst, const void* src, DType dtype, int64_t n) {
-  if (dtype == DType::kF32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
-    return;
-  }
-  bf16_bits* d = static_cast<bf16_bits*>(dst);
-  const bf16_bits* s = static_cast<const bf16_bits*>(src);
-  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
-}
-
-}  // namespace
 
 FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
                                                    const std::vector<std::vector<int>>& units, const FsdpConfig& config,
                                                    MemoryTracker& tracker, const std::vector<TensorView>& initial_values)
-    : comm_(comm), config_((validate(config, params, units), config)), specs_(params), tracker_(tracker) {
+    : comm_(comm), config_((check_fsdp_config(config, params, units), config)), specs_(params), tracker_(tracker) {
   const int dp = comm.size(), rank = comm.rank();
   MXDDP_CHECK(initial_values.size() == params.size(), "FSDP needs one initial value per param: got {} for {} params",
               initial_values.size(), params.size());
-  unit_of_param_.assign(params.size(), -1);
-  for (size_t u = 0; u < units.size(); ++u)
-    for (int p : units[u]) unit_of_param_[static_cast<size_t>(p)] = static_cast<int>(u);
-  // The distributed optimizer's layout rule (padding, shards), a bucket per unit.
-  // Buckets are keyed by (unit, MXFP8 or not), as Megatron-FSDP keys them by unit and dtype.
-  std::vector<int> bucket_key(params.size());
-  for (size_t p = 0; p < params.size(); ++p)
-    bucket_key[p] = unit_of_param_[p] < 0 ? -1 : 2 * unit_of_param_[p] + (params[p].mxfp8 ? 1 : 0);
-  layout_ = compute_param_layout(params, LayoutOptions{.dp = dp, .bucket_size = std::nullopt,
-                                                       .use_distributed_optimizer = true,
-                                                       .param_unit = bucket_key,
-                                                       .param_order = layout_order(params, unit_of_param_)});
+  unit_of_param_ = fsdp_unit_of_param(params.size(), units);
+  layout_ = fsdp_param_layout(params, unit_of_param_, dp);
   scale_offset_.assign(params.size(), {-1, -1});
   unit_buckets_.resize(units.size());
   const size_t elem = dtype_size_bytes(config_.param_dtype), grad_elem = dtype_size_bytes(grad_dtype());

@@ -1,5 +1,8 @@
 // MemoryTracker: lock-free live/peak counters per category. Peaks are raised with a CAS loop so
 // concurrent charges from a rank's compute and progress threads never lose a maximum.
+#include <algorithm>
+#include <iterator>
+
 #include <mxddp/memory.h>
 
 namespace mxddp {
@@ -37,6 +40,24 @@ void MemoryTracker::on_free(MemoryCategory category, int64_t bytes) {
   const int64_t before = live_[c].fetch_sub(bytes, std::memory_order_relaxed);
   total_live_.fetch_sub(bytes, std::memory_order_relaxed);
   MXDDP_ASSERT(before >= bytes);
+}
+
+std::string format_bytes(double bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  size_t u = 0;
+  while (bytes >= 1024.0 && u + 1 < std::size(kUnits)) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  if (u == 0 || bytes >= 100) return fmt::format("{:.0f} {}", bytes, kUnits[u]);
+  return fmt::format("{:.3g} {}", bytes, kUnits[u]);
+}
+
+MemoryUsage max_peaks(const MemoryUsage& earlier, const MemoryUsage& later) {
+  MemoryUsage m = later;
+  for (size_t c = 0; c < m.peak_bytes.size(); ++c) m.peak_bytes[c] = std::max(earlier.peak_bytes[c], later.peak_bytes[c]);
+  m.total_peak_bytes = std::max(earlier.total_peak_bytes, later.total_peak_bytes);
+  return m;
 }
 
 MemoryUsage MemoryTracker::usage() const {
