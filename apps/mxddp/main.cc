@@ -14,6 +14,7 @@
 #include "cli_checks.h"
 #include "launcher.h"
 #include "layout_cmd.h"
+#include "plan_cmd.h"
 #include "quantize_cmd.h"
 #include "selfcheck.h"
 #include "train_cmd.h"
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
   auto* quantize_cmd = mxddp::app::add_quantize_command(app, quantize);
   mxddp::app::TrainArgs train;
   auto* train_cmd = mxddp::app::add_train_command(app, train);
+  mxddp::app::PlanArgs plan;
+  auto* plan_cmd = mxddp::app::add_plan_command(app, plan);
   mxddp::app::CkptArgs ckpt;
   auto* ckpt_cmd = mxddp::app::add_ckpt_command(app, ckpt);
 
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
     if (train_cmd->parsed()) return mxddp::app::run_train_command(argc, argv, train);
+    if (plan_cmd->parsed()) mxddp::app::run_plan_command(plan);
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
     if (ckpt_cmd->parsed()) return mxddp::app::run_ckpt_command(ckpt);
     if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);

@@ -93,8 +93,13 @@ std::map<std::string_view, CLI::Option*> add_field_options(CLI::App* group, Conf
 }  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
-  TrainConfig& c = a.config;
   auto* cmd = app.add_subcommand("train", "Train the reference GPT with data parallelism");
+  add_train_flags(cmd, a);
+  return cmd;
+}
+
+void add_train_flags(CLI::App* cmd, TrainArgs& a) {
+  TrainConfig& c = a.config;
   // A later flag overrides an earlier one (scripts append overrides to a base command line).
   cmd->option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--backend", a.backend,
@@ -231,7 +236,6 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   out->add_option("--compute-threads,--blas-threads", c.compute_threads,
                   "Matrix-product threads per rank (0: cores / ranks on this machine)")
       ->transform(integer_in(0, kComputeThreadsMax));
-  return cmd;
 }
 
 namespace {
@@ -354,8 +358,41 @@ void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
                 static_cast<long long>(slot[0]), static_cast<long long>(slot[1]), static_cast<long long>(slot[2]));
 }
 
+
+// ", selective recompute of core_attn mlp" for the banner; nothing without recompute.
+std::string recompute_banner(const TrainConfig& c) {
+  switch (c.recompute_granularity) {
+    case RecomputeGranularity::kNone: return "";
+    case RecomputeGranularity::kFull: return ", full recompute";
+    case RecomputeGranularity::kSelective:
+      return fmt::format(", selective recompute of {}", recompute_modules_names(c.recompute_modules));
+  }
+  return "";
+}
+
+// A report that cannot be written should fail now, not after the training. Like --save, missing
+// parent directories are created; an existing target must be a regular file (output_file.h).
+void prepare_report_path(const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': {} is not a directory and cannot be created{}",
+              path, parent.string(), ec ? " (" + ec.message() + ")" : "");
+  check_output_file_path(path, "--report");
+}
+
+// The compute line of the banner, with the threads train() is about to give each rank.
+std::string compute_info_for_rank(const TrainConfig& config, const Communicator& comm) {
+  ComputeInfo info = compute_info();
+  info.threads = rank_compute_threads(config, comm);
+  return info.describe(config.bf16);
+}
+
+}  // namespace
+
 // Everything the flags say, put together and checked before any rank starts.
-void finish_config(TrainArgs& a) {
+void finish_train_config(TrainArgs& a) {
   if (!a.data_path_alias.empty()) {
     MXDDP_CHECK(a.config.data_path.empty() || a.config.data_path == a.data_path_alias,
                 "--data '{}' and --data-path '{}' name two files; give one", a.config.data_path, a.data_path_alias);
@@ -392,40 +429,8 @@ void finish_config(TrainArgs& a) {
     c.recompute_modules = {RecomputeModule::kCoreAttn};  // Megatron's default
 }
 
-// ", selective recompute of core_attn mlp" for the banner; nothing without recompute.
-std::string recompute_banner(const TrainConfig& c) {
-  switch (c.recompute_granularity) {
-    case RecomputeGranularity::kNone: return "";
-    case RecomputeGranularity::kFull: return ", full recompute";
-    case RecomputeGranularity::kSelective:
-      return fmt::format(", selective recompute of {}", recompute_modules_names(c.recompute_modules));
-  }
-  return "";
-}
-
-// A report that cannot be written should fail now, not after the training. Like --save, missing
-// parent directories are created; an existing target must be a regular file (output_file.h).
-void prepare_report_path(const std::string& path) {
-  if (path.empty()) return;
-  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
-  std::error_code ec;
-  std::filesystem::create_directories(parent, ec);
-  MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': {} is not a directory and cannot be created{}",
-              path, parent.string(), ec ? " (" + ec.message() + ")" : "");
-  check_output_file_path(path, "--report");
-}
-
-// The compute line of the banner, with the threads train() is about to give each rank.
-std::string compute_info_for_rank(const TrainConfig& config, const Communicator& comm) {
-  ComputeInfo info = compute_info();
-  info.threads = rank_compute_threads(config, comm);
-  return info.describe(config.bf16);
-}
-
-}  // namespace
-
 int run_train_command(int argc, char** argv, TrainArgs& a) {
-  finish_config(a);
+  finish_train_config(a);
   prepare_report_path(a.report);
   if (!a.metrics_file.empty()) check_output_file_path(a.metrics_file, "--metrics-file");
   // train() checks --save too, but only after the banner; a bad path should stop the command first.

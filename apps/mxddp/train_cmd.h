@@ -49,6 +49,11 @@ struct TrainArgs {
 };
 
 CLI::App* add_train_command(CLI::App& app, TrainArgs& args);
+// Every flag of `mxddp train` on cmd (`mxddp plan` takes the same).
+void add_train_flags(CLI::App* cmd, TrainArgs& args);
+// Puts the flags together into args.config (the preset and its overrides, the FSDP fields the
+// DDP flags share, recompute); throws Error naming a contradiction.
+void finish_train_config(TrainArgs& args);
 // Runs the training; returns the exit status. argc/argv go to MPI_Init with --backend mpi.
 int run_train_command(int argc, char** argv, TrainArgs& args);
 

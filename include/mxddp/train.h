@@ -105,6 +105,8 @@ struct TrainConfig {
 // The compute threads train() gives the calling rank: config.compute_threads, or (0) the cores
 // over the ranks that share this machine.
 int rank_compute_threads(const TrainConfig& config, const Communicator& comm);
+// ... when ranks_on_this_machine ranks share this machine's cores.
+int rank_compute_threads(const TrainConfig& config, int ranks_on_this_machine);
 
 // The schedule's learning rate for (0-based) iteration it.
 float learning_rate(const TrainConfig& config, int64_t iteration);

@@ -6,21 +6,12 @@
 #include <iterator>
 #include <sstream>
 
+#include <mxddp/plan.h>
+
 namespace mxddp {
 
 namespace {
 
-// "512 B", "3.1 GiB", "1010 TiB", "1200 PiB": the unit a reader expects, whatever the size.
-std::string human_bytes(double bytes) {
-  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  size_t u = 0;
-  while (bytes >= 1024.0 && u + 1 < std::size(kUnits)) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  if (u == 0 || bytes >= 100) return fmt::format("{:.0f} {}", bytes, kUnits[u]);
-  return fmt::format("{:.3g} {}", bytes, kUnits[u]);
-}
 
 double dtype_bytes(DType t) { return static_cast<double>(dtype_size_bytes(t)); }
 
@@ -68,9 +59,9 @@ double TrainMemoryFloor::rank_bytes() const {
 
 std::string TrainMemoryFloor::describe() const {
   return fmt::format("initial values {}, params {}, grads {}, main params {}, optimizer state {}, activations {}, data {}",
-                     human_bytes(init_bytes), human_bytes(params_bytes), human_bytes(grads_bytes),
-                     human_bytes(main_params_bytes), human_bytes(optimizer_state_bytes), human_bytes(activations_bytes),
-                     human_bytes(data_bytes));
+                     format_bytes(init_bytes), format_bytes(params_bytes), format_bytes(grads_bytes),
+                     format_bytes(main_params_bytes), format_bytes(optimizer_state_bytes), format_bytes(activations_bytes),
+                     format_bytes(data_bytes));
 }
 
 TrainMemoryFloor train_memory_floor(const TrainConfig& c, int dp, double data_bytes) {
@@ -121,9 +112,24 @@ void check_train_fits_in_memory(const TrainConfig& config, int dp, int ranks_her
               "this run cannot fit in this machine's memory: {} rank{} here need at least {} ({} each: {}) and {} is "
               "available. Give a smaller model (--num-layers {}, --hidden-size {}), micro-batch "
               "(--micro-batch-size {}) or sequence (--seq-length {}), or shard more (--use-megatron-fsdp)",
-              ranks_here, ranks_here == 1 ? "" : "s", human_bytes(needed), human_bytes(f.rank_bytes()), f.describe(),
-              human_bytes(available), config.model.num_layers, config.model.hidden_size, config.micro_batch_size,
+              ranks_here, ranks_here == 1 ? "" : "s", format_bytes(needed), format_bytes(f.rank_bytes()), f.describe(),
+              format_bytes(available), config.model.num_layers, config.model.hidden_size, config.micro_batch_size,
               config.model.seq_length);
+  // The floor fits, so the model's param list is of a size this machine can hold: plan it exactly.
+  const MemoryPlan plan = plan_train_memory(config, {.dp = dp, .ranks_on_this_machine = ranks_here});
+  const double build = static_cast<double>(plan.build_live_bytes + plan.build_untracked_bytes);
+  const double rank_bytes = std::max(static_cast<double>(plan.overall.total_peak_bytes), build) + data_bytes;
+  MXDDP_CHECK(rank_bytes * ranks_here <= available,
+              "this run does not fit in this machine's memory: {} rank{} here need {} ({} each: a peak of {} by the "
+              "plan, of which activations and scratch {}, gathered params {}; {} while the buffers are built; data {}; "
+              "`mxddp plan` with the same flags shows every category) and {} is available. Give a smaller micro-batch "
+              "(--micro-batch-size {}) or sequence (--seq-length {}), recompute (--recompute-granularity full), fewer "
+              "ranks here, or shard more (--use-megatron-fsdp)",
+              ranks_here, ranks_here == 1 ? "" : "s", format_bytes(rank_bytes * ranks_here), format_bytes(rank_bytes),
+              format_bytes(static_cast<double>(plan.overall.total_peak_bytes)),
+              format_bytes(static_cast<double>(plan.overall.peak(MemoryCategory::kScratch))),
+              format_bytes(static_cast<double>(plan.overall.peak(MemoryCategory::kGathered))), format_bytes(build),
+              format_bytes(data_bytes), format_bytes(available), config.micro_batch_size, config.model.seq_length);
 }
 
 }  // namespace mxddp

@@ -35,7 +35,9 @@ TrainMemoryFloor train_memory_floor(const TrainConfig& config, int dp, double da
 double available_memory_bytes();
 
 // Throws Error when ranks_here ranks of this config need more than the machine has available,
-// naming the figures and what to change. Does nothing when the available memory is unknown.
+// naming the figures and what to change. Does nothing when the available memory is unknown. The
+// floor is checked first (it costs nothing, whatever the config), then the exact plan (plan.h):
+// each rank's peak, or the build phase with the initial values, plus the data.
 void check_train_fits_in_memory(const TrainConfig& config, int dp, int ranks_here, double data_bytes);
 
 }  // namespace mxddp

@@ -37,13 +37,6 @@ std::vector<RankMemory> gather_memory(Communicator& comm, const RankMemory& mine
   return all;
 }
 
-MemoryUsage max_usage(const MemoryUsage& a, const MemoryUsage& b) {
-  MemoryUsage m = b;  // live bytes: the later one
-  for (size_t c = 0; c < m.peak_bytes.size(); ++c) m.peak_bytes[c] = std::max(a.peak_bytes[c], b.peak_bytes[c]);
-  m.total_peak_bytes = std::max(a.total_peak_bytes, b.total_peak_bytes);
-  return m;
-}
-
 // The model itself is stored structurally (SaveOptions::model_config, every GptConfig field) and
 // compared field by field on --load.
 // What a resume compares with the run's flags (warn_on_resume_differences): the batch and the
@@ -94,16 +87,16 @@ int ranks_on_this_machine(const Communicator& comm) {
   return 1;
 }
 
-// Each rank's share of the machine's cores.
-int default_rank_threads(const Communicator& comm) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / ranks_on_this_machine(comm));
-}
-
 }  // namespace
 
+int rank_compute_threads(const TrainConfig& config, int ranks_on_this_machine) {
+  if (config.compute_threads > 0) return config.compute_threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_this_machine));  // each rank's share of the cores
+}
+
 int rank_compute_threads(const TrainConfig& config, const Communicator& comm) {
-  return config.compute_threads > 0 ? config.compute_threads : default_rank_threads(comm);
+  return rank_compute_threads(config, ranks_on_this_machine(comm));
 }
 
 FineGrainedParamGatherDecision TrainConfig::fine_grained_param_gather() const {
@@ -439,7 +432,7 @@ TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCall
 
   RankMemory mine;
   mine.steady = tracker.usage();
-  mine.overall = result.steps.empty() ? mine.steady : max_usage(warmup_usage, mine.steady);
+  mine.overall = result.steps.empty() ? mine.steady : max_peaks(warmup_usage, mine.steady);
   mine.scratch_allocations_after_warmup = result.steps.empty() ? 0 : pool.allocation_count() - allocations_at_warmup;
   if (fsdp != nullptr)
     for (int s = 0; s < kGatherSlots; ++s)

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <fstream>
 
+#include <mxddp/plan.h>
+
 #include "forwarding_data_parallel.h"
 #include "model/train_util.h"
 #include "train/memory_floor.h"
@@ -265,15 +267,7 @@ TEST(TrainLocal, NanLossOrGradStopsTheRunUnlessTheCheckIsOff) {
     c.use_megatron_fsdp = fsdp;
     c.lr = c.min_lr = 1e30f;
     c.eval_iters = 0;
-    std::vector<std::string> errors(2);
-    set_compute_threads(1);
-    run_local(2, [&](Communicator& comm) {
-      try {
-        train(comm, c);
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(comm.rank())] = e.what();
-      }
-    });
+    const std::vector<std::string> errors = train_local_errors(2, c);
     for (const std::string& e : errors) {
       EXPECT_NE(e.find("iteration 2: NaN or Inf found"), std::string::npos) << (fsdp ? "fsdp: " : "ddp: ") << e;
       EXPECT_NE(e.find("params whose gradients hold it: embedding.word_embeddings.weight"), std::string::npos) << e;
@@ -336,15 +330,7 @@ TEST(TrainLocal, WeightHashCheckFindsADriftedReplicaAndNothingElse) {
     drift.wrap_data_parallel = [&](std::unique_ptr<DataParallel> inner) -> std::unique_ptr<DataParallel> {
       return std::make_unique<DriftingReplica>(std::move(inner), qkv, /*drift_at_sync=*/2);
     };
-    std::vector<std::string> errors(2);
-    set_compute_threads(1);
-    run_local(2, [&](Communicator& comm) {
-      try {
-        train(comm, c, drift);
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(comm.rank())] = e.what();
-      }
-    });
+    const std::vector<std::string> errors = train_local_errors(2, c, drift);
     for (const std::string& e : errors) {
       EXPECT_NE(e.find("iteration 4: the model params differ across data-parallel replicas"), std::string::npos) << e;
       EXPECT_NE(e.find("'decoder.layers.1.self_attention.linear_qkv.weight' (ranks 1 differ from rank 0)"),
@@ -363,14 +349,7 @@ TEST(TrainMemoryFloor, ARunThatCannotFitIsRefusedBeforeAllocating) {
     TrainConfig c = small_train_config();
     c.model = model;
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::string> errors(2);
-    run_local(2, [&](Communicator& comm) {
-      try {
-        train(comm, c);
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(comm.rank())] = e.what();
-      }
-    });
+    const std::vector<std::string> errors = train_local_errors(2, c);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << "refused before allocating";
     for (const std::string& e : errors) {
       EXPECT_NE(e.find("this run cannot fit in this machine's memory: 2 ranks here need at least"), std::string::npos) << e;
@@ -379,6 +358,28 @@ TEST(TrainMemoryFloor, ARunThatCannotFitIsRefusedBeforeAllocating) {
       EXPECT_NE(e.find("GiB is available"), std::string::npos) << e;
       EXPECT_NE(e.find("iB each: initial values"), std::string::npos) << e;
     }
+  }
+}
+
+// A run whose floor fits but whose exact plan does not (here the attention probabilities,
+// [B, H, T, T] per layer, which the floor leaves out) is refused with the plan's figures.
+TEST(TrainMemoryFloor, ARunTheFloorLetsThroughIsRefusedByThePlan) {
+  const double available = available_memory_bytes();
+  ASSERT_GT(available, 0);
+  TrainConfig c = small_train_config();
+  c.model = GptConfig{.num_layers = 2, .hidden_size = 64, .num_attention_heads = 64, .seq_length = 8192};
+  c.micro_batch_size = 4;
+  c.global_batch_size = 8;
+  c.corpus_bytes = 1 << 20;
+  const MemoryPlan plan = plan_train_memory(c, {.dp = 2});
+  ASSERT_GT(2.0 * static_cast<double>(plan.overall.total_peak_bytes), available) << "the probabilities alone: 2 x 64 GiB";
+  ASSERT_LT(2.0 * train_memory_floor(c, 2, 1 << 20).rank_bytes(), available) << "while the floor fits";
+  const std::vector<std::string> errors = train_local_errors(2, c);
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("this run does not fit in this machine's memory: 2 ranks here need"), std::string::npos) << e;
+    EXPECT_NE(e.find(fmt::format("a peak of {} by the plan", format_bytes(static_cast<double>(plan.overall.total_peak_bytes)))),
+              std::string::npos) << e;
+    EXPECT_NE(e.find("`mxddp plan` with the same flags"), std::string::npos) << e;
   }
 }
 

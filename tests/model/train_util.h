@@ -39,6 +39,21 @@ inline std::vector<TrainResult> train_local_all(int dp, const TrainConfig& confi
 
 inline TrainResult train_local(int dp, const TrainConfig& config) { return train_local_all(dp, config).front(); }
 
+// Runs train() on dp in-process ranks that are expected to fail; each rank's Error message [rank]
+// ("" where a rank returned).
+inline std::vector<std::string> train_local_errors(int dp, const TrainConfig& config, const TrainCallbacks& callbacks = {}) {
+  set_compute_threads(1);
+  std::vector<std::string> errors(static_cast<size_t>(dp));
+  run_local(dp, [&](Communicator& comm) {
+    try {
+      train(comm, config, callbacks);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  });
+  return errors;
+}
+
 inline std::vector<double> losses(const TrainResult& r) {
   std::vector<double> v;
   for (const StepRecord& s : r.steps) v.push_back(s.loss);

@@ -1,0 +1,92 @@
+// mxddp plan: every rank's memory, to the byte, before running.
+//
+// Owns: plan_train_memory (what `mxddp train` will hold, per category, at its steady state and
+// overall peak: the same figures as its report), plan_param_memory (the same for a bare param
+// list: buffers and optimizer, no model), the closed-form estimates users know (Megatron's
+// theoretical_memory_usage, DeepSpeed's estimate_zero2/3_model_states_mem_needs) and what the
+// difference is made of.
+//
+// How it stays exact: the plan replays, against a MemoryTracker, the allocations the trainer's
+// objects make, in their order, without allocating them. The layout is the buffer layer's own
+// compute_param_layout (its shards left out: only their size matters); the model's requests come
+// from trace_gpt_micro_batch, the GPT's own control flow with no arithmetic; DDP's, the
+// optimizer's and the scratch pool's are sums over that layout. FSDP's gathers, releases and
+// transient gradients come from a simulation of its state machine (src/train/fsdp_memory_sim.h)
+// that tests/train/memory_plan_test.cc holds to the real one, configuration by configuration.
+//
+// Every rank holds the same bytes: buckets split into equal shards, and nothing else depends on
+// the rank. So a plan is one rank's figures, valid for each of the dp ranks. Cost: O(params +
+// layers), so a 1T-parameter model at dp 4096 plans in milliseconds.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <mxddp/fsdp.h>
+#include <mxddp/memory.h>
+#include <mxddp/train.h>
+
+namespace mxddp {
+
+struct MemoryPlanOptions {
+  int dp = 1;
+  // Where the ranks run: how many share this machine's cores (0: all dp, as the local backend
+  // runs them). Sets the threads each rank computes with when TrainConfig::compute_threads is 0,
+  // which sizes attention's backward scratch (one [T, T] per thread).
+  int ranks_on_this_machine = 0;
+};
+
+// What the bytes are made of, for the comparison with the closed forms.
+struct MemoryPlanLayout {
+  int64_t params_numel = 0;         // the model's params (no padding)
+  int64_t buffer_numel = 0;         // the padded buffer: params + alignment + bucket-end padding
+  int64_t num_buckets = 0;
+  int64_t param_start_padding_numel = 0;  // params' starts rounded up to 64 elements
+  int64_t bucket_end_padding_numel = 0;   // buckets' ends rounded up to lcm(dp, 128[, 65536])
+  int64_t largest_unit_numel = 0;         // FSDP: the largest gather unit (padded); DDP: 0
+  int compute_threads = 0;                // the threads the plan assumed per rank
+};
+
+struct MemoryPlan {
+  int dp = 1;
+  // As RankMemory in the train report: peaks from the first iteration on (overall) and after it
+  // (steady state), per category, and the peak of their sum.
+  MemoryUsage overall;
+  MemoryUsage steady;
+  // FSDP (optim_grads_params): the peak of the gathered bytes per GatherSlot over the run.
+  std::array<int64_t, kGatherSlots> peak_gathered_bytes_by_slot{};
+  MemoryPlanLayout layout;
+  // Tracked bytes live once the DataParallel is built: train() still holds the f32 initial values
+  // then (and FSDP one bucket's staging of them), which no tracker counts.
+  int64_t build_live_bytes = 0;
+  int64_t build_untracked_bytes = 0;  // those initial values and that staging
+};
+
+// The memory `train(comm, config)` will hold on each of opts.dp ranks, equal to what its report
+// measures (TrainResult::memory_by_rank) byte for byte. Throws Error naming a config the trainer
+// would refuse (config.validate(dp)). Allocates only O(params + layers).
+MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions& opts);
+
+// The same for a bare param list (--shapes, or a safetensors header): the param, grad, MXFP8, main
+// param and optimizer state bytes of config's DDP or FSDP over these params, no model (activations
+// and scratch 0). Under FSDP a unit is the params whose names share a layer index
+// ("...layers.<i>." or "...h.<i>."); the others are non-unit params.
+MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainConfig& config,
+                             const MemoryPlanOptions& opts);
+
+// The closed-form figures of model states per rank (bytes), for the same params and dp.
+struct ClosedFormMemory {
+  // Megatron's theoretical_memory_usage, weights and optimizer: (6 + 12/dp) bytes per param with
+  // the distributed optimizer (bf16 param, f32 grad, then f32 main param and two Adam moments
+  // sharded), 18 without.
+  double megatron_bytes = 0;
+  // DeepSpeed's estimate_zero2_model_states_mem_needs (no offload): 4 N + 16 N / dp.
+  double deepspeed_zero2_bytes = 0;
+  // DeepSpeed's estimate_zero3_model_states_mem_needs (no offload): 4 x largest layer + 18 N / dp.
+  double deepspeed_zero3_bytes = 0;
+};
+ClosedFormMemory closed_form_memory(int64_t params_numel, int64_t largest_layer_numel, int dp);
+
+}  // namespace mxddp

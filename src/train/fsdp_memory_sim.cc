@@ -1,0 +1,352 @@
+// FsdpMemorySim: see fsdp_memory_sim.h. Each function names the FullyShardedDataParallel function
+// it follows (src/fsdp/fully_sharded_data_parallel.cc, fsdp_gather.cc, fsdp_mxfp8.cc); only what
+// allocates, frees, or decides when either happens is kept.
+#include "fsdp_memory_sim.h"
+
+#include <algorithm>
+
+#include <mxddp/quant.h>
+
+namespace mxddp {
+
+namespace {
+
+bool slot_applies(GatherSlot slot, bool mxfp8_bucket) { return (slot == GatherSlot::kValues) != mxfp8_bucket; }
+
+}  // namespace
+
+FsdpMemorySim::FsdpMemorySim(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
+                             const FsdpConfig& config, int dp, MemoryTracker& tracker)
+    : config_((check_fsdp_config(config, params, units), config)), dp_(dp), tracker_(tracker) {
+  unit_of_param_ = fsdp_unit_of_param(params.size(), units);
+  layout_ = fsdp_param_layout(params, unit_of_param_, dp, /*compute_shards=*/false);
+  unit_buckets_.resize(units.size());
+  const int64_t elem = static_cast<int64_t>(dtype_size_bytes(config_.param_dtype));
+  const int64_t grad_elem = config_.grad_reduce_in_fp32 ? 4 : elem;
+  // The constructor, bucket by bucket: params (shard or full), grads (shard or full), and for an
+  // MXFP8 bucket its scales and its row- and column-wise shards.
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const BucketPlacement& placement = layout_.buckets[b];
+    const int unit = unit_of_param_[static_cast<size_t>(placement.params.front())];
+    (unit < 0 ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(unit)]).push_back(static_cast<int>(b));
+    Bucket bucket;
+    bucket.numel = placement.range.size();
+    bucket.shard = bucket.numel / dp;
+    bucket.mxfp8 = params[static_cast<size_t>(placement.params.front())].mxfp8;
+    if (shards_params()) {
+      tracker_.on_allocate(MemoryCategory::kParams, bucket.shard * elem);
+      if (bucket.mxfp8) bucket.staging_bytes = bucket.shard * elem;  // the initial staging
+    } else {
+      tracker_.on_allocate(MemoryCategory::kParams, bucket.numel * elem);
+    }
+    tracker_.on_allocate(MemoryCategory::kGrads, (shards_grads() ? bucket.shard : bucket.numel) * grad_elem);
+    if (bucket.mxfp8) {
+      int64_t scales_numel = 0;
+      for (int p : placement.params) {
+        const Shape& shape = params[static_cast<size_t>(p)].shape;
+        for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) scales_numel += mx_scale_shape(shape[0], shape[1], axis).numel();
+      }
+      tracker_.on_allocate(MemoryCategory::kMxfp8, scales_numel);
+      tracker_.on_allocate(MemoryCategory::kMxfp8, bucket.shard);
+      tracker_.on_allocate(MemoryCategory::kMxfp8, bucket.shard);
+    }
+    buckets_.push_back(bucket);
+  }
+  // Budgets (elements): Megatron's default unit size is twice the average unit.
+  int64_t unit_numel_sum = 0;
+  for (int u = 0; u < num_units(); ++u) unit_numel_sum += group_numel(u);
+  const int64_t unit_size = config_.suggested_communication_unit_size.value_or(2 * unit_numel_sum / num_units());
+  prefetch_budget_numel_ = unit_size / 2;
+  rs_queue_numel_ = unit_size;
+  gather_state_.assign(static_cast<size_t>(num_units() + 1), {0, 0, 0});
+  reduced_.assign(buckets_.size(), false);
+  ready_.assign(params.size(), false);
+}
+
+int64_t FsdpMemorySim::optimizer_bucket_numel(int bucket) const {
+  const Bucket& b = buckets_.at(static_cast<size_t>(bucket));
+  return config_.data_parallel_sharding_strategy == ShardingStrategy::kNoShard ? b.numel : b.shard;
+}
+
+int64_t FsdpMemorySim::largest_unit_numel() const {
+  int64_t largest = 0;
+  for (int u = 0; u < num_units(); ++u) largest = std::max(largest, group_numel(u));
+  return largest;
+}
+
+bool FsdpMemorySim::shards_params() const {
+  return config_.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams;
+}
+
+bool FsdpMemorySim::shards_grads() const {
+  return config_.data_parallel_sharding_strategy == ShardingStrategy::kOptimGrads || shards_params();
+}
+
+int FsdpMemorySim::unit_of_module(const std::vector<int>& params) const {
+  return unit_of_param_.at(static_cast<size_t>(params.at(0)));
+}
+
+const std::vector<int>& FsdpMemorySim::group_buckets(int group) const {
+  return group == non_unit_group() ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(group)];
+}
+
+int64_t FsdpMemorySim::group_numel(int group) const {
+  int64_t n = 0;
+  for (int b : group_buckets(group)) n += buckets_[static_cast<size_t>(b)].numel;
+  return n;
+}
+
+// ---- Gathers (fsdp_gather.cc) ----
+
+FsdpMemorySim::Slots FsdpMemorySim::slots_for(int group, FsdpPhase pass) const {
+  bool values = false, mxfp8 = false;
+  for (int b : group_buckets(group)) (buckets_[static_cast<size_t>(b)].mxfp8 ? mxfp8 : values) = true;
+  Slots slots;
+  if (values) slots.push_back(GatherSlot::kValues);
+  if (mxfp8) slots.push_back(pass == FsdpPhase::kBackward ? GatherSlot::kColwise : GatherSlot::kRowwise);
+  return slots;
+}
+
+bool FsdpMemorySim::holds_any_slot(int group) const {
+  const auto& slots = gather_state_[static_cast<size_t>(group)];
+  return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
+}
+
+int FsdpMemorySim::units_gathered() const {
+  int n = 0;
+  for (int u = 0; u < num_units(); ++u) n += holds_any_slot(u) ? 1 : 0;
+  return n;
+}
+
+void FsdpMemorySim::dispatch_gather(int group, GatherSlot slot) {
+  const auto s = static_cast<size_t>(slot);
+  const int64_t elem = slot == GatherSlot::kValues ? static_cast<int64_t>(dtype_size_bytes(config_.param_dtype)) : 1;
+  for (int bi : group_buckets(group)) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    if (!slot_applies(slot, b.mxfp8)) continue;
+    b.gathered_bytes[s] = b.numel * elem;
+    tracker_.on_allocate(MemoryCategory::kGathered, b.gathered_bytes[s]);
+    gathered_bytes_[s] += b.gathered_bytes[s];
+  }
+  gathered_bytes_peak_[s] = std::max(gathered_bytes_peak_[s], gathered_bytes_[s]);
+  state(group, slot) = 1;
+}
+
+void FsdpMemorySim::wait_gather(int group, FsdpPhase pass) {
+  for (GatherSlot slot : slots_for(group, pass)) {
+    if (state(group, slot) == 0) dispatch_gather(group, slot);
+    state(group, slot) = 2;
+  }
+}
+
+void FsdpMemorySim::release_slot(int group, GatherSlot slot) {
+  if (state(group, slot) == 0) return;
+  const auto s = static_cast<size_t>(slot);
+  for (int bi : group_buckets(group)) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    if (b.gathered_bytes[s] > 0) tracker_.on_free(MemoryCategory::kGathered, b.gathered_bytes[s]);
+    gathered_bytes_[s] -= b.gathered_bytes[s];
+    b.gathered_bytes[s] = 0;
+  }
+  state(group, slot) = 0;
+}
+
+void FsdpMemorySim::release_group(int group) {
+  for (GatherSlot slot : {GatherSlot::kValues, GatherSlot::kRowwise, GatherSlot::kColwise}) release_slot(group, slot);
+}
+
+void FsdpMemorySim::prefetch_from(int unit, FsdpPhase pass) {
+  const FsdpPrefetchState prefetch{
+      .num_units = num_units(),
+      .budget_numel = prefetch_budget_numel_,
+      .double_buffer = config_.fsdp_double_buffer,
+      .units_held = units_gathered(),
+      .numel = [this](int u) { return group_numel(u); },
+      .missing_slots =
+          [this, pass](int u) {
+            Slots missing;
+            for (GatherSlot slot : slots_for(u, pass))
+              if (state(u, slot) == 0) missing.push_back(slot);
+            return missing;
+          },
+      .holds_any = [this](int u) { return holds_any_slot(u); }};
+  for (const auto& [u, slots] : fsdp_prefetch(unit, pass, prefetch))
+    for (GatherSlot slot : slots) dispatch_gather(u, slot);
+}
+
+// ---- Hooks (fully_sharded_data_parallel.cc) ----
+
+void FsdpMemorySim::before_forward(const std::vector<int>& params) {
+  const int unit = unit_of_module(params);
+  if (!shards_params()) return;
+  if (unit < 0) {
+    in_backward_ = false;
+    wait_gather(non_unit_group(), FsdpPhase::kForward);
+    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, FsdpPhase::kForward);
+    return;
+  }
+  if (in_backward_ || (forward_unit_ >= 0 && unit <= forward_unit_)) {  // a recompute
+    in_backward_ = true;
+    forward_unit_ = -1;
+    wait_gather(unit, FsdpPhase::kRecompute);
+    return;
+  }
+  forward_unit_ = unit;
+  wait_gather(unit, FsdpPhase::kForward);
+  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kForward);
+}
+
+void FsdpMemorySim::after_forward(const std::vector<int>& params) {
+  const int unit = unit_of_module(params);
+  if (!shards_params() || unit < 0) return;
+  if (!in_backward_) release_group(unit);
+  else release_slot(unit, GatherSlot::kRowwise);
+}
+
+void FsdpMemorySim::before_backward(const std::vector<int>& params) {
+  const int unit = unit_of_module(params);
+  forward_unit_ = -1;
+  in_backward_ = true;
+  if (!shards_params() || unit < 0) return;
+  wait_gather(unit, FsdpPhase::kBackward);
+  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kBackward);
+}
+
+void FsdpMemorySim::after_backward(const std::vector<int>& params) {
+  const int unit = unit_of_module(params);
+  if (unit < 0) return;
+  if (shards_params()) release_group(unit);
+  const bool now = shards_grads() || (!no_sync_ && config_.overlap_grad_reduce);
+  if (!now) return;
+  for (int b : unit_buckets_[static_cast<size_t>(unit)]) issue_reduction(b);
+  if (shards_grads() && !config_.overlap_grad_reduce) complete_reductions();
+}
+
+void FsdpMemorySim::release_gathered_params() {
+  forward_unit_ = -1;
+  for (int g = 0; g <= num_units(); ++g) release_group(g);
+  in_backward_ = false;
+}
+
+// ---- Gradients and their reductions ----
+
+void FsdpMemorySim::main_grad(int param) {
+  Bucket& b = buckets_[static_cast<size_t>(layout_.params.at(static_cast<size_t>(param)).bucket)];
+  while (b.reduction_in_flight) complete_oldest_reduction();
+  if (shards_grads() && b.grads_full_bytes == 0) {
+    b.grads_full_bytes = b.numel * (config_.grad_reduce_in_fp32 ? 4 : static_cast<int64_t>(dtype_size_bytes(config_.param_dtype)));
+    tracker_.on_allocate(MemoryCategory::kGrads, b.grads_full_bytes);
+  }
+}
+
+void FsdpMemorySim::grad_ready(int param) {
+  const auto i = static_cast<size_t>(param);
+  ready_[i] = true;
+  ++ready_count_;
+  const int bucket = layout_.params[i].bucket;
+  if (unit_of_param_[i] < 0) {
+    const auto& members = layout_.buckets[static_cast<size_t>(bucket)].params;
+    if (std::all_of(members.begin(), members.end(), [&](int p) { return ready_[static_cast<size_t>(p)]; })) {
+      const bool now = shards_grads() || (!no_sync_ && config_.overlap_grad_reduce);
+      if (now) issue_reduction(bucket);
+      if (shards_grads() && !config_.overlap_grad_reduce) complete_reductions();
+    }
+  }
+  if (ready_count_ == static_cast<int>(ready_.size())) {
+    ready_.assign(ready_.size(), false);
+    ready_count_ = 0;
+  }
+}
+
+void FsdpMemorySim::issue_reduction(int bucket) {
+  Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  if (shards_grads())
+    while (!reductions_.empty() && reductions_numel_ + b.numel > rs_queue_numel_) complete_oldest_reduction();
+  b.reduction_in_flight = true;
+  reduced_[static_cast<size_t>(bucket)] = true;
+  reductions_.push_back(bucket);
+  reductions_numel_ += b.numel;
+}
+
+void FsdpMemorySim::complete_oldest_reduction() {
+  const int bucket = reductions_.front();
+  reductions_.erase(reductions_.begin());
+  Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  reductions_numel_ -= b.numel;
+  b.reduction_in_flight = false;
+  if (!shards_grads()) return;
+  tracker_.on_free(MemoryCategory::kGrads, b.grads_full_bytes);
+  b.grads_full_bytes = 0;
+}
+
+void FsdpMemorySim::complete_reductions() {
+  while (!reductions_.empty()) complete_oldest_reduction();
+}
+
+void FsdpMemorySim::finish_grad_sync() {
+  if (!shards_grads())
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (!reduced_[b]) issue_reduction(static_cast<int>(b));
+  complete_reductions();
+  release_gathered_params();
+  reduced_.assign(reduced_.size(), false);
+  ready_.assign(ready_.size(), false);
+  ready_count_ = 0;
+}
+
+void FsdpMemorySim::zero_grad_buffer() {
+  complete_reductions();
+  reduced_.assign(reduced_.size(), false);
+  ready_.assign(ready_.size(), false);
+  ready_count_ = 0;
+}
+
+// ---- The optimizer's side, and the MXFP8 staging (fsdp_mxfp8.cc) ----
+
+void FsdpMemorySim::allocate_staging(int bucket) {
+  Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  if (b.staging_bytes > 0) return;
+  b.staging_bytes = b.shard * static_cast<int64_t>(dtype_size_bytes(config_.param_dtype));
+  tracker_.on_allocate(MemoryCategory::kParams, b.staging_bytes);
+}
+
+void FsdpMemorySim::free_staging(int bucket) {
+  Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  if (b.staging_bytes > 0) tracker_.on_free(MemoryCategory::kParams, b.staging_bytes);
+  b.staging_bytes = 0;
+}
+
+void FsdpMemorySim::start_iteration() {
+  zero_grad_buffer();
+  in_backward_ = false;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (buckets_[b].mxfp8) free_staging(static_cast<int>(b));
+  if (shards_params() && config_.overlap_param_gather) {
+    for (int group : {non_unit_group(), 0})
+      for (GatherSlot slot : slots_for(group, FsdpPhase::kForward))
+        if (state(group, slot) == 0) dispatch_gather(group, slot);
+    prefetch_from(0, FsdpPhase::kForward);
+  }
+}
+
+void FsdpMemorySim::step_and_sync_params() {
+  // At most two staging shards alive: a bucket's is freed once the next one has been updated.
+  int quantizing = -1;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    if (!buckets_[static_cast<size_t>(b)].mxfp8) continue;
+    allocate_staging(b);
+    if (quantizing >= 0) free_staging(quantizing);
+    quantizing = b;
+  }
+  if (quantizing >= 0) free_staging(quantizing);
+}
+
+void FsdpMemorySim::force_param_sync() {
+  release_gathered_params();
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    if (buckets_[static_cast<size_t>(b)].mxfp8) allocate_staging(b);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    if (buckets_[static_cast<size_t>(b)].mxfp8) free_staging(b);
+}
+
+}  // namespace mxddp

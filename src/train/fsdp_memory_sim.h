@@ -1,0 +1,108 @@
+// FsdpMemorySim: FullyShardedDataParallel's allocations and frees, without the data, for the memory
+// plan (plan.h).
+//
+// It is the state machine of src/fsdp/ (the gather state per group and slot, the prefetch within
+// the budget and the double buffer, the releases, the bounded reduce-scatter queue that frees each
+// bucket's transient unsharded grads, the MXFP8 staging shards of a step and a forced sync), kept
+// to the allocations: every HostBuffer the real object would create or drop is a charge or a
+// refund on the tracker here, in the same order. It runs one rank: every rank's state is the same.
+// tests/train/memory_plan_test.cc compares plan and measurement over generated configurations;
+// any change to the FSDP's allocation pattern must come here too, or that test fails.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include <mxddp/buffer.h>
+#include <mxddp/fsdp.h>
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+class FsdpMemorySim {
+ public:
+  // As FullyShardedDataParallel(comm of size dp, params, units, config, tracker, initial values):
+  // charges what the constructor allocates.
+  FsdpMemorySim(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
+                const FsdpConfig& config, int dp, MemoryTracker& tracker);
+
+  const ParamLayout& layout() const { return layout_; }
+  int64_t optimizer_bucket_numel(int bucket) const;  // DistributedOptimizer's main param elements
+  int64_t largest_unit_numel() const;
+
+  // DataParallel's calls, as the trainer and the model make them.
+  void main_grad(int param);
+  void grad_ready(int param);
+  void before_forward(const std::vector<int>& params);
+  void after_forward(const std::vector<int>& params);
+  void before_backward(const std::vector<int>& params);
+  void after_backward(const std::vector<int>& params);
+  void set_no_sync(bool on) { no_sync_ = on; }
+  void start_iteration();
+  void finish_grad_sync();
+  void step_and_sync_params();
+  void force_param_sync();
+  void release_gathered_params();
+
+  const std::array<int64_t, kGatherSlots>& peak_gathered_bytes() const { return gathered_bytes_peak_; }
+
+ private:
+  struct Bucket {
+    int64_t numel = 0;  // G (padded)
+    int64_t shard = 0;  // G / dp
+    bool mxfp8 = false;
+    int64_t staging_bytes = 0;     // an MXFP8 bucket's params_shard while alive
+    int64_t grads_full_bytes = 0;  // the sharded-grad strategies' transient [G] grads while alive
+    std::array<int64_t, kGatherSlots> gathered_bytes{};
+    bool reduction_in_flight = false;
+  };
+  using Slots = std::vector<GatherSlot>;
+
+  bool shards_params() const;
+  bool shards_grads() const;
+  int num_units() const { return static_cast<int>(unit_buckets_.size()); }
+  int non_unit_group() const { return num_units(); }
+  int unit_of_module(const std::vector<int>& params) const;
+  const std::vector<int>& group_buckets(int group) const;
+  int64_t group_numel(int group) const;
+  Slots slots_for(int group, FsdpPhase pass) const;
+  uint8_t& state(int group, GatherSlot slot) { return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)]; }
+  bool holds_any_slot(int group) const;
+  int units_gathered() const;
+  void dispatch_gather(int group, GatherSlot slot);
+  void wait_gather(int group, FsdpPhase pass);
+  void release_slot(int group, GatherSlot slot);
+  void release_group(int group);
+  void prefetch_from(int unit, FsdpPhase pass);
+  void issue_reduction(int bucket);
+  void complete_oldest_reduction();
+  void complete_reductions();
+  void zero_grad_buffer();
+  void allocate_staging(int bucket);
+  void free_staging(int bucket);
+
+  FsdpConfig config_;
+  int dp_;
+  MemoryTracker& tracker_;
+  ParamLayout layout_;
+  std::vector<int> unit_of_param_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<int>> unit_buckets_;
+  std::vector<int> non_unit_buckets_;
+  int64_t prefetch_budget_numel_ = 0;
+  int64_t rs_queue_numel_ = 0;
+  std::vector<std::array<uint8_t, kGatherSlots>> gather_state_;  // 0 empty, 1 in flight, 2 ready
+  std::array<int64_t, kGatherSlots> gathered_bytes_{};
+  std::array<int64_t, kGatherSlots> gathered_bytes_peak_{};
+  std::vector<int> reductions_;  // buckets, oldest first
+  int64_t reductions_numel_ = 0;
+  std::vector<bool> reduced_;
+  std::vector<bool> ready_;
+  int ready_count_ = 0;
+  bool no_sync_ = false;
+  bool in_backward_ = false;
+  int forward_unit_ = -1;
+};
+
+}  // namespace mxddp

@@ -1,0 +1,287 @@
+// plan_train_memory and plan_param_memory (plan.h): train()'s allocations replayed against a
+// MemoryTracker, in train()'s order, with nothing allocated.
+//
+// What each step charges, and where the real allocation is:
+//   DDP:       grad buffer, then param buffer (none with MXFP8 reuse)    ParamAndGradBuffer
+//              with fp8_param_gather, per param: bf16 copy, or MXFP8 row
+//              and column payloads and scales                            ModelParamStore, Mxfp8Tensor
+//   FSDP:      per bucket, by strategy; transients in the iterations     FsdpMemorySim (fsdp_memory_sim.h)
+//   optimizer: per bucket, its main params then each state               DistributedOptimizer
+//   scratch:   every named request, grown as the pool grows              GlobalMemoryBuffer::get_tensor
+//              (the names and sizes come from trace_gpt_micro_batch)
+#include <mxddp/plan.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <regex>
+
+#include <mxddp/quant.h>
+
+#include "fsdp_memory_sim.h"
+
+namespace mxddp {
+
+namespace {
+
+int64_t dtype_bytes(DType t) { return static_cast<int64_t>(dtype_size_bytes(t)); }
+
+// GlobalMemoryBuffer's growth, as charges: a request above a name's capacity frees the old block
+// and takes max(request, 2 x capacity).
+class ScratchSim {
+ public:
+  explicit ScratchSim(MemoryTracker& tracker) : tracker_(tracker) {}
+  void request(const std::string& name, int64_t numel) {
+    int64_t& capacity = capacity_numel_[name];
+    if (numel <= capacity) return;
+    if (capacity > 0) tracker_.on_free(MemoryCategory::kScratch, capacity * 4);
+    capacity = std::max(numel, 2 * capacity);
+    tracker_.on_allocate(MemoryCategory::kScratch, capacity * 4);
+  }
+
+ private:
+  MemoryTracker& tracker_;
+  std::map<std::string, int64_t> capacity_numel_;  // f32 elements, as the model asks for them
+};
+
+// One rank's DataParallel (DDP or FSDP) as far as memory goes: construction charges, and the
+// calls of an iteration, an evaluation and a forced sync. DDP allocates nothing after construction.
+class DataParallelSim : public GptCallTrace {
+ public:
+  DataParallelSim(MemoryTracker& tracker, ScratchSim* scratch) : tracker_(tracker), scratch_(scratch) {}
+
+  void build_ddp(const std::vector<ParamSpec>& specs, DdpConfig c, int dp) {
+    c.use_distributed_optimizer = true;
+    check_ddp_config(c, specs);
+    LayoutOptions lo = c.layout_options(dp);
+    lo.compute_shards = false;
+    layout_ = compute_param_layout(specs, lo);
+    const int64_t grad_elem = c.grad_reduce_in_fp32 ? 4 : dtype_bytes(c.param_dtype);
+    tracker_.on_allocate(MemoryCategory::kGrads, layout_.numel * grad_elem);
+    if (!c.reuse_grad_buf_for_mxfp8_param_ag)
+      tracker_.on_allocate(MemoryCategory::kParams, layout_.numel * dtype_bytes(c.param_dtype));
+    if (c.fp8_param_gather)
+      for (const ParamSpec& s : specs) {
+        if (!s.mxfp8) {
+          tracker_.on_allocate(MemoryCategory::kParams, s.shape.numel() * 2);
+          continue;
+        }
+        tracker_.on_allocate(MemoryCategory::kMxfp8, s.shape.numel());
+        tracker_.on_allocate(MemoryCategory::kMxfp8, s.shape.numel());
+        tracker_.on_allocate(MemoryCategory::kMxfp8, mx_scale_shape(s.shape[0], s.shape[1], QuantAxis::kRow).numel());
+        tracker_.on_allocate(MemoryCategory::kMxfp8, mx_scale_shape(s.shape[0], s.shape[1], QuantAxis::kCol).numel());
+      }
+    for (const BucketPlacement& b : layout_.buckets) optimizer_numel_.push_back(b.range.size() / dp);
+  }
+
+  void build_fsdp(const std::vector<ParamSpec>& specs, const std::vector<std::vector<int>>& units,
+                  const FsdpConfig& c, int dp) {
+    fsdp_ = std::make_unique<FsdpMemorySim>(specs, units, c, dp, tracker_);
+    layout_ = fsdp_->layout();
+    for (size_t b = 0; b < layout_.buckets.size(); ++b)
+      optimizer_numel_.push_back(fsdp_->optimizer_bucket_numel(static_cast<int>(b)));
+  }
+
+  // DistributedOptimizer's constructor.
+  void build_optimizer(OptimizerType optimizer) {
+    const auto states = static_cast<int64_t>(optimizer_state_names(optimizer).size());
+    for (int64_t n : optimizer_numel_) {
+      tracker_.on_allocate(MemoryCategory::kMainParams, n * 4);
+      for (int64_t s = 0; s < states; ++s) tracker_.on_allocate(MemoryCategory::kOptimizerState, n * 4);
+    }
+  }
+
+  const ParamLayout& layout() const { return layout_; }
+  const FsdpMemorySim* fsdp() const { return fsdp_.get(); }
+
+  void start_iteration() { if (fsdp_) fsdp_->start_iteration(); }
+  void set_no_sync(bool on) { if (fsdp_) fsdp_->set_no_sync(on); }
+  void finish_grad_sync() { if (fsdp_) fsdp_->finish_grad_sync(); }
+  void step() { if (fsdp_) fsdp_->step_and_sync_params(); }
+  void force_param_sync() { if (fsdp_) fsdp_->force_param_sync(); }
+  void release_gathered_params() { if (fsdp_) fsdp_->release_gathered_params(); }
+
+  // GptCallTrace: the model's calls.
+  void scratch(const std::string& name, int64_t numel) override { scratch_->request(name, numel); }
+  void main_grad(int p) override { if (fsdp_) fsdp_->main_grad(p); }
+  void grad_ready(int p) override { if (fsdp_) fsdp_->grad_ready(p); }
+  void before_forward(const std::vector<int>& p) override { if (fsdp_) fsdp_->before_forward(p); }
+  void after_forward(const std::vector<int>& p) override { if (fsdp_) fsdp_->after_forward(p); }
+  void before_backward(const std::vector<int>& p) override { if (fsdp_) fsdp_->before_backward(p); }
+  void after_backward(const std::vector<int>& p) override { if (fsdp_) fsdp_->after_backward(p); }
+
+ private:
+  MemoryTracker& tracker_;
+  ScratchSim* scratch_;
+  ParamLayout layout_;
+  std::unique_ptr<FsdpMemorySim> fsdp_;
+  std::vector<int64_t> optimizer_numel_;  // [bucket] the optimizer's main param elements
+};
+
+MemoryPlanLayout describe_layout(const ParamLayout& layout) {
+  MemoryPlanLayout d;
+  d.params_numel = layout.numel_unpadded();
+  d.buffer_numel = layout.numel;
+  d.num_buckets = static_cast<int64_t>(layout.buckets.size());
+  for (const BucketPlacement& b : layout.buckets) {
+    const int64_t last_end = layout.params[static_cast<size_t>(b.params.back())].range.end;
+    d.bucket_end_padding_numel += b.range.end - last_end;
+  }
+  d.param_start_padding_numel = d.buffer_numel - d.params_numel - d.bucket_end_padding_numel;
+  return d;
+}
+
+// The iterations train() runs from 0: train_iters, or fewer with --exit-interval.
+int64_t iterations_run(const TrainConfig& c) {
+  if (c.exit_interval <= 0) return c.train_iters;
+  return std::min(c.train_iters, c.exit_interval);
+}
+
+// Whether train() evaluates after any of its iterations (it evaluates after the last, and every
+// eval_interval).
+bool evaluates(const TrainConfig& c, int64_t iterations) {
+  if (c.eval_iters <= 0 || iterations <= 0) return false;
+  if (iterations == c.train_iters) return true;
+  return c.eval_interval > 0 && iterations >= c.eval_interval;
+}
+
+}  // namespace
+
+MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions& opts) {
+  const int dp = opts.dp;
+  config.validate(dp);
+  const GptConfig& mc = config.model;
+  const GptModelOptions model_options = config.model_options();
+  const std::vector<ParamSpec> specs = gpt_param_specs(mc, config.ddp.fp8_param_gather);
+  MemoryTracker tracker;
+  ScratchSim scratch(tracker);
+  DataParallelSim dpsim(tracker, &scratch);
+  // train(): the DataParallel, then the optimizer; the model allocates nothing until it runs.
+  if (config.use_megatron_fsdp) {
+    FsdpConfig fc = config.fsdp;
+    fc.mxfp8_elem = config.ddp.mxfp8_elem;
+    fc.mxfp8_scale_mode = config.ddp.mxfp8_scale_mode;
+    dpsim.build_fsdp(specs, gpt_fsdp_units(mc, model_options.fine_grained_param_gather), fc, dp);
+  } else {
+    dpsim.build_ddp(specs, config.ddp, dp);
+  }
+  const int64_t build_live_bytes = tracker.usage().total_live_bytes;
+  int64_t largest_bucket_bytes = 0;  // FSDP's constructor stages one bucket's initial values at a time
+  if (config.use_megatron_fsdp)
+    for (const BucketPlacement& b : dpsim.layout().buckets)
+      largest_bucket_bytes = std::max(largest_bucket_bytes, b.range.size() * dtype_bytes(config.fsdp.param_dtype));
+  dpsim.build_optimizer(config.optimizer.optimizer);
+
+  GptTraceOptions trace{.micro_batch = config.micro_batch_size, .backward = true,
+                        .compute_threads = effective_compute_threads(rank_compute_threads(
+                            config, opts.ranks_on_this_machine > 0 ? opts.ranks_on_this_machine : dp))};
+  for (const ParamSpec& s : specs) trace.mxfp8.push_back(s.mxfp8);
+  const int accum = config.accumulation_steps(dp);
+  auto iteration = [&] {
+    dpsim.start_iteration();
+    for (int m = 0; m < accum; ++m) {
+      dpsim.set_no_sync(m + 1 < accum);
+      trace_gpt_micro_batch(mc, model_options, trace, dpsim);
+      dpsim.set_no_sync(false);
+    }
+    dpsim.finish_grad_sync();
+    dpsim.step();
+  };
+  if (!config.load_dir.empty()) dpsim.force_param_sync();  // load_checkpoint's
+  // Every iteration after the first repeats the second's allocations, and every evaluation the
+  // first's, from the same state (nothing gathered, no transient grads, no staging): one of each
+  // gives the run's peaks.
+  const int64_t iterations = iterations_run(config);
+  MemoryUsage warmup;
+  for (int64_t it = 0; it < std::min<int64_t>(iterations, 2); ++it) {
+    iteration();
+    if (it == 0) {
+      warmup = tracker.usage();
+      tracker.reset_peaks();
+    }
+  }
+  if (evaluates(config, iterations)) {
+    dpsim.force_param_sync();
+    GptTraceOptions eval = trace;
+    eval.backward = false;
+    for (int e = 0; e < config.eval_iters; ++e)
+      for (int m = 0; m < accum; ++m) {
+        trace_gpt_micro_batch(mc, model_options, eval, dpsim);
+        dpsim.release_gathered_params();
+      }
+  }
+  dpsim.force_param_sync();  // the end of training (and any save or replica check before it)
+
+  MemoryPlan plan;
+  plan.dp = dp;
+  plan.steady = tracker.usage();
+  plan.overall = iterations > 0 ? max_peaks(warmup, plan.steady) : plan.steady;
+  if (dpsim.fsdp()) {
+    plan.peak_gathered_bytes_by_slot = dpsim.fsdp()->peak_gathered_bytes();
+    plan.layout = describe_layout(dpsim.layout());
+    plan.layout.largest_unit_numel = dpsim.fsdp()->largest_unit_numel();
+  } else {
+    plan.layout = describe_layout(dpsim.layout());
+  }
+  plan.layout.compute_threads = trace.compute_threads;
+  plan.build_live_bytes = build_live_bytes;
+  plan.build_untracked_bytes = 4 * plan.layout.params_numel + largest_bucket_bytes;
+  return plan;
+}
+
+MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainConfig& config,
+                             const MemoryPlanOptions& opts) {
+  const int dp = opts.dp;
+  MXDDP_CHECK(dp >= 1, "dp {} is not valid: at least 1", dp);
+  MemoryTracker tracker;
+  DataParallelSim dpsim(tracker, nullptr);
+  if (config.use_megatron_fsdp) {
+    // A unit per layer index in the names ("...layers.3.", "...h.3."), in order of appearance;
+    // without any, a unit per param.
+    static const std::regex kLayer(R"((^|\.)(layers|layer|h|blocks)\.(\d+)\.)");
+    std::map<std::string, int> unit_of_layer;
+    std::vector<std::vector<int>> units;
+    std::smatch m;
+    for (size_t p = 0; p < params.size(); ++p)
+      if (std::regex_search(params[p].name, m, kLayer)) {
+        const auto [it, added] = unit_of_layer.emplace(m[3].str(), static_cast<int>(units.size()));
+        if (added) units.emplace_back();
+        units[static_cast<size_t>(it->second)].push_back(static_cast<int>(p));
+      }
+    if (units.empty())
+      for (size_t p = 0; p < params.size(); ++p) units.push_back({static_cast<int>(p)});
+    FsdpConfig fc = config.fsdp;
+    fc.mxfp8_elem = config.ddp.mxfp8_elem;
+    fc.mxfp8_scale_mode = config.ddp.mxfp8_scale_mode;
+    dpsim.build_fsdp(params, units, fc, dp);
+  } else {
+    dpsim.build_ddp(params, config.ddp, dp);
+  }
+  dpsim.build_optimizer(config.optimizer.optimizer);
+  // No model: the iterations' only allocations are FSDP's, which follow the model's calls; the
+  // plan holds what construction and a step allocate, and a forced sync's staging.
+  const MemoryUsage built = tracker.usage();
+  tracker.reset_peaks();
+  dpsim.start_iteration();
+  dpsim.step();
+  dpsim.force_param_sync();
+  MemoryPlan plan;
+  plan.dp = dp;
+  plan.steady = tracker.usage();
+  plan.overall = max_peaks(built, plan.steady);
+  plan.layout = describe_layout(dpsim.layout());
+  if (dpsim.fsdp()) {
+    plan.layout.largest_unit_numel = dpsim.fsdp()->largest_unit_numel();
+    plan.peak_gathered_bytes_by_slot = dpsim.fsdp()->peak_gathered_bytes();
+  }
+  return plan;
+}
+
+ClosedFormMemory closed_form_memory(int64_t params_numel, int64_t largest_layer_numel, int dp) {
+  const double n = static_cast<double>(params_numel), d = dp;
+  return {.megatron_bytes = n * (6.0 + 12.0 / d),
+          .deepspeed_zero2_bytes = 4.0 * n + 16.0 * n / d,
+          .deepspeed_zero3_bytes = 4.0 * static_cast<double>(largest_layer_numel) + 18.0 * n / d};
+}
+
+}  // namespace mxddp

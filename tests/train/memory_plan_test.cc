@@ -1,0 +1,211 @@
+// mxddp plan is exact: for generated configurations of every mode the trainer has (DDP and its
+// bucketing, padding, overlap and MXFP8 reuse; FSDP's four strategies, MXFP8, fine-grained gather,
+// double buffer and unit sizes; recompute; Adam and SGD; 1..8 ranks, odd ones included), the plan
+// equals what train() measures on every rank, per category, live and peak, steady state and
+// overall, byte for byte. Also: a config the trainer refuses, the plan refuses; a 1T-parameter
+// plan at dp 4096 is fast; the closed forms are Megatron's and DeepSpeed's.
+#include <chrono>
+#include <random>
+
+#include <mxddp/plan.h>
+
+#include "model/train_util.h"
+
+namespace mxddp::testing {
+namespace {
+
+// A random configuration in the space the trainer accepts (mostly: the ones it refuses are kept
+// too, and then the plan must refuse them as well).
+TrainConfig generate_config(std::mt19937& rng, int& dp) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto coin = [&](double p = 0.5) { return std::bernoulli_distribution(p)(rng); };
+  TrainConfig c;
+  dp = pick(1, 8);
+  const int heads = std::array{1, 2, 4}[static_cast<size_t>(pick(0, 2))];
+  c.model = GptConfig{.num_layers = pick(1, 3), .hidden_size = heads * std::array{8, 16, 24}[static_cast<size_t>(pick(0, 2))],
+                      .num_attention_heads = heads, .seq_length = std::array{8, 16, 24}[static_cast<size_t>(pick(0, 2))]};
+  c.micro_batch_size = pick(1, 2);
+  c.global_batch_size = c.micro_batch_size * dp * pick(1, 2);
+  c.train_iters = pick(1, 3);
+  c.lr_warmup_iters = 1;
+  c.corpus_bytes = 1 << 14;
+  c.eval_iters = pick(0, 1);
+  c.eval_interval = pick(0, 2);
+  c.compute_threads = pick(1, 2);
+  c.optimizer.optimizer = coin(0.8) ? OptimizerType::kAdam : OptimizerType::kSgd;
+  switch (pick(0, 3)) {
+    case 0: break;
+    case 1: c.recompute_granularity = RecomputeGranularity::kFull; break;
+    default:
+      c.recompute_granularity = RecomputeGranularity::kSelective;
+      for (RecomputeModule m : {RecomputeModule::kCoreAttn, RecomputeModule::kMlp, RecomputeModule::kLayernorm})
+        if (coin()) c.recompute_modules.insert(m);
+      if (c.recompute_modules.empty()) c.recompute_modules.insert(RecomputeModule::kCoreAttn);
+  }
+  c.ddp.fp8_param_gather = coin(0.3);
+  c.use_megatron_fsdp = coin(0.5);
+  if (!c.use_megatron_fsdp) {
+    c.ddp.overlap_grad_reduce = coin();
+    if (c.ddp.overlap_grad_reduce && coin(0.7)) c.ddp.bucket_size = pick(200, 6000);
+    c.ddp.pad_buckets_for_high_nccl_busbw = coin(0.2);
+    c.ddp.buckets_per_group = pick(1, 2);
+    c.ddp.overlap_param_gather = coin();
+    c.ddp.reuse_grad_buf_for_mxfp8_param_ag = c.ddp.fp8_param_gather && coin();
+    c.ddp.overlap_param_gather_with_optimizer_step =
+        c.ddp.overlap_param_gather && !c.ddp.reuse_grad_buf_for_mxfp8_param_ag && coin(0.3);
+    return c;
+  }
+  c.fsdp.data_parallel_sharding_strategy = c.ddp.fp8_param_gather || coin(0.4)
+                                               ? ShardingStrategy::kOptimGradsParams
+                                               : std::array{ShardingStrategy::kNoShard, ShardingStrategy::kOptim,
+                                                            ShardingStrategy::kOptimGrads}[static_cast<size_t>(pick(0, 2))];
+  c.fsdp.overlap_param_gather = c.ddp.overlap_param_gather = coin();
+  c.fsdp.overlap_grad_reduce = c.ddp.overlap_grad_reduce = coin();
+  c.fsdp.fsdp_double_buffer = coin(0.3);
+  if (coin(0.4)) c.fsdp.suggested_communication_unit_size = pick(500, 20000);
+  if (coin(0.5)) c.fsdp.megatron_fsdp_enable_fine_grained_param_gather = coin(0.7);
+  return c;
+}
+
+std::string describe(const TrainConfig& c, int dp) {
+  return fmt::format("dp {} model {} mb {} gb {} iters {} eval {}/{} threads {} opt {} recompute {} [{}] fp8 {} | "
+                     "ddp overlap {} bucket {} pad {} bpg {} opg {} reuse {} opg-step {} | fsdp {} {} opg {} ogr {} "
+                     "double {} unit {} fine {}",
+                     dp, c.model.describe(), c.micro_batch_size, c.global_batch_size, c.train_iters, c.eval_iters,
+                     c.eval_interval, c.compute_threads, optimizer_name(c.optimizer.optimizer),
+                     recompute_granularity_name(c.recompute_granularity), recompute_modules_names(c.recompute_modules),
+                     c.ddp.fp8_param_gather, c.ddp.overlap_grad_reduce, c.ddp.bucket_size.value_or(-1),
+                     c.ddp.pad_buckets_for_high_nccl_busbw, c.ddp.buckets_per_group, c.ddp.overlap_param_gather,
+                     c.ddp.reuse_grad_buf_for_mxfp8_param_ag, c.ddp.overlap_param_gather_with_optimizer_step,
+                     c.use_megatron_fsdp, sharding_strategy_name(c.fsdp.data_parallel_sharding_strategy),
+                     c.fsdp.overlap_param_gather, c.fsdp.overlap_grad_reduce, c.fsdp.fsdp_double_buffer,
+                     c.fsdp.suggested_communication_unit_size.value_or(-1),
+                     c.fsdp.megatron_fsdp_enable_fine_grained_param_gather
+                         ? (*c.fsdp.megatron_fsdp_enable_fine_grained_param_gather ? "on" : "off")
+                         : "policy");
+}
+
+// Every figure of one MemoryUsage, named, so a mismatch says which.
+void expect_same_usage(const MemoryUsage& planned, const MemoryUsage& measured, const std::string& what) {
+  for (int k = 0; k < kNumMemoryCategories; ++k) {
+    const auto c = static_cast<MemoryCategory>(k);
+    EXPECT_EQ(planned.live(c), measured.live(c)) << what << ": live " << memory_category_name(c);
+    EXPECT_EQ(planned.peak(c), measured.peak(c)) << what << ": peak " << memory_category_name(c);
+  }
+  EXPECT_EQ(planned.total_live_bytes, measured.total_live_bytes) << what << ": live total";
+  EXPECT_EQ(planned.total_peak_bytes, measured.total_peak_bytes) << what << ": peak total";
+}
+
+TEST(MemoryPlan, EqualsTheMeasuredMemoryOfEveryRankForGeneratedConfigs) {
+  std::mt19937 rng(20261123);
+  int compared = 0, refused = 0, fsdp = 0, mxfp8 = 0, recompute = 0, fine_grained = 0;
+  std::set<int> dps;
+  std::set<ShardingStrategy> strategies;
+  while (compared < 120) {
+    int dp = 1;
+    const TrainConfig c = generate_config(rng, dp);
+    const std::string what = describe(c, dp);
+    MemoryPlan plan;
+    try {
+      plan = plan_train_memory(c, {.dp = dp});
+    } catch (const Error& e) {
+      // The plan refuses: then the trainer does too, with the same message.
+      EXPECT_THROW(train_local_all(dp, c), Error) << what << ": the plan refused (" << e.what() << ")";
+      ++refused;
+      continue;
+    }
+    SCOPED_TRACE(what);
+    const std::vector<TrainResult> all = train_local_all(dp, c);
+    for (const TrainResult& r : all) {
+      ASSERT_EQ(r.memory_by_rank.size(), static_cast<size_t>(dp));
+      for (size_t rank = 0; rank < r.memory_by_rank.size(); ++rank) {
+        const RankMemory& m = r.memory_by_rank[rank];
+        expect_same_usage(plan.steady, m.steady, fmt::format("rank {} steady state", rank));
+        expect_same_usage(plan.overall, m.overall, fmt::format("rank {} overall", rank));
+        EXPECT_EQ(plan.peak_gathered_bytes_by_slot, m.peak_gathered_bytes_by_slot) << "rank " << rank;
+      }
+      break;  // every rank reports every rank's memory: one result is enough
+    }
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << "stopping at the first configuration that differs";
+      return;
+    }
+    ++compared;
+    dps.insert(dp);
+    if (c.use_megatron_fsdp) {
+      ++fsdp;
+      strategies.insert(c.fsdp.data_parallel_sharding_strategy);
+      fine_grained += c.fine_grained_param_gather().on ? 1 : 0;
+    }
+    mxfp8 += c.ddp.fp8_param_gather ? 1 : 0;
+    recompute += c.recompute_granularity != RecomputeGranularity::kNone ? 1 : 0;
+  }
+  // The sweep covers what it claims to.
+  EXPECT_EQ(dps.size(), 8u) << "dp 1..8";
+  EXPECT_EQ(strategies.size(), 4u) << "every FSDP strategy";
+  EXPECT_GE(fsdp, 30);
+  EXPECT_GE(compared - fsdp, 30) << "DDP";
+  EXPECT_GE(mxfp8, 15);
+  EXPECT_GE(recompute, 30);
+  EXPECT_GE(fine_grained, 5);
+  RecordProperty("refused", refused);
+}
+
+TEST(MemoryPlan, RefusesWhatTheTrainerRefuses) {
+  TrainConfig c = small_train_config();
+  c.ddp.reuse_grad_buf_for_mxfp8_param_ag = true;  // without fp8_param_gather
+  EXPECT_THROW(plan_train_memory(c, {.dp = 2}), Error);
+  c = small_train_config();
+  c.global_batch_size = 6;  // not a multiple of micro 2 x dp 2
+  EXPECT_THROW(plan_train_memory(c, {.dp = 2}), Error);
+  c = small_train_config();
+  c.use_megatron_fsdp = true;
+  c.ddp.fp8_param_gather = true;
+  c.fsdp.data_parallel_sharding_strategy = ShardingStrategy::kOptim;  // MXFP8 needs optim_grads_params
+  EXPECT_THROW(plan_train_memory(c, {.dp = 2}), Error);
+}
+
+// A 1T-parameter decoder (128 layers x 25600 hidden; the vocabulary is bytes) at dp 4096 plans in well
+// under a second: the layout is computed, not materialized, and the model is traced, not run.
+TEST(MemoryPlan, PlansOneTrillionParamsAtDp4096Quickly) {
+  TrainConfig c;
+  c.model = GptConfig{.num_layers = 128, .hidden_size = 25600, .num_attention_heads = 200,
+                      .seq_length = 2048};
+  c.micro_batch_size = 1;
+  c.global_batch_size = 4096;
+  c.compute_threads = 8;
+  for (bool fsdp : {false, true}) {
+    c.use_megatron_fsdp = fsdp;
+    const auto t0 = std::chrono::steady_clock::now();
+    const MemoryPlan plan = plan_train_memory(c, {.dp = 4096});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GT(plan.layout.params_numel, 1'000'000'000'000) << "a 1T-parameter model";
+    EXPECT_GT(plan.steady.total_peak_bytes, 0);
+    // Not a timed assertion of speed but of complexity: a layout materialized per rank, or a run
+    // of the model, takes minutes here, not seconds.
+    EXPECT_LT(s, 5.0) << (fsdp ? "fsdp" : "ddp") << " plan took " << s << " s";
+  }
+}
+
+TEST(MemoryPlan, ClosedFormsAreMegatronsAndDeepSpeeds) {
+  const ClosedFormMemory f = closed_form_memory(1'000'000, 10'000, 4);
+  EXPECT_DOUBLE_EQ(f.megatron_bytes, 1e6 * (6 + 12.0 / 4));
+  EXPECT_DOUBLE_EQ(f.deepspeed_zero2_bytes, 4e6 + 16e6 / 4);
+  EXPECT_DOUBLE_EQ(f.deepspeed_zero3_bytes, 4e4 + 18e6 / 4);
+}
+
+TEST(MemoryPlan, ParamListPlanMatchesTheGptPlanOnItsBuffers) {
+  // The same params given as a list plan to the same buffer and optimizer bytes as the GPT's.
+  TrainConfig c = small_train_config();
+  c.eval_iters = 0;
+  const MemoryPlan gpt = plan_train_memory(c, {.dp = 2});
+  const MemoryPlan list = plan_param_memory(gpt_param_specs(c.model), c, {.dp = 2});
+  for (MemoryCategory k : {MemoryCategory::kParams, MemoryCategory::kGrads, MemoryCategory::kMainParams,
+                           MemoryCategory::kOptimizerState})
+    EXPECT_EQ(list.steady.live(k), gpt.steady.live(k)) << memory_category_name(k);
+  EXPECT_EQ(list.steady.live(MemoryCategory::kScratch), 0);
+  EXPECT_EQ(list.layout.buffer_numel, gpt.layout.buffer_numel);
+}
+
+}  // namespace
+}  // namespace mxddp::testing
