@@ -109,7 +109,8 @@ std::pair<std::string, double> matching_closed_form(const TrainConfig& c, const 
 }
 
 struct Explained {
-  std::string formula_name;
+  ClosedFormMemory closed_forms;  // all three, for the same params, largest layer and dp
+  std::string formula_name;       // the one this mode compares with
   double formula_bytes = 0;
   double padding_bytes = 0;      // the buffer's alignment and bucket-end padding, in every category
   double reuse_bytes = 0;        // MXFP8 reuse: the BF16 param buffer the formula counts is not there
@@ -120,9 +121,9 @@ struct Explained {
 };
 
 Explained explain(const TrainConfig& c, const MemoryPlan& p, int64_t largest_layer_numel) {
-  const ClosedFormMemory f = closed_form_memory(p.layout.params_numel, largest_layer_numel, p.dp);
   Explained e;
-  std::tie(e.formula_name, e.formula_bytes) = matching_closed_form(c, f, p.layout.params_numel);
+  e.closed_forms = closed_form_memory(p.layout.params_numel, largest_layer_numel, p.dp);
+  std::tie(e.formula_name, e.formula_bytes) = matching_closed_form(c, e.closed_forms, p.layout.params_numel);
   const double padding_numel = static_cast<double>(p.layout.buffer_numel - p.layout.params_numel);
   e.padding_bytes = padding_numel * model_state_bytes_per_element(c, p.dp);
   e.mxfp8_bytes = static_cast<double>(p.steady.live(MemoryCategory::kMxfp8));
@@ -201,12 +202,11 @@ void print_plan(const TrainConfig& c, const MemoryPlan& p, const Explained& e, c
               static_cast<long long>(p.layout.param_start_padding_numel),
               static_cast<long long>(p.layout.bucket_end_padding_numel));
   if (p.layout.compute_threads > 0) std::printf("activations sized for %d compute thread(s) per rank\n", p.layout.compute_threads);
-  const ClosedFormMemory f = closed_form_memory(p.layout.params_numel, 0, p.dp);
+  const ClosedFormMemory& f = e.closed_forms;
   std::printf("\nclosed forms (model states only, per rank):\n");
   std::printf("  %-58s %s\n", "Megatron theoretical_memory_usage, distributed optimizer", format_bytes(f.megatron_bytes).c_str());
   std::printf("  %-58s %s\n", "DeepSpeed estimate_zero2_model_states_mem_needs", format_bytes(f.deepspeed_zero2_bytes).c_str());
-  std::printf("  %-58s %s\n", "DeepSpeed estimate_zero3_model_states_mem_needs",
-              format_bytes(e.formula_name.find("zero3") != std::string::npos ? e.formula_bytes : f.deepspeed_zero3_bytes).c_str());
+  std::printf("  %-58s %s\n", "DeepSpeed estimate_zero3_model_states_mem_needs", format_bytes(f.deepspeed_zero3_bytes).c_str());
   std::printf("\nthis plan's peak %s against %s's %s; the difference %s is:\n",
               format_bytes(static_cast<double>(p.overall.total_peak_bytes)).c_str(), e.formula_name.c_str(),
               format_bytes(e.formula_bytes).c_str(),
