@@ -56,7 +56,11 @@ std::vector<ParamSpec> safetensors_param_specs(const std::string& path) {
                   "not a param)", path, name, d.dump());
       dims += fmt::format("{}{}", dims.empty() ? "" : "x", d.get<int64_t>());
     }
-    specs.push_back({name, parse_shape_list(dims.empty() ? "1" : dims).front(), false});
+    try {
+      specs.push_back({name, parse_shape_list(dims.empty() ? "1" : dims).front(), false});
+    } catch (const Error& e) {
+      MXDDP_FAIL("--safetensors '{}': tensor '{}': {}", path, name, e.what());
+    }
   }
   MXDDP_CHECK(!specs.empty(), "--safetensors '{}' names no tensors", path);
   return specs;

@@ -67,9 +67,10 @@ class GptGraph {
   // reports each ready.
   double forward(const int32_t* tokens, int batch, Real grad_scale) {
     const int seq = cfg_.seq_length, n = batch * seq;
-    inputs_.resize(static_cast<size_t>(n));
-    targets_.resize(static_cast<size_t>(n));
-    for (int b = 0; b < batch; ++b)
+    // No tokens: a trace of the control flow (gpt_trace.cc), whose kernels read none.
+    inputs_.resize(tokens != nullptr ? static_cast<size_t>(n) : 0);
+    targets_.resize(tokens != nullptr ? static_cast<size_t>(n) : 0);
+    for (int b = 0; tokens != nullptr && b < batch; ++b)
       for (int t = 0; t < seq; ++t) {
         inputs_[static_cast<size_t>(b * seq + t)] = tokens[b * (seq + 1) + t];
         targets_[static_cast<size_t>(b * seq + t)] = tokens[b * (seq + 1) + t + 1];

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <limits>
 #include <regex>
 
 #include <mxddp/quant.h>
@@ -145,11 +146,34 @@ bool evaluates(const TrainConfig& c, int64_t iterations) {
   return c.eval_interval > 0 && iterations >= c.eval_interval;
 }
 
+// The largest model the plan describes: its param list and trace are O(layers), and every byte count
+// must fit in int64 with room to add categories. Beyond these no machine could run it anyway.
+constexpr int kPlanLayersMax = 10'000;  // (the deepest published decoders have a few hundred)
+constexpr int64_t kPlanBytesPerParamMax = 64;  // the most any mode keeps per param, all categories
+
+// Throws Error when a model's sizes exceed what the plan (and the GPT's int row index) can count.
+void check_plannable(const GptConfig& m, int micro_batch) {
+  MXDDP_CHECK(m.num_layers <= kPlanLayersMax, "--num-layers {} is more than mxddp plans: at most {} layers", m.num_layers,
+              kPlanLayersMax);
+  const int64_t n = m.num_params();
+  MXDDP_CHECK(n <= std::numeric_limits<int64_t>::max() / kPlanBytesPerParamMax,
+              "the model's {} params are more than mxddp plans: their bytes would not fit in a 64-bit count", n);
+  const std::string_view what = "one micro-batch's activations (--micro-batch-size, --seq-length, --hidden-size, heads)";
+  const int64_t rows = checked_mul(micro_batch, m.seq_length, what);
+  MXDDP_CHECK(rows <= std::numeric_limits<int>::max(),
+              "--micro-batch-size {} x --seq-length {} = {} rows is not valid: the GPT indexes a micro-batch's rows "
+              "with 32 bits, so at most {}", micro_batch, m.seq_length, rows, std::numeric_limits<int>::max());
+  // The largest activations, in bytes: the attention probabilities [B, H, T, T] and the MLP's [N, 4C].
+  checked_mul(checked_mul(checked_mul(rows, m.num_attention_heads, what), m.seq_length, what), 4 * 4, what);
+  checked_mul(checked_mul(rows, m.hidden_size, what), 4 * 4 * 4 * kPlanBytesPerParamMax, what);
+}
+
 }  // namespace
 
 MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions& opts) {
   const int dp = opts.dp;
   config.validate(dp);
+  check_plannable(config.model, config.micro_batch_size);
   const GptConfig& mc = config.model;
   const GptModelOptions model_options = config.model_options();
   const std::vector<ParamSpec> specs = gpt_param_specs(mc, config.ddp.fp8_param_gather);
@@ -233,6 +257,10 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
                              const MemoryPlanOptions& opts) {
   const int dp = opts.dp;
   MXDDP_CHECK(dp >= 1, "dp {} is not valid: at least 1", dp);
+  int64_t n = 0;
+  for (const ParamSpec& p : params) n = checked_add(n, p.shape.numel(), "the param list's elements");
+  MXDDP_CHECK(n <= std::numeric_limits<int64_t>::max() / kPlanBytesPerParamMax,
+              "the param list's {} elements are more than mxddp plans: their bytes would not fit in a 64-bit count", n);
   MemoryTracker tracker;
   DataParallelSim dpsim(tracker, nullptr);
   if (config.use_megatron_fsdp) {
