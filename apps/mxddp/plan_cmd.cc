@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include <mxddp/checkpoint.h>
 #include <mxddp/input_file.h>
 #include <mxddp/plan.h>
 
@@ -226,6 +228,19 @@ void print_plan(const TrainConfig& c, const MemoryPlan& p, const Explained& e, c
   part("the formula's own terms (16-bit grads, ZeRO-3's 4 x largest layer)", e.other_bytes);
 }
 
+// The iteration a --load resumes at (its checkpoint's), 0 without one: the plan's steady state
+// depends on how many iterations are left.
+int64_t load_start_iteration(const std::string& load_dir) {
+  if (load_dir.empty()) return 0;
+  const std::string dir = resolve_checkpoint_dir(load_dir);
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  const auto it = info.metadata.find("iteration");
+  MXDDP_CHECK(it != info.metadata.end(), "--load '{}': checkpoint '{}' was not written by mxddp train: its metadata has "
+              "no iteration", load_dir, dir);
+  return parse_integer(it->second, fmt::format("--load '{}': the checkpoint's iteration", load_dir), 0,
+                       std::numeric_limits<int64_t>::max());
+}
+
 // ---- --fit ----
 
 struct Candidate {
@@ -427,7 +442,7 @@ void run_plan_command(PlanArgs& a) {
     plan = plan_param_memory(specs, c, {.dp = dp});
     largest = largest_layer_numel(specs);
   } else {
-    plan = plan_train_memory(c, {.dp = dp});
+    plan = plan_train_memory(c, {.dp = dp, .start_iteration = load_start_iteration(c.load_dir)});
     of = c.model.describe();
     largest = largest_layer_numel(gpt_param_specs(c.model));
   }

@@ -36,6 +36,9 @@ struct MemoryPlanOptions {
   // runs them). Sets the threads each rank computes with when TrainConfig::compute_threads is 0,
   // which sizes attention's backward scratch (one [T, T] per thread).
   int ranks_on_this_machine = 0;
+  // The iteration the run starts at: 0, or a --load checkpoint's. Only the count of iterations
+  // left matters (none, one, or more: iterations after the second repeat it).
+  int64_t start_iteration = 0;
 };
 
 // What the bytes are made of, for the comparison with the closed forms.

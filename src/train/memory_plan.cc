@@ -132,18 +132,19 @@ MemoryPlanLayout describe_layout(const ParamLayout& layout) {
   return d;
 }
 
-// The iterations train() runs from 0: train_iters, or fewer with --exit-interval.
-int64_t iterations_run(const TrainConfig& c) {
+// The last iteration train() runs when it starts at `start`: train_iters, or the first multiple of
+// --exit-interval after start.
+int64_t last_iteration(const TrainConfig& c, int64_t start) {
   if (c.exit_interval <= 0) return c.train_iters;
-  return std::min(c.train_iters, c.exit_interval);
+  return std::min(c.train_iters, (start / c.exit_interval + 1) * c.exit_interval);
 }
 
-// Whether train() evaluates after any of its iterations (it evaluates after the last, and every
-// eval_interval).
-bool evaluates(const TrainConfig& c, int64_t iterations) {
-  if (c.eval_iters <= 0 || iterations <= 0) return false;
-  if (iterations == c.train_iters) return true;
-  return c.eval_interval > 0 && iterations >= c.eval_interval;
+// Whether train() evaluates after any iteration in (start, last]: after the last of the schedule,
+// and every eval_interval.
+bool evaluates(const TrainConfig& c, int64_t start, int64_t last) {
+  if (c.eval_iters <= 0 || last <= start) return false;
+  if (last == c.train_iters) return true;
+  return c.eval_interval > 0 && last / c.eval_interval > start / c.eval_interval;
 }
 
 // The largest model the plan describes: its param list and trace are O(layers), and every byte count
@@ -215,7 +216,9 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
   // Every iteration after the first repeats the second's allocations, and every evaluation the
   // first's, from the same state (nothing gathered, no transient grads, no staging): one of each
   // gives the run's peaks.
-  const int64_t iterations = iterations_run(config);
+  MXDDP_CHECK(opts.start_iteration >= 0, "start iteration {} is not valid: at least 0", opts.start_iteration);
+  const int64_t last = last_iteration(config, opts.start_iteration);
+  const int64_t iterations = std::max<int64_t>(0, last - opts.start_iteration);
   MemoryUsage warmup;
   for (int64_t it = 0; it < std::min<int64_t>(iterations, 2); ++it) {
     iteration();
@@ -224,7 +227,7 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
       tracker.reset_peaks();
     }
   }
-  if (evaluates(config, iterations)) {
+  if (evaluates(config, opts.start_iteration, last)) {
     dpsim.force_param_sync();
     GptTraceOptions eval = trace;
     eval.backward = false;

@@ -32,6 +32,7 @@ TrainConfig generate_config(std::mt19937& rng, int& dp) {
   c.eval_iters = pick(0, 1);
   c.eval_interval = pick(0, 2);
   c.compute_threads = pick(1, 2);
+  if (coin(0.15)) c.exit_interval = pick(1, 2);
   c.optimizer.optimizer = coin(0.8) ? OptimizerType::kAdam : OptimizerType::kSgd;
   switch (pick(0, 3)) {
     case 0: break;
@@ -68,10 +69,11 @@ TrainConfig generate_config(std::mt19937& rng, int& dp) {
 }
 
 std::string describe(const TrainConfig& c, int dp) {
-  return fmt::format("dp {} model {} mb {} gb {} iters {} eval {}/{} threads {} opt {} recompute {} [{}] fp8 {} | "
+  return fmt::format("dp {} model {} mb {} gb {} iters {} (exit {}) eval {}/{} threads {} opt {} recompute {} [{}] fp8 {} | "
                      "ddp overlap {} bucket {} pad {} bpg {} opg {} reuse {} opg-step {} | fsdp {} {} opg {} ogr {} "
                      "double {} unit {} fine {}",
-                     dp, c.model.describe(), c.micro_batch_size, c.global_batch_size, c.train_iters, c.eval_iters,
+                     dp, c.model.describe(), c.micro_batch_size, c.global_batch_size, c.train_iters, c.exit_interval,
+                     c.eval_iters,
                      c.eval_interval, c.compute_threads, optimizer_name(c.optimizer.optimizer),
                      recompute_granularity_name(c.recompute_granularity), recompute_modules_names(c.recompute_modules),
                      c.ddp.fp8_param_gather, c.ddp.overlap_grad_reduce, c.ddp.bucket_size.value_or(-1),
