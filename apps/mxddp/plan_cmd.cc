@@ -153,6 +153,14 @@ int64_t largest_layer_numel(const std::vector<ParamSpec>& specs) {
   return largest;
 }
 
+// [{numel, end_padding}] per bucket, in buffer order.
+nlohmann::ordered_json bucket_json(const MemoryPlanLayout& layout) {
+  nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
+  for (const auto& [numel, padding] : layout.bucket_numel_and_end_padding)
+    buckets.push_back({{"numel", numel}, {"end_padding_numel", padding}});
+  return buckets;
+}
+
 nlohmann::ordered_json plan_json(const TrainConfig& c, const MemoryPlan& p, const Explained& e, const std::string& of) {
   nlohmann::ordered_json categories = nlohmann::ordered_json::object();
   for (int k = 0; k < kNumMemoryCategories; ++k) {
@@ -177,7 +185,8 @@ nlohmann::ordered_json plan_json(const TrainConfig& c, const MemoryPlan& p, cons
            {{"params_numel", p.layout.params_numel}, {"buffer_numel", p.layout.buffer_numel},
             {"buckets", p.layout.num_buckets}, {"param_start_padding_numel", p.layout.param_start_padding_numel},
             {"bucket_end_padding_numel", p.layout.bucket_end_padding_numel},
-            {"largest_unit_numel", p.layout.largest_unit_numel}}},
+            {"largest_unit_numel", p.layout.largest_unit_numel},
+            {"buckets", bucket_json(p.layout)}}},
           {"closed_form",
            {{"name", e.formula_name}, {"bytes", e.formula_bytes},
             {"difference",

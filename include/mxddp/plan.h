@@ -22,6 +22,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mxddp/fsdp.h>
@@ -49,6 +50,8 @@ struct MemoryPlanLayout {
   int64_t param_start_padding_numel = 0;  // params' starts rounded up to 64 elements
   int64_t bucket_end_padding_numel = 0;   // buckets' ends rounded up to lcm(dp, 128[, 65536])
   int64_t largest_unit_numel = 0;         // FSDP: the largest gather unit (padded); DDP: 0
+  // [num buckets] in buffer order: each bucket's padded elements and the padding at its end.
+  std::vector<std::pair<int64_t, int64_t>> bucket_numel_and_end_padding;
   int compute_threads = 0;                // the threads the plan assumed per rank
 };
 

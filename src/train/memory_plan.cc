@@ -127,6 +127,7 @@ MemoryPlanLayout describe_layout(const ParamLayout& layout) {
   for (const BucketPlacement& b : layout.buckets) {
     const int64_t last_end = layout.params[static_cast<size_t>(b.params.back())].range.end;
     d.bucket_end_padding_numel += b.range.end - last_end;
+    d.bucket_numel_and_end_padding.emplace_back(b.range.size(), b.range.end - last_end);
   }
   d.param_start_padding_numel = d.buffer_numel - d.params_numel - d.bucket_end_padding_numel;
   return d;

@@ -196,6 +196,35 @@ TEST(MemoryPlan, ClosedFormsAreMegatronsAndDeepSpeeds) {
   EXPECT_DOUBLE_EQ(f.deepspeed_zero3_bytes, 4e4 + 18e6 / 4);
 }
 
+// The padding the plan itemizes is the layout's: per bucket, its end rounded to lcm(dp, 128), and
+// in all, the params' starts rounded to 64 elements besides.
+TEST(MemoryPlan, PaddingIsTheLayoutsPerBucket) {
+  const std::vector<ParamSpec> params = {{"a", Shape{95, 95}}, {"b", Shape{95}}, {"c", Shape{1}}};
+  TrainConfig c;
+  c.ddp.overlap_grad_reduce = true;
+  c.ddp.bucket_size = 100;
+  const MemoryPlan plan = plan_param_memory(params, c, {.dp = 3});
+  LayoutOptions lo = c.ddp.layout_options(3);
+  lo.use_distributed_optimizer = true;
+  const ParamLayout layout = compute_param_layout(params, lo);
+  ASSERT_EQ(plan.layout.bucket_numel_and_end_padding.size(), layout.buckets.size());
+  int64_t end_padding = 0;
+  for (size_t b = 0; b < layout.buckets.size(); ++b) {
+    const BucketPlacement& bucket = layout.buckets[b];
+    const int64_t last_end = layout.params[static_cast<size_t>(bucket.params.back())].range.end;
+    EXPECT_EQ(plan.layout.bucket_numel_and_end_padding[b], std::make_pair(bucket.range.size(), bucket.range.end - last_end));
+    EXPECT_EQ(bucket.range.end % 384, 0) << "lcm(3, 128)";
+    end_padding += bucket.range.end - last_end;
+  }
+  EXPECT_EQ(plan.layout.bucket_end_padding_numel, end_padding);
+  EXPECT_EQ(plan.layout.params_numel, 95 * 95 + 95 + 1);
+  EXPECT_EQ(plan.layout.buffer_numel, layout.numel);
+  EXPECT_EQ(plan.layout.param_start_padding_numel, layout.numel - plan.layout.params_numel - end_padding);
+  EXPECT_GT(plan.layout.param_start_padding_numel, 0) << "b and c start on multiples of 64";
+  // Every category holding the buffer pays for the padding: grads (f32) hold all of it.
+  EXPECT_EQ(plan.steady.live(MemoryCategory::kGrads), 4 * layout.numel);
+}
+
 TEST(MemoryPlan, ParamListPlanMatchesTheGptPlanOnItsBuffers) {
   // The same params given as a list plan to the same buffer and optimizer bytes as the GPT's.
   TrainConfig c = small_train_config();
