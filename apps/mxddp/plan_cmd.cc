@@ -416,6 +416,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
   auto* plan = cmd->add_option_group("plan");
   plan->add_option("--dp", a.dp, "Data-parallel size to plan for (any size; default: --ranks)")
       ->transform(integer_in(1, kDpMax));
+  plan->add_option("--ranks-per-node", a.ranks_per_node,
+                   "Ranks sharing one machine's cores, as mpirun places them: with --compute-threads 0 each rank "
+                   "computes with cores / this many threads, which sizes attention's backward scratch (default: all "
+                   "dp ranks, as the local backend runs them)")
+      ->transform(integer_in(1, kDpMax));
   auto* shapes = plan->add_option("--shapes", a.shapes,
                                   "Plan a param list instead of the GPT (buffers and optimizer only), shapes in "
                                   "registration order as layout takes them, e.g. 4096x4096,4096");
@@ -458,7 +463,8 @@ void run_plan_command(PlanArgs& a) {
     plan = plan_param_memory(specs, c, {.dp = dp});
     largest = largest_layer_numel(specs);
   } else {
-    plan = plan_train_memory(c, {.dp = dp, .start_iteration = load_start_iteration(c.load_dir)});
+    plan = plan_train_memory(c, {.dp = dp, .ranks_on_this_machine = static_cast<int>(a.ranks_per_node),
+                                 .start_iteration = load_start_iteration(c.load_dir)});
     of = c.model.describe();
     largest = largest_layer_numel(gpt_param_specs(c.model));
   }
