@@ -33,6 +33,7 @@ TrainConfig generate_config(std::mt19937& rng, int& dp) {
   c.eval_interval = pick(0, 2);
   c.compute_threads = pick(1, 2);
   if (coin(0.15)) c.exit_interval = pick(1, 2);
+  c.bf16 = coin(0.2);  // BF16 products stage their operands outside the tracker (docs/plan.md)
   c.optimizer.optimizer = coin(0.8) ? OptimizerType::kAdam : OptimizerType::kSgd;
   switch (pick(0, 3)) {
     case 0: break;
