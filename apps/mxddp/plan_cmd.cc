@@ -411,7 +411,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
   auto* cmd = app.add_subcommand(
       "plan", "Every rank's memory to the byte before running: the figures mxddp train --report will measure, per "
               "category, beside Megatron's and DeepSpeed's formulas; or --fit a budget. Takes every train flag "
-              "(--ranks or --dp is the data-parallel size)");
+              "(--ranks or --dp is the data-parallel size; --load is read for its iteration; the data and "
+              "output files a run names, --data --save --report --metrics-file, are neither opened nor needed)");
   add_train_flags(cmd, a.train);
   auto* plan = cmd->add_option_group("plan");
   plan->add_option("--dp", a.dp, "Data-parallel size to plan for (any size; default: --ranks)")
@@ -442,6 +443,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
 void run_plan_command(PlanArgs& a) {
   finish_train_config(a.train);
   TrainConfig& c = a.train.config;
+  // The model flags are checked whatever is planned: a --shapes plan ignores them, but a bad one is
+  // still a mistake to name, and --fit would otherwise report "nothing fits" for a model that is
+  // not valid.
+  c.model.validate();
+  c.model_options().validate();
   if (!a.fit.empty()) {
     run_fit(a, parse_byte_size(a.fit, "--fit"));
     return;

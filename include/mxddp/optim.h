@@ -67,7 +67,7 @@ constexpr auto describe_fields(std::type_identity<OptimizerConfig>) {
       ConfigField<C, float>{"adam_beta1", "--adam-beta1", "Adam beta1", &C::adam_beta1, {.lo = 0, .hi = 1, .open_high = true}},
       ConfigField<C, float>{"adam_beta2", "--adam-beta2", "Adam beta2", &C::adam_beta2, {.lo = 0, .hi = 1, .open_high = true}},
       ConfigField<C, float>{"adam_eps", "--adam-eps", "Adam epsilon", &C::adam_eps, {.lo = 0, .open_low = true}},
-      ConfigField<C, float>{"sgd_momentum", "--sgd-momentum", "SGD momentum", &C::sgd_momentum, {.lo = 0, .hi = 1}},
+      ConfigField<C, float>{"sgd_momentum", "--sgd-momentum", "SGD momentum", &C::sgd_momentum, {.lo = 0, .hi = 1, .open_high = true}},
       ConfigField<C, float>{"clip_grad", "--clip-grad", "Max global grad norm (0: no clipping)", &C::clip_grad,
                             kNonNegative},
   };

@@ -23,8 +23,8 @@ import runner
 if hasattr(sys, "set_int_max_str_digits"):
     sys.set_int_max_str_digits(0)  # the hostile values include 5000-digit numbers
 
-SUBCOMMANDS = [("train",), ("layout",), ("quantize",), ("selfcheck",), ("ckpt", "inspect")]
-WEIGHTS = [35, 15, 20, 15, 15]
+SUBCOMMANDS = [("train",), ("plan",), ("layout",), ("quantize",), ("selfcheck",), ("ckpt", "inspect")]
+WEIGHTS = [30, 15, 12, 15, 13, 15]
 
 TRAIN_TINY = ["--ranks", "2", "--train-iters", "2", "--num-layers", "2", "--hidden-size", "32",
               "--num-attention-heads", "2", "--seq-length", "32", "--micro-batch-size", "2",
@@ -37,6 +37,10 @@ ROLES = {
     ("quantize", "--out-data"): "out-file", ("quantize", "--out-scales"): "out-file",
     ("ckpt inspect", "dir"): "in-ckpt", ("layout", "--shapes"): "shapes", ("layout", "--bucket-size"): "bucket",
     ("quantize", "--shape"): "qshape",
+    # `mxddp plan` takes train's flags and reads --load (its iteration) and its own inputs; the flags
+    # that name a run's data and outputs (--data, --save, --report, --metrics-file) change nothing in
+    # a plan and are not opened, so any text is valid for them there.
+    ("plan", "--load"): "in-ckpt", ("plan", "--shapes"): "shapes", ("plan", "--safetensors"): "in-file",
 }
 
 # Valid values above these (below, for the *_MIN ones) are a lot of work, not nonsense: they run
@@ -46,7 +50,7 @@ COST_MAX = {
     ("train", "--num-layers"): 8, ("train", "--hidden-size"): 256, ("train", "--seq-length"): 256,
     ("train", "--micro-batch-size"): 32, ("train", "--global-batch-size"): 256, ("train", "--ranks"): 16,
     ("train", "--compute-threads"): 8, ("selfcheck", "--count"): 1 << 18, ("selfcheck", "--ranks"): 64,
-    ("layout", "--dp"): 1 << 12,
+    ("layout", "--dp"): 1 << 12, ("plan", "--num-layers"): 10000, ("plan", "--fit-max-dp"): 1 << 16,
 }
 COST_MIN = {("train", "--bucket-size"): 256, ("train", "--suggested-communication-unit-size"): 256,
             ("train", "--timeout-ms"): 2000, ("selfcheck", "--timeout-ms"): 2000}
@@ -321,7 +325,7 @@ def make_specials(cwd):
 def base_items(sub, fx):
     """The known-good invocation as [(option name, value)] (value None: a flag; name None: a
     positional)."""
-    if sub == "train":
+    if sub in ("train", "plan"):
         return [(TRAIN_TINY[i], TRAIN_TINY[i + 1]) for i in range(0, len(TRAIN_TINY), 2)]
     if sub == "layout":
         return [("--shapes", "95x95,95,1"), ("--dp", "4")]
@@ -447,7 +451,7 @@ def generate_invocation(index, rng, options_by_sub, fx):
             verdict = "nonsense" if required else "valid"
             if item[0] == "--train-iters" or item[0] == "--corpus-bytes":
                 verdict = "long"  # the defaults: 300 iterations, 1 MiB
-            if item[0] == "--ranks" and sub_name == "train":
+            if item[0] == "--ranks" and sub_name in ("train", "plan"):
                 verdict = "valid"  # default 4 ranks: 8 = 2 x 4 x 1
             mutations.append(dict(kind=kind, flag=item[0] or (opt.name if opt else "positional"), value=None,
                                   label="dropped", verdict=verdict, positional=item[0] is None))
@@ -518,14 +522,20 @@ def cross_checks(sub, items, mutations, fx):
             return int(values.get(name, default))
         except (TypeError, ValueError):
             return None
-    if sub == "train":
+    if sub in ("train", "plan"):
         hidden, heads = as_int("--hidden-size", 64), as_int("--num-attention-heads", 4)
         gbs, mbs, ranks = as_int("--global-batch-size", 32), as_int("--micro-batch-size", 4), as_int("--ranks", 4)
+        if sub == "plan" and "--dp" in values:
+            ranks = as_int("--dp", 4)  # plan's data-parallel size, over --ranks
         if None not in (hidden, heads) and heads > 0 and hidden % heads:
             mutations.append(dict(kind="cross", flag="--hidden-size", value=str(hidden), label="cross",
                                   verdict="nonsense", detail=f"hidden {hidden} % heads {heads}"))
             return "nonsense"
-        if values.get("--backend", "local") == "local" and None not in (gbs, mbs, ranks) and mbs * ranks > 0 \
+        # plan checks the batch only when it plans the GPT at one dp (not for --shapes, a safetensors
+        # header or --fit, which tries the dp that divide it); train only on the local backend.
+        batch_checked = not any(k in values for k in ("--shapes", "--safetensors", "--fit")) if sub == "plan" \
+            else values.get("--backend", "local") == "local"
+        if batch_checked and None not in (gbs, mbs, ranks) and mbs * ranks > 0 \
                 and gbs % (mbs * ranks):
             mutations.append(dict(kind="cross", flag="--global-batch-size", value=str(gbs), label="cross",
                                   verdict="nonsense", detail=f"gbs {gbs} % (mbs {mbs} x dp {ranks})"))

@@ -202,11 +202,15 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
                         .compute_threads = effective_compute_threads(rank_compute_threads(
                             config, opts.ranks_on_this_machine > 0 ? opts.ranks_on_this_machine : dp))};
   for (const ParamSpec& s : specs) trace.mxfp8.push_back(s.mxfp8);
+  // Micro-batches under no_sync repeat the second one's allocations (each starts where the one
+  // before it left the reductions in flight, and from the second on that is the same place): up to
+  // three of them and the last, synced one give an iteration's peaks, however many it has.
   const int accum = config.accumulation_steps(dp);
+  const int micro_batches = std::min(accum, 4);
   auto iteration = [&] {
     dpsim.start_iteration();
-    for (int m = 0; m < accum; ++m) {
-      dpsim.set_no_sync(m + 1 < accum);
+    for (int m = 0; m < micro_batches; ++m) {
+      dpsim.set_no_sync(m + 1 < micro_batches);
       trace_gpt_micro_batch(mc, model_options, trace, dpsim);
       dpsim.set_no_sync(false);
     }
@@ -229,14 +233,13 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
     }
   }
   if (evaluates(config, opts.start_iteration, last)) {
+    // Each evaluation micro-batch is a forward from nothing gathered back to nothing gathered: one
+    // gives the peaks of all eval_iters x accumulation of them.
     dpsim.force_param_sync();
     GptTraceOptions eval = trace;
     eval.backward = false;
-    for (int e = 0; e < config.eval_iters; ++e)
-      for (int m = 0; m < accum; ++m) {
-        trace_gpt_micro_batch(mc, model_options, eval, dpsim);
-        dpsim.release_gathered_params();
-      }
+    trace_gpt_micro_batch(mc, model_options, eval, dpsim);
+    dpsim.release_gathered_params();
   }
   dpsim.force_param_sync();  // the end of training (and any save or replica check before it)
 

@@ -25,7 +25,7 @@ TrainConfig generate_config(std::mt19937& rng, int& dp) {
   c.model = GptConfig{.num_layers = pick(1, 3), .hidden_size = heads * std::array{8, 16, 24}[static_cast<size_t>(pick(0, 2))],
                       .num_attention_heads = heads, .seq_length = std::array{8, 16, 24}[static_cast<size_t>(pick(0, 2))]};
   c.micro_batch_size = pick(1, 2);
-  c.global_batch_size = c.micro_batch_size * dp * pick(1, 2);
+  c.global_batch_size = c.micro_batch_size * dp * std::array{1, 2, 2, 6}[static_cast<size_t>(pick(0, 3))];  // accumulation
   c.train_iters = pick(1, 3);
   c.lr_warmup_iters = 1;
   c.corpus_bytes = 1 << 14;
@@ -152,6 +152,31 @@ TEST(MemoryPlan, EqualsTheMeasuredMemoryOfEveryRankForGeneratedConfigs) {
   EXPECT_GE(recompute, 30);
   EXPECT_GE(fine_grained, 5);
   RecordProperty("refused", refused);
+}
+
+// The plan traces at most four micro-batches of an iteration and one evaluation micro-batch: a
+// long accumulation and many evaluation batches, with FSDP's reduce-scatter queue tight enough that
+// reductions carry over from one micro-batch to the next, still equal the measurement.
+TEST(MemoryPlan, LongAccumulationAndEvaluationEqualTheMeasurement) {
+  for (ShardingStrategy s : {ShardingStrategy::kOptimGradsParams, ShardingStrategy::kOptimGrads, ShardingStrategy::kNoShard}) {
+    TrainConfig c = small_train_config();
+    c.global_batch_size = 2 * 2 * 9;  // 9 micro-batches per iteration at dp 2
+    c.train_iters = 3;
+    c.eval_iters = 3;
+    c.compute_threads = 1;
+    c.use_megatron_fsdp = true;
+    c.fsdp.data_parallel_sharding_strategy = s;
+    c.fsdp.overlap_grad_reduce = c.ddp.overlap_grad_reduce = true;
+    c.fsdp.overlap_param_gather = c.ddp.overlap_param_gather = true;
+    c.fsdp.suggested_communication_unit_size = 3000;
+    SCOPED_TRACE(sharding_strategy_name(s));
+    const MemoryPlan plan = plan_train_memory(c, {.dp = 2});
+    const TrainResult r = train_local(2, c);
+    for (const RankMemory& m : r.memory_by_rank) {
+      expect_same_usage(plan.steady, m.steady, "steady state");
+      expect_same_usage(plan.overall, m.overall, "overall");
+    }
+  }
 }
 
 TEST(MemoryPlan, RefusesWhatTheTrainerRefuses) {
