@@ -146,10 +146,10 @@ struct FsdpPrefetchState {
   int num_units = 0;
   int64_t budget_numel = 0;
   bool double_buffer = false;
-  int units_held = 0;                                             // units holding any slot now
-  std::function<int64_t(int unit)> numel;                         // a unit's gathered elements
-  std::function<std::vector<GatherSlot>(int unit)> missing_slots;  // the pass's slots it does not hold
-  std::function<bool(int unit)> holds_any;                         // whether it holds any slot
+  int units_held = 0;                                       // units holding any slot now
+  std::function<int64_t(int unit)> numel;                   // a unit's gathered elements
+  std::function<std::vector<GatherSlot>(int unit)> slots;   // the pass's slots of a unit
+  std::function<bool(int unit, GatherSlot slot)> held;      // whether it holds (or is fetching) one
 };
 std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& state);
 

@@ -146,8 +146,11 @@ std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, Fsd
   int held = st.units_held;
   for (int u = unit + step; u >= 0 && u < st.num_units; u += step) {
     const int64_t n = st.numel(u);
-    std::vector<GatherSlot> missing = st.missing_slots(u);
-    const bool holds_any = st.holds_any(u);
+    std::vector<GatherSlot> missing;
+    for (GatherSlot slot : st.slots(u))
+      if (!st.held(u, slot)) missing.push_back(slot);
+    bool holds_any = false;
+    for (GatherSlot slot : {GatherSlot::kValues, GatherSlot::kRowwise, GatherSlot::kColwise}) holds_any |= st.held(u, slot);
     if (missing.empty()) {
       ahead += n;
       continue;
@@ -169,14 +172,8 @@ void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
       .double_buffer = config_.fsdp_double_buffer,
       .units_held = units_gathered(),
       .numel = [this](int u) { return group_numel(u); },
-      .missing_slots =
-          [this, pass](int u) {
-            Slots missing;
-            for (GatherSlot slot : slots_for(u, pass))
-              if (slot_state(u, slot) == 0) missing.push_back(slot);
-            return missing;
-          },
-      .holds_any = [this](int u) { return holds_any_slot(u); }};
+      .slots = [this, pass](int u) { return slots_for(u, pass); },
+      .held = [this](int u, GatherSlot slot) { return slot_state(u, slot) != 0; }};
   for (const auto& [u, slots] : fsdp_prefetch(unit, pass, state))
     for (GatherSlot slot : slots) dispatch_gather(u, slot);
 }

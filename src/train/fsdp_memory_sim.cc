@@ -162,14 +162,8 @@ void FsdpMemorySim::prefetch_from(int unit, FsdpPhase pass) {
       .double_buffer = config_.fsdp_double_buffer,
       .units_held = units_gathered(),
       .numel = [this](int u) { return group_numel(u); },
-      .missing_slots =
-          [this, pass](int u) {
-            Slots missing;
-            for (GatherSlot slot : slots_for(u, pass))
-              if (state(u, slot) == 0) missing.push_back(slot);
-            return missing;
-          },
-      .holds_any = [this](int u) { return holds_any_slot(u); }};
+      .slots = [this, pass](int u) { return slots_for(u, pass); },
+      .held = [this](int u, GatherSlot slot) { return state(u, slot) != 0; }};
   for (const auto& [u, slots] : fsdp_prefetch(unit, pass, prefetch))
     for (GatherSlot slot : slots) dispatch_gather(u, slot);
 }

@@ -119,8 +119,10 @@ class DataParallelSim : public GptCallTrace {
   std::vector<int64_t> optimizer_numel_;  // [bucket] the optimizer's main param elements
 };
 
-MemoryPlanLayout describe_layout(const ParamLayout& layout) {
-  MemoryPlanLayout d;
+// The plan's layout figures, and FSDP's unit size and gather peaks, from the simulated DataParallel.
+void describe_data_parallel(const DataParallelSim& dpsim, MemoryPlan& plan) {
+  const ParamLayout& layout = dpsim.layout();
+  MemoryPlanLayout& d = plan.layout;
   d.params_numel = layout.numel_unpadded();
   d.buffer_numel = layout.numel;
   d.num_buckets = static_cast<int64_t>(layout.buckets.size());
@@ -130,7 +132,10 @@ MemoryPlanLayout describe_layout(const ParamLayout& layout) {
     d.bucket_numel_and_end_padding.emplace_back(b.range.size(), b.range.end - last_end);
   }
   d.param_start_padding_numel = d.buffer_numel - d.params_numel - d.bucket_end_padding_numel;
-  return d;
+  if (const FsdpMemorySim* fsdp = dpsim.fsdp()) {
+    d.largest_unit_numel = fsdp->largest_unit_numel();
+    plan.peak_gathered_bytes_by_slot = fsdp->peak_gathered_bytes();
+  }
 }
 
 // The last iteration train() runs when it starts at `start`: train_iters, or the first multiple of
@@ -247,13 +252,7 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
   plan.dp = dp;
   plan.steady = tracker.usage();
   plan.overall = iterations > 0 ? max_peaks(warmup, plan.steady) : plan.steady;
-  if (dpsim.fsdp()) {
-    plan.peak_gathered_bytes_by_slot = dpsim.fsdp()->peak_gathered_bytes();
-    plan.layout = describe_layout(dpsim.layout());
-    plan.layout.largest_unit_numel = dpsim.fsdp()->largest_unit_numel();
-  } else {
-    plan.layout = describe_layout(dpsim.layout());
-  }
+  describe_data_parallel(dpsim, plan);
   plan.layout.compute_threads = trace.compute_threads;
   plan.build_live_bytes = build_live_bytes;
   plan.build_untracked_bytes = 4 * plan.layout.params_numel + largest_bucket_bytes;
@@ -304,11 +303,7 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
   plan.dp = dp;
   plan.steady = tracker.usage();
   plan.overall = max_peaks(built, plan.steady);
-  plan.layout = describe_layout(dpsim.layout());
-  if (dpsim.fsdp()) {
-    plan.layout.largest_unit_numel = dpsim.fsdp()->largest_unit_numel();
-    plan.peak_gathered_bytes_by_slot = dpsim.fsdp()->peak_gathered_bytes();
-  }
+  describe_data_parallel(dpsim, plan);
   return plan;
 }
 
