@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include <mxddp/plan.h>
@@ -11,7 +10,6 @@
 namespace mxddp {
 
 namespace {
-
 
 double dtype_bytes(DType t) { return static_cast<double>(dtype_size_bytes(t)); }
 
