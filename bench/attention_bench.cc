@@ -46,17 +46,18 @@ int main(int argc, char** argv) {
     std::vector<float> qkv(n * 3 * cs.c), dy(n * cs.c), y(n * cs.c), dqkv(n * 3 * cs.c);
     for (float& x : qkv) x = dist(rng);
     for (float& x : dy) x = dist(rng);
-    std::vector<float> probs(size_t(cs.batch) * cs.heads * cs.seq * cs.seq);
-    std::vector<float> scratch(size_t(mxddp::model::attention_backward_scratch_numel(cs.seq)));
+    std::vector<float> stats(size_t(mxddp::model::attention_stats_numel(cs.batch, cs.seq, cs.heads)));
     std::vector<int> blocks;
     for (int b : {16, 32, 64, 128}) if (b < cs.seq) blocks.push_back(b);
     blocks.push_back(cs.seq);
     for (int block : blocks) {
+      std::vector<float> scratch(size_t(mxddp::model::attention_scratch_numel(cs.seq, 0, block)));
       std::vector<double> ms;
       for (int r = 0; r <= runs; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
-        mxddp::model::attention_forward(qkv.data(), probs.data(), y.data(), cs.batch, cs.seq, cs.c, cs.heads, block);
-        mxddp::model::attention_backward(dy.data(), qkv.data(), probs.data(), dqkv.data(), scratch.data(), cs.batch,
+        mxddp::model::attention_forward(qkv.data(), stats.data(), y.data(), scratch.data(), cs.batch, cs.seq, cs.c,
+                                        cs.heads, block);
+        mxddp::model::attention_backward(dy.data(), qkv.data(), stats.data(), dqkv.data(), scratch.data(), cs.batch,
                                          cs.seq, cs.c, cs.heads, block);
         const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) ms.push_back(t);  // the first call compiles the products' kernels

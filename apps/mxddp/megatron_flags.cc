@@ -21,7 +21,7 @@ constexpr NotedFlag kNotedFlags[] = {
     {"--accumulate-allreduce-grads-in-fp32", false, "always on: gradients accumulate in F32 main_grad and are reduced in F32"},
     {"--use-mcore-models", false, "mxddp's GPT is its own model"},
     {"--no-gradient-accumulation-fusion", false, "nothing to turn off: weight gradients accumulate into main_grad directly"},
-    {"--use-flash-attn", false, "attention is computed block-causally already (no T x T mask)"},
+    {"--use-flash-attn", false, "attention is flash-style already (block-causal, no T x T probabilities kept)"},
     {"--sequence-parallel", false, "no tensor parallelism, so no sequence parallelism"},
     {"--tensorboard-dir", true, "no TensorBoard: --metrics-file writes JSON lines as training goes, scripts/plot_metrics.py draws them"},
     {"--wandb-project", true, "no Weights & Biases: --metrics-file writes JSON lines as training goes"},

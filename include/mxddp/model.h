@@ -123,9 +123,12 @@ enum class RecomputeGranularity : uint8_t { kNone, kFull, kSelective };
 
 // The submodules a selective recompute re-runs, with Megatron's names (--recompute-modules), and
 // what each drops per layer (N = micro-batch x seq rows, C hidden, H heads, T seq):
-//   core_attn: the attention core (scores, softmax, P V; no weights): the softmax [B, H, T, T].
-//   mlp: fc1 -> GELU -> fc2 (weights fc1, fc2): fc1's output and GELU's, [N, 4C] each. Backward
-//     re-runs fc1 and GELU only: fc2's output is not needed for any gradient.
+//   core_attn: the attention core (scores, softmax, P V; no weights): its softmax statistics
+//     [B, H, 2, T]. The attention is flash-style and keeps no [T, T] probabilities anyway, so this
+//     saves little (it is what Megatron's default selective recompute names).
+//   mlp: fc1 -> GELU -> fc2 (weights fc1, fc2): fc1's output [N, 4C]. Backward re-runs fc1 only:
+//     fc2's output is not needed for any gradient, and GELU's output is not kept in any mode (every
+//     backward rebuilds it from fc1, into one buffer all layers share).
 //   layernorm: the input and pre-MLP norms (weights and biases): their outputs [N, C] and
 //     statistics (mean, rstd) [N] each.
 enum class RecomputeModule : uint8_t { kCoreAttn, kMlp, kLayernorm };
@@ -219,7 +222,7 @@ class GptCallTrace {
 struct GptTraceOptions {
   int micro_batch = 1;
   bool backward = true;      // forward_backward; false: evaluate's forward only
-  int compute_threads = 1;   // the rank's threads (attention's backward scratch is one [T, T] per thread)
+  int compute_threads = 1;   // the rank's threads (attention's scratch is two [64, T] tiles per thread)
   std::vector<bool> mxfp8;   // [num params]: DataParallel::is_mxfp8 (the column-wise weight copies)
 };
 

@@ -35,7 +35,7 @@ struct MemoryPlanOptions {
   int dp = 1;
   // Where the ranks run: how many share this machine's cores (0: all dp, as the local backend
   // runs them). Sets the threads each rank computes with when TrainConfig::compute_threads is 0,
-  // which sizes attention's backward scratch (one [T, T] per thread).
+  // which sizes attention's scratch (two [64, T] tiles per thread).
   int ranks_on_this_machine = 0;
   // The iteration the run starts at: 0, or a --load checkpoint's. Only the count of iterations
   // left matters (none, one, or more: iterations after the second repeat it).

@@ -5,8 +5,12 @@
 // full T x T products). Heads of the batch, (b, h) pairs, are spread over the calling thread's
 // OpenMP threads, each running its products single-threaded.
 //
-// probs [B, heads, T, T] keeps the softmax for backward: row i holds 0..i, zeros up to the end of
-// its block, and nothing beyond (those entries are never written or read).
+// Flash-style memory: the probabilities are never kept. Forward saves each query row's softmax
+// statistics, stats [B, heads, 2, T] (the row's max score, then 1 / the sum of its exponentials),
+// and backward rebuilds a block's probabilities from its recomputed scores and those statistics,
+// bit for bit what forward used. What lives between forward and backward is 2T numbers per head
+// instead of T x T; the price is one more score product and exp per block in backward. Both
+// passes work in a per-thread scratch of two [block, T] tiles.
 //
 // f32 trains; f64 (the same code) is what tests/model/gpt_grad_test.cc checks against finite
 // differences, and tests/model/causal_attention_test.cc checks f32 against a full-matrix f64
@@ -18,23 +22,28 @@
 namespace mxddp::model {
 
 // The block when none is given: 64 rows, the fastest measured on the small preset's T = 256
-// (bench/attention_bench: 0.72x the time of full products there; 32 and 128 were slower), or T/2
-// for shorter sequences so the block above the diagonal is still skipped (at T = 64 one full
-// product would be faster, since each product costs a fixed overhead, but computes the masked half).
+// (bench/attention_bench; 32 and 128 were slower), or T/2 for shorter sequences so the block above
+// the diagonal is still skipped (at T = 64 one full product would be faster, since each product
+// costs a fixed overhead, but computes the masked half).
 int attention_block(int seq);
 
-// y [B*T, C] from qkv; probs as above. block 0 means attention_block(seq).
+// Elements of the statistics attention_forward saves for backward: [B, heads, 2, T].
+int64_t attention_stats_numel(int batch, int seq, int heads);
+
+// Elements of the scratch both passes need: two [block, T] tiles per thread that runs them, the
+// calling thread's OpenMP count when threads is 0. block 0 means attention_block(seq), in this and
+// the functions below.
+int64_t attention_scratch_numel(int seq, int threads = 0, int block = 0);
+
+// y [B*T, C] and stats from qkv; scratch of attention_scratch_numel(seq, block) (contents unused).
 template <typename T>
-void attention_forward(const T* qkv, T* probs, T* y, int batch, int seq, int c, int heads,
+void attention_forward(const T* qkv, T* stats, T* y, T* scratch, int batch, int seq, int c, int heads,
                        int block = 0);
 
-// Elements of the scratch attention_backward needs: a [T, T] score gradient per thread of the
-// calling thread's OpenMP count.
-int64_t attention_backward_scratch_numel(int seq);
-
-// dqkv [B*T, 3C] (overwritten) from dy [B*T, C]; scratch of attention_backward_scratch_numel(seq).
+// dqkv [B*T, 3C] (overwritten) from dy [B*T, C], the same qkv and forward's stats; scratch as
+// forward's.
 template <typename T>
-void attention_backward(const T* dy, const T* qkv, const T* probs, T* dqkv, T* scratch, int batch, int seq, int c,
+void attention_backward(const T* dy, const T* qkv, const T* stats, T* dqkv, T* scratch, int batch, int seq, int c,
                         int heads, int block = 0);
 
 }  // namespace mxddp::model

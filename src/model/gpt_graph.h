@@ -10,10 +10,14 @@
 //   res/<l>   [N, C]  the residual stream entering layer l (l = 0..L; res/L enters the final norm)
 //   ln1, ln2  [N, C]  layer norms; *_mean, *_rstd [N]
 //   qkv       [N, 3C] fused q | k | v
-//   probs     [B, H, T, T] causal softmax (only what causal_attention.h computes is written)
+//   softmax_stats [B, H, 2, T] each query row's softmax max and 1/sum (causal_attention.h: the
+//             probabilities themselves are rebuilt in backward, never kept)
 //   atty      [N, C]  attention output before the projection
 //   xmid      [N, C]  residual after attention
-//   fc1, gelu [N, 4C]
+//   fc1       [N, 4C]
+// and for every layer the same: "mlp_4c" [N, 4C], GELU's output (fc2's input), rebuilt from fc1 in
+// backward just before fc2's weight gradient reads it (an elementwise pass instead of L copies),
+// then overwritten by its own gradient; "attn_tiles", attention's per-thread scratch.
 //   lnf [N, C], logits [N, V] (overwritten by their gradient in backward)
 #pragma once
 
@@ -45,9 +49,9 @@ struct GptAccess {
   std::function<void(const std::vector<int>& params)> after_backward = [](const std::vector<int>&) {};
   // Scratch of at least numel elements, the same storage for the same name (contents kept).
   std::function<Real*(const std::string& name, int64_t numel)> scratch;
-  // Elements of attention_backward's scratch: it depends on the threads that run it, which a
-  // memory plan names instead of reading them from this thread.
-  std::function<int64_t(int seq)> attention_scratch_numel = attention_backward_scratch_numel;
+  // Elements of attention's scratch: it depends on the threads that run it, which a memory plan
+  // names instead of reading them from this thread.
+  std::function<int64_t(int seq)> attention_scratch_numel = [](int seq) { return model::attention_scratch_numel(seq); };
 };
 
 template <typename Real>
@@ -88,7 +92,7 @@ class GptGraph {
 
  private:
   struct LayerActs {
-    Real *ln1, *ln1_mean, *ln1_rstd, *qkv, *probs, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fc1, *gelu;
+    Real *ln1, *ln1_mean, *ln1_rstd, *qkv, *softmax_stats, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fc1;
   };
 
   int rows() const { return batch_ * cfg_.seq_length; }
@@ -116,11 +120,11 @@ class GptGraph {
     const std::string& mlp = full || selective(RecomputeModule::kMlp) ? kShared : own;
     const std::string& rest = full ? kShared : own;  // linear outputs no submodule recompute rebuilds
     const int64_t n = rows(), c = cfg_.hidden_size, t = cfg_.seq_length;
-    const int64_t probs = int64_t{batch_} * cfg_.num_attention_heads * t * t;
-    return {scratch(norms + "ln1", n * c), scratch(norms + "ln1_mean", n), scratch(norms + "ln1_rstd", n),
-            scratch(rest + "qkv", 3 * n * c), scratch(attn + "probs", probs), scratch(rest + "atty", n * c),
-            scratch(rest + "xmid", n * c), scratch(norms + "ln2", n * c), scratch(norms + "ln2_mean", n),
-            scratch(norms + "ln2_rstd", n), scratch(mlp + "fc1", 4 * n * c), scratch(mlp + "gelu", 4 * n * c)};
+    const int64_t stats = attention_stats_numel(batch_, static_cast<int>(t), cfg_.num_attention_heads);
+    return {scratch(norms + "ln1", n * c),     scratch(norms + "ln1_mean", n), scratch(norms + "ln1_rstd", n),
+            scratch(rest + "qkv", 3 * n * c),  scratch(attn + "softmax_stats", stats),
+            scratch(rest + "atty", n * c),     scratch(rest + "xmid", n * c),   scratch(norms + "ln2", n * c),
+            scratch(norms + "ln2_mean", n),    scratch(norms + "ln2_rstd", n),  scratch(mlp + "fc1", 4 * n * c)};
   }
 
   // Why a submodule runs: in the forward pass, or again in backward to rebuild what was dropped.
@@ -179,10 +183,14 @@ class GptGraph {
     submodule_after_forward(l, kLn1W);
   }
 
-  // core_attn: qkv -> probs, atty. Reads no params.
+  // core_attn: qkv -> softmax_stats, atty. Reads no params.
   void core_attention_forward(const LayerActs& a) {
-    attention_forward(a.qkv, a.probs, a.atty, batch_, cfg_.seq_length, cfg_.hidden_size, cfg_.num_attention_heads);
+    attention_forward(a.qkv, a.softmax_stats, a.atty, attention_tiles(), batch_, cfg_.seq_length, cfg_.hidden_size,
+                      cfg_.num_attention_heads);
   }
+  // GELU's output in forward, fc2's input and then its gradient in backward (see the top).
+  Real* mlp_4c() { return scratch("mlp_4c", int64_t{rows()} * 4 * cfg_.hidden_size); }
+  Real* attention_tiles() { return scratch("attn_tiles", access_.attention_scratch_numel(cfg_.seq_length)); }
 
   // layernorm, the pre-MLP norm: xmid -> ln2, ln2_mean, ln2_rstd. Reads ln2's weight and bias.
   void pre_mlp_layernorm_forward(int l, const LayerActs& a) {
@@ -193,18 +201,19 @@ class GptGraph {
   }
 
   // mlp: ln2 -> fc1 -> GELU -> fc2 -> res/(l+1) (the residual is added by the layer). Forward reads
-  // the forward weights of fc1 and fc2. A recompute stops after GELU and reads fc1's only: backward
-  // needs fc2's input (gelu), never its output (Megatron's checkpoint re-runs fc2 too, and drops
-  // its output).
+  // the forward weights of fc1 and fc2. A recompute stops after fc1 and reads fc1's only: backward
+  // needs fc1 (GELU's input, from which it rebuilds fc2's input anyway), never fc2's output
+  // (Megatron's checkpoint re-runs fc2 too, and drops its output).
   void mlp_forward(int l, const LayerActs& a, Run run) {
     const int n = rows(), c = cfg_.hidden_size;
     submodule_before_forward(l, kFc1W);
     linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
     submodule_after_forward(l, kFc1W);
-    gelu_forward(a.fc1, a.gelu, int64_t{n} * 4 * c);
     if (run == Run::kRecompute) return;  // fc2 is not gathered either
+    Real* gelu = mlp_4c();
+    gelu_forward(a.fc1, gelu, int64_t{n} * 4 * c);
     submodule_before_forward(l, kFc2W);
-    linear_forward(a.gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
+    linear_forward(gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
     submodule_after_forward(l, kFc2W);
   }
 
@@ -274,13 +283,13 @@ class GptGraph {
     if (early_recompute && !fine_grained_) access_.after_forward(params);
     const Real* x = res(l);
     Real* dln = scratch("grad/dc", int64_t{n} * c);
-    Real* d4c = scratch("grad/d4c", int64_t{n} * 4 * c);
+    Real* d4c = mlp_4c();  // GELU's output until fc2's weight gradient, then dL/d(GELU output)
     Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
-    Real* dp = scratch("grad/dprobs", access_.attention_scratch_numel(cfg_.seq_length));
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
+    gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);  // fc2's input again: forward's was the last layer's
     submodule_before_backward(l, kFc2W);
-    linear_backward_weight(dres, a.gelu, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
+    linear_backward_weight(dres, d4c, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
     ready({id(kFc2W), id(kFc2B)});
     linear_backward_data(dres, w(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
     submodule_after_backward(l, kFc2W);
@@ -303,7 +312,8 @@ class GptGraph {
     submodule_after_backward(l, kProjW);
     // Rewrites atty as well, with the same values; its last reader (proj's weight gradient) is done.
     if (selective(RecomputeModule::kCoreAttn)) core_attention_forward(a);
-    attention_backward(dln, a.qkv, a.probs, d3c, dp, batch_, cfg_.seq_length, c, cfg_.num_attention_heads);
+    attention_backward(dln, a.qkv, a.softmax_stats, d3c, attention_tiles(), batch_, cfg_.seq_length, c,
+                       cfg_.num_attention_heads);
     if (selective(RecomputeModule::kLayernorm)) input_layernorm_forward(l, a);
     submodule_before_backward(l, kQkvW);
     linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);

@@ -32,7 +32,7 @@ void gelu_backward(const Traced*, const Traced*, Traced*, int64_t) {}
 void embedding_forward(const int32_t*, const Traced*, const Traced*, Traced*, int, int, int) {}
 void embedding_backward(const int32_t*, const Traced*, Traced*, Traced*, int, int, int) {}
 double cross_entropy(Traced*, const int32_t*, Traced*, int, int, Traced) { return 0; }
-void attention_forward(const Traced*, Traced*, Traced*, int, int, int, int) {}
+void attention_forward(const Traced*, Traced*, Traced*, Traced*, int, int, int, int) {}
 void attention_backward(const Traced*, const Traced*, const Traced*, Traced*, Traced*, int, int, int, int) {}
 void gemm(Op, Op, int, int, int, Traced, const Traced*, int, const Traced*, int, Traced, Traced*, int) {}
 
@@ -78,7 +78,9 @@ void trace_gpt_micro_batch(const GptConfig& config, const GptModelOptions& optio
     return &nowhere;
   };
   const int64_t threads = trace_options.compute_threads;
-  access.attention_scratch_numel = [threads](int seq) { return threads * seq * seq; };
+  access.attention_scratch_numel = [threads](int seq) {
+    return model::attention_scratch_numel(seq, static_cast<int>(threads));
+  };
   model::GptGraph<Traced> graph(config, std::move(access), options.recompute_granularity, options.recompute_modules,
                                 options.fine_grained_param_gather);
   // No tokens: they only feed the (traced) embedding and loss.

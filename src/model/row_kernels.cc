@@ -115,8 +115,13 @@ void add_in_place(float* y, const float* x, int64_t count) {
   });
 }
 
-void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width) {
-  active().causal_softmax(p, ld, first_row, rows, width);
+void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum) {
+  active().causal_softmax(p, ld, first_row, rows, width, row_max, row_inv_sum);
+}
+
+void causal_softmax_rows_from_stats(float* p, int ld, int first_row, int rows, int width, const float* row_max,
+                                    const float* row_inv_sum) {
+  active().causal_softmax_from_stats(p, ld, first_row, rows, width, row_max, row_inv_sum);
 }
 
 void causal_softmax_backward_rows(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale) {

@@ -40,8 +40,10 @@ void add_column_sums(const float* x, int rows, int cols, float* out);
 void add_in_place(float* y, const float* x, int64_t count);
 
 // The causal softmax of attention rows, on the calling thread only (attention parallelizes over
-// heads itself); see RowKernelTable::causal_softmax(_backward).
-void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width);
+// heads itself); see RowKernelTable::causal_softmax(_from_stats, _backward).
+void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum);
+void causal_softmax_rows_from_stats(float* p, int ld, int first_row, int rows, int width, const float* row_max,
+                                    const float* row_inv_sum);
 void causal_softmax_backward_rows(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale);
 
 namespace row_kernels {

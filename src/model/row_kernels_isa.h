@@ -39,7 +39,13 @@ struct RowKernelTable {
 
   // Causal softmax in place over rows first_row .. first_row + rows - 1 of a score matrix (row r
   // at p + (r - first_row) * ld): entries 0..r become softmax, entries r+1 .. width-1 become 0.
-  void (*causal_softmax)(float* p, int ld, int first_row, int rows, int width);
+  // row_max [rows] and row_inv_sum [rows] get each row's statistics: its max over 0..r and
+  // 1 / sum_j e^(s_j - max), all a backward needs to rebuild the row from its scores.
+  void (*causal_softmax)(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum);
+  // The same rows rebuilt from the same scores and those statistics: causal_softmax's output bit
+  // for bit (the same exp and the same product, without the max and the sum).
+  void (*causal_softmax_from_stats)(float* p, int ld, int first_row, int rows, int width, const float* row_max,
+                                    const float* row_inv_sum);
   // Its backward, in place on ds (which holds dL/dp on entry): ds = scale * p * (ds - sum_j p ds)
   // over 0..r, 0 over r+1 .. width-1.
   void (*causal_softmax_backward)(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale);

@@ -167,8 +167,8 @@ TEST(GptGradient, RecomputeGivesTheSameLossAndGradientsBitwise) {
   EXPECT_EQ(plain.loss_and_grad(tokens), recompute.loss_and_grad(tokens, RecomputeGranularity::kFull));
   EXPECT_EQ(plain.grads, recompute.grads);
   EXPECT_EQ(recompute.shared_scratch(),
-            (std::vector<std::string>{"atty", "fc1", "gelu", "ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean",
-                                      "ln2_rstd", "probs", "qkv", "xmid"}))
+            (std::vector<std::string>{"atty", "fc1", "ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean", "ln2_rstd",
+                                      "qkv", "softmax_stats", "xmid"}))
       << "full recompute keeps only each layer's input";
 }
 
@@ -186,12 +186,12 @@ TEST(GptGradient, SelectiveRecomputeGivesTheSameLossAndGradientsBitwise) {
   EXPECT_TRUE(plain.shared_scratch().empty());
   using enum RecomputeModule;
   const std::vector<std::pair<RecomputeModules, std::vector<std::string>>> cases = {
-      {{kCoreAttn}, {"probs"}},
-      {{kMlp}, {"fc1", "gelu"}},
-      {{kCoreAttn, kMlp}, {"fc1", "gelu", "probs"}},
+      {{kCoreAttn}, {"softmax_stats"}},
+      {{kMlp}, {"fc1"}},
+      {{kCoreAttn, kMlp}, {"fc1", "softmax_stats"}},
       {{kLayernorm}, {"ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean", "ln2_rstd"}},
       {{kCoreAttn, kMlp, kLayernorm},
-       {"fc1", "gelu", "ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean", "ln2_rstd", "probs"}},
+       {"fc1", "ln1", "ln1_mean", "ln1_rstd", "ln2", "ln2_mean", "ln2_rstd", "softmax_stats"}},
   };
   for (const auto& [modules, dropped] : cases) {
     SCOPED_TRACE("selective recompute of " + recompute_modules_names(modules));

@@ -233,7 +233,7 @@ TEST_P(RowKernels, CrossEntropyLossAndGradientMatchF64) {
   }
 }
 
-TEST_P(RowKernels, CausalSoftmaxAndBackwardMatchF64AndWriteOnlyTheirBlock) {
+TEST_P(RowKernels, CausalSoftmaxAndBackwardMatchF64WriteOnlyTheirBlockAndRebuildFromTheirStatistics) {
   const int ld = 80, first_row = 13, rows = 19, width = first_row + rows;  // a block of rows 13..31
   std::vector<float> s = random_floats(static_cast<size_t>(rows) * ld, 3.0f, 21);
   s[5] = 60.0f;
@@ -245,7 +245,14 @@ TEST_P(RowKernels, CausalSoftmaxAndBackwardMatchF64AndWriteOnlyTheirBlock) {
   for (int r = 0; r < rows; ++r)
     for (int j = width; j < ld; ++j) dp[static_cast<size_t>(r) * ld + static_cast<size_t>(j)] = std::numeric_limits<float>::quiet_NaN();
   const float scale = 0.125f;
-  k().causal_softmax(s.data(), ld, first_row, rows, width);
+  std::vector<float> row_max(rows), row_inv_sum(rows);
+  k().causal_softmax(s.data(), ld, first_row, rows, width, row_max.data(), row_inv_sum.data());
+  // Rebuilt from the scores and the statistics: the same bits, as attention's backward needs.
+  std::vector<float> rebuilt = s0;
+  k().causal_softmax_from_stats(rebuilt.data(), ld, first_row, rows, width, row_max.data(), row_inv_sum.data());
+  for (size_t i = 0; i < s.size(); ++i)
+    if (!std::isnan(s[i])) ASSERT_EQ(rebuilt[i], s[i]) << "element " << i << " rebuilt from the statistics";
+    else ASSERT_TRUE(std::isnan(rebuilt[i])) << "element " << i << " past the width is never written";
   k().causal_softmax_backward(s.data(), dp.data(), ld, first_row, rows, width, scale);
   for (int r = 0; r < rows; ++r) {
     const int len = first_row + r + 1;
@@ -253,6 +260,8 @@ TEST_P(RowKernels, CausalSoftmaxAndBackwardMatchF64AndWriteOnlyTheirBlock) {
     double mx = z[0], sum = 0;
     for (int j = 1; j < len; ++j) mx = std::max(mx, double(z[j]));
     for (int j = 0; j < len; ++j) sum += std::exp(z[j] - mx);
+    EXPECT_EQ(row_max[static_cast<size_t>(r)], static_cast<float>(mx)) << "row " << r << "'s max";
+    EXPECT_LE(std::fabs(row_inv_sum[static_cast<size_t>(r)] - 1 / sum), 8 * kU / sum) << "row " << r << "'s 1 / sum";
     double dot = 0, mag = 0;
     std::vector<double> p64(static_cast<size_t>(len));
     for (int j = 0; j < len; ++j) {
