@@ -189,8 +189,10 @@ LrDecayStyle parse_lr_decay_style(std::string_view name) {
 }
 
 float learning_rate(const TrainConfig& c, int64_t it) {
+  // In double: lr x (it + 1) in float overflows to inf for an lr near FLT_MAX (a valid flag value).
   if (c.lr_warmup_iters > 0 && it < c.lr_warmup_iters)
-    return c.lr * static_cast<float>(it + 1) / static_cast<float>(c.lr_warmup_iters);
+    return static_cast<float>(static_cast<double>(c.lr) * static_cast<double>(it + 1) /
+                              static_cast<double>(c.lr_warmup_iters));
   if (c.lr_decay_style == LrDecayStyle::kConstant) return c.lr;
   const int64_t decay_end = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
   const int64_t span = decay_end - c.lr_warmup_iters;

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <limits>
 
 #include <mxddp/plan.h>
 
@@ -424,6 +426,25 @@ TEST(LearningRate, WarmupThenCosineToMin) {
   EXPECT_NEAR(learning_rate(c, 35), 0.775f, 1e-6);
   c.lr_decay_style = LrDecayStyle::kConstant;
   EXPECT_FLOAT_EQ(learning_rate(c, 100), 1.0f);
+}
+
+// The largest --lr the flag takes gives finite rates all along (the warmup's lr x (it + 1) used to
+// overflow to inf, which the optimizer then refused mid-run, found by the hostile campaign).
+TEST(LearningRate, LargestLrStaysFiniteThroughWarmupAndDecay) {
+  TrainConfig c;
+  c.lr = std::numeric_limits<float>::max();
+  c.min_lr = 0;
+  c.lr_warmup_iters = 4;
+  c.train_iters = 12;
+  for (LrDecayStyle style : {LrDecayStyle::kCosine, LrDecayStyle::kLinear, LrDecayStyle::kConstant}) {
+    c.lr_decay_style = style;
+    for (int64_t it = 0; it <= c.train_iters; ++it) {
+      const float lr = learning_rate(c, it);
+      EXPECT_TRUE(std::isfinite(lr)) << "iteration " << it;
+      EXPECT_LE(lr, c.lr) << "iteration " << it;
+    }
+  }
+  EXPECT_FLOAT_EQ(learning_rate(c, 1), c.lr / 2);
 }
 
 }  // namespace
