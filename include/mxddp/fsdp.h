@@ -153,6 +153,83 @@ struct FsdpPrefetchState {
 };
 std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& state);
 
+// What a strategy shards besides the optimizer state: params (optim_grads_params), grads
+// (optim_grads and optim_grads_params).
+bool fsdp_shards_params(ShardingStrategy s);
+bool fsdp_shards_grads(ShardingStrategy s);
+
+// What FSDP's module hooks do, decided once for FullyShardedDataParallel (real buffers and
+// collectives) and the memory plan's FsdpMemorySim (a tracker), so the two cannot decide
+// differently: which pass a hook is in (a pre-forward of a unit at or before the last one is a
+// recompute), what is waited for, prefetched, released and reduced. Each owner carries out the
+// actions on what it holds. Groups: 0..U-1 the units, U the non-unit params.
+class FsdpHookActions {
+ public:
+  virtual void wait_gather(int group, FsdpPhase pass) = 0;
+  virtual void dispatch_gather(int group, GatherSlot slot) = 0;
+  virtual void release_slot(int group, GatherSlot slot) = 0;
+  virtual void release_group(int group) = 0;
+  virtual void issue_reduction(int bucket) = 0;
+  virtual void complete_reductions() = 0;  // every reduction in flight
+  virtual const std::vector<int>& group_buckets(int group) const = 0;
+  virtual int64_t group_numel(int group) const = 0;
+  virtual std::vector<GatherSlot> slots_for(int group, FsdpPhase pass) const = 0;
+  virtual bool holds_slot(int group, GatherSlot slot) const = 0;  // gathered or in flight
+  virtual int units_gathered() const = 0;                          // units holding any slot
+
+ protected:
+  ~FsdpHookActions() = default;
+};
+
+class FsdpHookSchedule {
+ public:
+  FsdpHookSchedule() = default;
+  // actions and layout must outlive this; the config's strategy, overlap flags and double buffer
+  // apply. unit_of_param as fsdp_unit_of_param.
+  FsdpHookSchedule(FsdpHookActions& actions, const FsdpConfig& config, const ParamLayout& layout,
+                   std::vector<int> unit_of_param, int num_units, int64_t prefetch_budget_numel);
+
+  FsdpPhase phase() const;
+  // A new iteration: no pass is under way.
+  void start_iteration() { in_backward_ = recomputing_ = false; }
+  // The hooks, with the module's unit (-1: a non-unit module). before_forward only when params
+  // are sharded (the owner handles the others' full-param gathers). grads_sync: not in no_sync.
+  void before_forward(int unit);
+  void after_forward(int unit);
+  void before_backward(int unit);
+  void after_backward(int unit, bool grads_sync);
+  // Param `param`'s grad is final for this micro-batch: a non-unit bucket is reduced when its last
+  // grad is in (a unit's at its post-backward). Once every param is in, a new micro-batch starts.
+  void grad_ready(int param, bool grads_sync);
+  bool is_ready(int param) const { return ready_[static_cast<size_t>(param)]; }
+  void clear_ready();  // the grads were zeroed or synced: none is in
+  // Ends the phase: every group released.
+  void release_gathered_params();
+  // fsdp_prefetch from unit in this pass, and each slot it returns dispatched.
+  void prefetch_from(int unit, FsdpPhase pass);
+
+ private:
+  bool shards_params() const { return fsdp_shards_params(config_.data_parallel_sharding_strategy); }
+  bool shards_grads() const { return fsdp_shards_grads(config_.data_parallel_sharding_strategy); }
+  // Whether grads are reduced as they come: always when sharded, else with overlap outside no_sync.
+  bool reduce_now(bool grads_sync) const { return shards_grads() || (grads_sync && config_.overlap_grad_reduce); }
+  void wait_without_overlap();
+
+  FsdpHookActions* actions_ = nullptr;
+  FsdpConfig config_;
+  const ParamLayout* layout_ = nullptr;
+  std::vector<int> unit_of_param_;  // [param], -1 for non-unit
+  std::vector<bool> ready_;         // [param], this micro-batch
+  int ready_count_ = 0;
+  int num_units_ = 0;
+  int64_t prefetch_budget_numel_ = 0;
+  int forward_unit_ = -1;     // the last unit whose pre-forward ran in this forward pass
+  bool recomputing_ = false;  // from a recompute's pre-forward to its post-forward
+  // In a backward pass: from a pre-backward, or a recompute's pre-forward, until the next forward
+  // starts (a non-unit module's pre-forward: the embeddings) or the next iteration.
+  bool in_backward_ = false;
+};
+
 // Throws Error naming what FullyShardedDataParallel refuses in this config, params and units.
 void check_fsdp_config(const FsdpConfig& config, const std::vector<ParamSpec>& params,
                        const std::vector<std::vector<int>>& units);
@@ -166,7 +243,7 @@ std::vector<int> fsdp_unit_of_param(size_t num_params, const std::vector<std::ve
 ParamLayout fsdp_param_layout(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param, int dp,
                               bool compute_shards = true);
 
-class FullyShardedDataParallel final : public DataParallel {
+class FullyShardedDataParallel final : public DataParallel, private FsdpHookActions {
  public:
   // units: the params of each unit (registration indices), in forward order; a param in none is a
   // non-unit param. initial_values: one view per param (f32 or param_dtype); every rank keeps
@@ -216,7 +293,7 @@ class FullyShardedDataParallel final : public DataParallel {
   int64_t gathers_started() const { return gathers_; }   // unit or non-unit gathers (optim_grads_params)
   int64_t releases_done() const { return releases_; }
   bool anything_gathered() const;
-  int units_gathered() const;  // units gathered or in flight (the non-unit params not counted)
+  int units_gathered() const override;  // units gathered or in flight (the non-unit params not counted)
   // The most bytes gathered (or in flight) at once in each slot since construction or the last
   // reset; the sum over slots at any moment is the tracker's kGathered.
   int64_t peak_gathered_bytes(GatherSlot slot) const { return gathered_bytes_peak_[static_cast<size_t>(slot)]; }
@@ -236,25 +313,24 @@ class FullyShardedDataParallel final : public DataParallel {
   struct Bucket;  // storage and state of one bucket (src/fsdp/fsdp_bucket.h)
   using Slots = std::vector<GatherSlot>;
 
-  bool shards_params() const;
-  bool shards_grads() const;
+  bool shards_params() const { return fsdp_shards_params(config_.data_parallel_sharding_strategy); }
+  bool shards_grads() const { return fsdp_shards_grads(config_.data_parallel_sharding_strategy); }
   int unit_of_module(const std::vector<int>& module_params, std::string_view hook) const;
   // Gather groups: 0..U-1 the units, U the non-unit params.
   int non_unit_group() const { return num_units(); }
-  const std::vector<int>& group_buckets(int group) const;
-  FsdpPhase phase() const;
+  const std::vector<int>& group_buckets(int group) const override;
   // The slots a pass reads that the group has (forward and recompute: values and row-wise;
   // backward: values and column-wise).
-  Slots slots_for(int group, FsdpPhase pass) const;
+  Slots slots_for(int group, FsdpPhase pass) const override;
   uint8_t& slot_state(int group, GatherSlot slot);  // 0 empty, 1 in flight, 2 ready
   uint8_t slot_state(int group, GatherSlot slot) const;
+  bool holds_slot(int group, GatherSlot slot) const override { return slot_state(group, slot) != 0; }
   bool holds_any_slot(int group) const;  // some slot gathered or in flight
-  void dispatch_gather(int group, GatherSlot slot);
-  void wait_gather(int group, FsdpPhase pass);
-  void release_slot(int group, GatherSlot slot);
-  void release_group(int group);
-  void prefetch_from(int unit, FsdpPhase pass);
-  int64_t group_numel(int group) const;
+  void dispatch_gather(int group, GatherSlot slot) override;
+  void wait_gather(int group, FsdpPhase pass) override;
+  void release_slot(int group, GatherSlot slot) override;
+  void release_group(int group) override;
+  int64_t group_numel(int group) const override;
   // MXFP8 buckets: the optimizer writes bf16(main params) into a staging shard, from which each
   // rank quantizes its shards of both orientations (src/fsdp/fsdp_mxfp8.cc).
   void allocate_staging(int bucket);
@@ -265,9 +341,9 @@ class FullyShardedDataParallel final : public DataParallel {
   void finish_shard_quantize(int bucket, const Work& scales, bool keep_staging = false);
   // Every MXFP8 bucket's staging quantized (construction, a forced sync).
   void quantize_staged_shards(bool keep_staging);
-  void issue_reduction(int bucket);
+  void issue_reduction(int bucket) override;
   void complete_oldest_reduction();
-  void complete_reductions();
+  void complete_reductions() override;
   void issue_full_param_gathers();
   void wait_full_param_gathers();
   void check_all_ready(const std::vector<int>& params, std::string_view hook) const;
@@ -289,11 +365,7 @@ class FullyShardedDataParallel final : public DataParallel {
   std::vector<std::array<std::vector<Work>, kGatherSlots>> gather_works_;
   std::vector<std::array<uint8_t, kGatherSlots>> gather_state_;
   std::array<int64_t, kGatherSlots> gathered_bytes_{}, gathered_bytes_peak_{};
-  int forward_unit_ = -1;              // the last unit whose pre-forward ran in this forward pass
-  bool recomputing_ = false;           // from a recompute's pre-forward to its post-forward
-  // In a backward pass: from a pre-backward, or a recompute's pre-forward, until the next forward
-  // starts (a non-unit module's pre-forward: the embeddings) or finish_grad_sync.
-  bool in_backward_ = false;
+  FsdpHookSchedule schedule_;          // which pass a hook is in, and what it gathers and reduces
   // Reductions in flight, oldest first: (bucket, its work).
   std::vector<std::pair<int, Work>> reductions_;
   int64_t reductions_numel_ = 0;
@@ -301,8 +373,6 @@ class FullyShardedDataParallel final : public DataParallel {
   std::vector<Work> full_param_gathers_;  // optim / optim_grads after the step, [bucket]
   std::vector<bool> full_param_waited_;
   bool full_param_gather_pending_ = false;
-  std::vector<bool> ready_;            // [param], this micro-batch
-  int ready_count_ = 0;
   int no_sync_depth_ = 0;
   int64_t gathers_ = 0, releases_ = 0;
   std::vector<FsdpCollective> log_;

@@ -43,11 +43,6 @@ int64_t FullyShardedDataParallel::group_numel(int group) const {
   return n;
 }
 
-FsdpPhase FullyShardedDataParallel::phase() const {
-  if (recomputing_) return FsdpPhase::kRecompute;
-  return in_backward_ ? FsdpPhase::kBackward : FsdpPhase::kForward;
-}
-
 FullyShardedDataParallel::Slots FullyShardedDataParallel::slots_for(int group, FsdpPhase pass) const {
   bool values = false, mxfp8 = false;
   for (int b : group_buckets(group)) (buckets_[static_cast<size_t>(b)]->mxfp8 ? mxfp8 : values) = true;
@@ -84,7 +79,7 @@ void FullyShardedDataParallel::dispatch_gather(int group, GatherSlot slot) {
   gathered_bytes_peak_[s] = std::max(gathered_bytes_peak_[s], gathered_bytes_[s]);
   slot_state(group, slot) = 1;
   ++gathers_;
-  events_.push_back({FsdpGatherEvent::Kind::kGather, group, phase(), slot});
+  events_.push_back({FsdpGatherEvent::Kind::kGather, group, schedule_.phase(), slot});
 }
 
 void FullyShardedDataParallel::wait_gather(int group, FsdpPhase pass) {
@@ -115,7 +110,7 @@ void FullyShardedDataParallel::release_slot(int group, GatherSlot slot) {
   }
   state = 0;
   ++releases_;
-  events_.push_back({FsdpGatherEvent::Kind::kRelease, group, phase(), slot});
+  events_.push_back({FsdpGatherEvent::Kind::kRelease, group, schedule_.phase(), slot});
 }
 
 void FullyShardedDataParallel::release_group(int group) {
@@ -162,20 +157,6 @@ std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, Fsd
     held += holds_any ? 0 : 1;
   }
   return dispatch;
-}
-
-void FullyShardedDataParallel::prefetch_from(int unit, FsdpPhase pass) {
-  // Dispatching only touches the units ahead, which the rule has already walked past.
-  const FsdpPrefetchState state{
-      .num_units = num_units(),
-      .budget_numel = prefetch_budget_numel_,
-      .double_buffer = config_.fsdp_double_buffer,
-      .units_held = units_gathered(),
-      .numel = [this](int u) { return group_numel(u); },
-      .slots = [this, pass](int u) { return slots_for(u, pass); },
-      .held = [this](int u, GatherSlot slot) { return slot_state(u, slot) != 0; }};
-  for (const auto& [u, slots] : fsdp_prefetch(unit, pass, state))
-    for (GatherSlot slot : slots) dispatch_gather(u, slot);
 }
 
 }  // namespace mxddp

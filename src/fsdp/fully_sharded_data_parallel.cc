@@ -210,13 +210,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
   const int64_t unit_size = config_.suggested_communication_unit_size.value_or(2 * unit_numel_sum / num_units());
   prefetch_budget_numel_ = unit_size / 2;
   rs_queue_numel_ = unit_size;
+  schedule_ = FsdpHookSchedule(*this, config_, layout_, unit_of_param_, num_units(), prefetch_budget_numel_);
 
   gather_works_.resize(static_cast<size_t>(num_units() + 1));
   gather_state_.assign(static_cast<size_t>(num_units() + 1), {0, 0, 0});
   reduced_.assign(buckets_.size(), false);
   full_param_gathers_.resize(buckets_.size());
   full_param_waited_.assign(buckets_.size(), true);
-  ready_.assign(params.size(), false);
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -239,14 +239,6 @@ DType FullyShardedDataParallel::grad_dtype() const {
 
 std::string FullyShardedDataParallel::describe() const {
   return fmt::format("fsdp:{}", sharding_strategy_name(config_.data_parallel_sharding_strategy));
-}
-
-bool FullyShardedDataParallel::shards_params() const {
-  return config_.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams;
-}
-
-bool FullyShardedDataParallel::shards_grads() const {
-  return config_.data_parallel_sharding_strategy == ShardingStrategy::kOptimGrads || shards_params();
 }
 
 // ---- The model's side ----
@@ -330,31 +322,16 @@ int FullyShardedDataParallel::unit_of_module(const std::vector<int>& module_para
 
 void FullyShardedDataParallel::check_all_ready(const std::vector<int>& params, std::string_view hook) const {
   for (int p : params)
-    MXDDP_CHECK(ready_[static_cast<size_t>(p)], "{}: param '{}' has not reported grad_ready in this micro-batch", hook,
+    MXDDP_CHECK(schedule_.is_ready(p), "{}: param '{}' has not reported grad_ready in this micro-batch", hook,
                 specs_[static_cast<size_t>(p)].name);
 }
 
 void FullyShardedDataParallel::grad_ready(int index) {
   MXDDP_CHECK(index >= 0 && index < num_params(), "grad_ready: param index {} out of range; valid: 0..{}", index,
               num_params() - 1);
-  const auto i = static_cast<size_t>(index);
-  MXDDP_CHECK(!ready_[i], "grad_ready called twice for param '{}' (index {}) in one micro-batch", specs_[i].name, index);
-  ready_[i] = true;
-  ++ready_count_;
-  // A unit's grads are reduced at its post-backward; a non-unit bucket's when its last grad is in.
-  const int bucket = layout_.params[i].bucket;
-  if (unit_of_param_[i] < 0) {
-    const auto& members = layout_.buckets[static_cast<size_t>(bucket)].params;
-    if (std::all_of(members.begin(), members.end(), [&](int p) { return ready_[static_cast<size_t>(p)]; })) {
-      const bool now = shards_grads() || (no_sync_depth_ == 0 && config_.overlap_grad_reduce);
-      if (now) issue_reduction(bucket);
-      if (shards_grads() && !config_.overlap_grad_reduce) complete_reductions();
-    }
-  }
-  if (ready_count_ == num_params()) {  // the micro-batch's backward is over
-    ready_.assign(ready_.size(), false);
-    ready_count_ = 0;
-  }
+  MXDDP_CHECK(!schedule_.is_ready(index), "grad_ready called twice for param '{}' (index {}) in one micro-batch",
+              specs_[static_cast<size_t>(index)].name, index);
+  schedule_.grad_ready(index, no_sync_depth_ == 0);
 }
 
 void FullyShardedDataParallel::before_forward(const std::vector<int>& module_params) {
@@ -370,73 +347,24 @@ void FullyShardedDataParallel::before_forward(const std::vector<int>& module_par
     }
     return;
   }
-  if (unit < 0) {
-    in_backward_ = false;  // the embeddings open a forward pass (the final norm runs inside one)
-    recomputing_ = false;
-    wait_gather(non_unit_group(), FsdpPhase::kForward);
-    // Only the non-unit modules before the first unit (the embeddings) start the units' prefetch;
-    // the final norm comes after the last unit, with nothing left to prefetch in this pass.
-    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, FsdpPhase::kForward);
-    return;
-  }
-  // A forward pass meets its units in order, so a pre-forward of a unit at or before the last one
-  // is a re-run: a recompute in backward, which may come before the layer's first pre-backward.
-  if (in_backward_ || (forward_unit_ >= 0 && unit <= forward_unit_)) {
-    // The recompute's gather: no prefetch (this pass runs in backward order, and a forward-order
-    // prefetch would fetch what backward has finished with).
-    in_backward_ = true;
-    recomputing_ = true;
-    forward_unit_ = -1;
-    wait_gather(unit, FsdpPhase::kRecompute);
-    return;
-  }
-  forward_unit_ = unit;
-  wait_gather(unit, FsdpPhase::kForward);
-  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kForward);
+  schedule_.before_forward(unit);
 }
 
 void FullyShardedDataParallel::after_forward(const std::vector<int>& module_params) {
-  const int unit = unit_of_module(module_params, "after_forward");
-  if (!shards_params() || unit < 0) return;
-  if (!in_backward_) {
-    release_group(unit);
-    return;
-  }
-  // After a recompute the unit's backward comes next: it reads the BF16 values again (kept, and
-  // released by its post-backward, so each gather is released once) but MXFP8 weights only
-  // column-wise, so the row-wise copy has had its last use (Megatron keeps it to post-backward).
-  release_slot(unit, GatherSlot::kRowwise);
-  recomputing_ = false;
+  schedule_.after_forward(unit_of_module(module_params, "after_forward"));
 }
 
 void FullyShardedDataParallel::before_backward(const std::vector<int>& module_params) {
-  const int unit = unit_of_module(module_params, "before_backward");
-  forward_unit_ = -1;  // the next forward starts again at the first unit
-  in_backward_ = true;
-  recomputing_ = false;
-  if (!shards_params() || unit < 0) return;
-  wait_gather(unit, FsdpPhase::kBackward);
-  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kBackward);
+  schedule_.before_backward(unit_of_module(module_params, "before_backward"));
 }
 
 void FullyShardedDataParallel::after_backward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "after_backward");
-  if (unit < 0) return;
-  check_all_ready(module_params, "after_backward");
-  if (shards_params()) release_group(unit);
-  const bool now = shards_grads() || (no_sync_depth_ == 0 && config_.overlap_grad_reduce);
-  if (!now) return;
-  for (int b : unit_buckets_[static_cast<size_t>(unit)]) issue_reduction(b);
-  // Without overlap the sharded-grad strategies wait here, so the unit's unsharded grads go now.
-  if (shards_grads() && !config_.overlap_grad_reduce) complete_reductions();
+  if (unit >= 0) check_all_ready(module_params, "after_backward");
+  schedule_.after_backward(unit, no_sync_depth_ == 0);
 }
 
-void FullyShardedDataParallel::release_gathered_params() {
-  forward_unit_ = -1;
-  recomputing_ = false;
-  for (int g = 0; g <= num_units(); ++g) release_group(g);  // in the phase that ends (forward or backward)
-  in_backward_ = false;
-}
+void FullyShardedDataParallel::release_gathered_params() { schedule_.release_gathered_params(); }
 
 // ---- Reductions ----
 
@@ -505,8 +433,7 @@ void FullyShardedDataParallel::finish_grad_sync() {
   release_gathered_params();  // the non-unit params, kept through backward
   MXDDP_ASSERT(!anything_gathered());
   reduced_.assign(reduced_.size(), false);
-  ready_.assign(ready_.size(), false);
-  ready_count_ = 0;
+  schedule_.clear_ready();
 }
 
 void FullyShardedDataParallel::zero_grad_buffer() {
@@ -516,8 +443,7 @@ void FullyShardedDataParallel::zero_grad_buffer() {
     std::memset(kept.data(), 0, kept.size_bytes());
   }
   reduced_.assign(reduced_.size(), false);
-  ready_.assign(ready_.size(), false);
-  ready_count_ = 0;
+  schedule_.clear_ready();
 }
 
 // ---- The optimizer's side ----
@@ -613,7 +539,7 @@ void FullyShardedDataParallel::step_and_sync_params(const std::function<void(int
 
 void FullyShardedDataParallel::start_iteration(const std::function<void()>&) {
   zero_grad_buffer();
-  in_backward_ = recomputing_ = false;
+  schedule_.start_iteration();
   // The MXFP8 buckets' initial staging has served the optimizer's construction.
   for (auto& b : buckets_)
     if (b->mxfp8) b->params_shard = HostBuffer();
@@ -622,7 +548,7 @@ void FullyShardedDataParallel::start_iteration(const std::function<void()>&) {
     for (int group : {non_unit_group(), 0})
       for (GatherSlot slot : slots_for(group, FsdpPhase::kForward))
         if (slot_state(group, slot) == 0) dispatch_gather(group, slot);
-    prefetch_from(0, FsdpPhase::kForward);
+    schedule_.prefetch_from(0, FsdpPhase::kForward);
   }
 }
 

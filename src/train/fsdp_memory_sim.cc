@@ -56,11 +56,11 @@ FsdpMemorySim::FsdpMemorySim(const std::vector<ParamSpec>& params, const std::ve
   int64_t unit_numel_sum = 0;
   for (int u = 0; u < num_units(); ++u) unit_numel_sum += group_numel(u);
   const int64_t unit_size = config_.suggested_communication_unit_size.value_or(2 * unit_numel_sum / num_units());
-  prefetch_budget_numel_ = unit_size / 2;
   rs_queue_numel_ = unit_size;
+  schedule_ = FsdpHookSchedule(*this, config_, layout_, unit_of_param_, num_units(),
+                               /*prefetch_budget_numel=*/unit_size / 2);
   gather_state_.assign(static_cast<size_t>(num_units() + 1), {0, 0, 0});
   reduced_.assign(buckets_.size(), false);
-  ready_.assign(params.size(), false);
 }
 
 int64_t FsdpMemorySim::optimizer_bucket_numel(int bucket) const {
@@ -72,14 +72,6 @@ int64_t FsdpMemorySim::largest_unit_numel() const {
   int64_t largest = 0;
   for (int u = 0; u < num_units(); ++u) largest = std::max(largest, group_numel(u));
   return largest;
-}
-
-bool FsdpMemorySim::shards_params() const {
-  return config_.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams;
-}
-
-bool FsdpMemorySim::shards_grads() const {
-  return config_.data_parallel_sharding_strategy == ShardingStrategy::kOptimGrads || shards_params();
 }
 
 int FsdpMemorySim::unit_of_module(const std::vector<int>& params) const {
@@ -155,72 +147,24 @@ void FsdpMemorySim::release_group(int group) {
   for (GatherSlot slot : {GatherSlot::kValues, GatherSlot::kRowwise, GatherSlot::kColwise}) release_slot(group, slot);
 }
 
-void FsdpMemorySim::prefetch_from(int unit, FsdpPhase pass) {
-  const FsdpPrefetchState prefetch{
-      .num_units = num_units(),
-      .budget_numel = prefetch_budget_numel_,
-      .double_buffer = config_.fsdp_double_buffer,
-      .units_held = units_gathered(),
-      .numel = [this](int u) { return group_numel(u); },
-      .slots = [this, pass](int u) { return slots_for(u, pass); },
-      .held = [this](int u, GatherSlot slot) { return state(u, slot) != 0; }};
-  for (const auto& [u, slots] : fsdp_prefetch(unit, pass, prefetch))
-    for (GatherSlot slot : slots) dispatch_gather(u, slot);
-}
-
-// ---- Hooks (fully_sharded_data_parallel.cc) ----
+// ---- Hooks (fully_sharded_data_parallel.cc): the decisions are FsdpHookSchedule's ----
 
 void FsdpMemorySim::before_forward(const std::vector<int>& params) {
   const int unit = unit_of_module(params);
-  if (!shards_params()) return;
-  if (unit < 0) {
-    in_backward_ = false;
-    wait_gather(non_unit_group(), FsdpPhase::kForward);
-    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, FsdpPhase::kForward);
-    return;
-  }
-  if (in_backward_ || (forward_unit_ >= 0 && unit <= forward_unit_)) {  // a recompute
-    in_backward_ = true;
-    forward_unit_ = -1;
-    wait_gather(unit, FsdpPhase::kRecompute);
-    return;
-  }
-  forward_unit_ = unit;
-  wait_gather(unit, FsdpPhase::kForward);
-  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kForward);
+  if (shards_params()) schedule_.before_forward(unit);
 }
 
-void FsdpMemorySim::after_forward(const std::vector<int>& params) {
-  const int unit = unit_of_module(params);
-  if (!shards_params() || unit < 0) return;
-  if (!in_backward_) release_group(unit);
-  else release_slot(unit, GatherSlot::kRowwise);
-}
+void FsdpMemorySim::after_forward(const std::vector<int>& params) { schedule_.after_forward(unit_of_module(params)); }
 
 void FsdpMemorySim::before_backward(const std::vector<int>& params) {
-  const int unit = unit_of_module(params);
-  forward_unit_ = -1;
-  in_backward_ = true;
-  if (!shards_params() || unit < 0) return;
-  wait_gather(unit, FsdpPhase::kBackward);
-  if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kBackward);
+  schedule_.before_backward(unit_of_module(params));
 }
 
 void FsdpMemorySim::after_backward(const std::vector<int>& params) {
-  const int unit = unit_of_module(params);
-  if (unit < 0) return;
-  if (shards_params()) release_group(unit);
-  const bool now = shards_grads() || (!no_sync_ && config_.overlap_grad_reduce);
-  if (!now) return;
-  for (int b : unit_buckets_[static_cast<size_t>(unit)]) issue_reduction(b);
-  if (shards_grads() && !config_.overlap_grad_reduce) complete_reductions();
+  schedule_.after_backward(unit_of_module(params), !no_sync_);
 }
 
-void FsdpMemorySim::release_gathered_params() {
-  forward_unit_ = -1;
-  for (int g = 0; g <= num_units(); ++g) release_group(g);
-  in_backward_ = false;
-}
+void FsdpMemorySim::release_gathered_params() { schedule_.release_gathered_params(); }
 
 // ---- Gradients and their reductions ----
 
@@ -233,24 +177,7 @@ void FsdpMemorySim::main_grad(int param) {
   }
 }
 
-void FsdpMemorySim::grad_ready(int param) {
-  const auto i = static_cast<size_t>(param);
-  ready_[i] = true;
-  ++ready_count_;
-  const int bucket = layout_.params[i].bucket;
-  if (unit_of_param_[i] < 0) {
-    const auto& members = layout_.buckets[static_cast<size_t>(bucket)].params;
-    if (std::all_of(members.begin(), members.end(), [&](int p) { return ready_[static_cast<size_t>(p)]; })) {
-      const bool now = shards_grads() || (!no_sync_ && config_.overlap_grad_reduce);
-      if (now) issue_reduction(bucket);
-      if (shards_grads() && !config_.overlap_grad_reduce) complete_reductions();
-    }
-  }
-  if (ready_count_ == static_cast<int>(ready_.size())) {
-    ready_.assign(ready_.size(), false);
-    ready_count_ = 0;
-  }
-}
+void FsdpMemorySim::grad_ready(int param) { schedule_.grad_ready(param, !no_sync_); }
 
 void FsdpMemorySim::issue_reduction(int bucket) {
   Bucket& b = buckets_[static_cast<size_t>(bucket)];
@@ -284,15 +211,13 @@ void FsdpMemorySim::finish_grad_sync() {
   complete_reductions();
   release_gathered_params();
   reduced_.assign(reduced_.size(), false);
-  ready_.assign(ready_.size(), false);
-  ready_count_ = 0;
+  schedule_.clear_ready();
 }
 
 void FsdpMemorySim::zero_grad_buffer() {
   complete_reductions();
   reduced_.assign(reduced_.size(), false);
-  ready_.assign(ready_.size(), false);
-  ready_count_ = 0;
+  schedule_.clear_ready();
 }
 
 // ---- The optimizer's side, and the MXFP8 staging (fsdp_mxfp8.cc) ----
@@ -312,14 +237,14 @@ void FsdpMemorySim::free_staging(int bucket) {
 
 void FsdpMemorySim::start_iteration() {
   zero_grad_buffer();
-  in_backward_ = false;
+  schedule_.start_iteration();
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (buckets_[b].mxfp8) free_staging(static_cast<int>(b));
   if (shards_params() && config_.overlap_param_gather) {
     for (int group : {non_unit_group(), 0})
       for (GatherSlot slot : slots_for(group, FsdpPhase::kForward))
         if (state(group, slot) == 0) dispatch_gather(group, slot);
-    prefetch_from(0, FsdpPhase::kForward);
+    schedule_.prefetch_from(0, FsdpPhase::kForward);
   }
 }
 

@@ -1,11 +1,12 @@
 // FsdpMemorySim: FullyShardedDataParallel's allocations and frees, without the data, for the memory
 // plan (plan.h).
 //
-// It is the state machine of src/fsdp/ (the gather state per group and slot, the prefetch within
-// the budget and the double buffer, the releases, the bounded reduce-scatter queue that frees each
-// bucket's transient unsharded grads, the MXFP8 staging shards of a step and a forced sync), kept
-// to the allocations: every HostBuffer the real object would create or drop is a charge or a
-// refund on the tracker here, in the same order. It runs one rank: every rank's state is the same.
+// It is the state machine of src/fsdp/ (the gather state per group and slot, the releases, the
+// bounded reduce-scatter queue that frees each bucket's transient unsharded grads, the MXFP8
+// staging shards of a step and a forced sync), kept to the allocations: every HostBuffer the real
+// object would create or drop is a charge or a refund on the tracker here, in the same order. What
+// the hooks decide (which pass, what to wait for, prefetch, release and reduce) is not copied:
+// FsdpHookSchedule (fsdp.h) decides it for both. It runs one rank: every rank's state is the same.
 // tests/train/memory_plan_test.cc compares plan and measurement over generated configurations;
 // any change to the FSDP's allocation pattern must come here too, or that test fails.
 #pragma once
@@ -20,7 +21,7 @@
 
 namespace mxddp {
 
-class FsdpMemorySim {
+class FsdpMemorySim final : private FsdpHookActions {
  public:
   // As FullyShardedDataParallel(comm of size dp, params, units, config, tracker, initial values):
   // charges what the constructor allocates.
@@ -59,25 +60,27 @@ class FsdpMemorySim {
   };
   using Slots = std::vector<GatherSlot>;
 
-  bool shards_params() const;
-  bool shards_grads() const;
+  bool shards_params() const { return fsdp_shards_params(config_.data_parallel_sharding_strategy); }
+  bool shards_grads() const { return fsdp_shards_grads(config_.data_parallel_sharding_strategy); }
   int num_units() const { return static_cast<int>(unit_buckets_.size()); }
   int non_unit_group() const { return num_units(); }
   int unit_of_module(const std::vector<int>& params) const;
-  const std::vector<int>& group_buckets(int group) const;
-  int64_t group_numel(int group) const;
-  Slots slots_for(int group, FsdpPhase pass) const;
+  const std::vector<int>& group_buckets(int group) const override;
+  int64_t group_numel(int group) const override;
+  Slots slots_for(int group, FsdpPhase pass) const override;
   uint8_t& state(int group, GatherSlot slot) { return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)]; }
+  bool holds_slot(int group, GatherSlot slot) const override {
+    return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)] != 0;
+  }
   bool holds_any_slot(int group) const;
-  int units_gathered() const;
-  void dispatch_gather(int group, GatherSlot slot);
-  void wait_gather(int group, FsdpPhase pass);
-  void release_slot(int group, GatherSlot slot);
-  void release_group(int group);
-  void prefetch_from(int unit, FsdpPhase pass);
-  void issue_reduction(int bucket);
+  int units_gathered() const override;
+  void dispatch_gather(int group, GatherSlot slot) override;
+  void wait_gather(int group, FsdpPhase pass) override;
+  void release_slot(int group, GatherSlot slot) override;
+  void release_group(int group) override;
+  void issue_reduction(int bucket) override;
   void complete_oldest_reduction();
-  void complete_reductions();
+  void complete_reductions() override;
   void zero_grad_buffer();
   void allocate_staging(int bucket);
   void free_staging(int bucket);
@@ -90,7 +93,6 @@ class FsdpMemorySim {
   std::vector<Bucket> buckets_;
   std::vector<std::vector<int>> unit_buckets_;
   std::vector<int> non_unit_buckets_;
-  int64_t prefetch_budget_numel_ = 0;
   int64_t rs_queue_numel_ = 0;
   std::vector<std::array<uint8_t, kGatherSlots>> gather_state_;  // 0 empty, 1 in flight, 2 ready
   std::array<int64_t, kGatherSlots> gathered_bytes_{};
@@ -98,11 +100,8 @@ class FsdpMemorySim {
   std::vector<int> reductions_;  // buckets, oldest first
   int64_t reductions_numel_ = 0;
   std::vector<bool> reduced_;
-  std::vector<bool> ready_;
-  int ready_count_ = 0;
   bool no_sync_ = false;
-  bool in_backward_ = false;
-  int forward_unit_ = -1;
+  FsdpHookSchedule schedule_;
 };
 
 }  // namespace mxddp
