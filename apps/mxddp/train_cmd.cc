@@ -70,18 +70,42 @@ CLI::Option* add_enum_option(CLI::App* group, const std::string& flags, E& value
       ->default_str(std::string(FieldEnum<E>::name(value)));
 }
 
+// A tri-state flag (a std::optional<bool> field): flags "--x,!--no-x" (CLI11's spelling of a
+// negation) become two flags that exclude each other; --x sets true, --no-x false, neither leaves
+// the field unset. Returns --x's option.
+CLI::Option* add_tri_state_flags(CLI::App* group, std::string_view flags, std::optional<bool>& value,
+                                 const std::string& help) {
+  std::string on, off;
+  while (!flags.empty()) {
+    const size_t comma = flags.find(',');
+    const std::string_view flag = flags.substr(0, comma);
+    flags = comma == std::string_view::npos ? std::string_view{} : flags.substr(comma + 1);
+    std::string& into = flag.starts_with('!') ? off : on;
+    into += fmt::format("{}{}", into.empty() ? "" : ",", flag.starts_with('!') ? flag.substr(1) : flag);
+  }
+  MXDDP_ASSERT(!on.empty() && !off.empty());
+  CLI::Option* on_option = group->add_flag_callback(on, [&value] { value = true; }, help);
+  CLI::Option* off_option =
+      group->add_flag_callback(off, [&value] { value = false; }, fmt::format("Explicitly off (see {})", on));
+  on_option->excludes(off_option);
+  return on_option;
+}
+
 // A flag for every described field of config that has one (config_fields.h), bound to the field's
-// member; returns them by field name.
+// member, except the fields `skip` names (their flag is registered with another config's);
+// returns them by field name.
 template <typename Config>
-std::map<std::string_view, CLI::Option*> add_field_options(CLI::App* group, Config& config) {
+std::map<std::string_view, CLI::Option*> add_field_options(CLI::App* group, Config& config,
+                                                           bool (*skip)(std::string_view) = nullptr) {
   std::map<std::string_view, CLI::Option*> options;
   for_each_field(config, [&](const auto& field, auto& value) {
     using T = std::remove_cvref_t<decltype(value)>;
-    if (!field.has_flag()) return;
+    if (!field.has_flag() || (skip != nullptr && skip(field.name))) return;
     const std::string flags(field.flags), help(field.help);
     CLI::Option* option = nullptr;
     if constexpr (std::is_same_v<T, bool>) option = group->add_flag(flags, value, help);
     else if constexpr (NamedEnum<T>) option = add_enum_option(group, flags, value, help);
+    else if constexpr (std::is_same_v<T, std::optional<bool>>) option = add_tri_state_flags(group, flags, value, help);
     else if constexpr (kIsOptional<T>)
       option = group->add_option(flags, value, help)->transform(range_validator<typename T::value_type>(field.range));
     else option = group->add_option(flags, value, help)->transform(range_validator<T>(field.range));
@@ -158,26 +182,16 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
   // DdpConfig's described fields (ddp.h).
   a.bucket_size_option = add_field_options(ddp, c.ddp).at("bucket_size");
 
-  auto* fsdp = cmd->add_option_group(
-      "fully sharded data parallel (FsdpConfig; --overlap-grad-reduce and --overlap-param-gather apply too)");
+  // FsdpConfig's described fields (fsdp.h) but those it shares with DdpConfig, whose flags are
+  // DdpConfig's above; finish_train_config copies their values.
+  std::string shared_flags;
+  for_each_field<FsdpConfig>([&](const auto& field) {
+    if (field.has_flag() && is_shared_data_parallel_field<FsdpConfig>(field.name))
+      shared_flags += fmt::format("{}{}", shared_flags.empty() ? "" : ", ", field.flags);
+  });
+  auto* fsdp = cmd->add_option_group(fmt::format("fully sharded data parallel (FsdpConfig; {} apply too)", shared_flags));
   fsdp->add_flag("--use-megatron-fsdp", c.use_megatron_fsdp, "FSDP instead of DDP: each decoder layer is a unit");
-  fsdp->add_option("--data-parallel-sharding-strategy", a.sharding_strategy,
-                   "What FSDP shards: no_shard, optim, optim_grads or optim_grads_params")
-      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
-  fsdp->add_option("--suggested-communication-unit-size", c.fsdp.suggested_communication_unit_size,
-                   "Elements; the gather prefetch budget is half, the reduce-scatter queue all (default: 2 x a unit)")
-      ->transform(kPositiveInt64);
-  fsdp->add_flag("--fsdp-double-buffer", c.fsdp.fsdp_double_buffer, "At most two units gathered at once");
-  auto* fine_on = fsdp->add_flag("--megatron-fsdp-enable-fine-grained-param-gather", a.fine_grained_on,
-                                 "Each weighted submodule (norm, qkv, proj, fc1, fc2) is its own unit: gathered just "
-                                 "before it runs and released after, lowering the peak gathered bytes");
-  auto* fine_off = fsdp->add_flag("--no-megatron-fsdp-enable-fine-grained-param-gather", a.fine_grained_off,
-                                  "Fine-grained param gather explicitly off (an error where the policy requires it)");
-  fine_on->excludes(fine_off);
-  fsdp->add_option("--fine-grained-param-gather-policy", a.fine_grained_policy,
-                   "When fine-grained is on: megatron (MXFP8 + fp8 param gather, or the flag) or recompute-aware "
-                   "(required only for MXFP8 + selective recompute of mlp or layernorm, otherwise the flag)")
-      ->check(CLI::IsMember({"megatron", "recompute-aware"}));
+  add_field_options(fsdp, c.fsdp, is_shared_data_parallel_field<FsdpConfig>);
 
   auto* data = cmd->add_option_group("data, evaluation and checkpoints");
   data->add_option("--seed", c.seed, "Seed of the initialization and the sampling")
@@ -402,15 +416,9 @@ void finish_train_config(TrainArgs& a) {
   m = gpt_preset(a.model);
   for (const auto& override_field : a.model_overrides) override_field(m);
   a.notes = apply_megatron_flags(a.megatron, m.num_params(), a.bucket_size_option->count() > 0, a.config.ddp.bucket_size);
-  // The overlap flags and the grad dtype mean the same under FSDP (Megatron's names are shared).
-  FsdpConfig& f = a.config.fsdp;
-  f.data_parallel_sharding_strategy = parse_sharding_strategy(a.sharding_strategy);
-  f.overlap_grad_reduce = a.config.ddp.overlap_grad_reduce;
-  f.overlap_param_gather = a.config.ddp.overlap_param_gather;
-  f.grad_reduce_in_fp32 = a.config.ddp.grad_reduce_in_fp32;
-  f.param_dtype = a.config.ddp.param_dtype;
-  f.fine_grained_param_gather_policy = parse_fine_grained_param_gather_policy(a.fine_grained_policy);
-  if (a.fine_grained_on || a.fine_grained_off) f.megatron_fsdp_enable_fine_grained_param_gather = a.fine_grained_on;
+  // The fields FSDP shares with DDP (the overlap flags, the grad and param dtypes, the MXFP8 format)
+  // mean the same under FSDP (Megatron's names are shared); their flags set DdpConfig's.
+  copy_shared_data_parallel_fields(a.config.ddp, a.config.fsdp);
 
   // Recompute: Megatron's two flags, and --recompute-activations with its old meaning here (full).
   TrainConfig& c = a.config;

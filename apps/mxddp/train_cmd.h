@@ -26,10 +26,6 @@ struct TrainArgs {
   // Overrides of the preset (--num-layers, ...: GptConfig's described fields), applied in order
   // over --model's config.
   std::vector<std::function<void(GptConfig&)>> model_overrides;
-  std::string sharding_strategy = "optim_grads_params";
-  // The fine-grained param gather's tri-state (FsdpConfig), from two flags: on, explicitly off.
-  bool fine_grained_on = false, fine_grained_off = false;
-  std::string fine_grained_policy = "recompute-aware";
   // Recompute flags, resolved into config.recompute_* by the command: --recompute-activations is
   // full granularity here, --recompute-granularity "" is none, --recompute-modules empty is
   // Megatron's default (core_attn) with selective.
@@ -52,7 +48,8 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& args);
 // Every flag of `mxddp train` on cmd (`mxddp plan` takes the same).
 void add_train_flags(CLI::App* cmd, TrainArgs& args);
 // Puts the flags together into args.config (the preset and its overrides, the FSDP fields the
-// DDP flags share, recompute); throws Error naming a contradiction.
+// DDP flags share: copy_shared_data_parallel_fields, recompute); throws Error naming a
+// contradiction.
 void finish_train_config(TrainArgs& args);
 // Runs the training; returns the exit status. argc/argv go to MPI_Init with --backend mpi.
 int run_train_command(int argc, char** argv, TrainArgs& args);

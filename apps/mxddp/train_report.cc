@@ -44,6 +44,9 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
   optimizer.lr = c.lr;
   DdpConfig ddp = c.ddp;
   ddp.use_distributed_optimizer = true;
+  nlohmann::json fsdp = fields_json(c.fsdp);
+  // What the policy decided, and why (the flag alone does not say: the policy may force it).
+  fsdp["fine_grained_param_gather"] = fine_grained_json(c);
   return {
       {"backend", backend},
       {"dp", dp},
@@ -69,22 +72,7 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
       {"optimizer", fields_json(optimizer)},
       {"ddp", fields_json(ddp)},
       {"use_megatron_fsdp", c.use_megatron_fsdp},
-      {"fsdp",
-       {{"data_parallel_sharding_strategy", std::string(sharding_strategy_name(c.fsdp.data_parallel_sharding_strategy))},
-        {"overlap_param_gather", c.fsdp.overlap_param_gather},
-        {"overlap_grad_reduce", c.fsdp.overlap_grad_reduce},
-        {"suggested_communication_unit_size", c.fsdp.suggested_communication_unit_size
-                                                  ? nlohmann::json(*c.fsdp.suggested_communication_unit_size)
-                                                  : nlohmann::json(nullptr)},
-        {"fsdp_double_buffer", c.fsdp.fsdp_double_buffer},
-        {"grad_reduce_in_fp32", c.fsdp.grad_reduce_in_fp32},
-        {"megatron_fsdp_main_params_dtype", std::string(dtype_name(c.fsdp.megatron_fsdp_main_params_dtype))},
-        {"megatron_fsdp_enable_fine_grained_param_gather", c.fsdp.megatron_fsdp_enable_fine_grained_param_gather
-                                                               ? nlohmann::json(*c.fsdp.megatron_fsdp_enable_fine_grained_param_gather)
-                                                               : nlohmann::json()},
-        {"fine_grained_param_gather_policy", std::string(fine_grained_param_gather_policy_name(c.fsdp.fine_grained_param_gather_policy))},
-        // What the policy decided, and why (the flag alone does not say: the policy may force it).
-        {"fine_grained_param_gather", fine_grained_json(c)}}},
+      {"fsdp", std::move(fsdp)},
       {"seed", c.seed},
       {"data", c.data_path.empty() ? nlohmann::json("builtin") : nlohmann::json(c.data_path)},
       {"corpus_bytes", c.corpus_bytes},

@@ -5,8 +5,10 @@
 // Owns: ConfigField (a field's name, command-line flags, help text, member and accepted range),
 // FieldEnum (the names of an enum-valued field), FieldValue (a field's value as the report and the
 // manifest write it) and for_each_field. The descriptions themselves live beside their configs:
-// describe_fields(std::type_identity<DdpConfig>) in ddp.h, ...<OptimizerConfig> in optim.h,
-// ...<GptConfig> in model.h. Each returns a std::tuple of ConfigField, in declaration order.
+// describe_fields(std::type_identity<DdpConfig>) in ddp.h, ...<FsdpConfig> in fsdp.h,
+// ...<OptimizerConfig> in optim.h, ...<GptConfig> in model.h. Each returns a std::tuple of
+// ConfigField, in declaration order, except that DdpConfig's and FsdpConfig's begin with the
+// fields they share, described once in data_parallel_fields.h.
 //
 // Adding a field to a described config: add the member, then one ConfigField line to its
 // describe_fields(); the flag, the report and the manifest follow, and config_fields_test fails

@@ -31,6 +31,7 @@
 #include <mxddp/comm.h>
 #include <mxddp/config_fields.h>
 #include <mxddp/data_parallel.h>
+#include <mxddp/data_parallel_fields.h>
 #include <mxddp/quant.h>
 
 namespace mxddp {
@@ -76,16 +77,13 @@ struct DdpConfig {
 void check_ddp_config(const DdpConfig& config, const std::vector<ParamSpec>& params);
 
 // Every DdpConfig field, once (config_fields.h): `mxddp train`'s flags, its report's "ddp" section
-// and a checkpoint manifest's "ddp" section come from here. A field without a flag is set by the
-// command (grad_reduce_in_fp32 and param_dtype keep the GPT's defaults; train() forces
+// and a checkpoint manifest's "ddp" section come from here. The fields FsdpConfig has too come
+// first, from their shared description (data_parallel_fields.h). A field without a flag is set by
+// the command (grad_reduce_in_fp32 and param_dtype keep the GPT's defaults; train() forces
 // use_distributed_optimizer on).
 constexpr auto describe_fields(std::type_identity<DdpConfig>) {
   using C = DdpConfig;
-  return std::tuple{
-      ConfigField<C, bool>{"grad_reduce_in_fp32", "", "Keep and reduce gradients in FP32 (the GPT needs it)",
-                           &C::grad_reduce_in_fp32},
-      ConfigField<C, bool>{"overlap_grad_reduce", "--overlap-grad-reduce", "Reduce-scatter bucket groups during backward",
-                           &C::overlap_grad_reduce},
+  return std::tuple_cat(describe_shared_data_parallel_fields<C>(), std::tuple{
       ConfigField<C, bool>{"use_distributed_optimizer", "", "Shard the optimizer state (always on in mxddp train)",
                            &C::use_distributed_optimizer},
       ConfigField<C, std::optional<int64_t>>{"bucket_size", "--bucket-size,--ddp-bucket-size",
@@ -103,9 +101,6 @@ constexpr auto describe_fields(std::type_identity<DdpConfig>) {
                            "All-reduce gradients even with the distributed optimizer", &C::force_all_reduce},
       ConfigField<C, int>{"buckets_per_group", "--buckets-per-group",
                           "Buckets per bucket group (one collective call each)", &C::buckets_per_group, kPositive},
-      ConfigField<C, DType>{"param_dtype", "", "The model params' dtype (bf16)", &C::param_dtype},
-      ConfigField<C, bool>{"overlap_param_gather", "--overlap-param-gather",
-                           "Gather params group by group in the forward pre-hooks", &C::overlap_param_gather},
       ConfigField<C, bool>{"overlap_param_gather_with_optimizer_step", "--overlap-param-gather-with-optimizer-step",
                            "Start each group's gather as soon as the optimizer has updated it",
                            &C::overlap_param_gather_with_optimizer_step},
@@ -113,13 +108,10 @@ constexpr auto describe_fields(std::type_identity<DdpConfig>) {
                            "Keep the linear weights as MXFP8 (DDP: quantized after each gather; FSDP: sharded row- "
                            "and column-wise payloads)",
                            &C::fp8_param_gather},
-      ConfigField<C, Fp8Format>{"mxfp8_elem", "--mxfp8-elem", "MXFP8 element format: e4m3 or e5m2", &C::mxfp8_elem},
-      ConfigField<C, ScaleMode>{"mxfp8_scale_mode", "--mxfp8-scale-mode", "MXFP8 scale rule: rceil or floor",
-                                &C::mxfp8_scale_mode},
       ConfigField<C, bool>{"reuse_grad_buf_for_mxfp8_param_ag", "--reuse-grad-buf-for-mxfp8-param-ag",
                            "Stage the param all-gather in the grad buffer (no BF16 param buffer)",
                            &C::reuse_grad_buf_for_mxfp8_param_ag},
-  };
+  });
 }
 
 class ModelParamStore;  // src/ddp/model_params.h

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include <mxddp/data_parallel.h>
+#include <mxddp/data_parallel_fields.h>
 #include <mxddp/quant.h>
 
 namespace mxddp {
@@ -107,6 +108,56 @@ struct FsdpConfig {
   std::optional<bool> megatron_fsdp_enable_fine_grained_param_gather;
   FineGrainedParamGatherPolicy fine_grained_param_gather_policy = FineGrainedParamGatherPolicy::kRecomputeAware;
 };
+
+template <>
+struct FieldEnum<ShardingStrategy> {
+  static std::string_view name(ShardingStrategy s) { return sharding_strategy_name(s); }
+  static ShardingStrategy parse(std::string_view s) { return parse_sharding_strategy(s); }
+  static std::vector<std::string> names() { return {"no_shard", "optim", "optim_grads", "optim_grads_params"}; }
+};
+template <>
+struct FieldEnum<FineGrainedParamGatherPolicy> {
+  static std::string_view name(FineGrainedParamGatherPolicy p) { return fine_grained_param_gather_policy_name(p); }
+  static FineGrainedParamGatherPolicy parse(std::string_view s) { return parse_fine_grained_param_gather_policy(s); }
+  static std::vector<std::string> names() { return {"megatron", "recompute-aware"}; }
+};
+
+// Every FsdpConfig field, once (config_fields.h): `mxddp train`'s flags, its report's "fsdp" section
+// and a checkpoint manifest's "fsdp" section come from here. The fields DdpConfig has too come
+// first, from their shared description (data_parallel_fields.h): `mxddp train` registers their
+// flags once, with DdpConfig's, and copies the values here. The tri-state fine-grained flag is
+// spelled twice, on and (CLI11's "!") explicitly off; neither leaves it unset. A field without a
+// flag is set by the command (megatron_fsdp_main_params_dtype is f32 only).
+constexpr auto describe_fields(std::type_identity<FsdpConfig>) {
+  using C = FsdpConfig;
+  return std::tuple_cat(
+      describe_shared_data_parallel_fields<C>(),
+      std::tuple{
+          ConfigField<C, ShardingStrategy>{"data_parallel_sharding_strategy", "--data-parallel-sharding-strategy",
+                                           "What FSDP shards: no_shard, optim, optim_grads or optim_grads_params",
+                                           &C::data_parallel_sharding_strategy},
+          ConfigField<C, std::optional<int64_t>>{
+              "suggested_communication_unit_size", "--suggested-communication-unit-size",
+              "Elements; the gather prefetch budget is half, the reduce-scatter queue all (default: 2 x a unit)",
+              &C::suggested_communication_unit_size, kPositive},
+          ConfigField<C, bool>{"fsdp_double_buffer", "--fsdp-double-buffer", "At most two units gathered at once",
+                               &C::fsdp_double_buffer},
+          ConfigField<C, DType>{"megatron_fsdp_main_params_dtype", "", "The main params' dtype (f32 only)",
+                                &C::megatron_fsdp_main_params_dtype},
+          ConfigField<C, std::optional<bool>>{
+              "megatron_fsdp_enable_fine_grained_param_gather",
+              "--megatron-fsdp-enable-fine-grained-param-gather,!--no-megatron-fsdp-enable-fine-grained-param-gather",
+              "Each weighted submodule (norm, qkv, proj, fc1, fc2) is its own unit: gathered just before it runs and "
+              "released after, lowering the peak gathered bytes; the --no- form: explicitly off (an error where the "
+              "policy requires it); neither: the policy decides",
+              &C::megatron_fsdp_enable_fine_grained_param_gather},
+          ConfigField<C, FineGrainedParamGatherPolicy>{
+              "fine_grained_param_gather_policy", "--fine-grained-param-gather-policy",
+              "When fine-grained is on: megatron (MXFP8 + fp8 param gather, or the flag) or recompute-aware "
+              "(required only for MXFP8 + selective recompute of mlp or layernorm, otherwise the flag)",
+              &C::fine_grained_param_gather_policy},
+      });
+}
 
 // Observability: one record per collective issued, in issue order.
 struct FsdpCollective {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/fsdp.h>
 
 #include "file_io.h"
 #include "manifest.h"
@@ -77,12 +78,14 @@ json fields_json(const Config& config) {
 }
 
 // Informational on load except optimizer.optimizer (read_manifest): every described field of the
-// optimizer's and (with DDP) the DDP's config, under the names the report uses.
+// optimizer's and the DDP's (with DDP) or FSDP's (with FSDP) config, under the names the report uses.
 json config_json(const DistributedOptimizer& opt) {
   json j = {{"optimizer", fields_json(opt.config())}, {"data_parallel", opt.data_parallel().describe()}};
   // What the layout was computed from; a load recomputes its own and reshards to it.
   if (const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&opt.data_parallel()))
     j["ddp"] = fields_json(ddp->config());
+  if (const auto* fsdp = dynamic_cast<const FullyShardedDataParallel*>(&opt.data_parallel()))
+    j["fsdp"] = fields_json(fsdp->config());
   return j;
 }
 

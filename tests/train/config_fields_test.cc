@@ -1,11 +1,15 @@
-// The config descriptions (config_fields.h): every described field of DdpConfig, OptimizerConfig and
-// GptConfig reaches `mxddp train`'s flags (or is one the command sets), its report's config and a
-// checkpoint manifest's config, and changing the field through its description changes that
-// field's entry there and no other field's.
+// The config descriptions (config_fields.h): every described field of DdpConfig, FsdpConfig,
+// OptimizerConfig and GptConfig reaches `mxddp train`'s flags (or is one the command sets), its
+// report's config and a checkpoint manifest's config, and changing the field through its
+// description changes that field's entry there and no other field's. The fields DdpConfig and
+// FsdpConfig share are described once (data_parallel_fields.h) and their flags set both.
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +20,7 @@
 
 #include <mxddp/checkpoint.h>
 #include <mxddp/comm.h>
+#include <mxddp/fsdp.h>
 #include <mxddp/train.h>
 
 #include "optim/mlp.h"
@@ -30,8 +35,10 @@ using nlohmann::json;
 
 // Fields the command sets rather than takes from a flag of their own (flags ""): the test fails
 // when a flag goes missing from a field not listed here, and when a listed field gains one.
-const std::set<std::string> kSetByCommand = {"ddp.grad_reduce_in_fp32", "ddp.use_distributed_optimizer",
-                                             "ddp.param_dtype", "optimizer.lr", "model.vocab_size"};
+const std::set<std::string> kSetByCommand = {"ddp.grad_reduce_in_fp32",  "ddp.use_distributed_optimizer",
+                                             "ddp.param_dtype",          "fsdp.grad_reduce_in_fp32",
+                                             "fsdp.param_dtype",         "fsdp.megatron_fsdp_main_params_dtype",
+                                             "optimizer.lr",             "model.vocab_size"};
 
 // A value other than v, valid for the field wherever it is used below: an enum's first other name
 // (param_dtype bf16 -> f32, which checkpoints accept), a flag flipped, a number moved within its
@@ -57,7 +64,7 @@ T changed(const T& v) {
 // The text a flag is given to set the value `changed` gives ("" for a bool flag: given alone).
 template <typename T>
 std::string cli_text(const T& v) {
-  if constexpr (std::is_same_v<T, bool>) return "";
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) return "";
   else if constexpr (NamedEnum<T>) return std::string(FieldEnum<T>::name(v));
   else if constexpr (kIsOptional<T>) return cli_text(*v);
   else return fmt::format("{}", v);
@@ -65,6 +72,8 @@ std::string cli_text(const T& v) {
 
 std::string first_flag(std::string_view flags) { return std::string(flags.substr(0, flags.find(','))); }
 
+// Every spelling of a field's flags as written in its description: "!--no-x" is CLI11's negation
+// of --x (a tri-state field's explicit off).
 std::vector<std::string> all_flags(std::string_view flags) {
   std::vector<std::string> out;
   while (!flags.empty()) {
@@ -75,11 +84,16 @@ std::vector<std::string> all_flags(std::string_view flags) {
   return out;
 }
 
-// Calls fn(section, field, config) for every described field of the three configs, with the
+bool is_negation(std::string_view flag) { return flag.starts_with('!'); }
+// The flag as typed on the command line.
+std::string typed(std::string_view flag) { return std::string(is_negation(flag) ? flag.substr(1) : flag); }
+
+// Calls fn(section, field, config) for every described field of the four configs, with the
 // config the field belongs to (its default).
 template <typename Fn>
 void for_every_field(Fn&& fn) {
   for_each_field<DdpConfig>([&](const auto& f) { fn("ddp", f, DdpConfig{}); });
+  for_each_field<FsdpConfig>([&](const auto& f) { fn("fsdp", f, FsdpConfig{}); });
   for_each_field<OptimizerConfig>([&](const auto& f) { fn("optimizer", f, OptimizerConfig{}); });
   for_each_field<GptConfig>([&](const auto& f) { fn("model", f, gpt_preset("tiny")); });
 }
@@ -91,7 +105,18 @@ TEST(ConfigFields, NamesAreSnakeCaseUniqueAndMembersDistinct) {
     EXPECT_TRUE(names.insert(key).second) << key << " is described twice";
     EXPECT_EQ(std::string(f.name).find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_"), std::string::npos) << key;
     EXPECT_EQ(f.has_flag(), kSetByCommand.count(key) == 0) << key << ": a flag, or listed as set by the command";
-    for (const std::string& flag : all_flags(f.flags)) EXPECT_TRUE(flag.starts_with("--")) << key << " " << flag;
+    using T = typename std::remove_cvref_t<decltype(f)>::value_type;
+    for (const std::string& flag : all_flags(f.flags)) {
+      EXPECT_TRUE(typed(flag).starts_with("--")) << key << " " << flag;
+      // A negation only of a tri-state: a bool's would leave its member unchanged or inverted
+      // without the field knowing.
+      constexpr bool kTriState = std::is_same_v<T, std::optional<bool>>;
+      EXPECT_TRUE(!is_negation(flag) || kTriState) << key << " " << flag;
+    }
+    if constexpr (std::is_same_v<T, std::optional<bool>>) {  // on and off: both spelled
+      const auto flags = all_flags(f.flags);
+      EXPECT_EQ(std::count_if(flags.begin(), flags.end(), is_negation), 1) << key;
+    }
     if (f.has_flag()) {  // Megatron's spelling first: the field's name in kebab-case
       std::string kebab(f.name);
       std::replace(kebab.begin(), kebab.end(), '_', '-');
@@ -101,6 +126,45 @@ TEST(ConfigFields, NamesAreSnakeCaseUniqueAndMembersDistinct) {
     std::set<const void*> members;
     for_each_field(config, [&](const auto&, const auto& value) { members.insert(&value); });
     EXPECT_EQ(members.size(), std::tuple_size_v<decltype(config_fields<decltype(config)>())>) << section;
+  });
+}
+
+// A field DdpConfig and FsdpConfig both describe is one of the shared fields, described once (the
+// same name, flags and help in both), so its flag is registered once and sets both configs.
+TEST(ConfigFields, FieldsDdpAndFsdpHaveInCommonAreTheSharedOnes) {
+  std::map<std::string, std::pair<std::string, std::string>> ddp;  // name -> (flags, help)
+  for_each_field<DdpConfig>([&](const auto& f) { ddp[std::string(f.name)] = {std::string(f.flags), std::string(f.help)}; });
+  int shared = 0;
+  for_each_field<FsdpConfig>([&](const auto& f) {
+    const std::string name(f.name);
+    EXPECT_EQ(is_shared_data_parallel_field<FsdpConfig>(name), is_shared_data_parallel_field<DdpConfig>(name)) << name;
+    if (!ddp.count(name)) {
+      EXPECT_FALSE(is_shared_data_parallel_field<FsdpConfig>(name)) << name;
+      return;
+    }
+    EXPECT_TRUE(is_shared_data_parallel_field<FsdpConfig>(name)) << name << " is in both configs but not shared";
+    EXPECT_EQ(ddp.at(name), std::make_pair(std::string(f.flags), std::string(f.help))) << name;
+    ++shared;
+  });
+  EXPECT_EQ(shared, std::tuple_size_v<decltype(describe_shared_data_parallel_fields<FsdpConfig>())>);
+  // Every shared field, copied from DdpConfig, and nothing else of FsdpConfig.
+  DdpConfig d;
+  for_each_field(d, [](const auto& f, auto& value) {
+    if (is_shared_data_parallel_field<DdpConfig>(f.name)) value = changed(value);
+  });
+  FsdpConfig fsdp;
+  copy_shared_data_parallel_fields(d, fsdp);
+  for_each_field(fsdp, [&](const auto& f, const auto& value) {
+    if (!is_shared_data_parallel_field<FsdpConfig>(f.name)) {
+      EXPECT_EQ(field_value(value), field_value(f.of(FsdpConfig{}))) << f.name;
+      return;
+    }
+    for_each_field(d, [&](const auto& g, const auto& ddp_value) {
+      if (g.name == f.name) {
+        EXPECT_EQ(field_value(value), field_value(ddp_value)) << f.name;
+      }
+    });
+    EXPECT_NE(field_value(value), field_value(f.of(FsdpConfig{}))) << f.name;
   });
 }
 
@@ -133,19 +197,26 @@ TEST(ConfigFields, EveryFlagIsInTheHelpAndSetsItsField) {
   for_every_field([&](std::string_view section, const auto& f, auto base) {
     using Config = decltype(base);
     for (const std::string& flag : all_flags(f.flags))
-      EXPECT_NE(help.find(flag), std::string::npos) << flag << " (" << section << "." << f.name << ") not in --help";
+      EXPECT_NE(help.find(typed(flag)), std::string::npos) << flag << " (" << section << "." << f.name << ") not in --help";
     for (const std::string& flag : all_flags(f.flags)) {
       CLI::App app("mxddp");
       app::TrainArgs args;
       add_train_command(app, args);
-      const auto value = changed(f.of(base));
-      std::vector<std::string> argv = {"train", flag};
+      using T = typename std::remove_cvref_t<decltype(f)>::value_type;
+      T value = changed(f.of(base));
+      if constexpr (std::is_same_v<T, std::optional<bool>>) value = !is_negation(flag);  // --x on, --no-x off
+      std::vector<std::string> argv = {"train", typed(flag)};
       if (!cli_text(value).empty()) argv.push_back(cli_text(value));
       std::reverse(argv.begin(), argv.end());  // CLI11 parses a vector from its back
       ASSERT_NO_THROW(app.parse(argv)) << flag;
       Config parsed{};
       if constexpr (std::is_same_v<Config, DdpConfig>) parsed = args.config.ddp;
       else if constexpr (std::is_same_v<Config, OptimizerConfig>) parsed = args.config.optimizer;
+      else if constexpr (std::is_same_v<Config, FsdpConfig>) {
+        // A shared field's flag is DdpConfig's; the command puts the flags together into FsdpConfig.
+        ASSERT_NO_THROW(app::finish_train_config(args)) << flag;
+        parsed = args.config.fsdp;
+      }
       else {
         parsed = base;
         for (const auto& apply : args.model_overrides) apply(parsed);
@@ -176,6 +247,7 @@ json report_config(const TrainConfig& c) {
 template <typename Config>
 Config& section_of(TrainConfig& c) {
   if constexpr (std::is_same_v<Config, DdpConfig>) return c.ddp;
+  else if constexpr (std::is_same_v<Config, FsdpConfig>) return c.fsdp;
   else if constexpr (std::is_same_v<Config, OptimizerConfig>) return c.optimizer;
   else return c.model;
 }
@@ -186,6 +258,7 @@ void expect_only_changed(const json& a, const json& b, std::string_view section,
   for (const auto& [key, value] : a.items()) {
     if (key == name || also.count(key)) continue;
     if (section == "model" && (key == "num_params" || key == "train_flops_per_token")) continue;  // derived
+    if (section == "fsdp" && key == "fine_grained_param_gather") continue;  // the policy's decision
     EXPECT_EQ(value, b.at(key)) << "changing " << section << "." << name << " changed " << key;
   }
 }
@@ -219,18 +292,32 @@ TEST(ConfigFields, EveryFieldReachesTheReport) {
   EXPECT_EQ(before.at("ddp").at("param_dtype"), "bf16");
   EXPECT_EQ(before.at("ddp").at("mxfp8_elem"), "e4m3");
   EXPECT_EQ(before.at("ddp").at("bucket_size"), json(nullptr));
+  EXPECT_EQ(before.at("fsdp").at("data_parallel_sharding_strategy"), "optim_grads_params");
+  EXPECT_EQ(before.at("fsdp").at("megatron_fsdp_main_params_dtype"), "f32");
+  EXPECT_EQ(before.at("fsdp").at("megatron_fsdp_enable_fine_grained_param_gather"), json(nullptr));
+  EXPECT_EQ(before.at("fsdp").at("fine_grained_param_gather_policy"), "recompute-aware");
+  EXPECT_EQ(before.at("fsdp").at("suggested_communication_unit_size"), json(nullptr));
+  EXPECT_EQ(before.at("fsdp").at("fine_grained_param_gather").at("on"), false);
 }
 
 // --- The checkpoint manifest
 
-// Saves a checkpoint of the MLP at dp 1 with these configs and returns its manifest.
-json saved_manifest(const DdpConfig& ddp_config, const OptimizerConfig& opt_config, const GptConfig& model) {
+// Saves a checkpoint of the MLP at dp 1 with these configs (DDP, or FSDP with each layer a unit
+// when fsdp_config is given) and returns its manifest.
+json saved_manifest(const DdpConfig& ddp_config, const OptimizerConfig& opt_config, const GptConfig& model,
+                    const std::optional<FsdpConfig>& fsdp_config = std::nullopt) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("mxddp_config_fields_ckpt_{}", ::getpid());
   fs::remove_all(dir);
   run_local(1, [&](Communicator& comm) {
     MemoryTracker tracker;
-    DistributedDataParallel ddp(comm, mlp_params(), ddp_config, tracker);
-    DistributedOptimizer opt(ddp, opt_config, tracker);
+    std::unique_ptr<DataParallel> dp;
+    std::vector<std::vector<float>> init = mlp_init();
+    if (fsdp_config)
+      dp = std::make_unique<FullyShardedDataParallel>(comm, mlp_params(), std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}},
+                                                      *fsdp_config, tracker, views_of(init));
+    else
+      dp = std::make_unique<DistributedDataParallel>(comm, mlp_params(), ddp_config, tracker);
+    DistributedOptimizer opt(*dp, opt_config, tracker);
     save_checkpoint(dir.string(), opt, {.model_config = model.fields()});
   });
   std::ifstream in(dir / "manifest.json");
@@ -246,22 +333,34 @@ TEST(ConfigFields, EveryFieldReachesTheManifest) {
   const DdpConfig base_ddp{.use_distributed_optimizer = true, .overlap_param_gather = true};
   const OptimizerConfig base_opt;
   const GptConfig base_model = gpt_preset("tiny");
+  const FsdpConfig base_fsdp;
   const json before = saved_manifest(base_ddp, base_opt, base_model);
+  const json before_fsdp = saved_manifest(base_ddp, base_opt, base_model, base_fsdp);
+  EXPECT_FALSE(before.contains("fsdp"));
+  EXPECT_FALSE(before_fsdp.contains("ddp"));
   const std::map<std::string, std::string> section_key = {
-      {"ddp", "ddp"}, {"optimizer", "optimizer"}, {"model", "model_config"}};
+      {"ddp", "ddp"}, {"fsdp", "fsdp"}, {"optimizer", "optimizer"}, {"model", "model_config"}};
   for_every_field([&](std::string_view section, const auto& f, auto) {
     const std::string s(section), name(f.name), key = section_key.at(s);
-    ASSERT_TRUE(before.at(key).contains(name)) << s << "." << name << " is not in the manifest";
+    const json& base = s == "fsdp" ? before_fsdp : before;
+    ASSERT_TRUE(base.at(key).contains(name)) << s << "." << name << " is not in the manifest";
     if (s == "ddp" && name == "use_distributed_optimizer") {  // a DistributedOptimizer needs it on
-      EXPECT_EQ(before.at(key).at(name), json(true));
+      EXPECT_EQ(base.at(key).at(name), json(true));
+      return;
+    }
+    if (s == "fsdp" && name == "megatron_fsdp_main_params_dtype") {  // FSDP takes f32 only
+      EXPECT_EQ(base.at(key).at(name), "f32");
       return;
     }
     DdpConfig d = base_ddp;
+    FsdpConfig fc = base_fsdp;
     OptimizerConfig o = base_opt;
     GptConfig m = base_model;
     std::set<std::string> also;
     using Owner = typename std::remove_cvref_t<decltype(f)>::config_type;
-    if constexpr (std::is_same_v<Owner, DdpConfig>) {
+    if constexpr (std::is_same_v<Owner, FsdpConfig>) {
+      f.of(fc) = changed(f.of(fc));
+    } else if constexpr (std::is_same_v<Owner, DdpConfig>) {
       f.of(d) = changed(f.of(d));
       if (name == "reuse_grad_buf_for_mxfp8_param_ag") {  // needs it
         d.fp8_param_gather = true;
@@ -272,15 +371,17 @@ TEST(ConfigFields, EveryFieldReachesTheManifest) {
     } else {
       f.of(m) = changed(f.of(m));
     }
-    const json after = saved_manifest(d, o, m);
-    EXPECT_NE(after.at(key).at(name), before.at(key).at(name)) << s << "." << name << " did not change in the manifest";
-    expect_only_changed(before.at(key), after.at(key), section, name, also);
+    const json after = s == "fsdp" ? saved_manifest(d, o, m, fc) : saved_manifest(d, o, m);
+    EXPECT_NE(after.at(key).at(name), base.at(key).at(name)) << s << "." << name << " did not change in the manifest";
+    expect_only_changed(base.at(key), after.at(key), section, name, also);
   });
   // Written as before: the strings, and what the old manifests held.
   EXPECT_EQ(before.at("optimizer").at("optimizer"), "adam");
   EXPECT_EQ(before.at("ddp").at("param_dtype"), "bf16");
   EXPECT_EQ(before.at("ddp").at("mxfp8_elem"), "e4m3");
   EXPECT_EQ(before.at("ddp").at("mxfp8_scale_mode"), "rceil");
+  EXPECT_EQ(before_fsdp.at("fsdp").at("data_parallel_sharding_strategy"), "optim_grads_params");
+  EXPECT_EQ(before_fsdp.at("fsdp").at("mxfp8_elem"), "e4m3");
 }
 
 // The optimizer's name check on load reads old manifests as new ones: a checkpoint saved by SGD is
