@@ -1,6 +1,7 @@
-// The training loop behind `mxddp train` (see train.h): builds the DDP, the distributed optimizer
-// and the GPT for this rank, resumes from a checkpoint, runs the iterations, evaluates, saves, and
-// gathers what every rank used in memory.
+// The training loop behind `mxddp train` (see train.h): TrainConfig's checks and schedule, and the
+// Trainer (trainer.h) whose phases build the DDP or FSDP, the distributed optimizer and the GPT for
+// this rank, resume from a checkpoint, run the iterations, evaluate, save, and gather what every
+// rank used in memory; train() drives it.
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
@@ -13,12 +14,13 @@
 
 #include "checkpoint_history.h"
 #include "memory_floor.h"
+#include "trainer.h"
 
 namespace mxddp {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = Trainer::Clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 double all_reduce_mean(Communicator& comm, double local) {
@@ -202,245 +204,294 @@ float learning_rate(const TrainConfig& c, int64_t it) {
   return static_cast<float>(c.min_lr + coeff * (c.lr - c.min_lr));
 }
 
-TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks) {
-  const auto t_start = Clock::now();  // --exit-duration-in-mins counts from here, as Megatron's from its start
-  const int dp = comm.size(), rank = comm.rank();
-  config.validate(dp);
-  if (!config.save_dir.empty()) checkpoint_history::check_save_dir(config.save_dir);
-  {
-    // Before anything is allocated: a run that cannot fit is an error with the figures, not a
-    // process that grows until it is killed. A --data file's size is read here; from_file below
-    // names the file if it cannot be read.
-    std::error_code ec;
-    const auto file_bytes = config.data_path.empty() ? 0 : std::filesystem::file_size(config.data_path, ec);
-    const double data_bytes = config.data_path.empty() ? static_cast<double>(config.corpus_bytes)
-                                                       : (ec ? 0.0 : static_cast<double>(file_bytes));
-    check_train_fits_in_memory(config, dp, ranks_on_this_machine(comm), data_bytes);
-  }
-  set_compute_threads(rank_compute_threads(config, comm));
-  const GptConfig& mc = config.model;
-  const int mb = config.micro_batch_size, accum = config.accumulation_steps(dp);
-  const int local_batch = config.global_batch_size / dp;
+// ---- Trainer: set-up phases
 
-  const TokenDataset data = config.data_path.empty()
-                                ? TokenDataset(builtin_corpus(config.corpus_bytes), config.valid_fraction, mc.seq_length)
-                                : TokenDataset::from_file(config.data_path, config.valid_fraction, mc.seq_length);
+Trainer::Trainer(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks)
+    : comm_(comm), config_(config), callbacks_(callbacks), start_time_(Clock::now()) {
+  check_run();
+  load_data();
+  build_data_parallel();
+  build_optimizer_and_model();
+}
 
-  MemoryTracker tracker;
-  GlobalMemoryBuffer pool(tracker);
-  DdpConfig ddp_config = config.ddp;
+void Trainer::check_run() {
+  const int dp = comm_.size();
+  config_.validate(dp);
+  if (!config_.save_dir.empty()) checkpoint_history::check_save_dir(config_.save_dir);
+  // Before anything is allocated: a run that cannot fit is an error with the figures, not a
+  // process that grows until it is killed. A --data file's size is read here; load_data names
+  // the file if it cannot be read.
+  std::error_code ec;
+  const auto file_bytes = config_.data_path.empty() ? 0 : std::filesystem::file_size(config_.data_path, ec);
+  const double data_bytes = config_.data_path.empty() ? static_cast<double>(config_.corpus_bytes)
+                                                      : (ec ? 0.0 : static_cast<double>(file_bytes));
+  check_train_fits_in_memory(config_, dp, ranks_on_this_machine(comm_), data_bytes);
+  set_compute_threads(rank_compute_threads(config_, comm_));
+}
+
+void Trainer::load_data() {
+  const int seq_length = config_.model.seq_length;
+  if (config_.data_path.empty())
+    data_.emplace(builtin_corpus(config_.corpus_bytes), config_.valid_fraction, seq_length);
+  else
+    data_.emplace(TokenDataset::from_file(config_.data_path, config_.valid_fraction, seq_length));
+}
+
+void Trainer::build_data_parallel() {
+  const GptConfig& mc = config_.model;
+  DdpConfig ddp_config = config_.ddp;
   ddp_config.use_distributed_optimizer = true;
-  std::unique_ptr<DataParallel> ddp;  // DDP or FSDP: the model and the optimizer see only this
-  const FullyShardedDataParallel* fsdp = nullptr;  // the same object under FSDP, for its gather peaks
-  {
-    std::vector<std::vector<float>> init = gpt_init_params(mc, config.seed);  // freed once copied in
-    const std::vector<ParamSpec> specs = gpt_param_specs(mc, ddp_config.fp8_param_gather);
-    std::vector<TensorView> views;
-    for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
-    if (config.use_megatron_fsdp) {
-      FsdpConfig fsdp_config = config.fsdp;  // the MXFP8 format is set where DDP's is (--fp8-format, ...)
-      fsdp_config.mxfp8_elem = ddp_config.mxfp8_elem;
-      fsdp_config.mxfp8_scale_mode = ddp_config.mxfp8_scale_mode;
-      auto owned = std::make_unique<FullyShardedDataParallel>(
-          comm, specs, gpt_fsdp_units(mc, config.model_options().fine_grained_param_gather), fsdp_config, tracker, views);
-      fsdp = owned.get();
-      ddp = std::move(owned);
-    }
-    else
-      ddp = std::make_unique<DistributedDataParallel>(comm, specs, ddp_config, tracker, views);
+  std::vector<std::vector<float>> init = gpt_init_params(mc, config_.seed);  // freed once copied in
+  const std::vector<ParamSpec> specs = gpt_param_specs(mc, ddp_config.fp8_param_gather);
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+  if (config_.use_megatron_fsdp) {
+    FsdpConfig fsdp_config = config_.fsdp;  // the MXFP8 format is set where DDP's is (--fp8-format, ...)
+    fsdp_config.mxfp8_elem = ddp_config.mxfp8_elem;
+    fsdp_config.mxfp8_scale_mode = ddp_config.mxfp8_scale_mode;
+    auto owned = std::make_unique<FullyShardedDataParallel>(
+        comm_, specs, gpt_fsdp_units(mc, config_.model_options().fine_grained_param_gather), fsdp_config, tracker_,
+        views);
+    fsdp_ = owned.get();
+    data_parallel_ = std::move(owned);
+  } else {
+    data_parallel_ = std::make_unique<DistributedDataParallel>(comm_, specs, ddp_config, tracker_, views);
   }
-  if (callbacks.wrap_data_parallel) {
-    ddp = callbacks.wrap_data_parallel(std::move(ddp));
-    MXDDP_CHECK(ddp != nullptr, "TrainCallbacks::wrap_data_parallel returned null");
+  if (callbacks_.wrap_data_parallel) {
+    data_parallel_ = callbacks_.wrap_data_parallel(std::move(data_parallel_));
+    MXDDP_CHECK(data_parallel_ != nullptr, "TrainCallbacks::wrap_data_parallel returned null");
   }
-  DistributedOptimizer optimizer(*ddp, config.optimizer, tracker);
-  GptModel model(*ddp, pool, mc, config.model_options());
+}
 
-  TrainResult result;
-  result.unigram_entropy = data.unigram_entropy();
-  result.tokens_per_iteration = int64_t{config.global_batch_size} * mc.seq_length;
-  if (!config.load_dir.empty()) {
-    const std::string load_dir = resolve_checkpoint_dir(config.load_dir);  // a history's newest, or one checkpoint
-    // The model config is compared before anything changes: a model with other heads can have
-    // the same param shapes and would load silently.
-    const auto meta = load_checkpoint(load_dir, optimizer, {.model_config = config.model.fields()});
-    const auto it = meta.find("iteration");
-    MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
-                load_dir);
-    size_t used = 0;
+void Trainer::build_optimizer_and_model() {
+  const GptConfig& mc = config_.model;
+  optimizer_.emplace(*data_parallel_, config_.optimizer, tracker_);
+  model_.emplace(*data_parallel_, pool_, mc, config_.model_options());
+  result_.unigram_entropy = data_->unigram_entropy();
+  result_.tokens_per_iteration = int64_t{config_.global_batch_size} * mc.seq_length;
+  tokens_.resize(static_cast<size_t>(config_.micro_batch_size) * (mc.seq_length + 1));
+  const GptParamIds ids(mc);
+  forward_modules_.push_back({ids.wte(), ids.wpe()});
+  // The model's modules are FSDP's units (fine-grained: the submodules); DDP takes either.
+  for (std::vector<int>& unit : gpt_fsdp_units(mc, config_.model_options().fine_grained_param_gather))
+    forward_modules_.push_back(std::move(unit));
+  forward_modules_.push_back({ids.final_norm_weight(), ids.final_norm_bias()});
+}
+
+int64_t Trainer::first_sequence(int m) const {
+  const int local_batch = config_.global_batch_size / comm_.size();
+  return int64_t{comm_.rank()} * local_batch + int64_t{m} * config_.micro_batch_size;
+}
+
+// ---- Loading and saving checkpoints
+
+void Trainer::load_checkpoint() {
+  if (config_.load_dir.empty()) return;
+  const std::string load_dir = resolve_checkpoint_dir(config_.load_dir);  // a history's newest, or one checkpoint
+  // The model config is compared before anything changes: a model with other heads can have
+  // the same param shapes and would load silently.
+  const auto meta = mxddp::load_checkpoint(load_dir, *optimizer_, {.model_config = config_.model.fields()});
+  const auto it = meta.find("iteration");
+  MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
+              load_dir);
+  size_t used = 0;
+  try {
+    result_.start_iteration = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MXDDP_CHECK(used > 0 && used == it->second.size() && result_.start_iteration >= 0,
+              "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", load_dir,
+              it->second);
+  // Every optimizer step is an iteration (a skipped one is an iteration without a step).
+  MXDDP_CHECK(optimizer_->step_count() <= result_.start_iteration,
+              "checkpoint '{}' holds optimizer step {} but iteration {}: a run takes at most one step per iteration, "
+              "so its manifest is not what mxddp train saved", load_dir, optimizer_->step_count(),
+              result_.start_iteration);
+  if (comm_.rank() == 0) warn_on_resume_differences(meta, config_, load_dir, callbacks_);
+}
+
+void Trainer::save_checkpoint(int64_t iteration) {
+  const std::string dir = checkpoint_history::iteration_dir(config_.save_dir, iteration);
+  mxddp::save_checkpoint(dir, *optimizer_, {.overwrite = true, .metadata = checkpoint_metadata(config_, iteration),
+                                            .model_config = config_.model.fields()});
+  // Rank 0 points the tracker at the complete checkpoint; every rank learns whether it could.
+  std::string error;
+  if (comm_.rank() == 0) {
     try {
-      result.start_iteration = std::stoll(it->second, &used);
-    } catch (const std::exception&) {
-      used = 0;
+      checkpoint_history::commit(config_.save_dir, iteration, config_.keep_last);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    MXDDP_CHECK(used > 0 && used == it->second.size() && result.start_iteration >= 0,
-                "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", load_dir,
-                it->second);
-    // Every optimizer step is an iteration (a skipped one is an iteration without a step).
-    MXDDP_CHECK(optimizer.step_count() <= result.start_iteration,
-                "checkpoint '{}' holds optimizer step {} but iteration {}: a run takes at most one step per iteration, "
-                "so its manifest is not what mxddp train saved", load_dir, optimizer.step_count(),
-                result.start_iteration);
-    if (rank == 0) warn_on_resume_differences(meta, config, load_dir, callbacks);
   }
+  uint8_t failed = error.empty() ? 0 : 1;
+  comm_.all_reduce(TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
+  MXDDP_CHECK(failed == 0, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
+              iteration, dir, error.empty() ? " (on rank 0)" : ": " + error);
+  if (callbacks_.on_save) callbacks_.on_save(iteration, dir);
+}
 
-  std::vector<int32_t> tokens(static_cast<size_t>(mb) * (mc.seq_length + 1));  // [micro-batch, T + 1]
-  // This rank's micro-batch m starts at this sequence of a global batch (see TokenDataset).
-  auto first_sequence = [&](int m) { return int64_t{rank} * local_batch + int64_t{m} * mb; };
-  auto evaluate = [&](int64_t iteration) {
-    optimizer.force_param_sync();  // the model params must be the main params' (MXFP8 reuse: re-staged)
-    double sum = 0;
-    for (int e = 0; e < config.eval_iters; ++e)
-      for (int m = 0; m < accum; ++m) {
-        data.fill_batch(true, config.seed, e, first_sequence(m), mb, tokens.data());
-        sum += model.evaluate(tokens.data(), mb);
-      }
-    const EvalRecord record{iteration, all_reduce_mean(comm, sum / (config.eval_iters * accum))};
-    result.evals.push_back(record);
-    if (callbacks.on_eval) callbacks.on_eval(record);
-  };
-  // The model's modules in forward order (GptModel's hooks): the embeddings, each layer, the final
-  // norm. The weight-hash check reads each between its hooks, as evaluation does.
-  std::vector<std::vector<int>> forward_modules;
-  {
-    const GptParamIds ids(mc);
-    forward_modules.push_back({ids.wte(), ids.wpe()});
-    // The model's modules are FSDP's units (fine-grained: the submodules); DDP takes either.
-    for (std::vector<int>& unit : gpt_fsdp_units(mc, config.model_options().fine_grained_param_gather))
-      forward_modules.push_back(std::move(unit));
-    forward_modules.push_back({ids.final_norm_weight(), ids.final_norm_bias()});
+// ---- The iterations
+
+void Trainer::run_iterations() {
+  train_start_ = Clock::now();
+  for (int64_t it = result_.start_iteration; it < config_.train_iters; ++it) {
+    result_.steps.push_back(run_iteration(it));
+    if (callbacks_.on_step) callbacks_.on_step(result_.steps.back());
+    if (it == result_.start_iteration) mark_steady_state();
+    if (!after_iteration(it + 1)) break;
   }
-  auto check_weight_hashes = [&](int64_t iteration) {
-    optimizer.force_param_sync();  // as Megatron: the param gather is finished before hashing
-    const std::string mismatches = param_hash_mismatches(*ddp, forward_modules);
-    MXDDP_CHECK(mismatches.empty(),
-                "iteration {}: the model params differ across data-parallel replicas "
-                "(--check-weight-hash-across-dp-replicas-interval {}): {}",
-                iteration, config.check_weight_hash_across_dp_replicas_interval, mismatches);
-  };
-  auto save = [&](int64_t iteration) {
-    const std::string dir = checkpoint_history::iteration_dir(config.save_dir, iteration);
-    save_checkpoint(dir, optimizer, {.overwrite = true, .metadata = checkpoint_metadata(config, iteration),
-                                     .model_config = config.model.fields()});
-    // Rank 0 points the tracker at the complete checkpoint; every rank learns whether it could.
-    std::string error;
-    if (rank == 0) {
-      try {
-        checkpoint_history::commit(config.save_dir, iteration, config.keep_last);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+}
+
+StepRecord Trainer::run_iteration(int64_t it) {
+  const auto t_step = Clock::now();
+  optimizer_->set_lr(learning_rate(config_, it));
+  model_->reset_timings();
+  StepRecord rec;
+  rec.iteration = it + 1;
+  rec.lr = optimizer_->lr();
+
+  auto t0 = Clock::now();
+  optimizer_->zero_grad();
+  rec.optimizer_ms = ms_since(t0);
+  const double loss_sum = run_micro_batches(it);
+  t0 = Clock::now();
+  data_parallel_->finish_grad_sync();
+  rec.comm_ms = ms_since(t0) + model_->timings().param_wait_ms;
+  t0 = Clock::now();
+  const StepResult step = optimizer_->step();
+  rec.optimizer_ms += ms_since(t0);
+  rec.forward_ms = model_->timings().forward_ms;
+  rec.backward_ms = model_->timings().backward_ms;
+  rec.grad_norm = step.grad_norm;
+  rec.skipped = step.skipped;
+  rec.loss = all_reduce_mean(comm_, loss_sum / accumulation_steps());
+  check_finite(rec, step);
+  rec.step_ms = ms_since(t_step);
+  return rec;
+}
+
+double Trainer::run_micro_batches(int64_t it) {
+  const int accum = accumulation_steps(), mb = config_.micro_batch_size;
+  const float loss_scale = 1.0f / static_cast<float>(accum);  // the gradient of the mean over micro-batches
+  double loss_sum = 0;
+  for (int m = 0; m < accum; ++m) {
+    data_->fill_batch(false, config_.seed, it, first_sequence(m), mb, tokens_.data());
+    if (m + 1 < accum) {  // gradients are reduced only in the last micro-batch
+      auto no_sync = data_parallel_->no_sync();
+      loss_sum += model_->forward_backward(tokens_.data(), mb, loss_scale);
+    } else {
+      loss_sum += model_->forward_backward(tokens_.data(), mb, loss_scale);
     }
-    uint8_t failed = error.empty() ? 0 : 1;
-    comm.all_reduce(TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
-    MXDDP_CHECK(failed == 0, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
-                iteration, dir, error.empty() ? " (on rank 0)" : ": " + error);
-    if (callbacks.on_save) callbacks.on_save(iteration, dir);
-  };
-  // Whether to stop after this iteration, the same answer on every rank: --exit-interval needs no
-  // agreement; the clock and stop_requested (a signal) are each rank's own, so the ranks agree on
-  // the maximum. Empty: go on.
-  const bool agree_on_exit = config.exit_duration_in_mins > 0 || callbacks.stop_requested;
-  auto exit_reason = [&](int64_t iteration) -> std::string {
-    if (config.exit_interval > 0 && iteration % config.exit_interval == 0)
-      return fmt::format("--exit-interval {}", config.exit_interval);
-    if (!agree_on_exit) return "";
-    const double minutes = std::chrono::duration<double>(Clock::now() - t_start).count() / 60;
-    uint8_t flags[2] = {static_cast<uint8_t>(config.exit_duration_in_mins > 0 && minutes >= config.exit_duration_in_mins),
-                        static_cast<uint8_t>(callbacks.stop_requested && callbacks.stop_requested())};
-    comm.all_reduce(TensorView{flags, DType::kU8, Shape{2}, Device::cpu()}, {.op = ReduceOp::kMax});
-    if (flags[1]) return "a stop was requested (--exit-signal-handler: SIGTERM)";
-    if (flags[0]) return fmt::format("--exit-duration-in-mins {} reached", config.exit_duration_in_mins);
-    return "";
-  };
+  }
+  return loss_sum;
+}
 
-  MemoryUsage warmup_usage;
-  int64_t allocations_at_warmup = 0;
-  const auto t_train = Clock::now();
-  for (int64_t it = result.start_iteration; it < config.train_iters; ++it) {
-    const auto t_step = Clock::now();
-    optimizer.set_lr(learning_rate(config, it));
-    model.reset_timings();
-    StepRecord rec;
-    rec.iteration = it + 1;
-    rec.lr = optimizer.lr();
+void Trainer::check_finite(const StepRecord& rec, const StepResult& step) {
+  if (!config_.check_for_nan_in_loss_and_grad || (!step.skipped && std::isfinite(rec.loss))) return;
+  // Every rank sees the same loss and norm, so every rank stops here, together.
+  std::string names;
+  for (int p : optimizer_->nonfinite_grad_params())
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", data_parallel_->params()[static_cast<size_t>(p)].name);
+  MXDDP_FAIL("iteration {}: NaN or Inf found (loss {}, grad norm {}); params whose gradients hold it: {}. The update "
+             "was not applied (--no-check-for-nan-in-loss-and-grad skips such iterations and goes on)",
+             rec.iteration, rec.loss, step.grad_norm, names.empty() ? "none (only the loss)" : names);
+}
 
-    auto t0 = Clock::now();
-    optimizer.zero_grad();
-    rec.optimizer_ms = ms_since(t0);
-    double loss_sum = 0;
+void Trainer::mark_steady_state() {
+  // Everything the run needs is allocated by now; from here on the peaks are the steady state.
+  warmup_usage_ = tracker_.usage();
+  allocations_at_warmup_ = pool_.allocation_count();
+  tracker_.reset_peaks();
+}
+
+bool Trainer::after_iteration(int64_t iteration) {
+  const bool last = iteration == config_.train_iters;
+  const int64_t hash_interval = config_.check_weight_hash_across_dp_replicas_interval;
+  if (hash_interval > 0 && iteration % hash_interval == 0) check_weight_hashes(iteration);
+  if (config_.eval_iters > 0 && (last || (config_.eval_interval > 0 && iteration % config_.eval_interval == 0)))
+    evaluate(iteration);
+  const bool saving =
+      !config_.save_dir.empty() && (last || (config_.save_interval > 0 && iteration % config_.save_interval == 0));
+  if (saving) save_checkpoint(iteration);
+  if (last) return false;
+  std::string reason = exit_reason(iteration);
+  if (reason.empty()) return true;
+  if (!config_.save_dir.empty() && !saving) save_checkpoint(iteration);
+  result_.exit_reason = std::move(reason);
+  return false;
+}
+
+void Trainer::check_weight_hashes(int64_t iteration) {
+  optimizer_->force_param_sync();  // as Megatron: the param gather is finished before hashing
+  const std::string mismatches = param_hash_mismatches(*data_parallel_, forward_modules_);
+  MXDDP_CHECK(mismatches.empty(),
+              "iteration {}: the model params differ across data-parallel replicas "
+              "(--check-weight-hash-across-dp-replicas-interval {}): {}",
+              iteration, config_.check_weight_hash_across_dp_replicas_interval, mismatches);
+}
+
+void Trainer::evaluate(int64_t iteration) {
+  optimizer_->force_param_sync();  // the model params must be the main params' (MXFP8 reuse: re-staged)
+  const int accum = accumulation_steps(), mb = config_.micro_batch_size;
+  double sum = 0;
+  for (int e = 0; e < config_.eval_iters; ++e)
     for (int m = 0; m < accum; ++m) {
-      data.fill_batch(false, config.seed, it, first_sequence(m), mb, tokens.data());
-      const float loss_scale = 1.0f / static_cast<float>(accum);  // the gradient of the mean over micro-batches
-      if (m + 1 < accum) {
-        auto no_sync = ddp->no_sync();
-        loss_sum += model.forward_backward(tokens.data(), mb, loss_scale);
-      } else {
-        loss_sum += model.forward_backward(tokens.data(), mb, loss_scale);
-      }
+      data_->fill_batch(true, config_.seed, e, first_sequence(m), mb, tokens_.data());
+      sum += model_->evaluate(tokens_.data(), mb);
     }
-    t0 = Clock::now();
-    ddp->finish_grad_sync();
-    rec.comm_ms = ms_since(t0) + model.timings().param_wait_ms;
-    t0 = Clock::now();
-    const StepResult step = optimizer.step();
-    rec.optimizer_ms += ms_since(t0);
-    rec.forward_ms = model.timings().forward_ms;
-    rec.backward_ms = model.timings().backward_ms;
-    rec.grad_norm = step.grad_norm;
-    rec.skipped = step.skipped;
-    rec.loss = all_reduce_mean(comm, loss_sum / accum);
-    if (config.check_for_nan_in_loss_and_grad && (step.skipped || !std::isfinite(rec.loss))) {
-      // Every rank sees the same loss and norm, so every rank stops here, together.
-      std::string names;
-      for (int p : optimizer.nonfinite_grad_params())
-        names += fmt::format("{}{}", names.empty() ? "" : ", ", ddp->params()[static_cast<size_t>(p)].name);
-      MXDDP_FAIL("iteration {}: NaN or Inf found (loss {}, grad norm {}); params whose gradients hold it: {}. The update "
-                 "was not applied (--no-check-for-nan-in-loss-and-grad skips such iterations and goes on)",
-                 rec.iteration, rec.loss, step.grad_norm, names.empty() ? "none (only the loss)" : names);
-    }
-    rec.step_ms = ms_since(t_step);
-    result.steps.push_back(rec);
-    if (callbacks.on_step) callbacks.on_step(rec);
+  const EvalRecord record{iteration, all_reduce_mean(comm_, sum / (config_.eval_iters * accum))};
+  result_.evals.push_back(record);
+  if (callbacks_.on_eval) callbacks_.on_eval(record);
+}
 
-    if (it == result.start_iteration) {
-      // Everything the run needs is allocated by now; from here on the peaks are the steady state.
-      warmup_usage = tracker.usage();
-      allocations_at_warmup = pool.allocation_count();
-      tracker.reset_peaks();
-    }
-    const bool last = it + 1 == config.train_iters;
-    if (config.check_weight_hash_across_dp_replicas_interval > 0 &&
-        (it + 1) % config.check_weight_hash_across_dp_replicas_interval == 0)
-      check_weight_hashes(it + 1);
-    if (config.eval_iters > 0 && (last || (config.eval_interval > 0 && (it + 1) % config.eval_interval == 0)))
-      evaluate(it + 1);
-    const bool saving = !config.save_dir.empty() && (last || (config.save_interval > 0 && (it + 1) % config.save_interval == 0));
-    if (saving) save(it + 1);
-    if (last) break;
-    if (std::string reason = exit_reason(it + 1); !reason.empty()) {
-      if (!config.save_dir.empty() && !saving) save(it + 1);
-      result.exit_reason = std::move(reason);
-      break;
-    }
-  }
-  optimizer.force_param_sync();  // end of training: the model holds the final params
-  result.train_seconds = std::chrono::duration<double>(Clock::now() - t_train).count();
+// Whether to stop after this iteration, the same answer on every rank: --exit-interval needs no
+// agreement; the clock and stop_requested (a signal) are each rank's own, so the ranks agree on
+// the maximum.
+std::string Trainer::exit_reason(int64_t iteration) {
+  if (config_.exit_interval > 0 && iteration % config_.exit_interval == 0)
+    return fmt::format("--exit-interval {}", config_.exit_interval);
+  const bool agree_on_exit = config_.exit_duration_in_mins > 0 || callbacks_.stop_requested;
+  if (!agree_on_exit) return "";
+  const double minutes = std::chrono::duration<double>(Clock::now() - start_time_).count() / 60;
+  uint8_t flags[2] = {static_cast<uint8_t>(config_.exit_duration_in_mins > 0 && minutes >= config_.exit_duration_in_mins),
+                      static_cast<uint8_t>(callbacks_.stop_requested && callbacks_.stop_requested())};
+  comm_.all_reduce(TensorView{flags, DType::kU8, Shape{2}, Device::cpu()}, {.op = ReduceOp::kMax});
+  if (flags[1]) return "a stop was requested (--exit-signal-handler: SIGTERM)";
+  if (flags[0]) return fmt::format("--exit-duration-in-mins {} reached", config_.exit_duration_in_mins);
+  return "";
+}
+
+// ---- The end of the run
+
+TrainResult Trainer::finish() {
+  optimizer_->force_param_sync();  // end of training: the model holds the final params
+  result_.train_seconds = std::chrono::duration<double>(Clock::now() - train_start_).count();
   double step_ms_sum = 0;  // iterations only: evaluation and saves are not training throughput
-  for (const StepRecord& r : result.steps) step_ms_sum += r.step_ms;
+  for (const StepRecord& r : result_.steps) step_ms_sum += r.step_ms;
   if (step_ms_sum > 0)
-    result.tokens_per_second = static_cast<double>(result.steps.size()) *
-                               static_cast<double>(result.tokens_per_iteration) / (step_ms_sum / 1e3);
+    result_.tokens_per_second = static_cast<double>(result_.steps.size()) *
+                                static_cast<double>(result_.tokens_per_iteration) / (step_ms_sum / 1e3);
+  result_.memory_by_rank = gather_memory(comm_, rank_memory());
+  return std::move(result_);
+}
 
+RankMemory Trainer::rank_memory() const {
   RankMemory mine;
-  mine.steady = tracker.usage();
-  mine.overall = result.steps.empty() ? mine.steady : max_peaks(warmup_usage, mine.steady);
-  mine.scratch_allocations_after_warmup = result.steps.empty() ? 0 : pool.allocation_count() - allocations_at_warmup;
-  if (fsdp != nullptr)
+  mine.steady = tracker_.usage();
+  mine.overall = result_.steps.empty() ? mine.steady : max_peaks(warmup_usage_, mine.steady);
+  mine.scratch_allocations_after_warmup = result_.steps.empty() ? 0 : pool_.allocation_count() - allocations_at_warmup_;
+  if (fsdp_ != nullptr)
     for (int s = 0; s < kGatherSlots; ++s)
-      mine.peak_gathered_bytes_by_slot[static_cast<size_t>(s)] = fsdp->peak_gathered_bytes(static_cast<GatherSlot>(s));
-  result.memory_by_rank = gather_memory(comm, mine);
-  return result;
+      mine.peak_gathered_bytes_by_slot[static_cast<size_t>(s)] = fsdp_->peak_gathered_bytes(static_cast<GatherSlot>(s));
+  return mine;
+}
+
+TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks) {
+  Trainer trainer(comm, config, callbacks);
+  trainer.load_checkpoint();
+  trainer.run_iterations();
+  return trainer.finish();
 }
 
 }  // namespace mxddp

@@ -1,0 +1,94 @@
+// The training loop behind train() (train.h), as one object per rank whose phases are named
+// member functions: set up (check the run, load the data, build the DDP or FSDP, the distributed
+// optimizer and the GPT), load a checkpoint, run the iterations (each: zero_grad, the
+// micro-batches, finish_grad_sync, the step; then the replica check, evaluation, save and the
+// exit decision), finish (the final param sync, throughput and every rank's memory).
+//
+// Private to src/train: train() is the public entry point, and drives it as
+//   Trainer t(comm, config, callbacks);  // set up
+//   t.load_checkpoint();                 // with config.load_dir
+//   t.run_iterations();
+//   return t.finish();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mxddp/train.h>
+
+namespace mxddp {
+
+class Trainer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Collective. Sets the run up; throws Error naming a bad config, a --save directory that is not
+  // free, or a run that cannot fit in memory, before anything is allocated. comm, config and
+  // callbacks must outlive this object.
+  Trainer(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Collective. Resumes from config.load_dir (nothing without one): the optimizer's state and
+  // the iteration to start from.
+  void load_checkpoint();
+  // Collective. Iterations from the start (or resumed) one up to train_iters, or until an exit
+  // condition stops them.
+  void run_iterations();
+  // Collective. The model holds the final params; returns what the run measured.
+  TrainResult finish();
+
+ private:
+  // ---- Set-up phases, in this order (the constructor).
+  void check_run();             // the config, --save, the memory the run needs, the compute threads
+  void load_data();             // the training and validation splits
+  void build_data_parallel();   // DDP or FSDP over the GPT's params, wrapped when the callbacks ask
+  void build_optimizer_and_model();
+
+  // ---- One iteration and what follows it.
+  StepRecord run_iteration(int64_t it);  // it: 0-based
+  double run_micro_batches(int64_t it);  // returns the sum of the micro-batches' losses
+  // Stops the run (every rank together) on a NaN or Inf loss or gradient, unless that check is off.
+  void check_finite(const StepRecord& rec, const StepResult& step);
+  void mark_steady_state();              // after the first iteration: peaks from here are steady
+  // The replica check, evaluation, save and exit decision due after `iteration` (1-based);
+  // returns false when the run stops there.
+  bool after_iteration(int64_t iteration);
+  void check_weight_hashes(int64_t iteration);
+  void evaluate(int64_t iteration);
+  void save_checkpoint(int64_t iteration);
+  // Why to stop after `iteration`, the same on every rank; "" to go on.
+  std::string exit_reason(int64_t iteration);
+
+  RankMemory rank_memory() const;
+  int accumulation_steps() const { return config_.accumulation_steps(comm_.size()); }
+  // This rank's micro-batch m starts at this sequence of a global batch (see TokenDataset).
+  int64_t first_sequence(int m) const;
+
+  Communicator& comm_;
+  const TrainConfig& config_;
+  const TrainCallbacks& callbacks_;
+  const Clock::time_point start_time_;  // --exit-duration-in-mins counts from here, as Megatron's
+  // Declared in the order they are built, so they are destroyed model first, data last.
+  std::optional<TokenDataset> data_;
+  MemoryTracker tracker_;
+  GlobalMemoryBuffer pool_{tracker_};
+  std::unique_ptr<DataParallel> data_parallel_;    // DDP or FSDP: the model and the optimizer see only this
+  const FullyShardedDataParallel* fsdp_ = nullptr;  // the same object under FSDP, for its gather peaks
+  std::optional<DistributedOptimizer> optimizer_;
+  std::optional<GptModel> model_;
+  std::vector<int32_t> tokens_;  // [micro-batch, T + 1]
+  // The model's modules in forward order (GptModel's hooks): the embeddings, each layer (or
+  // fine-grained submodule), the final norm. The weight-hash check reads each between its hooks.
+  std::vector<std::vector<int>> forward_modules_;
+  TrainResult result_;
+  MemoryUsage warmup_usage_;  // the tracker after the first iteration
+  int64_t allocations_at_warmup_ = 0;
+  Clock::time_point train_start_;
+};
+
+}  // namespace mxddp
