@@ -11,7 +11,7 @@
 // compute_param_layout (its shards left out: only their size matters); the model's requests come
 // from trace_gpt_micro_batch, the GPT's own control flow with no arithmetic; DDP's, the
 // optimizer's and the scratch pool's are sums over that layout. FSDP's gathers, releases and
-// transient gradients come from a simulation of its state machine (src/train/fsdp_memory_sim.h)
+// transient gradients come from a simulation of its state machine (src/plan/fsdp_memory_sim.h)
 // that tests/train/memory_plan_test.cc holds to the real one, configuration by configuration.
 //
 // Every rank holds the same bytes: buckets split into equal shards, and nothing else depends on

@@ -13,7 +13,7 @@
 #include <mxddp/train.h>
 
 #include "checkpoint_history.h"
-#include "memory_floor.h"
+#include "../plan/memory_floor.h"
 #include "trainer.h"
 
 namespace mxddp {

@@ -13,7 +13,7 @@
 
 #include "forwarding_data_parallel.h"
 #include "model/train_util.h"
-#include "train/memory_floor.h"
+#include "plan/memory_floor.h"
 
 namespace mxddp::testing {
 namespace {
