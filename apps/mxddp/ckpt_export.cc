@@ -87,6 +87,11 @@ std::string wrap(const std::string& text, size_t width) {
 std::string checkpoint_dir_to_read(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(fs::path(dir) / "latest_checkpointed_iteration.txt", ec)) return resolve_checkpoint_dir(dir);
+  // A history whose first save was interrupted has neither the tracker nor a manifest: say so,
+  // naming the iter_NNNNNNN.partial it left, rather than that manifest.json is missing.
+  if (!fs::exists(fs::path(dir) / "manifest.json", ec) && fs::is_directory(dir, ec))
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec))
+      if (entry.path().filename().string().ends_with(".partial")) return resolve_checkpoint_dir(dir);
   return dir;
 }
 

@@ -2,6 +2,8 @@
 // and f32, so every summation order gives the same bits and the check holds on any backend.
 #include "selfcheck.h"
 
+#include <mxddp/launch_check.h>
+
 #include <cstring>
 #include <vector>
 
@@ -46,6 +48,9 @@ float reference(DType dtype, ReduceOp op, int size, int64_t i) {
 }  // namespace
 
 SelfcheckResult run_selfcheck(Communicator& comm, int64_t count) {
+  // Every rank must issue the same sizes: ranks given different --count are refused together
+  // (launch_check.h), instead of failing in the first collective with element counts.
+  check_same_job(comm, {{"--count", std::to_string(count)}}, "mxddp selfcheck's flags");
   SelfcheckResult result;
   const int size = comm.size();
   const int rank = comm.rank();

@@ -276,6 +276,7 @@ class TokenDataset {
   static TokenDataset from_file(const std::string& path, double valid_fraction, int seq_length);
 
   int64_t train_tokens() const { return split_; }
+  std::string_view text() const { return bytes_; }  // every token, training split first
   int64_t valid_tokens() const { return static_cast<int64_t>(bytes_.size()) - split_; }
   // Entropy of the training split's byte frequencies, in nats: the loss of the best model that
   // ignores context.

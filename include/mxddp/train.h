@@ -19,6 +19,7 @@
 #include <mxddp/checkpoint.h>
 #include <mxddp/fsdp.h>
 #include <mxddp/fsdp_fine_grained.h>
+#include <mxddp/launch_check.h>
 #include <mxddp/model.h>
 
 namespace mxddp {
@@ -101,6 +102,11 @@ struct TrainConfig {
   FineGrainedParamGatherDecision fine_grained_param_gather() const;
   int accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
 };
+
+// What every rank of an `mxddp train` job must agree on, named by flag, for check_same_job
+// (launch_check.h): every field of the config except those that may differ per rank (the compute
+// threads; the command's --report, --metrics-file, --log-interval and --timeout-ms are not in it).
+std::vector<JobField> train_job_fields(const TrainConfig& config);
 
 // The ranks that share this machine's cores and memory: every rank of the local backend (threads of
 // one process); under mpirun, the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE).

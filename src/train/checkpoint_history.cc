@@ -1,5 +1,6 @@
 // checkpoint_history.h, and resolve_checkpoint_dir (train.h): Megatron's iter_/tracker layout.
 #include "checkpoint_history.h"
+#include "save_dir_lock.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -49,7 +50,8 @@ void check_save_dir(const std::string& save_dir) {
   for (const fs::directory_entry& entry : fs::directory_iterator(save_dir, ec)) {
     const std::string name = entry.path().filename().string();
     const bool ours = name == kTrackerFile || (parse_iteration_dir(name) && entry.is_directory(ec)) ||
-                      name.ends_with(".partial") || name.ends_with(".old");  // a save killed half-way
+                      name.ends_with(".partial") || name.ends_with(".old") ||  // a save killed half-way
+                      name == kSaveLockFile;
     MXDDP_CHECK(ours,
                 "--save '{}' holds '{}', which is not part of an mxddp checkpoint history (iter_NNNNNNN directories "
                 "and {}); saving there could mix with it. Give a new path, an empty directory or an existing history",
@@ -72,6 +74,27 @@ void commit(const std::string& save_dir, int64_t iteration, int keep_last) {
 }
 
 }  // namespace checkpoint_history
+
+namespace {
+
+// " (iter_0000002.partial: a save that was interrupted before it completed; it is never loaded)",
+// or "" when dir holds no interrupted save.
+std::string interrupted_saves_note(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> partial;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename().string().ends_with(".partial")) partial.push_back(entry.path().filename().string());
+  if (partial.empty()) return "";
+  std::sort(partial.begin(), partial.end());
+  std::string names;
+  for (const std::string& p : partial) names += (names.empty() ? "" : ", ") + p;
+  return fmt::format(" ({}: {} interrupted before {} completed; never loaded, and the next save to this --save replaces "
+                     "{})", names, partial.size() == 1 ? "a save" : "saves", partial.size() == 1 ? "it" : "they",
+                     partial.size() == 1 ? "it" : "them");
+}
+
+}  // namespace
 
 std::string resolve_checkpoint_dir(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -96,13 +119,13 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
     // next save finishes the move). The new one is the one the tracker was about to name again.
     for (const char* suffix : {".partial", ".old"})
       if (fs::exists(fs::path(resolved + suffix) / "manifest.json", ec)) return resolved + suffix;
-    MXDDP_FAIL("checkpoint tracker file '{}' names iteration {}, but {} holds no checkpoint", tracker.string(), iteration,
-               resolved);
+    MXDDP_FAIL("checkpoint tracker file '{}' names iteration {}, but {} holds no checkpoint{}", tracker.string(), iteration,
+               resolved, interrupted_saves_note(dir));
   }
   if (fs::exists(fs::path(dir) / "manifest.json", ec)) return dir;  // a checkpoint itself (an iter_ directory)
   MXDDP_CHECK(fs::is_directory(dir, ec), "checkpoint '{}' is not a directory", dir);
-  MXDDP_FAIL("'{}' holds neither {} (a --save history) nor manifest.json (one checkpoint)", dir,
-             checkpoint_history::kTrackerFile);
+  MXDDP_FAIL("'{}' holds neither {} (a --save history) nor manifest.json (one checkpoint){}", dir,
+             checkpoint_history::kTrackerFile, interrupted_saves_note(dir));
 }
 
 }  // namespace mxddp

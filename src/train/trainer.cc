@@ -8,6 +8,10 @@
 #include <filesystem>
 #include <thread>
 
+#include <zlib.h>
+
+#include <mxddp/input_file.h>
+#include <mxddp/launch_check.h>
 #include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
@@ -21,6 +25,17 @@ namespace {
 
 using Clock = Trainer::Clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// zlib's CRC-32 of any length (zlib takes at most UINT_MAX bytes a call).
+uint32_t crc32_of(std::string_view bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t at = 0; at < bytes.size();) {
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - at, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), n);
+    at += n;
+  }
+  return static_cast<uint32_t>(crc);
+}
 
 double all_reduce_mean(Communicator& comm, double local) {
   float v = static_cast<float>(local);
@@ -94,25 +109,49 @@ Trainer::Trainer(Communicator& comm, const TrainConfig& config, const TrainCallb
 
 void Trainer::check_run() {
   const int dp = comm_.size();
-  config_.validate(dp);
-  if (!config_.save_dir.empty()) checkpoint_history::check_save_dir(config_.save_dir);
-  // Before anything is allocated: a run that cannot fit is an error with the figures, not a
-  // process that grows until it is killed. A --data file's size is read here; load_data names
-  // the file if it cannot be read.
-  std::error_code ec;
-  const auto file_bytes = config_.data_path.empty() ? 0 : std::filesystem::file_size(config_.data_path, ec);
-  const double data_bytes = config_.data_path.empty() ? static_cast<double>(config_.corpus_bytes)
-                                                      : (ec ? 0.0 : static_cast<double>(file_bytes));
-  check_train_fits_in_memory(config_, dp, ranks_on_this_machine(comm_), data_bytes);
+  // First, before anything depends on the flags: ranks launched with different ones (an mpirun
+  // MPMD line) are refused together, naming each difference, instead of training a silent wrong
+  // model or stalling in a collective whose sizes no longer match.
+  check_same_job(comm_, train_job_fields(config_), "mxddp train's flags");
+  config_.validate(dp);  // the same config on every rank: the same verdict
+  // What each rank checks on its own machine ends every rank when it fails on one.
+  std::string error;
+  try {
+    if (!config_.save_dir.empty()) {
+      checkpoint_history::check_save_dir(config_.save_dir);
+      if (comm_.rank() == 0) save_lock_.emplace(config_.save_dir);
+    }
+    // Before anything is allocated: a run that cannot fit is an error with the figures, not a
+    // process that grows until it is killed. A --data file's size is read here; load_data names
+    // the file if it cannot be read.
+    std::error_code ec;
+    const auto file_bytes = config_.data_path.empty() ? 0 : std::filesystem::file_size(config_.data_path, ec);
+    const double data_bytes = config_.data_path.empty() ? static_cast<double>(config_.corpus_bytes)
+                                                        : (ec ? 0.0 : static_cast<double>(file_bytes));
+    check_train_fits_in_memory(config_, dp, ranks_on_this_machine(comm_), data_bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  throw_if_any_rank_failed(comm_, error);
   set_compute_threads(rank_compute_threads(config_, comm_));
 }
 
 void Trainer::load_data() {
   const int seq_length = config_.model.seq_length;
-  if (config_.data_path.empty())
-    data_.emplace(builtin_corpus(config_.corpus_bytes), config_.valid_fraction, seq_length);
-  else
-    data_.emplace(TokenDataset::from_file(config_.data_path, config_.valid_fraction, seq_length));
+  std::string error;
+  try {
+    if (config_.data_path.empty())
+      data_.emplace(builtin_corpus(config_.corpus_bytes), config_.valid_fraction, seq_length);
+    else
+      data_.emplace(TokenDataset::from_file(config_.data_path, config_.valid_fraction, seq_length));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  throw_if_any_rank_failed(comm_, error);
+  // The same --data path can hold different bytes on different hosts (or change between reads).
+  const std::string_view text = data_->text();
+  check_same_job(comm_, {{"data bytes read", std::to_string(text.size())}, {"data crc32", fmt::format("{:08x}", crc32_of(text))}},
+                 "the data each rank read");
 }
 
 void Trainer::build_data_parallel() {
@@ -165,7 +204,21 @@ int64_t Trainer::first_sequence(int m) const {
 
 void Trainer::load_checkpoint() {
   if (config_.load_dir.empty()) return;
-  const std::string load_dir = resolve_checkpoint_dir(config_.load_dir);  // a history's newest, or one checkpoint
+  std::string load_dir, manifest_crc;
+  std::string error;
+  try {
+    load_dir = resolve_checkpoint_dir(config_.load_dir);  // a history's newest, or one checkpoint
+    const std::vector<char> manifest = InputFile((std::filesystem::path(load_dir) / "manifest.json").string(),
+                                                 "checkpoint manifest").read_all();
+    manifest_crc = fmt::format("{:08x}", crc32_of({manifest.data(), manifest.size()}));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  throw_if_any_rank_failed(comm_, error);
+  // A history's newest can differ between ranks that read it at different moments of another
+  // run's save, or on hosts that see different copies.
+  check_same_job(comm_, {{"the checkpoint --load resolves to", load_dir}, {"its manifest.json crc32", manifest_crc}},
+                 "the checkpoint each rank would load");
   // The model config is compared before anything changes: a model with other heads can have
   // the same param shapes and would load silently.
   const auto meta = mxddp::load_checkpoint(load_dir, *optimizer_, {.model_config = config_.model.fields()});

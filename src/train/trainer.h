@@ -20,6 +20,8 @@
 
 #include <mxddp/train.h>
 
+#include "save_dir_lock.h"
+
 namespace mxddp {
 
 class Trainer {
@@ -44,8 +46,10 @@ class Trainer {
 
  private:
   // ---- Set-up phases, in this order (the constructor).
-  void check_run();             // the config, --save, the memory the run needs, the compute threads
-  void load_data();             // the training and validation splits
+  // Every rank the same job (launch_check.h), the config, --save and its lock, the memory the run
+  // needs, the compute threads.
+  void check_run();
+  void load_data();             // the training and validation splits; every rank the same data
   void build_data_parallel();   // DDP or FSDP over the GPT's params, wrapped when the callbacks ask
   void build_optimizer_and_model();
 
@@ -73,6 +77,7 @@ class Trainer {
   const TrainConfig& config_;
   const TrainCallbacks& callbacks_;
   const Clock::time_point start_time_;  // --exit-duration-in-mins counts from here, as Megatron's
+  std::optional<SaveDirLock> save_lock_;  // rank 0's, with --save: held for the run's life
   // Declared in the order they are built, so they are destroyed model first, data last.
   std::optional<TokenDataset> data_;
   MemoryTracker tracker_;

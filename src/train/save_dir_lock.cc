@@ -1,0 +1,67 @@
+// SaveDirLock: see save_dir_lock.h.
+#include "save_dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/chrono.h>
+
+#include <mxddp/core.h>
+
+namespace mxddp {
+
+namespace {
+
+// The holder's description as the lock file holds it (at most 4 KiB of it, one line).
+std::string read_holder(int fd) {
+  char text[4096];
+  const ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  if (n <= 0) return "";
+  std::string out(text, static_cast<size_t>(n));
+  out = out.substr(0, out.find('\n'));
+  return out;
+}
+
+}  // namespace
+
+SaveDirLock::SaveDirLock(const std::string& save_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(save_dir, ec);
+  MXDDP_CHECK(!ec, "--save '{}' cannot be created: {}", save_dir, ec.message());
+  const std::string path = (std::filesystem::path(save_dir) / kSaveLockFile).string();
+  // O_NOFOLLOW: a link planted in the history is not followed to somewhere else.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  MXDDP_CHECK(fd_ >= 0, "--save '{}': its lock file '{}' cannot be opened: {}", save_dir, path, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    const std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";
+    ::close(fd_);
+    fd_ = -1;
+    MXDDP_CHECK(err != EWOULDBLOCK,
+                "--save '{}' is being written by another live run ({}); two runs saving into one checkpoint history "
+                "would mix their iterations. Wait for it to end, stop it, or give this run another --save. (A run that "
+                "ended or was killed leaves no lock: the lock in '{}' goes with its process)",
+                save_dir, holder.empty() ? "its lock file names no holder" : holder, path);
+    MXDDP_FAIL("--save '{}': its lock file '{}' cannot be locked: {}", save_dir, path, std::strerror(err));
+  }
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const auto now = std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now());
+  const std::string text = fmt::format("pid {} on host {}, holding it since {:%Y-%m-%dT%H:%M:%SZ}\n", ::getpid(), host, now);
+  // Best effort: the text only names the holder in another run's message.
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t written = ::pwrite(fd_, text.data(), text.size(), 0);
+  }
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+}  // namespace mxddp
