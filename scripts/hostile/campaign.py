@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 # A reproducible hostile-user campaign against mxddp (issue 15): damaged and crafted checkpoints
-# (part 1, ckpt_cases.py) and fuzzed command lines (part 2, cli_fuzz.py). Python 3 standard
-# library only.
+# (part 1, ckpt_cases.py), fuzzed command lines (part 2, cli_fuzz.py) and mpirun MPMD launches whose
+# ranks disagree (part 3, mpmd_cases.py). Python 3 standard library only.
 #
 # Usage:
 #   scripts/hostile/campaign.py --mxddp build/release/mxddp --out /tmp/campaign [--seed 1]
-#       [--invocations 1000] [--jobs 2] [--timeout 30] [--long-timeout 10] [--parts ckpt,fuzz]
+#       [--invocations 1000] [--jobs 2] [--timeout 30] [--long-timeout 10] [--parts ckpt,fuzz,mpmd]
 #       [--mem-limit-gib 6] [--keep-all]
 #
 # Prints a summary table per part and the list of every missed / crashed / hung / silently
@@ -31,10 +31,12 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_cases  # noqa: E402
 import cli_fuzz  # noqa: E402
+import mpmd_cases  # noqa: E402
 import runner  # noqa: E402
 
 CKPT_BAD = ("missed", "crash", "hang", "unclear-error", "control-failed", "harness-error")
 FUZZ_BAD = ("crash", "hang", "silently-accepted-nonsense", "other-error")
+MPMD_BAD = ("missed", "watchdog", "refused-other", "crash", "hang")
 
 
 def progress(done, total, start, what):
@@ -199,6 +201,33 @@ def fuzz_report(records):
     return lines
 
 
+def run_mpmd_part(args, out):
+    root = os.path.join(out, "mpmd")
+    os.makedirs(root, exist_ok=True)
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("part 3 needs mpirun (Debian's openmpi-bin)")
+    # One case at a time: each already runs 2 or 4 processes on the machine's cores.
+    return parallel(1, lambda i, case: mpmd_cases.run_case(args.mxddp, mpirun, root, case, args.mpmd_timeout,
+                                                           args.keep_all), mpmd_cases.cases(), "MPMD launches")
+
+
+def mpmd_report(records):
+    lines = []
+    rows = ["refused-naming-flag"] + list(MPMD_BAD)
+    counts = collections.Counter((r["classification"], f"np {r['ranks']}") for r in records)
+    lines += table(rows, ["np 2", "np 4"], counts, "outcome \\ ranks")
+    slowest = max((r["wall_s"] for r in records), default=0)
+    lines.append("")
+    lines.append(f"MPMD launches: {len(records)}; refused naming the flag "
+                 f"{sum(r['classification'] == 'refused-naming-flag' for r in records)}; slowest {slowest:.1f} s")
+    for r in records:
+        if r["classification"] in MPMD_BAD:
+            lines.append(f"  {r['classification']}: np {r['ranks']} {r['flag']} {r['a']!r} vs {r['b']!r}: "
+                         f"rc {r['rc']}, {r['wall_s']:.1f} s: {r['error_line'][:200]}")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mxddp", required=True, help="the mxddp binary")
@@ -209,7 +238,9 @@ def main():
     parser.add_argument("--timeout", type=float, default=30, help="seconds per invocation before it counts as a hang")
     parser.add_argument("--long-timeout", type=float, default=10,
                         help="seconds for a valid but expensive invocation (a timeout is then not a hang)")
-    parser.add_argument("--parts", default="ckpt,fuzz", help="ckpt, fuzz or both")
+    parser.add_argument("--parts", default="ckpt,fuzz,mpmd", help="a comma-separated subset of ckpt, fuzz, mpmd")
+    parser.add_argument("--mpmd-timeout", type=float, default=45,
+                        help="seconds per MPMD launch before it counts as a hang (the ranks' watchdog is 60 s)")
     parser.add_argument("--mem-limit-gib", type=float, default=6,
                         help="address-space limit per invocation (0: none; never applied to a sanitized binary)")
     parser.add_argument("--keep-all", action="store_true", help="keep every case directory")
@@ -252,6 +283,12 @@ def main():
         results["fuzz"] = records
         lines += ["", f"== part 2: fuzzed invocations ({len(records)}, {time.monotonic() - t0:.0f} s) =="] + \
             fuzz_report(records)
+    if "mpmd" in parts:
+        t0 = time.monotonic()
+        records = run_mpmd_part(args, out)
+        results["mpmd"] = records
+        lines += ["", f"== part 3: MPMD launches whose ranks disagree ({len(records)}, "
+                  f"{time.monotonic() - t0:.0f} s) =="] + mpmd_report(records)
     lines += ["", f"total run time {time.monotonic() - start:.0f} s"]
     results["summary"] = lines
     save()
