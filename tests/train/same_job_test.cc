@@ -14,6 +14,7 @@
 #include <mxddp/launch_check.h>
 
 #include "model/train_util.h"
+#include "train/same_job_cases.h"
 #include "train/save_dir_lock.h"
 
 namespace mxddp::testing {
@@ -37,32 +38,6 @@ std::vector<std::string> errors_with_one_rank_changed(int dp, int odd, const std
     }
   });
   return errors;
-}
-
-struct Mismatch {
-  const char* what;    // the field class
-  const char* flag;    // the name the message must give
-  std::function<void(TrainConfig&)> change;
-};
-
-// One field of each class that must agree.
-std::vector<Mismatch> mismatches() {
-  return {
-      {"model shape", "--hidden-size", [](TrainConfig& c) { c.model.hidden_size = 64; }},
-      {"model depth", "--num-layers", [](TrainConfig& c) { c.model.num_layers = 3; }},
-      {"batch", "--global-batch-size", [](TrainConfig& c) { c.global_batch_size = 16; }},
-      {"schedule", "--train-iters", [](TrainConfig& c) { c.train_iters = 2; }},
-      {"learning rate", "--lr", [](TrainConfig& c) { c.lr = 5e-3f; }},
-      {"optimizer", "--weight-decay", [](TrainConfig& c) { c.optimizer.weight_decay = 0.5f; }},
-      {"clipping", "--clip-grad", [](TrainConfig& c) { c.optimizer.clip_grad = 0.01f; }},
-      {"DDP", "--overlap-grad-reduce", [](TrainConfig& c) { c.ddp.overlap_grad_reduce = true; }},
-      {"FSDP", "--use-megatron-fsdp", [](TrainConfig& c) { c.use_megatron_fsdp = true; }},
-      {"precision", "--bf16", [](TrainConfig& c) { c.bf16 = true; }},
-      {"recompute", "--recompute-granularity", [](TrainConfig& c) { c.recompute_granularity = RecomputeGranularity::kFull; }},
-      {"seed", "--seed", [](TrainConfig& c) { c.seed = 2; }},
-      {"data", "--corpus-bytes", [](TrainConfig& c) { c.corpus_bytes = 1 << 17; }},
-      {"checkpoint", "--load", [](TrainConfig& c) { c.load_dir = "/nonexistent/history"; }},
-  };
 }
 
 TEST(SameJob, EveryFieldClassMismatchedOnOneRankIsRefusedOnEveryRankNamingTheFlagAndRanks) {
