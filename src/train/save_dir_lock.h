@@ -4,7 +4,8 @@
 // updates; the second would find out midway, or never. The lock is an flock(2) on
 // SAVE_DIR/mxddp.lock held for the run's life: the kernel releases it when the process ends,
 // however it ends, so a killed run cannot leave it stale; the file's text (pid, host, start time)
-// only names the holder for the refusal's message and is rewritten by each new holder.
+// only names the holder for the refusal's message. A run that ends removes the file; one that is
+// killed leaves it, unlocked, and the next run takes it over.
 #pragma once
 
 #include <string>
@@ -18,11 +19,12 @@ class SaveDirLock {
   // Creates save_dir if missing and takes its lock. Throws Error naming save_dir and the run that
   // holds it (from the lock file's text) when another live run has it.
   explicit SaveDirLock(const std::string& save_dir);
-  ~SaveDirLock();  // releases the lock (the file stays, naming the last holder)
+  ~SaveDirLock();  // removes the file and releases the lock
   SaveDirLock(const SaveDirLock&) = delete;
   SaveDirLock& operator=(const SaveDirLock&) = delete;
 
  private:
+  std::string path_;  // SAVE_DIR/mxddp.lock
   int fd_ = -1;
 };
 

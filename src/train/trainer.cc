@@ -129,7 +129,7 @@ void Trainer::check_run() {
     const double data_bytes = config_.data_path.empty() ? static_cast<double>(config_.corpus_bytes)
                                                         : (ec ? 0.0 : static_cast<double>(file_bytes));
     check_train_fits_in_memory(config_, dp, ranks_on_this_machine(comm_), data_bytes);
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
     error = e.what();
   }
   throw_if_any_rank_failed(comm_, error);
@@ -144,7 +144,7 @@ void Trainer::load_data() {
       data_.emplace(builtin_corpus(config_.corpus_bytes), config_.valid_fraction, seq_length);
     else
       data_.emplace(TokenDataset::from_file(config_.data_path, config_.valid_fraction, seq_length));
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
     error = e.what();
   }
   throw_if_any_rank_failed(comm_, error);
@@ -211,7 +211,7 @@ void Trainer::load_checkpoint() {
     const std::vector<char> manifest = InputFile((std::filesystem::path(load_dir) / "manifest.json").string(),
                                                  "checkpoint manifest").read_all();
     manifest_crc = fmt::format("{:08x}", crc32_of({manifest.data(), manifest.size()}));
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
     error = e.what();
   }
   throw_if_any_rank_failed(comm_, error);

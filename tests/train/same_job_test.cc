@@ -136,18 +136,19 @@ TEST(SaveDirLock, ASecondWriterIsRefusedNamingTheFirst) {
       EXPECT_NE(m.find(fmt::format("pid {}", ::getpid())), std::string::npos) << "names the holder: " << m;
     }
   }
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(save) / kSaveLockFile)) << "a run that ends removes it";
   EXPECT_NO_THROW(SaveDirLock again(save)) << "released with its holder";
 }
 
 TEST(SaveDirLock, AKilledRunsLockIsTakenOver) {
   TempDir dir("save_lock_killed");
   const std::string save = (dir.path / "history").string();
-  { SaveDirLock make(save); }
+  std::filesystem::create_directories(save);
   const std::string lock = (std::filesystem::path(save) / kSaveLockFile).string();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {  // async-signal-safe calls only
-    const int fd = ::open(lock.c_str(), O_RDWR);
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
     if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
     ::raise(SIGKILL);
   }
