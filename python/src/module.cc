@@ -8,6 +8,10 @@
 namespace nb = nanobind;
 
 NB_MODULE(_C, m) {
+  // torch tensors that view the buffers keep their DDP handle alive (DLPack owner); those still
+  // referenced when the interpreter ends (a traceback, a module global) are freed by the OS, not
+  // leaked in any way that matters, and nanobind's report of them would only be noise.
+  nb::set_leak_warnings(false);
   m.doc() = "mxddp's C++ data-parallel runtime (DDP buffers, overlapped collectives, distributed optimizer)";
   static nb::exception<mxddp::Error> error_type(m, "Error", PyExc_RuntimeError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
