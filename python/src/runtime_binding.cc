@@ -1,5 +1,7 @@
 // mxddp._C's process-level entry points: MPI start and end, the memory tracker's figures, and the
 // few collectives a script needs beside its model (agreeing on a port, averaging a loss).
+#include <mpi.h>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -61,6 +63,13 @@ void bind_runtime(nb::module_& m) {
         Runtime::get().comm().broadcast(view, {.root = root}).wait();
       },
       nb::arg("tensor"), nb::arg("root") = 0, "In place, from root to every rank (f32 or bf16, contiguous, CPU).");
+  m.def(
+      "abort",
+      [](int code) {
+        Runtime::get();  // only while MPI is up
+        MPI_Abort(MPI_COMM_WORLD, code);
+      },
+      nb::arg("code"), "Ends every rank of the job at once (MPI_Abort): a rank that cannot go on.");
   m.def("barrier", [] {
     nb::gil_scoped_release release;
     Runtime::get().comm().barrier().wait();

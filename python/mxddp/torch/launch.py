@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import weakref
 
 from mxddp import _C
@@ -46,8 +47,26 @@ def init(timeout_s: float = 300.0) -> tuple[int, int]:
     rank, world = _C.init_mpi(int(timeout_s * 1000))
     if not _atexit_registered:
         atexit.register(shutdown)
+        _install_abort_on_uncaught_exception()
         _atexit_registered = True
     return rank, world
+
+
+def _install_abort_on_uncaught_exception() -> None:
+    """A rank whose script dies of an exception ends the whole job at once (MPI_Abort), after its
+    traceback: otherwise the other ranks would wait in their next collective until the watchdog's
+    timeout, and MPI_Finalize at exit could wait on them too."""
+    previous = sys.excepthook
+
+    def abort_job(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        if _C.is_initialized() and _C.world_size() > 1:
+            sys.stderr.write(f"mxddp: rank {_C.rank()} raised {exc_type.__name__}; ending the job (MPI_Abort) "
+                             "so that the other ranks do not wait for it\n")
+            sys.stderr.flush()
+            _C.abort(1)
+
+    sys.excepthook = abort_job
 
 
 def is_initialized() -> bool:
