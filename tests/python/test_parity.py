@@ -162,3 +162,43 @@ def test_allreduce_main_grads_equal_torch_ddp_grads(ranks, average_in_collective
             torch.testing.assert_close(p.main_grad, q.grad, rtol=1e-6, atol=1e-7, msg=lambda m: f"{n}: {m}")
     finally:
         model.close()
+
+
+def test_sgd_losses_match_torch_sgd(ranks):
+    """optimizer="sgd": SGD with momentum (weight decay added to the grad, 2-D params only) against
+    torch.optim.SGD with the same param groups and clipping."""
+    rank, world = ranks
+    lr, momentum, wd = 0.05, 0.9, 0.01
+    torch.manual_seed(2)
+    module = make_mlp()
+    reference = copy.deepcopy(module)
+    ref_ddp = torch.nn.parallel.DistributedDataParallel(reference)
+    ref_opt = torch.optim.SGD([{"params": [p for p in reference.parameters() if p.ndim >= 2], "weight_decay": wd},
+                               {"params": [p for p in reference.parameters() if p.ndim < 2], "weight_decay": 0.0}],
+                              lr=lr, momentum=momentum)
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=2000, grad_reduce_in_fp32=True))
+    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(optimizer="sgd", lr=lr, sgd_momentum=momentum,
+                                                              weight_decay=wd, clip_grad=CLIP))
+    try:
+        expected, got = [], []
+        for step in range(STEPS):
+            batch = mlp_batch(rank, step, 0)
+            ref_opt.zero_grad()
+            loss = mlp_loss(ref_ddp, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
+            ref_opt.step()
+            expected.append(loss.item())
+            opt.zero_grad()
+            loss = mlp_loss(model, batch)
+            loss.backward()
+            model.finish_grad_sync()
+            assert opt.step()[0]
+            got.append(loss.item())
+    finally:
+        opt.close()
+        model.close()
+    assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])
+    for step, (e, g) in enumerate(zip(expected, got)):
+        assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
