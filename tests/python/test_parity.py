@@ -202,3 +202,34 @@ def test_sgd_losses_match_torch_sgd(ranks):
     assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])
     for step, (e, g) in enumerate(zip(expected, got)):
         assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
+
+
+def test_nonfinite_grads_skip_the_step_on_every_rank(ranks):
+    """A NaN gradient on one rank makes the global grad norm NaN: every rank's step reports
+    update_successful False and leaves the params as they were (as mxddp train skips the step)."""
+    rank, world = ranks
+    torch.manual_seed(3)
+    module = make_mlp()
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                                                                  grad_reduce_in_fp32=True))
+    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-2))
+    try:
+        before = [p.detach().clone() for p in module.parameters()]
+        opt.zero_grad()
+        x, y = mlp_batch(rank, 0, 0)
+        if rank == world - 1:
+            x[0, 0] = float("nan")
+        mlp_loss(model, (x, y)).backward()
+        model.finish_grad_sync()
+        update_successful, grad_norm, _ = opt.step()
+        assert not update_successful and grad_norm != grad_norm  # NaN
+        for p, b in zip(module.parameters(), before):
+            assert torch.equal(p.detach(), b)
+        # The next, finite step goes through.
+        opt.zero_grad()
+        mlp_loss(model, mlp_batch(rank, 1, 0)).backward()
+        model.finish_grad_sync()
+        assert opt.step()[0]
+    finally:
+        opt.close()
+        model.close()
