@@ -3,7 +3,7 @@
 # configures and builds the given CMake preset (default: release). Sourced by run.sh and test.sh.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libopenblas-dev libdnnl-dev strace clang libclang-rt-dev python3-matplotlib python3-numpy python3-venv)
+packages=(g++ cmake ninja-build pkg-config libopenmpi-dev openmpi-bin libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libopenblas-dev libdnnl-dev strace clang libclang-rt-dev python3-matplotlib python3-numpy python3-venv python3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,6 +31,9 @@ if ! "$venv/bin/python" -c "import numpy, safetensors.numpy" 2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check safetensors; } >/dev/null 2>&1 ||
     echo "setup: could not install the Python safetensors package into $venv (its tests will skip)"
 fi
+
+# The Python package's tests (tests/python) run in a venv of their own with torch.
+source scripts/python_env.sh
 
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset"

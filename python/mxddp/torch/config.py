@@ -1,0 +1,151 @@
+"""The configs, with Megatron-core's field names and defaults.
+
+Every field is either carried out by mxddp or refused with an error that names it: nothing is
+accepted and ignored. A field Megatron has that is not listed here is a TypeError (unexpected
+keyword argument).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from mxddp import _C
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+
+
+def _refuse_unless(name: str, value: Any, allowed: Any, why: str) -> None:
+    if value != allowed:
+        raise ValueError(f"{name}={value!r} is not supported by mxddp.torch: {why}; valid: {allowed!r}")
+
+
+@dataclass
+class DistributedDataParallelConfig:
+    """Megatron-core's ``DistributedDataParallelConfig`` (megatron/core/distributed).
+
+    Carried out: grad_reduce_in_fp32, overlap_grad_reduce, use_distributed_optimizer, bucket_size
+    (elements; None: one bucket without overlap, max(40M, 1M x dp) with it, as Megatron),
+    pad_buckets_for_high_nccl_busbw, average_in_collective, check_for_nan_in_grad, and mxddp's own
+    buckets_per_group and force_all_reduce. The other fields take their Megatron default only.
+    """
+
+    grad_reduce_in_fp32: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    align_param_gather: bool = False
+    use_distributed_optimizer: bool = False
+    num_distributed_optimizer_instances: int = 1
+    check_for_nan_in_grad: bool = False
+    check_for_large_grads: bool = False
+    bucket_size: Optional[int] = None
+    pad_buckets_for_high_nccl_busbw: bool = False
+    average_in_collective: bool = False
+    fp8_param_gather: bool = False
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    use_megatron_fsdp: bool = False
+    use_custom_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    gradient_reduce_div_fusion: bool = True
+    suggested_communication_unit_size: Optional[int] = None
+    preserve_fp32_weights: bool = True
+    keep_fp8_transpose_cache: bool = False
+    nccl_ub: bool = False
+    fsdp_double_buffer: bool = False
+    delay_wgrad_compute: bool = False
+    # mxddp's own: buckets per collective call, and all-reduce even with the distributed optimizer.
+    buckets_per_group: int = 1
+    force_all_reduce: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.type in ("bool", bool):
+                _check_bool(f.name, getattr(self, f.name))
+        if self.bucket_size is not None and (isinstance(self.bucket_size, bool) or not isinstance(self.bucket_size, int)
+                                             or self.bucket_size < 1):
+            raise ValueError(f"bucket_size must be None or an int >= 1 (elements); got {self.bucket_size!r}")
+        if isinstance(self.buckets_per_group, bool) or not isinstance(self.buckets_per_group, int) \
+                or self.buckets_per_group < 1:
+            raise ValueError(f"buckets_per_group must be an int >= 1; got {self.buckets_per_group!r}")
+        later = "not available in the Python package yet"
+        _refuse_unless("overlap_param_gather", self.overlap_param_gather, False,
+                       f"{later} (the param all-gather runs at the end of opt.step())")
+        _refuse_unless("align_param_gather", self.align_param_gather, False, "it applies to overlap_param_gather")
+        _refuse_unless("num_distributed_optimizer_instances", self.num_distributed_optimizer_instances, 1,
+                       "mxddp has one distributed optimizer instance over the whole data-parallel group")
+        _refuse_unless("check_for_large_grads", self.check_for_large_grads, False, "mxddp has no large-grad check")
+        _refuse_unless("fp8_param_gather", self.fp8_param_gather, False,
+                       f"MXFP8 params are {later} (mxddp train has them)")
+        _refuse_unless("reuse_grad_buf_for_mxfp8_param_ag", self.reuse_grad_buf_for_mxfp8_param_ag, False,
+                       f"MXFP8 params are {later} (mxddp train has them)")
+        _refuse_unless("use_megatron_fsdp", self.use_megatron_fsdp, False, f"FSDP for torch modules is {later}")
+        _refuse_unless("use_custom_fsdp", self.use_custom_fsdp, False, f"FSDP for torch modules is {later}")
+        _refuse_unless("data_parallel_sharding_strategy", self.data_parallel_sharding_strategy, "no_shard",
+                       f"the other strategies are FSDP's, which is {later}")
+        _refuse_unless("suggested_communication_unit_size", self.suggested_communication_unit_size, None,
+                       f"it sizes FSDP's gathers, and FSDP is {later}")
+        _refuse_unless("gradient_reduce_div_fusion", self.gradient_reduce_div_fusion, True,
+                       "mxddp always fuses the 1/dp scaling into the collective")
+        _refuse_unless("preserve_fp32_weights", self.preserve_fp32_weights, True,
+                       "the distributed optimizer always keeps F32 main params")
+        _refuse_unless("keep_fp8_transpose_cache", self.keep_fp8_transpose_cache, False, "it applies to FSDP MXFP8")
+        _refuse_unless("nccl_ub", self.nccl_ub, False, "mxddp's collectives run over MPI, not NCCL")
+        _refuse_unless("fsdp_double_buffer", self.fsdp_double_buffer, False, f"FSDP is {later}")
+        _refuse_unless("delay_wgrad_compute", self.delay_wgrad_compute, False, "mxddp does not split wgrad")
+
+    def to_cpp(self, param_dtype: str) -> "_C.DdpConfig":
+        c = _C.DdpConfig()
+        c.grad_reduce_in_fp32 = self.grad_reduce_in_fp32
+        c.overlap_grad_reduce = self.overlap_grad_reduce
+        c.use_distributed_optimizer = self.use_distributed_optimizer
+        c.bucket_size = self.bucket_size
+        c.pad_buckets_for_high_nccl_busbw = self.pad_buckets_for_high_nccl_busbw
+        c.average_in_collective = self.average_in_collective
+        c.check_for_nan_in_grad = self.check_for_nan_in_grad
+        c.force_all_reduce = self.force_all_reduce
+        c.buckets_per_group = self.buckets_per_group
+        c.param_dtype = param_dtype
+        return c
+
+
+@dataclass
+class OptimizerConfig:
+    """Megatron-core's ``OptimizerConfig`` (megatron/core/optimizer), the fields mxddp's optimizer has.
+
+    optimizer: "adam" (AdamW: decoupled weight decay) or "sgd" (momentum). Weight decay applies to
+    params of two or more dimensions only (not to biases and norms), as Megatron's default param
+    groups. clip_grad: max global grad norm (0 disables clipping).
+    """
+
+    optimizer: str = "adam"
+    lr: Optional[float] = None
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-08
+    sgd_momentum: float = 0.9
+    clip_grad: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer={self.optimizer!r} is not supported; valid: 'adam', 'sgd'")
+        if self.lr is None:
+            raise ValueError("lr must be set (Megatron's OptimizerConfig leaves it None; mxddp needs a value)")
+        for name in ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum", "clip_grad"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number; got {value!r}")
+
+    def to_cpp(self) -> "_C.OptimizerConfig":
+        c = _C.OptimizerConfig()
+        c.optimizer = self.optimizer
+        c.lr = float(self.lr)
+        c.weight_decay = float(self.weight_decay)
+        c.adam_beta1 = float(self.adam_beta1)
+        c.adam_beta2 = float(self.adam_beta2)
+        c.adam_eps = float(self.adam_eps)
+        c.sgd_momentum = float(self.sgd_momentum)
+        c.clip_grad = float(self.clip_grad)
+        return c

@@ -1,0 +1,67 @@
+"""``DistributedOptimizer``: mxddp's C++ distributed optimizer stepping on a DDP's buffers.
+
+Each rank keeps F32 main params and the AdamW (or SGD) state for its shard of every bucket; a step
+computes the global grad norm, clips, updates the shard and all-gathers the updated params into the
+param buffer, which the torch params are views of.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mxddp import _C
+from mxddp.torch import launch
+from mxddp.torch.config import OptimizerConfig
+from mxddp.torch.ddp import DistributedDataParallel
+
+
+class DistributedOptimizer:
+    """Megatron-core's distributed optimizer for a ``mxddp.torch.DistributedDataParallel`` built
+    with ``use_distributed_optimizer=True``."""
+
+    def __init__(self, model: DistributedDataParallel, config: OptimizerConfig):
+        if not isinstance(model, DistributedDataParallel):
+            raise TypeError(f"model must be a mxddp.torch.DistributedDataParallel; got {type(model).__name__}")
+        if not isinstance(config, OptimizerConfig):
+            raise TypeError(f"config must be a mxddp.torch.OptimizerConfig; got {type(config).__name__}")
+        if not model.ddp_config.use_distributed_optimizer:
+            raise ValueError("DistributedOptimizer needs the model's DistributedDataParallelConfig to have "
+                             "use_distributed_optimizer=True (it steps on each rank's shard of the buckets)")
+        self.model = model
+        self.config = config
+        self._cpp = _C.DistributedOptimizer(model._cpp, config.to_cpp())
+        launch._track_optimizer(self)
+
+    def step(self) -> tuple[bool, float, Optional[int]]:
+        """Collective. Returns Megatron's ``(update_successful, grad_norm, num_zeros_in_grad)``:
+        update_successful is False when the global grad norm is NaN or Inf (nothing changes, as
+        ``mxddp train`` skips such a step); grad_norm is before clipping; num_zeros_in_grad is
+        None (not counted, as Megatron without log_num_zeros_in_grad)."""
+        if not self.model._cpp.grads_live:
+            raise RuntimeError("DistributedOptimizer.step() was called before any backward since the last "
+                               "zero_grad(): run loss.backward() and model.finish_grad_sync() first")
+        if self.model._grads_pending_sync:
+            raise RuntimeError("DistributedOptimizer.step(): gradients were reported but not synchronized; call "
+                               "model.finish_grad_sync() after the last backward and before step()")
+        skipped, grad_norm, _clip_coeff = self._cpp.step()
+        return (not skipped, grad_norm, None)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the grad buffer (every param's main_grad). set_to_none is Megatron's argument;
+        the torch params' .grad is already None after each hook."""
+        self._cpp.zero_grad()
+        self.model._grads_pending_sync = False
+
+    @property
+    def lr(self) -> float:
+        return self._cpp.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._cpp.lr = float(value)
+
+    @property
+    def step_count(self) -> int:
+        return self._cpp.step_count
+
+    def close(self) -> None:
+        self._cpp.close()

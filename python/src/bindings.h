@@ -1,0 +1,45 @@
+// The pieces of the mxddp._C extension module: each binds one layer's entry points, and the
+// handles that Python holds.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include <mxddp/ddp.h>
+#include <mxddp/optim.h>
+
+namespace mxddp::python {
+
+void bind_runtime(nanobind::module_& m);    // init_mpi, finalize, memory figures, small collectives
+void bind_ddp(nanobind::module_& m);        // DdpConfig, DistributedDataParallel
+void bind_optimizer(nanobind::module_& m);  // DistributedOptimizer
+
+// Python's handle on a DistributedDataParallel: the DDP itself (on the process's communicator and
+// tracker), the no_sync scopes Python has open, and how many optimizers step on it. close()
+// destroys the DDP (its buffers with it); the handle then refuses every call.
+class PyDdp {
+ public:
+  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config);
+  ~PyDdp();
+  PyDdp(const PyDdp&) = delete;
+  PyDdp& operator=(const PyDdp&) = delete;
+
+  DistributedDataParallel& ddp();  // throws once closed
+  bool closed() const { return ddp_ == nullptr; }
+  void close();
+  void enter_no_sync();
+  void exit_no_sync();
+  int no_sync_depth() const { return static_cast<int>(no_sync_scopes_.size()); }
+  void add_optimizer() { ++optimizers_; }
+  void remove_optimizer() { --optimizers_; }
+  int open_optimizers() const { return optimizers_; }
+
+ private:
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::vector<std::unique_ptr<DataParallel::NoSyncScope>> no_sync_scopes_;
+  int optimizers_ = 0;
+};
+
+}  // namespace mxddp::python

@@ -1,0 +1,159 @@
+// mxddp._C.DistributedDataParallel: the C++ DDP over the process's communicator, with its param
+// and grad buffers handed to torch as views (DLPack, no copies). The GIL is released while the
+// library works (grad_ready may issue a collective; finish_grad_sync waits for them), so the
+// communicator's progress thread and the Python backward run at the same time.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "runtime.h"
+#include "views.h"
+
+namespace nb = nanobind;
+
+namespace mxddp::python {
+
+PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config) {
+  Runtime& runtime = Runtime::get();
+  {
+    nb::gil_scoped_release release;
+    ddp_ = std::make_unique<DistributedDataParallel>(runtime.comm(), params, config, runtime.tracker());
+  }
+  runtime.add_user();
+}
+
+PyDdp::~PyDdp() {
+  if (ddp_) close();
+}
+
+DistributedDataParallel& PyDdp::ddp() {
+  MXDDP_CHECK(ddp_ != nullptr, "this DistributedDataParallel was closed");
+  return *ddp_;
+}
+
+void PyDdp::close() {
+  if (!ddp_) return;
+  MXDDP_CHECK(optimizers_ == 0, "close the DistributedOptimizer ({} open) before its DistributedDataParallel",
+              optimizers_);
+  no_sync_scopes_.clear();
+  {
+    nb::gil_scoped_release release;
+    ddp_.reset();  // waits for collectives still in flight
+  }
+  Runtime::get().remove_user();
+}
+
+void PyDdp::enter_no_sync() {
+  no_sync_scopes_.push_back(std::make_unique<DataParallel::NoSyncScope>(ddp()));
+}
+
+void PyDdp::exit_no_sync() {
+  MXDDP_CHECK(!no_sync_scopes_.empty(), "no_sync exit without a matching enter");
+  no_sync_scopes_.pop_back();
+}
+
+namespace {
+
+std::vector<ParamSpec> to_specs(const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params) {
+  std::vector<ParamSpec> specs;
+  for (const auto& [name, shape, shared] : params)
+    specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"), .shared_embedding = shared});
+  return specs;
+}
+
+std::pair<int64_t, int64_t> range_pair(const Range& r) { return {r.start, r.end}; }
+
+void bind_ddp_config(nb::module_& m) {
+  nb::class_<DdpConfig>(m, "DdpConfig", "mxddp::DdpConfig: the C++ DDP's options (fields as Megatron names them).")
+      .def(nb::init<>())
+      .def_rw("grad_reduce_in_fp32", &DdpConfig::grad_reduce_in_fp32)
+      .def_rw("overlap_grad_reduce", &DdpConfig::overlap_grad_reduce)
+      .def_rw("use_distributed_optimizer", &DdpConfig::use_distributed_optimizer)
+      .def_rw("bucket_size", &DdpConfig::bucket_size, nb::arg().none())
+      .def_rw("pad_buckets_for_high_nccl_busbw", &DdpConfig::pad_buckets_for_high_nccl_busbw)
+      .def_rw("average_in_collective", &DdpConfig::average_in_collective)
+      .def_rw("check_for_nan_in_grad", &DdpConfig::check_for_nan_in_grad)
+      .def_rw("force_all_reduce", &DdpConfig::force_all_reduce)
+      .def_rw("buckets_per_group", &DdpConfig::buckets_per_group)
+      .def_prop_rw(
+          "param_dtype", [](const DdpConfig& c) { return std::string(dtype_name(c.param_dtype)); },
+          [](DdpConfig& c, const std::string& name) { c.param_dtype = parse_param_dtype(name); });
+}
+
+}  // namespace
+
+void bind_ddp(nb::module_& m) {
+  bind_ddp_config(m);
+  nb::class_<PyDdp>(m, "DistributedDataParallel",
+                    "The C++ DistributedDataParallel: params laid out in one padded, bucketed buffer; buckets "
+                    "reduced as their grads are reported.")
+      .def("__init__",
+           [](PyDdp* self, const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
+              const DdpConfig& config) { new (self) PyDdp(to_specs(params), config); },
+           nb::arg("params"), nb::arg("config"),
+           "params: [(name, shape, shared_embedding)] in registration order.")
+      .def_prop_ro("num_params", [](PyDdp& s) { return s.ddp().num_params(); })
+      .def_prop_ro("closed", &PyDdp::closed)
+      .def_prop_ro("open_optimizers", &PyDdp::open_optimizers)
+      .def("param_name", [](PyDdp& s, int i) { return s.ddp().params().at(static_cast<size_t>(i)).name; })
+      // The views keep this handle alive (their DLPack owner), so the buffers outlive every tensor
+      // over them unless close() is called explicitly.
+      .def("param", [](nb::handle_t<PyDdp> self, int i) {
+        return to_torch(nb::cast<PyDdp&>(self).ddp().param(i), self);
+      }, "Param i's values: a torch view of the param buffer.")
+      .def("main_grad", [](nb::handle_t<PyDdp> self, int i) {
+        return to_torch(nb::cast<PyDdp&>(self).ddp().main_grad(i), self);
+      }, "Param i's gradient: a torch view of the grad buffer.")
+      .def("param_buffer", [](nb::handle_t<PyDdp> self) {
+        return to_torch(nb::cast<PyDdp&>(self).ddp().buffer().param_buffer(), self);
+      })
+      .def("grad_buffer", [](nb::handle_t<PyDdp> self) {
+        return to_torch(nb::cast<PyDdp&>(self).ddp().buffer().grad_buffer(), self);
+      })
+      .def("grad_ready", [](PyDdp& s, int i) {
+        DistributedDataParallel& ddp = s.ddp();
+        nb::gil_scoped_release release;
+        ddp.grad_ready(i);
+      }, nb::arg("index"))
+      .def("finish_grad_sync", [](PyDdp& s) {
+        DistributedDataParallel& ddp = s.ddp();
+        nb::gil_scoped_release release;
+        ddp.finish_grad_sync();
+      })
+      .def("zero_grad_buffer", [](PyDdp& s) {
+        DistributedDataParallel& ddp = s.ddp();
+        nb::gil_scoped_release release;
+        ddp.zero_grad_buffer();
+      })
+      .def("broadcast_params", [](PyDdp& s) {
+        DistributedDataParallel& ddp = s.ddp();
+        nb::gil_scoped_release release;
+        ddp.broadcast_params();
+      }, "Copies rank 0's param buffer to every rank.")
+      .def_prop_ro("grads_live", [](PyDdp& s) { return s.ddp().grads_live(); })
+      .def("enter_no_sync", &PyDdp::enter_no_sync)
+      .def("exit_no_sync", &PyDdp::exit_no_sync)
+      .def_prop_ro("no_sync_depth", &PyDdp::no_sync_depth)
+      .def_prop_ro("param_dtype", [](PyDdp& s) { return std::string(dtype_name(s.ddp().param_dtype())); })
+      .def_prop_ro("grad_dtype", [](PyDdp& s) { return std::string(dtype_name(s.ddp().grad_dtype())); })
+      // The layout, for tests and for users who want to see where their params went (elements).
+      .def_prop_ro("numel", [](PyDdp& s) { return s.ddp().layout().numel; })
+      .def_prop_ro("num_buckets", [](PyDdp& s) { return static_cast<int>(s.ddp().layout().buckets.size()); })
+      .def("param_range", [](PyDdp& s, int i) {
+        return range_pair(s.ddp().layout().params.at(static_cast<size_t>(i)).range);
+      })
+      .def("bucket_of_param", [](PyDdp& s, int i) { return s.ddp().layout().params.at(static_cast<size_t>(i)).bucket; })
+      .def("bucket_range", [](PyDdp& s, int b) {
+        return range_pair(s.ddp().layout().buckets.at(static_cast<size_t>(b)).range);
+      })
+      .def_prop_ro("num_bucket_groups", [](PyDdp& s) { return s.ddp().num_bucket_groups(); })
+      .def("bucket_group_issued", [](PyDdp& s, int g) { return s.ddp().bucket_group_issued(g); })
+      .def("close", &PyDdp::close,
+           "Waits for collectives in flight and frees the buffers; every view of them is invalid after.");
+}
+
+}  // namespace mxddp::python

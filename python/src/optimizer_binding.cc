@@ -1,0 +1,102 @@
+// mxddp._C.DistributedOptimizer: the C++ distributed optimizer (F32 main shards, AdamW or SGD,
+// global grad norm and clipping) stepping on a DistributedDataParallel's buffers; its step ends
+// with the param all-gather into the param buffer the torch params view. The GIL is released while
+// it works.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include "bindings.h"
+#include "runtime.h"
+
+namespace nb = nanobind;
+
+namespace mxddp::python {
+namespace {
+
+// The handle: the optimizer and the DDP handle it steps on (kept alive by nb::keep_alive).
+class PyOptimizer {
+ public:
+  PyOptimizer(PyDdp& ddp, const OptimizerConfig& config) : ddp_(ddp) {
+    MXDDP_CHECK(ddp.ddp().config().use_distributed_optimizer,
+                "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer=True");
+    Runtime& runtime = Runtime::get();
+    {
+      nb::gil_scoped_release release;
+      optimizer_ = std::make_unique<DistributedOptimizer>(ddp.ddp(), config, runtime.tracker());
+    }
+    ddp.add_optimizer();
+    runtime.add_user();
+  }
+  ~PyOptimizer() { close(); }
+  PyOptimizer(const PyOptimizer&) = delete;
+  PyOptimizer& operator=(const PyOptimizer&) = delete;
+
+  DistributedOptimizer& optimizer() {
+    MXDDP_CHECK(optimizer_ != nullptr, "this DistributedOptimizer was closed");
+    return *optimizer_;
+  }
+  bool closed() const { return optimizer_ == nullptr; }
+  void close() {
+    if (!optimizer_) return;
+    optimizer_.reset();
+    ddp_.remove_optimizer();
+    Runtime::get().remove_user();
+  }
+
+ private:
+  PyDdp& ddp_;
+  std::unique_ptr<DistributedOptimizer> optimizer_;
+};
+
+}  // namespace
+
+void bind_optimizer(nb::module_& m) {
+  nb::class_<OptimizerConfig>(m, "OptimizerConfig", "mxddp::OptimizerConfig (fields as Megatron names them).")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "optimizer", [](const OptimizerConfig& c) { return std::string(optimizer_name(c.optimizer)); },
+          [](OptimizerConfig& c, const std::string& name) { c.optimizer = parse_optimizer(name); })
+      .def_rw("lr", &OptimizerConfig::lr)
+      .def_rw("weight_decay", &OptimizerConfig::weight_decay)
+      .def_rw("adam_beta1", &OptimizerConfig::adam_beta1)
+      .def_rw("adam_beta2", &OptimizerConfig::adam_beta2)
+      .def_rw("adam_eps", &OptimizerConfig::adam_eps)
+      .def_rw("sgd_momentum", &OptimizerConfig::sgd_momentum)
+      .def_rw("clip_grad", &OptimizerConfig::clip_grad);
+
+  nb::class_<PyOptimizer>(m, "DistributedOptimizer",
+                          "The C++ distributed optimizer over a DistributedDataParallel's buffers.")
+      .def(nb::init<PyDdp&, const OptimizerConfig&>(), nb::arg("ddp"), nb::arg("config"), nb::keep_alive<1, 2>())
+      .def("step",
+           [](PyOptimizer& s) {
+             DistributedOptimizer& opt = s.optimizer();
+             StepResult r;
+             {
+               nb::gil_scoped_release release;
+               r = opt.step();
+             }
+             return std::make_tuple(r.skipped, r.grad_norm, r.clip_coeff);
+           },
+           "Collective. Returns (skipped, grad_norm, clip_coeff); skipped when the grad norm is NaN or Inf.")
+      .def("zero_grad",
+           [](PyOptimizer& s) {
+             DistributedOptimizer& opt = s.optimizer();
+             nb::gil_scoped_release release;
+             opt.zero_grad();
+           })
+      .def("force_param_sync",
+           [](PyOptimizer& s) {
+             DistributedOptimizer& opt = s.optimizer();
+             nb::gil_scoped_release release;
+             opt.force_param_sync();
+           })
+      .def_prop_rw(
+          "lr", [](PyOptimizer& s) { return s.optimizer().lr(); },
+          [](PyOptimizer& s, float lr) { s.optimizer().set_lr(lr); })
+      .def_prop_ro("step_count", [](PyOptimizer& s) { return s.optimizer().step_count(); })
+      .def_prop_ro("closed", &PyOptimizer::closed)
+      .def("close", &PyOptimizer::close);
+}
+
+}  // namespace mxddp::python

@@ -1,0 +1,47 @@
+// The process's mxddp runtime for Python: MPI, the world communicator and the memory tracker.
+//
+// One per process, created by init_mpi() (mxddp.torch.init) and torn down by finalize() (at
+// interpreter exit): MPI can be initialized only once, and every object that uses the
+// communicator must be gone before MPI_Finalize, so the runtime counts them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include <mxddp/comm.h>
+#include <mxddp/memory.h>
+
+namespace mxddp::python {
+
+class Runtime {
+ public:
+  // Initializes MPI (MPI_THREAD_MULTIPLE) and the world communicator; returns (rank, world).
+  // Called again while alive: returns the same pair (timeout_ms must then be the same).
+  static std::pair<int, int> init_mpi(int64_t timeout_ms);
+  static bool initialized();
+  // The live runtime; throws Error telling to call mxddp.torch.init() first.
+  static Runtime& get();
+  // Destroys the communicator and finalizes MPI. Throws if objects built on it are still open.
+  static void finalize();
+
+  Communicator& comm() { return *comm_; }
+  MemoryTracker& tracker() { return tracker_; }
+  int64_t timeout_ms() const { return timeout_ms_; }
+
+  // Objects that hold the communicator (DDPs, optimizers) register while open.
+  void add_user() { ++users_; }
+  void remove_user() { --users_; }
+
+  Runtime(std::unique_ptr<MpiRuntime> mpi, int64_t timeout_ms);
+  ~Runtime();
+
+ private:
+  std::unique_ptr<MpiRuntime> mpi_;
+  MemoryTracker tracker_;
+  std::unique_ptr<Communicator> comm_;
+  int64_t timeout_ms_;
+  int users_ = 0;
+};
+
+}  // namespace mxddp::python

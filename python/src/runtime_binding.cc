@@ -1,0 +1,79 @@
+// mxddp._C's process-level entry points: MPI start and end, the memory tracker's figures, and the
+// few collectives a script needs beside its model (agreeing on a port, averaging a loss).
+#include <mpi.h>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include "bindings.h"
+#include "runtime.h"
+#include "views.h"
+
+namespace nb = nanobind;
+
+namespace mxddp::python {
+namespace {
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  if (name == "sum") return ReduceOp::kSum;
+  if (name == "avg") return ReduceOp::kAvg;
+  if (name == "max") return ReduceOp::kMax;
+  MXDDP_FAIL("reduce op '{}' is not supported; valid: sum, avg, max", name);
+}
+
+}  // namespace
+
+void bind_runtime(nb::module_& m) {
+  m.def(
+      "init_mpi", [](int64_t timeout_ms) { return Runtime::init_mpi(timeout_ms); }, nb::arg("timeout_ms"),
+      "Initializes MPI and the world communicator once per process; returns (rank, world_size).");
+  m.def("is_initialized", &Runtime::initialized);
+  m.def("finalize", &Runtime::finalize, "Destroys the communicator and finalizes MPI (every DDP closed first).");
+  m.def("rank", [] { return Runtime::get().comm().rank(); });
+  m.def("world_size", [] { return Runtime::get().comm().size(); });
+  m.def(
+      "memory_usage",
+      [] {
+        const MemoryUsage usage = Runtime::get().tracker().usage();
+        nb::dict out;
+        for (int c = 0; c < kNumMemoryCategories; ++c) {
+          const auto name = memory_category_name(static_cast<MemoryCategory>(c));
+          out[nb::str(name.data(), name.size())] =
+              nb::make_tuple(usage.live_bytes[static_cast<size_t>(c)], usage.peak_bytes[static_cast<size_t>(c)]);
+        }
+        return out;
+      },
+      "This process's tracked bytes per category: {name: (live_bytes, peak_bytes)}.");
+  m.def("reset_memory_peaks", [] { Runtime::get().tracker().reset_peaks(); });
+  m.def(
+      "all_reduce",
+      [](HostArray array, const std::string& op) {
+        const TensorView view = from_array(array, "all_reduce's tensor");
+        const ReduceOp reduce_op = parse_reduce_op(op);
+        nb::gil_scoped_release release;
+        Runtime::get().comm().all_reduce(view, {.op = reduce_op}).wait();
+      },
+      nb::arg("tensor"), nb::arg("op") = "sum", "In place, across every rank (f32 or bf16, contiguous, CPU).");
+  m.def(
+      "broadcast",
+      [](HostArray array, int root) {
+        const TensorView view = from_array(array, "broadcast's tensor");
+        nb::gil_scoped_release release;
+        Runtime::get().comm().broadcast(view, {.root = root}).wait();
+      },
+      nb::arg("tensor"), nb::arg("root") = 0, "In place, from root to every rank (f32 or bf16, contiguous, CPU).");
+  m.def(
+      "abort",
+      [](int code) {
+        Runtime::get();  // only while MPI is up
+        MPI_Abort(MPI_COMM_WORLD, code);
+      },
+      nb::arg("code"), "Ends every rank of the job at once (MPI_Abort): a rank that cannot go on.");
+  m.def("barrier", [] {
+    nb::gil_scoped_release release;
+    Runtime::get().comm().barrier().wait();
+  });
+}
+
+}  // namespace mxddp::python

@@ -1,0 +1,62 @@
+// DLPack views of mxddp's buffers and TensorViews of the caller's arrays (see views.h).
+#include "views.h"
+
+namespace nb = nanobind;
+
+namespace mxddp::python {
+namespace {
+
+nb::dlpack::dtype dlpack_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return nb::dtype<float>();
+    case DType::kBF16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    default: MXDDP_FAIL("no torch view for dtype {}; the package hands out f32 and bf16", dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+TorchView to_torch(const TensorView& view, nb::handle owner) {
+  MXDDP_CHECK(view.device.is_cpu(), "only CPU tensors cross to torch; got {}", view.to_string());
+  std::vector<size_t> shape;
+  for (int i = 0; i < view.shape.ndim(); ++i) shape.push_back(static_cast<size_t>(view.shape[i]));
+  return TorchView(view.data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(view.dtype));
+}
+
+Shape to_shape(const std::vector<int64_t>& d, const std::string& what) {
+  MXDDP_CHECK(d.size() <= static_cast<size_t>(Shape::kMaxDims), "{} has {} dimensions; mxddp takes at most {}", what,
+              d.size(), Shape::kMaxDims);
+  switch (d.size()) {
+    case 0: return Shape{};
+    case 1: return Shape{d[0]};
+    case 2: return Shape{d[0], d[1]};
+    case 3: return Shape{d[0], d[1], d[2]};
+    case 4: return Shape{d[0], d[1], d[2], d[3]};
+    case 5: return Shape{d[0], d[1], d[2], d[3], d[4]};
+    default: return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+  }
+}
+
+TensorView from_array(const HostArray& array, const std::string& what) {
+  DType dtype;
+  if (array.dtype() == nb::dtype<float>()) {
+    dtype = DType::kF32;
+  } else if (array.dtype() == nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}) {
+    dtype = DType::kBF16;
+  } else {
+    MXDDP_FAIL("{}: dtype (DLPack code {}, {} bits) is not taken; valid: float32, bfloat16", what,
+               static_cast<int>(array.dtype().code), static_cast<int>(array.dtype().bits));
+  }
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < array.ndim(); ++i) dims.push_back(static_cast<int64_t>(array.shape(i)));
+  return TensorView{array.data(), dtype, to_shape(dims, what), Device::cpu()};
+}
+
+DType parse_param_dtype(const std::string& name) {
+  if (name == "f32" || name == "float32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  MXDDP_FAIL("param dtype '{}' is not taken; valid: float32, bfloat16", name);
+}
+
+}  // namespace mxddp::python

@@ -1,0 +1,34 @@
+"""Shared set-up for the mxddp.torch tests, run under `mpirun -np N python -m pytest tests/python`.
+
+Every rank runs the same tests in the same order, so their collectives match. The session starts
+mxddp (MPI) and, for the PyTorch reference, a gloo process group over 127.0.0.1 whose port rank 0
+picks and broadcasts through mxddp.
+"""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import mxddp.torch as mxt
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ranks():
+    """(rank, world): mxddp's MPI ranks, with a gloo group of the same ranks for the reference."""
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
+        pytest.skip("run under mpirun: mpirun -np 2 python -m pytest tests/python")
+    torch.set_num_threads(1)
+    rank, world = mxt.init(timeout_s=120)
+    port = torch.tensor([float(_free_port() if rank == 0 else 0)])
+    mxt.broadcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank, world_size=world)
+    yield rank, world
+    dist.destroy_process_group()
