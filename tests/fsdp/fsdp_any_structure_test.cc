@@ -9,20 +9,23 @@
 // params first, last, in the middle; a weight shared by the first and the last module) x mode (DDP
 // with a replicated optimizer, DDP with the distributed optimizer, with and without MXFP8 params,
 // FSDP no_shard, optim, optim_grads, optim_grads_params, the last with and without MXFP8 params).
-// Each case runs 2 generated structures (seeds) x {units of 1-3 modules, fine-grained: a unit per
-// module} x dp 1..4 = 16 runs of 3 iterations; over those 16 the other axes are cycled so that each
-// takes both its values 8 times: micro-batches 1 or 3, overlap_grad_reduce, overlap_param_gather
-// (DDP: with the distributed optimizer only), param dtype bf16 or f32 (bf16 only with MXFP8, as the
-// runtime requires), and a recompute of every unit in backward. Every structure has frozen params
-// (never registered), a fully frozen module, and a one-param unit module.
+// Each case runs every combination of 2 generated structures (seeds) x {units of 1-3 modules,
+// fine-grained: a unit per module} x dp 1..4 x micro-batches 1 and 3 x overlap_grad_reduce on/off x
+// overlap_param_gather on/off (DDP: with the distributed optimizer only) = 128 runs (64 for DDP
+// with the replicated optimizer) of 3 iterations, about 5,000 runs in all, a few seconds. Two axes
+// are cycled instead, each on in half of a case's runs: param dtype f32 rather than bf16 (bf16 only
+// with MXFP8, as the runtime requires), and a recompute of every unit in backward. Every structure
+// has frozen params (never registered), a fully frozen module (no hooks), and a one-param unit.
 // All comparisons are bit for bit: the reference forms each gradient in the order the run reduces
-// it (a rank's micro-batches summed then reduced, or each reduced then summed, the ranks in rank
+// it (a rank's micro-batches summed then reduced, or each reduced then summed; the ranks in rank
 // order with the 1/dp prescale), and the local backend reduces in rank order.
 //
-// Under jitter (Jitter.*): a case per structure class x {DDP distributed optimizer, the FSDP
-// strategies, optim_grads_params MXFP8} at dp 2 and 4, 3 micro-batches, overlap on, with the
-// communicator's injected delay (before every all-gather and reduce-scatter) and a sleep after every
-// module's forward: still bit for bit, and every rank issues FSDP's collectives in the same order.
+// Under jitter (AnyStructureJitter.*): a case per structure class running DDP with the distributed
+// optimizer (with and without MXFP8), each FSDP strategy and optim_grads_params MXFP8, each at dp 2
+// and 4, 3 micro-batches, overlap on, fine-grained and recompute alternating, with the
+// communicator's injected delay (up to 300 us before every all-gather and reduce-scatter, on the
+// progress thread) and a sleep of up to 200 us after every module's forward: still bit for bit, and
+// every rank issues FSDP's collectives in the same order.
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -131,26 +134,34 @@ class AnyStructure : public ::testing::TestWithParam<std::tuple<StructureClass, 
 
 TEST_P(AnyStructure, MatchesTheSerialReference) {
   const auto [structure, variant] = GetParam();
+  int runs = 0;
   for (int seed : {1, 2})
     for (bool fine_grained : {false, true})
-      for (int dp = 1; dp <= 4; ++dp) {
-        // The cycled axes: each a parity of different bits of (dp - 1, fine_grained, seed), so
-        // each takes both values 8 times in these 16 runs and every (dp, micro-batches) pair occurs.
-        const int b0 = (dp - 1) & 1, b1 = ((dp - 1) >> 1) & 1, b2 = fine_grained ? 1 : 0, b3 = seed - 1;
-        GenericCase c{.structure = structure,
-                      .seed = static_cast<uint64_t>(seed),
-                      .mode = variant.mode,
-                      .fine_grained = fine_grained,
-                      .mxfp8 = variant.mxfp8,
-                      .overlap_grad_reduce = (b1 ^ b2) != 0,
-                      .overlap_param_gather = (b0 ^ b1 ^ b3) != 0};
-        c.run.dp = dp;
-        c.run.micro_batches = (b0 ^ b2 ^ b3) != 0 ? 3 : 1;
-        c.run.param_dtype = !variant.mxfp8 && (b1 ^ b3) != 0 ? DType::kF32 : DType::kBF16;
-        c.run.recompute = (b0 ^ b1 ^ b2) != 0;
-        SCOPED_TRACE(c.name() + " " + generic_model_of(c).describe());
-        run_local_case(c);
-      }
+      for (int dp = 1; dp <= 4; ++dp)
+        for (int micro_batches : {1, 3})
+          for (bool grad_overlap : {false, true})
+            for (bool param_overlap : {false, true}) {
+              // DDP without the distributed optimizer has no param gather to overlap.
+              if (param_overlap && variant.mode == DpMode::kDdp) continue;
+              // The cycled axes: parities of different sets of the axes above, so each takes both
+              // its values in half of the runs, with every structure class and every mode.
+              const int b_dp = (dp - 1) & 1, b_mb = micro_batches == 3, b_seed = seed - 1;
+              GenericCase c{.structure = structure,
+                            .seed = static_cast<uint64_t>(seed),
+                            .mode = variant.mode,
+                            .fine_grained = fine_grained,
+                            .mxfp8 = variant.mxfp8,
+                            .overlap_grad_reduce = grad_overlap,
+                            .overlap_param_gather = param_overlap};
+              c.run.dp = dp;
+              c.run.micro_batches = micro_batches;
+              c.run.param_dtype = !variant.mxfp8 && (b_dp ^ b_mb ^ b_seed ^ grad_overlap) ? DType::kF32 : DType::kBF16;
+              c.run.recompute = (((dp - 1) >> 1) ^ fine_grained ^ param_overlap ^ b_mb) != 0;
+              SCOPED_TRACE(c.name() + " " + generic_model_of(c).describe());
+              run_local_case(c);
+              ++runs;
+            }
+  EXPECT_EQ(runs, variant.mode == DpMode::kDdp ? 64 : 128);
 }
 
 std::string structure_variant_name(const ::testing::TestParamInfo<std::tuple<StructureClass, ModeVariant>>& info) {
@@ -169,17 +180,19 @@ TEST_P(AnyStructureJitter, MatchesTheSerialReferenceUnderDelays) {
   const StructureClass structure = GetParam();
   int k = 0;
   for (const ModeVariant& v : kModeVariants) {
-    if (v.mode == DpMode::kDdp) continue;  // no collective of its own to delay but the all-reduces
-    GenericCase c{.structure = structure, .seed = 5, .mode = v.mode, .fine_grained = k % 2 == 1, .mxfp8 = v.mxfp8,
-                  .overlap_grad_reduce = true, .overlap_param_gather = true};
-    c.run.dp = k % 2 == 0 ? 2 : 4;
-    c.run.micro_batches = 3;
-    c.run.recompute = k % 3 == 0;
-    ++k;
-    LocalOptions options;
-    options.injected_delay = {.min_us = 0, .max_us = 300, .seed = 100 + static_cast<uint64_t>(k)};
-    SCOPED_TRACE(c.name() + " under jitter");
-    run_local_case(c, options, /*hook_sleep_us=*/200);
+    if (v.mode == DpMode::kDdp) continue;  // its one collective, the all-reduce, is not delayed
+    for (int dp : {2, 4}) {
+      GenericCase c{.structure = structure, .seed = 5, .mode = v.mode, .fine_grained = k % 2 == 1, .mxfp8 = v.mxfp8,
+                    .overlap_grad_reduce = true, .overlap_param_gather = true};
+      c.run.dp = dp;
+      c.run.micro_batches = 3;
+      c.run.recompute = k % 3 == 0;
+      ++k;
+      LocalOptions options;
+      options.injected_delay = {.min_us = 0, .max_us = 300, .seed = 100 + static_cast<uint64_t>(k)};
+      SCOPED_TRACE(c.name() + " under jitter");
+      run_local_case(c, options, /*hook_sleep_us=*/200);
+    }
   }
 }
 
