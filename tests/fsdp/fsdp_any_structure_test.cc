@@ -1,9 +1,11 @@
 // DDP and every FSDP strategy on model structures the reference GPT does not have (issue 30, point
 // 1): the generic model of generic_model.h, against its serial reference, on the local backend.
 //
-// The defect that started it: with every param in a unit, the hook schedule forgot the last unit's
-// grad_ready reports before that unit's post-backward checked them ("after_backward: param ... has
-// not reported grad_ready"). AllParamsInUnits.* reproduces it on its own.
+// The defect that started it: wherever a unit reports the micro-batch's last grad_ready (every param
+// in units, or the non-unit params all after the first unit), the hook schedule forgot that unit's
+// reports before its post-backward checked them ("after_backward: param ... has not reported
+// grad_ready"). AllParamsInUnits.* reproduces it on its own; GenericModel.* checks that the
+// generated structures have what the matrix relies on.
 //
 // The matrix (AnyStructure.*): a test case per structure class (every param in units; non-unit
 // params first, last, in the middle; a weight shared by the first and the last module) x mode (DDP
@@ -12,7 +14,7 @@
 // Each case runs every combination of 2 generated structures (seeds) x {units of 1-3 modules,
 // fine-grained: a unit per module} x dp 1..4 x micro-batches 1 and 3 x overlap_grad_reduce on/off x
 // overlap_param_gather on/off (DDP: with the distributed optimizer only) = 128 runs (64 for DDP
-// with the replicated optimizer) of 3 iterations, about 5,000 runs in all, a few seconds. Two axes
+// with the replicated optimizer) of 3 iterations, 4,800 runs in all, about 16 s. Two axes
 // are cycled instead, each on in half of a case's runs: param dtype f32 rather than bf16 (bf16 only
 // with MXFP8, as the runtime requires), and a recompute of every unit in backward. Every structure
 // has frozen params (never registered), a fully frozen module (no hooks), and a one-param unit.
@@ -67,6 +69,69 @@ void run_local_case(const GenericCase& c, const LocalOptions& options = {}, int6
       options);
   for (int r = 1; r < c.run.dp; ++r)
     EXPECT_EQ(logs[static_cast<size_t>(r)], logs[0]) << c.name() << ": rank " << r << " issued FSDP's collectives in another order";
+}
+
+// ---- The generated structures ----
+
+// Every generated structure has what the matrix relies on: its class's placement of non-unit
+// modules, a one-param unit module, a frozen param inside a unit module, a fully frozen module, the
+// tied weight read by two modules, and (fine-grained) one unit per module.
+TEST(GenericModel, StructuresHaveWhatTheirClassPromises) {
+  for (StructureClass structure : kStructureClasses)
+    for (uint64_t seed : {1, 2, 3, 5, 11})
+      for (bool fine_grained : {false, true}) {
+        const GenericModel m = make_generic_model(structure, seed, fine_grained, /*mxfp8=*/true);
+        SCOPED_TRACE(m.describe());
+        std::string placement;  // per hooked block: 'u' unit, 'n' non-unit
+        bool one_param_unit_module = false, frozen_in_unit = false, frozen_module = false;
+        for (const GenericBlock& b : m.blocks) {
+          if (b.hook_params.empty()) {
+            frozen_module = true;
+            continue;
+          }
+          placement += b.unit >= 0 ? 'u' : 'n';
+          if (b.unit >= 0 && fine_grained) {
+            EXPECT_EQ(b.modules.size(), 1u);
+          }
+          for (int mi : b.modules) {
+            const GenericModule& mod = m.modules[static_cast<size_t>(mi)];
+            if (b.unit >= 0 && mod.bias < 0 && mod.gain < 0) one_param_unit_module = true;
+            for (int p : {mod.weight, mod.bias, mod.gain})
+              if (p >= 0 && b.unit >= 0 && m.params[static_cast<size_t>(p)].frozen) frozen_in_unit = true;
+          }
+        }
+        EXPECT_TRUE(one_param_unit_module);
+        EXPECT_TRUE(frozen_in_unit);
+        EXPECT_TRUE(frozen_module);
+        const size_t first_u = placement.find('u'), last_u = placement.rfind('u');
+        switch (structure) {
+          case StructureClass::kAllInUnits: EXPECT_EQ(placement.find('n'), std::string::npos); break;
+          case StructureClass::kNonUnitFirst: EXPECT_GT(first_u, 0u); EXPECT_EQ(last_u + 1, placement.size()); break;
+          case StructureClass::kNonUnitLast: EXPECT_EQ(first_u, 0u); EXPECT_LT(last_u + 1, placement.size()); break;
+          case StructureClass::kNonUnitMiddle:
+            EXPECT_EQ(first_u, 0u);
+            EXPECT_EQ(last_u + 1, placement.size());
+            EXPECT_NE(placement.find('n'), std::string::npos);
+            break;
+          case StructureClass::kTiedFirstLast: {
+            EXPECT_EQ(placement.front(), 'n');
+            EXPECT_EQ(placement.back(), 'n');
+            const int tied = m.modules.front().weight;
+            EXPECT_EQ(m.modules.back().weight, tied);
+            EXPECT_TRUE(m.specs[static_cast<size_t>(m.params[static_cast<size_t>(tied)].index)].shared_embedding);
+            break;
+          }
+        }
+        // The weights of unit modules are MXFP8 and nothing else is; no frozen param is registered.
+        std::vector<bool> unit_weight(m.specs.size(), false);
+        for (const GenericBlock& b : m.blocks)
+          for (int mi : b.modules) {
+            const GenericParam& w = m.params[static_cast<size_t>(m.modules[static_cast<size_t>(mi)].weight)];
+            if (b.unit >= 0 && w.index >= 0) unit_weight[static_cast<size_t>(w.index)] = true;
+          }
+        for (size_t i = 0; i < m.specs.size(); ++i) EXPECT_EQ(m.specs[i].mxfp8, unit_weight[i]) << m.specs[i].name;
+        for (const GenericParam& p : m.params) EXPECT_EQ(p.index < 0, p.frozen) << p.name;
+      }
 }
 
 // ---- The defect, on its own ----

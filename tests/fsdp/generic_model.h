@@ -168,7 +168,7 @@ inline GenericModel make_generic_model(StructureClass c, uint64_t seed, bool fin
       mod.weight = add_param(prefix + "weight", Shape{mod.out, mod.in}, kind == 'f', kind == 'u' && mxfp8);
     }
     if (static_cast<int>(i) != one_param_module) {
-      if (kind == 'f' || pick(0, 9) < 7 || uses_tied)
+      if (kind == 'f' || static_cast<int>(i) == frozen_in_unit || uses_tied || pick(0, 9) < 7)
         mod.bias = add_param(prefix + "bias", Shape{mod.out}, kind == 'f' || static_cast<int>(i) == frozen_in_unit, false);
       if (pick(0, 9) < 4) mod.gain = add_param(prefix + "gain", Shape{mod.out}, kind == 'f', false);
     }
