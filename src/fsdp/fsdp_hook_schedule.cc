@@ -1,6 +1,6 @@
-// FsdpHookSchedule (include/mxddp/fsdp.h): the decisions of FSDP's module hooks, for
+// FsdpHookSchedule (fsdp_hook_schedule.h): the decisions of FSDP's module hooks, for
 // FullyShardedDataParallel and the memory plan's FsdpMemorySim alike.
-#include <mxddp/fsdp.h>
+#include "fsdp_hook_schedule.h"
 
 #include <algorithm>
 #include <utility>
@@ -108,7 +108,8 @@ void FsdpHookSchedule::grad_ready(int param, bool grads_sync) {
 
 void FsdpHookSchedule::end_micro_batch_if_done() {
   // Clearing at the last grad_ready alone would forget a unit's reports before its post-backward
-  // checks them, wherever a unit reports last (every param in units, non-unit params first).
+  // checks them, wherever a unit reports last (every param in units, or the non-unit params all
+  // after the first unit).
   if (ready_count_ == static_cast<int>(ready_.size()) && units_done_ == num_units_) clear_ready();
 }
 

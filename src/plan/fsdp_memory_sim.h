@@ -19,6 +19,8 @@
 #include <mxddp/fsdp.h>
 #include <mxddp/memory.h>
 
+#include "../fsdp/fsdp_hook_schedule.h"
+
 namespace mxddp {
 
 class FsdpMemorySim final : private FsdpHookActions {

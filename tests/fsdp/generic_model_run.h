@@ -18,6 +18,7 @@
 #include <mxddp/fsdp.h>
 #include <mxddp/optim.h>
 
+#include "fsdp/fsdp_engine.h"
 #include "fsdp/generic_model.h"
 
 namespace mxddp::testing {
@@ -116,7 +117,7 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
   for (size_t i = 0; i < init.size(); ++i) init_views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
 
   std::unique_ptr<DataParallel> owned;
-  FullyShardedDataParallel* fsdp = nullptr;
+  const FsdpEngine* fsdp = nullptr;  // FSDP's observability (gathers, releases)
   if (is_fsdp(c.mode)) {
     FsdpConfig fc;
     fc.data_parallel_sharding_strategy = strategy_of(c.mode);
@@ -124,7 +125,7 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
     fc.overlap_param_gather = c.overlap_param_gather;
     fc.param_dtype = c.run.param_dtype;
     auto f = std::make_unique<FullyShardedDataParallel>(comm, model.specs, model.units, fc, tracker, init_views);
-    fsdp = f.get();
+    fsdp = &fsdp_engine(*f);
     owned = std::move(f);
   } else {
     DdpConfig dc;
