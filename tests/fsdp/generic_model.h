@@ -133,7 +133,7 @@ inline GenericModel make_generic_model(StructureClass c, uint64_t seed, bool fin
     return u[static_cast<size_t>(pick(0, static_cast<int>(u.size()) - 1))];
   }();
   const int frozen_in_unit = [&] {  // a unit module (not the one-param one) with a frozen bias
-    for (int tries = 0;; ++tries) {
+    for (;;) {
       const int i = pick(0, static_cast<int>(kinds.size()) - 1);
       if (kinds[static_cast<size_t>(i)] == 'u' && i != one_param_module) return i;
     }
