@@ -121,11 +121,11 @@ inline GenericModel make_generic_model(StructureClass c, uint64_t seed, bool fin
     case StructureClass::kNonUnitFirst: kinds = std::string(static_cast<size_t>(non_unit), 'n') + kinds; break;
     case StructureClass::kNonUnitLast: kinds += std::string(static_cast<size_t>(non_unit), 'n'); break;
     case StructureClass::kNonUnitMiddle:
-      kinds.insert(static_cast<size_t>(pick(2, unit_modules - 2)), std::string(static_cast<size_t>(non_unit), 'n'));
+      kinds.insert(static_cast<size_t>(pick(2, unit_modules - 2)), static_cast<size_t>(non_unit), 'n');
       break;
     case StructureClass::kTiedFirstLast: kinds = "n" + kinds + "n"; break;
   }
-  kinds.insert(static_cast<size_t>(pick(1, static_cast<int>(kinds.size()) - 1)), "f");
+  kinds.insert(static_cast<size_t>(pick(1, static_cast<int>(kinds.size()) - 1)), 1, 'f');
   const int one_param_module = [&] {  // a unit module with its weight alone
     std::vector<int> u;
     for (size_t i = 0; i < kinds.size(); ++i)
