@@ -20,6 +20,7 @@ FsdpHookSchedule::FsdpHookSchedule(FsdpHookActions& actions, const FsdpConfig& c
       layout_(&layout),
       unit_of_param_(std::move(unit_of_param)),
       ready_(unit_of_param_.size(), false),
+      unit_done_(static_cast<size_t>(num_units), false),
       num_units_(num_units),
       prefetch_budget_numel_(prefetch_budget_numel) {}
 
@@ -82,6 +83,11 @@ void FsdpHookSchedule::after_backward(int unit, bool grads_sync) {
   if (reduce_now(grads_sync))
     for (int b : actions_->group_buckets(unit)) actions_->issue_reduction(b);
   wait_without_overlap();
+  if (!unit_done_[static_cast<size_t>(unit)]) {
+    unit_done_[static_cast<size_t>(unit)] = true;
+    ++units_done_;
+  }
+  end_micro_batch_if_done();  // this unit may have reported the micro-batch's last grad
 }
 
 void FsdpHookSchedule::grad_ready(int param, bool grads_sync) {
@@ -97,12 +103,21 @@ void FsdpHookSchedule::grad_ready(int param, bool grads_sync) {
       wait_without_overlap();
     }
   }
-  if (ready_count_ == static_cast<int>(ready_.size())) clear_ready();  // the micro-batch's backward is over
+  end_micro_batch_if_done();
+}
+
+void FsdpHookSchedule::end_micro_batch_if_done() {
+  // Clearing at the last grad_ready alone would forget a unit's reports before its post-backward
+  // checks them, wherever a unit reports last (every param in units, or the non-unit params all
+  // after the first unit).
+  if (ready_count_ == static_cast<int>(ready_.size()) && units_done_ == num_units_) clear_ready();
 }
 
 void FsdpHookSchedule::clear_ready() {
   ready_.assign(ready_.size(), false);
   ready_count_ = 0;
+  unit_done_.assign(unit_done_.size(), false);
+  units_done_ = 0;
 }
 
 void FsdpHookSchedule::wait_without_overlap() {

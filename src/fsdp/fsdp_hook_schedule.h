@@ -75,10 +75,12 @@ class FsdpHookSchedule {
   void before_backward(int unit);
   void after_backward(int unit, bool grads_sync);
   // Param `param`'s grad is final for this micro-batch: a non-unit bucket is reduced when its last
-  // grad is in (a unit's at its post-backward). Once every param is in, a new micro-batch starts.
+  // grad is in (a unit's at its post-backward). The micro-batch's backward is over, and a new one
+  // starts, once every param is in and every unit's post-backward has run, whichever comes last: a
+  // unit may report the last grad and still check its reports at its post-backward after that.
   void grad_ready(int param, bool grads_sync);
   bool is_ready(int param) const { return ready_[static_cast<size_t>(param)]; }
-  void clear_ready();  // the grads were zeroed or synced: none is in
+  void clear_ready();  // the grads were zeroed or synced: none is in, no unit's backward has run
   // Ends the phase: every group released.
   void release_gathered_params();
   // fsdp_prefetch from unit in this pass, and each slot it returns dispatched.
@@ -90,6 +92,7 @@ class FsdpHookSchedule {
   // Whether grads are reduced as they come: always when sharded, else with overlap outside no_sync.
   bool reduce_now(bool grads_sync) const { return shards_grads() || (grads_sync && config_.overlap_grad_reduce); }
   void wait_without_overlap();
+  void end_micro_batch_if_done();  // clear_ready once every param is in and every unit is done
 
   FsdpHookActions* actions_ = nullptr;
   FsdpConfig config_;
@@ -97,6 +100,8 @@ class FsdpHookSchedule {
   std::vector<int> unit_of_param_;  // [param], -1 for non-unit
   std::vector<bool> ready_;         // [param], this micro-batch
   int ready_count_ = 0;
+  std::vector<bool> unit_done_;     // [unit] its post-backward ran in this micro-batch
+  int units_done_ = 0;
   int num_units_ = 0;
   int64_t prefetch_budget_numel_ = 0;
   int forward_unit_ = -1;     // the last unit whose pre-forward ran in this forward pass
