@@ -91,17 +91,6 @@ std::string describe_mode(const TrainConfig& c) {
   return mode;
 }
 
-// Bytes per buffer element each rank keeps of params, grads, main params and optimizer state: what
-// one element of padding costs.
-double model_state_bytes_per_element(const TrainConfig& c, int dp) {
-  const double states = 4.0 * (1 + static_cast<double>(optimizer_state_names(c.optimizer.optimizer).size()));
-  if (!c.use_megatron_fsdp) return (c.ddp.reuse_grad_buf_for_mxfp8_param_ag ? 0 : 2) + 4 + states / dp;
-  const ShardingStrategy s = c.fsdp.data_parallel_sharding_strategy;
-  const double param = dtype_size_bytes(c.fsdp.param_dtype) / (s == ShardingStrategy::kOptimGradsParams ? dp : 1.0);
-  const double grad = 4.0 / (s == ShardingStrategy::kOptimGrads || s == ShardingStrategy::kOptimGradsParams ? dp : 1.0);
-  return param + grad + states / (s == ShardingStrategy::kNoShard ? 1 : dp);
-}
-
 // The closed form a user of this mode would reach for, and its name.
 std::pair<std::string, double> matching_closed_form(const TrainConfig& c, const ClosedFormMemory& f, int64_t n) {
   if (!c.use_megatron_fsdp) return {"Megatron theoretical_memory_usage (distributed optimizer)", f.megatron_bytes};

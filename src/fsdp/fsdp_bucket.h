@@ -1,6 +1,6 @@
 // FullyShardedDataParallel::Bucket: the storage of one FSDP bucket (a unit's params of one kind,
-// or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated
-// depends on the strategy and on whether the bucket holds MXFP8 params.
+// or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated,
+// their bytes, categories and lifetimes, are the bucket's FsdpStoragePlan (fsdp_storage_plan.h).
 #pragma once
 
 #include <array>
@@ -8,9 +8,12 @@
 
 #include <mxddp/fsdp.h>
 
+#include "fsdp_storage_plan.h"
+
 namespace mxddp {
 
 struct FullyShardedDataParallel::Bucket {
+  FsdpStoragePlan storage;  // what it holds
   Range range;          // in the layout
   int64_t numel = 0;    // padded: G
   int64_t shard = 0;    // G / dp
@@ -29,6 +32,28 @@ struct FullyShardedDataParallel::Bucket {
   HostBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
   HostBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
   bool reduction_in_flight = false;
+
+  // The member that holds `buffer`.
+  HostBuffer& held(FsdpBuffer buffer) {
+    switch (buffer) {
+      case FsdpBuffer::kParamsFull: return params_full;
+      case FsdpBuffer::kParamsShard: return params_shard;
+      case FsdpBuffer::kRowShard: return row_shard;
+      case FsdpBuffer::kColShard: return col_shard;
+      case FsdpBuffer::kScales: return scales;
+      case FsdpBuffer::kGatheredValues: return gathered[static_cast<size_t>(GatherSlot::kValues)];
+      case FsdpBuffer::kGatheredRowwise: return gathered[static_cast<size_t>(GatherSlot::kRowwise)];
+      case FsdpBuffer::kGatheredColwise: return gathered[static_cast<size_t>(GatherSlot::kColwise)];
+      case FsdpBuffer::kGradsFull: return grads_full;
+      case FsdpBuffer::kGradsShard: return grads_shard;
+    }
+    MXDDP_FAIL("unknown FSDP buffer {}", static_cast<int>(buffer));
+  }
+  // Allocates `buffer` as the storage plan sizes it (contents uninitialized).
+  void allocate(FsdpBuffer buffer, MemoryTracker& tracker) {
+    const FsdpBufferPlan& plan = storage.buffer(buffer);
+    held(buffer) = HostBuffer(static_cast<size_t>(plan.bytes), plan.category, tracker);
+  }
 };
 
 // The elements [offset, offset + shape.numel()) of a flat view, shaped.

@@ -70,7 +70,7 @@ void FullyShardedDataParallel::dispatch_gather(int group, GatherSlot slot) {
     if (!slot_applies(slot, b.mxfp8)) continue;
     const HostBuffer& shard = slot == GatherSlot::kValues ? b.params_shard
                               : slot == GatherSlot::kRowwise ? b.row_shard : b.col_shard;
-    b.gathered[s] = HostBuffer(static_cast<size_t>(b.numel) * dtype_size_bytes(dtype), MemoryCategory::kGathered, tracker_);
+    b.allocate(FsdpStoragePlan::gathered_buffer(slot), tracker_);
     gathered_bytes_[s] += static_cast<int64_t>(b.gathered[s].size_bytes());
     gather_works_[static_cast<size_t>(group)][s].push_back(comm_.all_gather(
         shard.view(dtype, Shape{b.shard}), b.gathered[s].view(dtype, Shape{b.numel}), {.async_op = true}));

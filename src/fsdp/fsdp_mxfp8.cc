@@ -18,9 +18,8 @@ void FullyShardedDataParallel::allocate_staging(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   MXDDP_ASSERT(b.mxfp8);
   if (b.params_shard.data()) return;  // still the initial values (before the first iteration)
-  const size_t bytes = static_cast<size_t>(b.shard) * dtype_size_bytes(config_.param_dtype);
-  b.params_shard = HostBuffer(bytes, MemoryCategory::kParams, tracker_);
-  std::memset(b.params_shard.data(), 0, bytes);  // the optimizer writes params only; padding stays 0
+  b.allocate(FsdpBuffer::kParamsShard, tracker_);
+  std::memset(b.params_shard.data(), 0, b.params_shard.size_bytes());  // the optimizer writes params only; padding stays 0
 }
 
 TensorView FullyShardedDataParallel::param_scales(int param, QuantAxis axis) const {

@@ -1,6 +1,9 @@
 // FsdpMemorySim: FullyShardedDataParallel's allocations and frees, without the data, for the memory
 // plan (plan.h).
 //
+// What each bucket holds, and the bytes and category of each buffer, come from FsdpStoragePlan
+// (src/fsdp/fsdp_storage_plan.h), from which FullyShardedDataParallel allocates; this class says
+// only when each is charged and refunded.
 // It is the state machine of src/fsdp/ (the gather state per group and slot, the releases, the
 // bounded reduce-scatter queue that frees each bucket's transient unsharded grads, the MXFP8
 // staging shards of a step and a forced sync), kept to the allocations: every HostBuffer the real
@@ -18,6 +21,8 @@
 #include <mxddp/buffer.h>
 #include <mxddp/fsdp.h>
 #include <mxddp/memory.h>
+
+#include "../fsdp/fsdp_storage_plan.h"
 
 namespace mxddp {
 
@@ -50,6 +55,7 @@ class FsdpMemorySim final : private FsdpHookActions {
 
  private:
   struct Bucket {
+    FsdpStoragePlan storage;  // what it holds, and the bytes of each buffer
     int64_t numel = 0;  // G (padded)
     int64_t shard = 0;  // G / dp
     bool mxfp8 = false;
