@@ -28,6 +28,7 @@
 #include <mxddp/train.h>
 
 #include "bench_util.h"
+#include "fsdp/fsdp_engine.h"
 #include "fsdp_sweep.h"
 
 namespace {
@@ -63,10 +64,10 @@ RunFigures run(const TrainConfig& c, int dp) {
           const auto elem = static_cast<int64_t>(dtype_size_bytes(fsdp->param_dtype()));
           for (int u = 0; u < fsdp->num_units(); ++u) {
             int64_t bytes = 0;
-            for (int b : fsdp->unit_buckets(u)) bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
+            for (int b : fsdp_engine(*fsdp).unit_buckets(u)) bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
             f.unit_bytes_max = std::max(f.unit_bytes_max, bytes);
           }
-          for (int b : fsdp->non_unit_buckets()) f.non_unit_bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
+          for (int b : fsdp_engine(*fsdp).non_unit_buckets()) f.non_unit_bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
         }
         return dp_obj;
       };

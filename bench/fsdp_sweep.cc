@@ -26,6 +26,7 @@
 #include <mxddp/train.h>
 
 #include "bench_util.h"
+#include "fsdp/fsdp_engine.h"
 
 namespace mxddp::bench {
 
@@ -100,8 +101,8 @@ nlohmann::json run_one(const TrainConfig& base, const std::string& gather, const
         };
         callbacks.on_step = [&](const StepRecord& s) {
           if (comm.rank() != 0) return;
-          if (s.iteration == 1) gathers_first = fsdp->gathers_started();
-          gathers_last = fsdp->gathers_started();
+          if (s.iteration == 1) gathers_first = fsdp_engine(*fsdp).gathers_started();
+          gathers_last = fsdp_engine(*fsdp).gathers_started();
         };
         const TrainResult r = train(comm, c, callbacks);
         if (comm.rank() != 0) return;

@@ -53,6 +53,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -159,13 +160,6 @@ constexpr auto describe_fields(std::type_identity<FsdpConfig>) {
       });
 }
 
-// Observability: one record per collective issued, in issue order.
-struct FsdpCollective {
-  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce } kind;
-  int bucket = 0;
-  bool operator==(const FsdpCollective&) const = default;
-};
-
 // What one gather of a group brings in: the values of its BF16 (or F32) params, or one orientation
 // of its MXFP8 params' payloads. Forward and a recompute read row-wise, backward's data gradient
 // column-wise; a BF16 bucket serves every pass from its one gather.
@@ -173,113 +167,10 @@ enum class GatherSlot : uint8_t { kValues, kRowwise, kColwise };
 inline constexpr int kGatherSlots = 3;
 std::string_view gather_slot_name(GatherSlot s);  // "values", "rowwise", "colwise"
 
-// The pass a hook runs in: a forward pass, a backward pass, or a recompute in backward (from its
-// pre-forward to its post-forward).
-enum class FsdpPhase : uint8_t { kForward, kBackward, kRecompute };
-std::string_view fsdp_phase_name(FsdpPhase p);  // "forward", "backward", "recompute"
-
-// Observability: one record per gather or release of one slot of a group (a unit, or the non-unit
-// params, group == num_units()), in order, with the phase of the hook (or prefetch) that did it.
-struct FsdpGatherEvent {
-  enum class Kind : uint8_t { kGather, kRelease } kind;
-  int group = 0;
-  FsdpPhase phase = FsdpPhase::kForward;
-  GatherSlot slot = GatherSlot::kValues;
-  bool operator==(const FsdpGatherEvent&) const = default;
-};
-
-// The prefetch rule, shared by FullyShardedDataParallel and the memory plan's simulation of it:
-// walking from `unit` in the pass's order (forward: up, backward: down), each unit ahead that lacks
-// some of the pass's slots gets them dispatched while what is gathered or in flight ahead fits
-// budget_numel (the current unit is always fetched and not counted) and, with double_buffer, while
-// fewer than two units are held. Returns the (unit, slots) to dispatch, in order.
-struct FsdpPrefetchState {
-  int num_units = 0;
-  int64_t budget_numel = 0;
-  bool double_buffer = false;
-  int units_held = 0;                                       // units holding any slot now
-  std::function<int64_t(int unit)> numel;                   // a unit's gathered elements
-  std::function<std::vector<GatherSlot>(int unit)> slots;   // the pass's slots of a unit
-  std::function<bool(int unit, GatherSlot slot)> held;      // whether it holds (or is fetching) one
-};
-std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& state);
-
 // What a strategy shards besides the optimizer state: params (optim_grads_params), grads
 // (optim_grads and optim_grads_params).
 bool fsdp_shards_params(ShardingStrategy s);
 bool fsdp_shards_grads(ShardingStrategy s);
-
-// What FSDP's module hooks do, decided once for FullyShardedDataParallel (real buffers and
-// collectives) and the memory plan's FsdpMemorySim (a tracker), so the two cannot decide
-// differently: which pass a hook is in (a pre-forward of a unit at or before the last one is a
-// recompute), what is waited for, prefetched, released and reduced. Each owner carries out the
-// actions on what it holds. Groups: 0..U-1 the units, U the non-unit params.
-class FsdpHookActions {
- public:
-  virtual void wait_gather(int group, FsdpPhase pass) = 0;
-  virtual void dispatch_gather(int group, GatherSlot slot) = 0;
-  virtual void release_slot(int group, GatherSlot slot) = 0;
-  virtual void release_group(int group) = 0;
-  virtual void issue_reduction(int bucket) = 0;
-  virtual void complete_reductions() = 0;  // every reduction in flight
-  virtual const std::vector<int>& group_buckets(int group) const = 0;
-  virtual int64_t group_numel(int group) const = 0;
-  virtual std::vector<GatherSlot> slots_for(int group, FsdpPhase pass) const = 0;
-  virtual bool holds_slot(int group, GatherSlot slot) const = 0;  // gathered or in flight
-  virtual int units_gathered() const = 0;                          // units holding any slot
-
- protected:
-  ~FsdpHookActions() = default;
-};
-
-class FsdpHookSchedule {
- public:
-  FsdpHookSchedule() = default;
-  // actions and layout must outlive this; the config's strategy, overlap flags and double buffer
-  // apply. unit_of_param as fsdp_unit_of_param.
-  FsdpHookSchedule(FsdpHookActions& actions, const FsdpConfig& config, const ParamLayout& layout,
-                   std::vector<int> unit_of_param, int num_units, int64_t prefetch_budget_numel);
-
-  FsdpPhase phase() const;
-  // A new iteration: no pass is under way.
-  void start_iteration() { in_backward_ = recomputing_ = false; }
-  // The hooks, with the module's unit (-1: a non-unit module). before_forward only when params
-  // are sharded (the owner handles the others' full-param gathers). grads_sync: not in no_sync.
-  void before_forward(int unit);
-  void after_forward(int unit);
-  void before_backward(int unit);
-  void after_backward(int unit, bool grads_sync);
-  // Param `param`'s grad is final for this micro-batch: a non-unit bucket is reduced when its last
-  // grad is in (a unit's at its post-backward). Once every param is in, a new micro-batch starts.
-  void grad_ready(int param, bool grads_sync);
-  bool is_ready(int param) const { return ready_[static_cast<size_t>(param)]; }
-  void clear_ready();  // the grads were zeroed or synced: none is in
-  // Ends the phase: every group released.
-  void release_gathered_params();
-  // fsdp_prefetch from unit in this pass, and each slot it returns dispatched.
-  void prefetch_from(int unit, FsdpPhase pass);
-
- private:
-  bool shards_params() const { return fsdp_shards_params(config_.data_parallel_sharding_strategy); }
-  bool shards_grads() const { return fsdp_shards_grads(config_.data_parallel_sharding_strategy); }
-  // Whether grads are reduced as they come: always when sharded, else with overlap outside no_sync.
-  bool reduce_now(bool grads_sync) const { return shards_grads() || (grads_sync && config_.overlap_grad_reduce); }
-  void wait_without_overlap();
-
-  FsdpHookActions* actions_ = nullptr;
-  FsdpConfig config_;
-  const ParamLayout* layout_ = nullptr;
-  std::vector<int> unit_of_param_;  // [param], -1 for non-unit
-  std::vector<bool> ready_;         // [param], this micro-batch
-  int ready_count_ = 0;
-  int num_units_ = 0;
-  int64_t prefetch_budget_numel_ = 0;
-  int forward_unit_ = -1;     // the last unit whose pre-forward ran in this forward pass
-  bool recomputing_ = false;  // from a recompute's pre-forward to its post-forward
-  // In a backward pass: from a pre-backward, or a recompute's pre-forward, until the next forward
-  // starts (a non-unit module's pre-forward: the embeddings) or the next iteration.
-  bool in_backward_ = false;
-};
 
 // Throws Error naming what FullyShardedDataParallel refuses in this config, params and units.
 void check_fsdp_config(const FsdpConfig& config, const std::vector<ParamSpec>& params,
@@ -294,7 +185,9 @@ std::vector<int> fsdp_unit_of_param(size_t num_params, const std::vector<std::ve
 ParamLayout fsdp_param_layout(const std::vector<ParamSpec>& params, const std::vector<int>& unit_of_param, int dp,
                               bool compute_shards = true);
 
-class FullyShardedDataParallel final : public DataParallel, private FsdpHookActions {
+class FsdpEngine;  // the implementation (src/fsdp/fsdp_engine.h)
+
+class FullyShardedDataParallel final : public DataParallel {
  public:
   // units: the params of each unit (registration indices), in forward order; a param in none is a
   // non-unit param. initial_values: one view per param (f32 or param_dtype); every rank keeps
@@ -306,10 +199,10 @@ class FullyShardedDataParallel final : public DataParallel, private FsdpHookActi
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  const FsdpConfig& config() const { return config_; }
-  Communicator& communicator() const override { return comm_; }
-  const std::vector<ParamSpec>& params() const override { return specs_; }
-  DType param_dtype() const override { return config_.param_dtype; }
+  const FsdpConfig& config() const;
+  Communicator& communicator() const override;
+  const std::vector<ParamSpec>& params() const override;
+  DType param_dtype() const override;
   DType grad_dtype() const override;
   std::string describe() const override;
 
@@ -327,7 +220,7 @@ class FullyShardedDataParallel final : public DataParallel, private FsdpHookActi
   void finish_grad_sync() override;
   void zero_grad_buffer() override;
 
-  const ParamLayout& layout() const override { return layout_; }
+  const ParamLayout& layout() const override;
   OptimizerBucket optimizer_bucket(int bucket) const override;
   OptimizerBucketIo optimizer_io(int bucket) const override;
   TensorView initial_params(int bucket) const override;
@@ -335,99 +228,20 @@ class FullyShardedDataParallel final : public DataParallel, private FsdpHookActi
   void start_iteration(const std::function<void()>& stage) override;
   void force_param_sync(const std::function<void()>& stage) override;
 
-  // ---- Observability for tests and benchmarks.
-  int num_units() const { return static_cast<int>(unit_buckets_.size()); }
-  int64_t prefetch_budget_numel() const { return prefetch_budget_numel_; }
-  int64_t reduce_scatter_queue_numel() const { return rs_queue_numel_; }
-  const std::vector<int>& unit_buckets(int unit) const { return unit_buckets_.at(static_cast<size_t>(unit)); }
-  const std::vector<int>& non_unit_buckets() const { return non_unit_buckets_; }
-  int64_t gathers_started() const { return gathers_; }   // unit or non-unit gathers (optim_grads_params)
-  int64_t releases_done() const { return releases_; }
-  bool anything_gathered() const;
-  int units_gathered() const override;  // units gathered or in flight (the non-unit params not counted)
+  int num_units() const;
   // The most bytes gathered (or in flight) at once in each slot since construction or the last
-  // reset; the sum over slots at any moment is the tracker's kGathered.
-  int64_t peak_gathered_bytes(GatherSlot slot) const { return gathered_bytes_peak_[static_cast<size_t>(slot)]; }
-  void reset_peak_gathered_bytes() { gathered_bytes_peak_ = gathered_bytes_; }
-  // Every gather and release since construction (cleared by clear_gather_events).
-  const std::vector<FsdpGatherEvent>& gather_events() const { return events_; }
-  void clear_gather_events() { events_.clear(); }
-  // Every collective since construction, in issue order (cleared by clear_collective_log).
-  const std::vector<FsdpCollective>& collective_log() const { return log_; }
-  void clear_collective_log() { log_.clear(); }
+  // reset (the report's peak gathered bytes); the sum over slots at any moment is the tracker's
+  // kGathered.
+  int64_t peak_gathered_bytes(GatherSlot slot) const;
+  void reset_peak_gathered_bytes();
 
  protected:
-  void enter_no_sync() override { ++no_sync_depth_; }
-  void exit_no_sync() override { --no_sync_depth_; }
+  void enter_no_sync() override;
+  void exit_no_sync() override;
 
  private:
-  struct Bucket;  // storage and state of one bucket (src/fsdp/fsdp_bucket.h)
-  using Slots = std::vector<GatherSlot>;
-
-  bool shards_params() const { return fsdp_shards_params(config_.data_parallel_sharding_strategy); }
-  bool shards_grads() const { return fsdp_shards_grads(config_.data_parallel_sharding_strategy); }
-  int unit_of_module(const std::vector<int>& module_params, std::string_view hook) const;
-  // Gather groups: 0..U-1 the units, U the non-unit params.
-  int non_unit_group() const { return num_units(); }
-  const std::vector<int>& group_buckets(int group) const override;
-  // The slots a pass reads that the group has (forward and recompute: values and row-wise;
-  // backward: values and column-wise).
-  Slots slots_for(int group, FsdpPhase pass) const override;
-  uint8_t& slot_state(int group, GatherSlot slot);  // 0 empty, 1 in flight, 2 ready
-  uint8_t slot_state(int group, GatherSlot slot) const;
-  bool holds_slot(int group, GatherSlot slot) const override { return slot_state(group, slot) != 0; }
-  bool holds_any_slot(int group) const;  // some slot gathered or in flight
-  void dispatch_gather(int group, GatherSlot slot) override;
-  void wait_gather(int group, FsdpPhase pass) override;
-  void release_slot(int group, GatherSlot slot) override;
-  void release_group(int group) override;
-  int64_t group_numel(int group) const override;
-  // MXFP8 buckets: the optimizer writes bf16(main params) into a staging shard, from which each
-  // rank quantizes its shards of both orientations (src/fsdp/fsdp_mxfp8.cc).
-  void allocate_staging(int bucket);
-  // An MXFP8 param's scales in one orientation: u8 mx_scale_shape, in its bucket's replicated scales.
-  TensorView param_scales(int param, QuantAxis axis) const;
-  Work start_shard_scales(int bucket);  // this rank's partial scales, MAX all-reduced (async)
-  // Waits for the scales, encodes the shards and (unless keep_staging) frees the staging.
-  void finish_shard_quantize(int bucket, const Work& scales, bool keep_staging = false);
-  // Every MXFP8 bucket's staging quantized (construction, a forced sync).
-  void quantize_staged_shards(bool keep_staging);
-  void issue_reduction(int bucket) override;
-  void complete_oldest_reduction();
-  void complete_reductions() override;
-  void issue_full_param_gathers();
-  void wait_full_param_gathers();
-  void check_all_ready(const std::vector<int>& params, std::string_view hook) const;
-
-  Communicator& comm_;
-  FsdpConfig config_;
-  std::vector<ParamSpec> specs_;
-  ParamLayout layout_;
-  MemoryTracker& tracker_;
-  std::vector<std::unique_ptr<Bucket>> buckets_;  // [num buckets]
-  std::vector<std::vector<int>> unit_buckets_;     // [unit] buckets, in buffer order
-  std::vector<int> non_unit_buckets_;
-  std::vector<int> unit_of_param_;                 // [param], -1 for non-unit
-  std::vector<int> bucket_unit_;                   // [bucket], -1 for non-unit
-  std::vector<std::array<int64_t, 2>> scale_offset_;  // [param][axis] in its bucket's scales (MXFP8)
-  int64_t prefetch_budget_numel_ = 0;
-  int64_t rs_queue_numel_ = 0;
-  // Gather state per group and slot: [U + 1][kGatherSlots].
-  std::vector<std::array<std::vector<Work>, kGatherSlots>> gather_works_;
-  std::vector<std::array<uint8_t, kGatherSlots>> gather_state_;
-  std::array<int64_t, kGatherSlots> gathered_bytes_{}, gathered_bytes_peak_{};
-  FsdpHookSchedule schedule_;          // which pass a hook is in, and what it gathers and reduces
-  // Reductions in flight, oldest first: (bucket, its work).
-  std::vector<std::pair<int, Work>> reductions_;
-  int64_t reductions_numel_ = 0;
-  std::vector<bool> reduced_;          // [bucket] its reduction was issued this micro-batch
-  std::vector<Work> full_param_gathers_;  // optim / optim_grads after the step, [bucket]
-  std::vector<bool> full_param_waited_;
-  bool full_param_gather_pending_ = false;
-  int no_sync_depth_ = 0;
-  int64_t gathers_ = 0, releases_ = 0;
-  std::vector<FsdpCollective> log_;
-  std::vector<FsdpGatherEvent> events_;
+  friend FsdpEngine& fsdp_engine(FullyShardedDataParallel& fsdp);
+  std::unique_ptr<FsdpEngine> engine_;
 };
 
 }  // namespace mxddp

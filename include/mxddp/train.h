@@ -102,6 +102,9 @@ struct TrainConfig {
   int accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
 };
 
+// The ranks that share this machine's cores and memory: every rank of the local backend (threads of
+// one process); under mpirun, the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE).
+int ranks_on_this_machine(const Communicator& comm);
 // The compute threads train() gives the calling rank: config.compute_threads, or (0) the cores
 // over the ranks that share this machine.
 int rank_compute_threads(const TrainConfig& config, const Communicator& comm);

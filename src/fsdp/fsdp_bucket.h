@@ -1,4 +1,4 @@
-// FullyShardedDataParallel::Bucket: the storage of one FSDP bucket (a unit's params of one kind,
+// FsdpEngine::Bucket: the storage of one FSDP bucket (a unit's params of one kind,
 // or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated,
 // their bytes, categories and lifetimes, are the bucket's FsdpStoragePlan (fsdp_storage_plan.h).
 #pragma once
@@ -6,13 +6,13 @@
 #include <array>
 #include <vector>
 
-#include <mxddp/fsdp.h>
+#include "fsdp_engine.h"
 
 #include "fsdp_storage_plan.h"
 
 namespace mxddp {
 
-struct FullyShardedDataParallel::Bucket {
+struct FsdpEngine::Bucket {
   FsdpStoragePlan storage;  // what it holds
   Range range;          // in the layout
   int64_t numel = 0;    // padded: G
@@ -25,7 +25,7 @@ struct FullyShardedDataParallel::Bucket {
   HostBuffer params_shard;
   HostBuffer row_shard, col_shard;  // [G/dp] u8, kMxfp8: this rank's row-/column-wise payloads
   // u8, kMxfp8, replicated: each param's row-wise and column-wise scales (mx_scale_shape), at
-  // FullyShardedDataParallel::scale_offset_[param][axis]; the MAX all-reduce's buffer.
+  // FsdpEngine::scale_offset_[param][axis]; the MAX all-reduce's buffer.
   HostBuffer scales;
   // Per GatherSlot while gathered: [G] param dtype (values) or u8 (row-/column-wise), kGathered.
   std::array<HostBuffer, kGatherSlots> gathered;

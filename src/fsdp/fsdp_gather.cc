@@ -6,6 +6,7 @@
 #include <mxddp/fsdp.h>
 
 #include "fsdp_bucket.h"
+#include "fsdp_engine.h"
 
 namespace mxddp {
 
@@ -33,17 +34,17 @@ bool slot_applies(GatherSlot slot, bool mxfp8_bucket) { return (slot == GatherSl
 
 }  // namespace
 
-const std::vector<int>& FullyShardedDataParallel::group_buckets(int group) const {
+const std::vector<int>& FsdpEngine::group_buckets(int group) const {
   return group == non_unit_group() ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(group)];
 }
 
-int64_t FullyShardedDataParallel::group_numel(int group) const {
+int64_t FsdpEngine::group_numel(int group) const {
   int64_t n = 0;
   for (int b : group_buckets(group)) n += buckets_[static_cast<size_t>(b)]->numel;
   return n;
 }
 
-FullyShardedDataParallel::Slots FullyShardedDataParallel::slots_for(int group, FsdpPhase pass) const {
+FsdpEngine::Slots FsdpEngine::slots_for(int group, FsdpPhase pass) const {
   bool values = false, mxfp8 = false;
   for (int b : group_buckets(group)) (buckets_[static_cast<size_t>(b)]->mxfp8 ? mxfp8 : values) = true;
   Slots slots;
@@ -52,15 +53,15 @@ FullyShardedDataParallel::Slots FullyShardedDataParallel::slots_for(int group, F
   return slots;
 }
 
-uint8_t& FullyShardedDataParallel::slot_state(int group, GatherSlot slot) {
+uint8_t& FsdpEngine::slot_state(int group, GatherSlot slot) {
   return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)];
 }
 
-uint8_t FullyShardedDataParallel::slot_state(int group, GatherSlot slot) const {
+uint8_t FsdpEngine::slot_state(int group, GatherSlot slot) const {
   return gather_state_[static_cast<size_t>(group)][static_cast<size_t>(slot)];
 }
 
-void FullyShardedDataParallel::dispatch_gather(int group, GatherSlot slot) {
+void FsdpEngine::dispatch_gather(int group, GatherSlot slot) {
   MXDDP_ASSERT(slot_state(group, slot) == 0);
   const auto s = static_cast<size_t>(slot);
   // Values move in the param dtype, MXFP8 payloads as their bytes (the scales are replicated).
@@ -82,7 +83,7 @@ void FullyShardedDataParallel::dispatch_gather(int group, GatherSlot slot) {
   events_.push_back({FsdpGatherEvent::Kind::kGather, group, schedule_.phase(), slot});
 }
 
-void FullyShardedDataParallel::wait_gather(int group, FsdpPhase pass) {
+void FsdpEngine::wait_gather(int group, FsdpPhase pass) {
   for (GatherSlot slot : slots_for(group, pass)) {
     uint8_t& state = slot_state(group, slot);
     if (state == 0) dispatch_gather(group, slot);
@@ -95,7 +96,7 @@ void FullyShardedDataParallel::wait_gather(int group, FsdpPhase pass) {
   }
 }
 
-void FullyShardedDataParallel::release_slot(int group, GatherSlot slot) {
+void FsdpEngine::release_slot(int group, GatherSlot slot) {
   uint8_t& state = slot_state(group, slot);
   if (state == 0) return;
   const auto s = static_cast<size_t>(slot);
@@ -113,22 +114,22 @@ void FullyShardedDataParallel::release_slot(int group, GatherSlot slot) {
   events_.push_back({FsdpGatherEvent::Kind::kRelease, group, schedule_.phase(), slot});
 }
 
-void FullyShardedDataParallel::release_group(int group) {
+void FsdpEngine::release_group(int group) {
   for (GatherSlot slot : {GatherSlot::kValues, GatherSlot::kRowwise, GatherSlot::kColwise}) release_slot(group, slot);
 }
 
-bool FullyShardedDataParallel::holds_any_slot(int group) const {
+bool FsdpEngine::holds_any_slot(int group) const {
   const auto& slots = gather_state_[static_cast<size_t>(group)];
   return std::any_of(slots.begin(), slots.end(), [](uint8_t s) { return s != 0; });
 }
 
-bool FullyShardedDataParallel::anything_gathered() const {
+bool FsdpEngine::anything_gathered() const {
   for (int g = 0; g <= num_units(); ++g)
     if (holds_any_slot(g)) return true;
   return false;
 }
 
-int FullyShardedDataParallel::units_gathered() const {
+int FsdpEngine::units_gathered() const {
   int n = 0;
   for (int u = 0; u < num_units(); ++u) n += holds_any_slot(u) ? 1 : 0;
   return n;

@@ -1,6 +1,6 @@
-// FsdpHookSchedule (include/mxddp/fsdp.h): the decisions of FSDP's module hooks, for
+// FsdpHookSchedule (fsdp_hook_schedule.h): the decisions of FSDP's module hooks, for
 // FullyShardedDataParallel and the memory plan's FsdpMemorySim alike.
-#include <mxddp/fsdp.h>
+#include "fsdp_hook_schedule.h"
 
 #include <algorithm>
 #include <utility>

@@ -11,10 +11,11 @@
 #include <mxddp/fsdp.h>
 
 #include "fsdp_bucket.h"
+#include "fsdp_engine.h"
 
 namespace mxddp {
 
-void FullyShardedDataParallel::allocate_staging(int bucket) {
+void FsdpEngine::allocate_staging(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   MXDDP_ASSERT(b.mxfp8);
   if (b.params_shard.data()) return;  // still the initial values (before the first iteration)
@@ -22,7 +23,7 @@ void FullyShardedDataParallel::allocate_staging(int bucket) {
   std::memset(b.params_shard.data(), 0, b.params_shard.size_bytes());  // the optimizer writes params only; padding stays 0
 }
 
-TensorView FullyShardedDataParallel::param_scales(int param, QuantAxis axis) const {
+TensorView FsdpEngine::param_scales(int param, QuantAxis axis) const {
   const Shape& shape = specs_[static_cast<size_t>(param)].shape;
   const HostBuffer& scales = buckets_[static_cast<size_t>(layout_.params[static_cast<size_t>(param)].bucket)]->scales;
   return fsdp_sub(scales.view(DType::kU8, Shape{static_cast<int64_t>(scales.size_bytes())}),
@@ -30,7 +31,7 @@ TensorView FullyShardedDataParallel::param_scales(int param, QuantAxis axis) con
                   mx_scale_shape(shape[0], shape[1], axis));
 }
 
-Work FullyShardedDataParallel::start_shard_scales(int bucket) {
+Work FsdpEngine::start_shard_scales(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   MXDDP_ASSERT(b.mxfp8 && b.params_shard.data());
   const TensorView staging = b.params_shard.view(config_.param_dtype, Shape{b.shard});
@@ -47,7 +48,7 @@ Work FullyShardedDataParallel::start_shard_scales(int bucket) {
   return comm_.all_reduce(scales, {.op = ReduceOp::kMax, .async_op = true});
 }
 
-void FullyShardedDataParallel::finish_shard_quantize(int bucket, const Work& scales_reduced, bool keep_staging) {
+void FsdpEngine::finish_shard_quantize(int bucket, const Work& scales_reduced, bool keep_staging) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   scales_reduced.wait();
   const TensorView staging = b.params_shard.view(config_.param_dtype, Shape{b.shard});
@@ -67,7 +68,7 @@ void FullyShardedDataParallel::finish_shard_quantize(int bucket, const Work& sca
   if (!keep_staging) b.params_shard = HostBuffer();
 }
 
-void FullyShardedDataParallel::quantize_staged_shards(bool keep_staging) {
+void FsdpEngine::quantize_staged_shards(bool keep_staging) {
   std::vector<std::pair<int, Work>> quantizing;  // every bucket's scales in flight at once
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
     if (buckets_[static_cast<size_t>(b)]->mxfp8) quantizing.emplace_back(b, start_shard_scales(b));

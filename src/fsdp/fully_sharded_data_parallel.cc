@@ -1,4 +1,4 @@
-// FullyShardedDataParallel: storage per strategy, the hooks, the per-unit gradient reductions and
+// FsdpEngine (fsdp_engine.h), the implementation of FullyShardedDataParallel: storage per strategy, the hooks, the per-unit gradient reductions and
 // the optimizer's side (see fsdp.h). The gather state machine is in fsdp_gather.cc, the MXFP8
 // shards' quantization in fsdp_mxfp8.cc.
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <mxddp/fsdp.h>
 
 #include "fsdp_bucket.h"
+#include "fsdp_engine.h"
 
 namespace mxddp {
 
@@ -140,7 +141,7 @@ ParamLayout fsdp_param_layout(const std::vector<ParamSpec>& params, const std::v
                                                     .compute_shards = compute_shards});
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
+FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
                                                    const std::vector<std::vector<int>>& units, const FsdpConfig& config,
                                                    MemoryTracker& tracker, const std::vector<TensorView>& initial_values)
     : comm_(comm), config_((check_fsdp_config(config, params, units), config)), specs_(params), tracker_(tracker) {
@@ -206,7 +207,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std
   full_param_waited_.assign(buckets_.size(), true);
 }
 
-FullyShardedDataParallel::~FullyShardedDataParallel() {
+FsdpEngine::~FsdpEngine() {
   auto quiet_wait = [](const Work& w) {
     try {
       w.wait();
@@ -220,15 +221,15 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (Work& w : full_param_gathers_) quiet_wait(w);
 }
 
-DType FullyShardedDataParallel::grad_dtype() const { return fsdp_grad_dtype(config_); }
+DType FsdpEngine::grad_dtype() const { return fsdp_grad_dtype(config_); }
 
-std::string FullyShardedDataParallel::describe() const {
+std::string FsdpEngine::describe() const {
   return fmt::format("fsdp:{}", sharding_strategy_name(config_.data_parallel_sharding_strategy));
 }
 
 // ---- The model's side ----
 
-TensorView FullyShardedDataParallel::param(int index) const {
+TensorView FsdpEngine::param(int index) const {
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
   const ParamPlacement& p = layout_.params[static_cast<size_t>(index)];
   const Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
@@ -249,12 +250,12 @@ TensorView FullyShardedDataParallel::param(int index) const {
                   spec.shape);
 }
 
-bool FullyShardedDataParallel::is_mxfp8(int index) const {
+bool FsdpEngine::is_mxfp8(int index) const {
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
   return specs_[static_cast<size_t>(index)].mxfp8;
 }
 
-Mxfp8View FullyShardedDataParallel::mxfp8_param(int index, QuantAxis axis) const {
+Mxfp8View FsdpEngine::mxfp8_param(int index, QuantAxis axis) const {
   MXDDP_CHECK(is_mxfp8(index), "param '{}' is not an MXFP8 param: read it with param({})",
               specs_[static_cast<size_t>(index)].name, index);
   const ParamSpec& spec = specs_[static_cast<size_t>(index)];
@@ -274,7 +275,7 @@ Mxfp8View FullyShardedDataParallel::mxfp8_param(int index, QuantAxis axis) const
       .options = {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis}};
 }
 
-TensorView FullyShardedDataParallel::main_grad(int index) {
+TensorView FsdpEngine::main_grad(int index) {
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
   const ParamPlacement& p = layout_.params[static_cast<size_t>(index)];
   Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
@@ -291,7 +292,7 @@ TensorView FullyShardedDataParallel::main_grad(int index) {
                                                                specs_[static_cast<size_t>(index)].shape);
 }
 
-int FullyShardedDataParallel::unit_of_module(const std::vector<int>& module_params, std::string_view hook) const {
+int FsdpEngine::unit_of_module(const std::vector<int>& module_params, std::string_view hook) const {
   MXDDP_CHECK(!module_params.empty(), "{}: a module with no params", hook);
   int unit = -2;
   for (int p : module_params) {
@@ -304,13 +305,13 @@ int FullyShardedDataParallel::unit_of_module(const std::vector<int>& module_para
   return unit;
 }
 
-void FullyShardedDataParallel::check_all_ready(const std::vector<int>& params, std::string_view hook) const {
+void FsdpEngine::check_all_ready(const std::vector<int>& params, std::string_view hook) const {
   for (int p : params)
     MXDDP_CHECK(schedule_.is_ready(p), "{}: param '{}' has not reported grad_ready in this micro-batch", hook,
                 specs_[static_cast<size_t>(p)].name);
 }
 
-void FullyShardedDataParallel::grad_ready(int index) {
+void FsdpEngine::grad_ready(int index) {
   MXDDP_CHECK(index >= 0 && index < num_params(), "grad_ready: param index {} out of range; valid: 0..{}", index,
               num_params() - 1);
   MXDDP_CHECK(!schedule_.is_ready(index), "grad_ready called twice for param '{}' (index {}) in one micro-batch",
@@ -318,7 +319,7 @@ void FullyShardedDataParallel::grad_ready(int index) {
   schedule_.grad_ready(index, no_sync_depth_ == 0);
 }
 
-void FullyShardedDataParallel::before_forward(const std::vector<int>& module_params) {
+void FsdpEngine::before_forward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "before_forward");
   if (!shards_params()) {
     if (!full_param_gather_pending_) return;
@@ -334,25 +335,25 @@ void FullyShardedDataParallel::before_forward(const std::vector<int>& module_par
   schedule_.before_forward(unit);
 }
 
-void FullyShardedDataParallel::after_forward(const std::vector<int>& module_params) {
+void FsdpEngine::after_forward(const std::vector<int>& module_params) {
   schedule_.after_forward(unit_of_module(module_params, "after_forward"));
 }
 
-void FullyShardedDataParallel::before_backward(const std::vector<int>& module_params) {
+void FsdpEngine::before_backward(const std::vector<int>& module_params) {
   schedule_.before_backward(unit_of_module(module_params, "before_backward"));
 }
 
-void FullyShardedDataParallel::after_backward(const std::vector<int>& module_params) {
+void FsdpEngine::after_backward(const std::vector<int>& module_params) {
   const int unit = unit_of_module(module_params, "after_backward");
   if (unit >= 0) check_all_ready(module_params, "after_backward");
   schedule_.after_backward(unit, no_sync_depth_ == 0);
 }
 
-void FullyShardedDataParallel::release_gathered_params() { schedule_.release_gathered_params(); }
+void FsdpEngine::release_gathered_params() { schedule_.release_gathered_params(); }
 
 // ---- Reductions ----
 
-void FullyShardedDataParallel::issue_reduction(int bucket) {
+void FsdpEngine::issue_reduction(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   MXDDP_ASSERT(!b.reduction_in_flight && b.grads_full.data());
   if (shards_grads())  // the queue bounds the unsharded grads alive at once
@@ -376,7 +377,7 @@ void FullyShardedDataParallel::issue_reduction(int bucket) {
   reductions_numel_ += b.numel;
 }
 
-void FullyShardedDataParallel::complete_oldest_reduction() {
+void FsdpEngine::complete_oldest_reduction() {
   MXDDP_ASSERT(!reductions_.empty());
   auto [bucket, work] = std::move(reductions_.front());
   reductions_.erase(reductions_.begin());
@@ -393,11 +394,11 @@ void FullyShardedDataParallel::complete_oldest_reduction() {
   b.grads_full = HostBuffer();
 }
 
-void FullyShardedDataParallel::complete_reductions() {
+void FsdpEngine::complete_reductions() {
   while (!reductions_.empty()) complete_oldest_reduction();
 }
 
-void FullyShardedDataParallel::finish_grad_sync() {
+void FsdpEngine::finish_grad_sync() {
   MXDDP_CHECK(no_sync_depth_ == 0, "finish_grad_sync called inside a no_sync scope; call it after the last micro-batch");
   if (shards_grads()) {
     // Every bucket was reduced at its post-backward (or last grad_ready); one that was not has
@@ -420,7 +421,7 @@ void FullyShardedDataParallel::finish_grad_sync() {
   schedule_.clear_ready();
 }
 
-void FullyShardedDataParallel::zero_grad_buffer() {
+void FsdpEngine::zero_grad_buffer() {
   complete_reductions();  // a collective may still be reading the grads
   for (auto& b : buckets_) {
     HostBuffer& kept = shards_grads() ? b->grads_shard : b->grads_full;
@@ -432,7 +433,7 @@ void FullyShardedDataParallel::zero_grad_buffer() {
 
 // ---- The optimizer's side ----
 
-OptimizerBucket FullyShardedDataParallel::optimizer_bucket(int bucket) const {
+OptimizerBucket FsdpEngine::optimizer_bucket(int bucket) const {
   const int rank = comm_.rank();
   const BucketShard& shard = layout_.shards.at(static_cast<size_t>(rank)).at(static_cast<size_t>(bucket));
   if (config_.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
@@ -450,7 +451,7 @@ OptimizerBucket FullyShardedDataParallel::optimizer_bucket(int bucket) const {
   return ob;
 }
 
-OptimizerBucketIo FullyShardedDataParallel::optimizer_io(int bucket) const {
+OptimizerBucketIo FsdpEngine::optimizer_io(int bucket) const {
   const Bucket& b = *buckets_.at(static_cast<size_t>(bucket));
   const int64_t at = comm_.rank() * b.shard;
   switch (config_.data_parallel_sharding_strategy) {
@@ -472,9 +473,9 @@ OptimizerBucketIo FullyShardedDataParallel::optimizer_io(int bucket) const {
   MXDDP_FAIL("unknown sharding strategy");
 }
 
-TensorView FullyShardedDataParallel::initial_params(int bucket) const { return optimizer_io(bucket).params; }
+TensorView FsdpEngine::initial_params(int bucket) const { return optimizer_io(bucket).params; }
 
-void FullyShardedDataParallel::issue_full_param_gathers() {
+void FsdpEngine::issue_full_param_gathers() {
   // optim / optim_grads: every rank keeps full params; gather the updated shards in forward order
   // (the last bucket holds the first params).
   for (int b = static_cast<int>(buckets_.size()) - 1; b >= 0; --b) {
@@ -488,7 +489,7 @@ void FullyShardedDataParallel::issue_full_param_gathers() {
   full_param_gather_pending_ = true;
 }
 
-void FullyShardedDataParallel::wait_full_param_gathers() {
+void FsdpEngine::wait_full_param_gathers() {
   if (!full_param_gather_pending_) return;
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!full_param_waited_[b]) {
@@ -498,7 +499,7 @@ void FullyShardedDataParallel::wait_full_param_gathers() {
   full_param_gather_pending_ = false;
 }
 
-void FullyShardedDataParallel::step_and_sync_params(const std::function<void(int bucket)>& update) {
+void FsdpEngine::step_and_sync_params(const std::function<void(int bucket)>& update) {
   wait_full_param_gathers();  // (done by the forward already; the update rewrites the shards)
   // An MXFP8 bucket's scales all-reduce runs while the next bucket updates; so at most two staging
   // shards are alive at once.
@@ -521,7 +522,7 @@ void FullyShardedDataParallel::step_and_sync_params(const std::function<void(int
   // no_shard updated the full params in place; optim_grads_params gathers unit by unit in forward.
 }
 
-void FullyShardedDataParallel::start_iteration(const std::function<void()>&) {
+void FsdpEngine::start_iteration(const std::function<void()>&) {
   zero_grad_buffer();
   schedule_.start_iteration();
   // The MXFP8 buckets' initial staging has served the optimizer's construction.
@@ -536,7 +537,7 @@ void FullyShardedDataParallel::start_iteration(const std::function<void()>&) {
   }
 }
 
-void FullyShardedDataParallel::force_param_sync(const std::function<void()>& stage) {
+void FsdpEngine::force_param_sync(const std::function<void()>& stage) {
   // Whatever was gathered or is in flight came from the shards as they were: drop it all.
   wait_full_param_gathers();
   release_gathered_params();

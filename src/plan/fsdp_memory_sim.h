@@ -22,6 +22,7 @@
 #include <mxddp/fsdp.h>
 #include <mxddp/memory.h>
 
+#include "../fsdp/fsdp_hook_schedule.h"
 #include "../fsdp/fsdp_storage_plan.h"
 
 namespace mxddp {

@@ -8,6 +8,8 @@
 #include <mxddp/fsdp.h>
 #include <mxddp/fsdp_fine_grained.h>
 
+#include "fsdp/fsdp_engine.h"
+
 #include "fsdp/fsdp_util.h"
 
 namespace mxddp::testing {
@@ -230,30 +232,30 @@ TEST(FineGrained, EveryGatherIsReleasedOnceAndNoUnitIsGatheredAtFinish) {
           opt.zero_grad();
           for (int m = 0; m < micro; ++m) {
             forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens);
-            EXPECT_EQ(fsdp.units_gathered(), 0) << what << ": a unit outlived its post-backward";
+            EXPECT_EQ(fsdp_engine(fsdp).units_gathered(), 0) << what << ": a unit outlived its post-backward";
           }
-          EXPECT_EQ(fsdp.units_gathered(), 0) << what << ": gathered at finish_grad_sync";
+          EXPECT_EQ(fsdp_engine(fsdp).units_gathered(), 0) << what << ": gathered at finish_grad_sync";
           fsdp.finish_grad_sync();
-          EXPECT_FALSE(fsdp.anything_gathered()) << what;
+          EXPECT_FALSE(fsdp_engine(fsdp).anything_gathered()) << what;
           EXPECT_EQ(tracker.usage().live(MemoryCategory::kGathered), 0) << what;
           opt.step();
         }
-        expect_each_gather_released_once(fsdp.gather_events(), units + 1, what);
+        expect_each_gather_released_once(fsdp_engine(fsdp).gather_events(), units + 1, what);
         // A recompute's gather is kept for the unit's backward, so each unit is still gathered once
         // per pass: (2 passes x 18 units x 2 micro-batches + the non-unit params) x 3 iterations.
-        EXPECT_EQ(fsdp.gathers_started(), (2 * units * micro + 1) * iters) << what;
-        EXPECT_EQ(fsdp.gathers_started(), fsdp.releases_done()) << what;
+        EXPECT_EQ(fsdp_engine(fsdp).gathers_started(), (2 * units * micro + 1) * iters) << what;
+        EXPECT_EQ(fsdp_engine(fsdp).gathers_started(), fsdp_engine(fsdp).releases_done()) << what;
         // Every backward gather (a recompute's pre-forward, a pre-backward or its prefetch) is the
         // unit's only one in that pass, so there are as many as units x micro-batches.
-        for (const FsdpGatherEvent& e : fsdp.gather_events())
+        for (const FsdpGatherEvent& e : fsdp_engine(fsdp).gather_events())
           recompute_gathers += e.kind == FsdpGatherEvent::Kind::kGather && e.phase != FsdpPhase::kForward;
         EXPECT_EQ(recompute_gathers, units * micro * iters) << what << ": one backward gather per unit and micro-batch";
-        fsdp.clear_gather_events();
+        fsdp_engine(fsdp).clear_gather_events();
         opt.force_param_sync();
         gpt.evaluate(tokens.data(), 2);
-        EXPECT_FALSE(fsdp.anything_gathered()) << what;
-        expect_each_gather_released_once(fsdp.gather_events(), units + 1, what + ", evaluation");
-        for (const FsdpGatherEvent& e : fsdp.gather_events()) EXPECT_EQ(e.phase, FsdpPhase::kForward) << what << ", evaluation";
+        EXPECT_FALSE(fsdp_engine(fsdp).anything_gathered()) << what;
+        expect_each_gather_released_once(fsdp_engine(fsdp).gather_events(), units + 1, what + ", evaluation");
+        for (const FsdpGatherEvent& e : fsdp_engine(fsdp).gather_events()) EXPECT_EQ(e.phase, FsdpPhase::kForward) << what << ", evaluation";
       });
 }
 

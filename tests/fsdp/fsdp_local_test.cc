@@ -6,6 +6,8 @@
 
 #include <mxddp/fsdp.h>
 
+#include "fsdp/fsdp_engine.h"
+
 #include "fsdp/fsdp_util.h"
 
 namespace mxddp::testing {
@@ -157,19 +159,19 @@ TEST(Fsdp, EveryGatherIsReleasedOnceAndNothingIsGatheredAtFinish) {
           forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens);
         }
         fsdp.finish_grad_sync();
-        EXPECT_FALSE(fsdp.anything_gathered());
-        EXPECT_EQ(fsdp.gathers_started(), fsdp.releases_done());
+        EXPECT_FALSE(fsdp_engine(fsdp).anything_gathered());
+        EXPECT_EQ(fsdp_engine(fsdp).gathers_started(), fsdp_engine(fsdp).releases_done());
         EXPECT_EQ(tracker.usage().live(MemoryCategory::kGathered), 0);
         opt.step();
       }
       // Forward and backward re-gather each unit once per micro-batch, and the non-unit params
       // once per iteration (kept through backward): (2 x 3 units x 2 micro-batches + 1) x 3.
-      EXPECT_EQ(fsdp.gathers_started(), (2 * 3 * 2 + 1) * 3);
+      EXPECT_EQ(fsdp_engine(fsdp).gathers_started(), (2 * 3 * 2 + 1) * 3);
       // An evaluation pass gathers and releases everything it used.
       opt.force_param_sync();
       gpt.evaluate(tokens.data(), 2);
-      EXPECT_FALSE(fsdp.anything_gathered());
-      EXPECT_EQ(fsdp.gathers_started(), fsdp.releases_done());
+      EXPECT_FALSE(fsdp_engine(fsdp).anything_gathered());
+      EXPECT_EQ(fsdp_engine(fsdp).gathers_started(), fsdp_engine(fsdp).releases_done());
     });
 }
 

@@ -10,6 +10,8 @@
 #include <mxddp/fsdp.h>
 #include <mxddp/fsdp_fine_grained.h>
 
+#include "fsdp/fsdp_engine.h"
+
 #include "core/error_of.h"
 #include "fsdp/fsdp_util.h"
 
@@ -110,7 +112,7 @@ std::vector<std::array<int64_t, kGatherSlots>> unit_slot_bytes(const FullySharde
   std::vector<std::array<int64_t, kGatherSlots>> bytes(static_cast<size_t>(fsdp.num_units() + 1), {0, 0, 0});
   const auto& layout = fsdp.layout();
   for (int u = 0; u <= fsdp.num_units(); ++u)
-    for (int b : u < fsdp.num_units() ? fsdp.unit_buckets(u) : fsdp.non_unit_buckets()) {
+    for (int b : u < fsdp.num_units() ? fsdp_engine(fsdp).unit_buckets(u) : fsdp_engine(fsdp).non_unit_buckets()) {
       const BucketPlacement& bucket = layout.buckets[static_cast<size_t>(b)];
       const bool mxfp8 = fsdp.params()[static_cast<size_t>(bucket.params.front())].mxfp8;
       auto& slot = bytes[static_cast<size_t>(u)];
@@ -148,17 +150,17 @@ Driven drive(const GptConfig& model, const Recompute& r, bool fine_grained, bool
     for (int it = 0; it < iters; ++it) {
       opt.zero_grad();
       for (int m = 0; m < 2; ++m) forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens);
-      EXPECT_EQ(fsdp.units_gathered(), 0) << r.name << ": a unit is gathered at finish_grad_sync";
+      EXPECT_EQ(fsdp_engine(fsdp).units_gathered(), 0) << r.name << ": a unit is gathered at finish_grad_sync";
       fsdp.finish_grad_sync();
-      EXPECT_FALSE(fsdp.anything_gathered()) << r.name;
+      EXPECT_FALSE(fsdp_engine(fsdp).anything_gathered()) << r.name;
       EXPECT_EQ(tracker.usage().live(MemoryCategory::kGathered), 0) << r.name;
       opt.step();
     }
     opt.force_param_sync();
     gpt.evaluate(tokens.data(), 2);
-    EXPECT_FALSE(fsdp.anything_gathered()) << r.name << ": after evaluation";
+    EXPECT_FALSE(fsdp_engine(fsdp).anything_gathered()) << r.name << ": after evaluation";
     if (comm.rank() != rank) return;
-    out.events = fsdp.gather_events();
+    out.events = fsdp_engine(fsdp).gather_events();
     for (int s = 0; s < kGatherSlots; ++s) out.peaks[static_cast<size_t>(s)] = fsdp.peak_gathered_bytes(static_cast<GatherSlot>(s));
     out.gathered_peak_bytes = tracker.usage().peak(MemoryCategory::kGathered);
     out.units = fsdp.num_units();

@@ -12,6 +12,8 @@
 
 #include <mxddp/fsdp.h>
 
+#include "fsdp/fsdp_engine.h"
+
 #include "forwarding_data_parallel.h"
 
 namespace mxddp::testing {
@@ -27,7 +29,7 @@ class JitteredDataParallel final : public ForwardingDataParallel {
   }
   ~JitteredDataParallel() override {
     if (auto* fsdp = dynamic_cast<const FullyShardedDataParallel*>(&inner()); fsdp && log_out_)
-      *log_out_ = fsdp->collective_log();
+      *log_out_ = fsdp_engine(*fsdp).collective_log();
   }
 
   void after_forward(const std::vector<int>& m) override {
