@@ -261,11 +261,13 @@ double comm_bytes_per_iteration(const TrainConfig& c, const MemoryPlan& p) {
     case ShardingStrategy::kOptim:
     case ShardingStrategy::kOptimGrads: return ring * numel * (4 + 2);
     case ShardingStrategy::kOptimGradsParams: {
-      // A gather moves 2 bytes per BF16 element, 1 per MXFP8 one (one orientation per pass).
+      // A gather moves 2 bytes per BF16 element, 1 + 1/32 per MXFP8 one (one orientation's payload
+      // and scales per pass).
       double mxfp8_numel = 0;
       if (c.ddp.fp8_param_gather)
         for (const ParamSpec& s : gpt_param_specs(c.model, true)) mxfp8_numel += s.mxfp8 ? static_cast<double>(s.shape.numel()) : 0;
-      const double gather_bytes_per_element = 2.0 - mxfp8_numel / static_cast<double>(p.layout.params_numel);
+      const double gather_bytes_per_element =
+          2.0 - (1.0 - 1.0 / kMxBlockSize) * mxfp8_numel / static_cast<double>(p.layout.params_numel);
       return ring * numel * accum * (4 + 2 * gather_bytes_per_element);
     }
   }

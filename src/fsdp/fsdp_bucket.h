@@ -24,11 +24,16 @@ struct FsdpEngine::Bucket {
   // start_iteration, and while a step or a forced sync writes it, until quantized.
   HostBuffer params_shard;
   HostBuffer row_shard, col_shard;  // [G/dp] u8, kMxfp8: this rank's row-/column-wise payloads
-  // u8, kMxfp8, replicated: each param's row-wise and column-wise scales (mx_scale_shape), at
-  // FsdpEngine::scale_offset_[param][axis]; the MAX all-reduce's buffer.
-  HostBuffer scales;
+  // [S_axis/dp] u8, kMxfp8, per QuantAxis: this rank's shard of the orientation's scale array (each
+  // param's mx_scale_shape at FsdpEngine::scale_offset_[param][axis], zero-padded to S_axis).
+  std::array<HostBuffer, 2> scales_shard;
+  // [S_row + S_col] u8, kMxfp8, while the bucket's shards are quantized: the whole arrays, row-wise
+  // first; each rank's partial scales, then (MAX all-reduced) the whole tensor's.
+  HostBuffer quantize_scales;
   // Per GatherSlot while gathered: [G] param dtype (values) or u8 (row-/column-wise), kGathered.
   std::array<HostBuffer, kGatherSlots> gathered;
+  // Row-/column-wise slots while gathered: [S_axis] u8, the orientation's whole scale array, kGathered.
+  std::array<HostBuffer, kGatherSlots> gathered_scales;
   HostBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
   HostBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
   bool reduction_in_flight = false;
@@ -40,10 +45,14 @@ struct FsdpEngine::Bucket {
       case FsdpBuffer::kParamsShard: return params_shard;
       case FsdpBuffer::kRowShard: return row_shard;
       case FsdpBuffer::kColShard: return col_shard;
-      case FsdpBuffer::kScales: return scales;
+      case FsdpBuffer::kRowScales: return scales_shard[static_cast<size_t>(QuantAxis::kRow)];
+      case FsdpBuffer::kColScales: return scales_shard[static_cast<size_t>(QuantAxis::kCol)];
       case FsdpBuffer::kGatheredValues: return gathered[static_cast<size_t>(GatherSlot::kValues)];
       case FsdpBuffer::kGatheredRowwise: return gathered[static_cast<size_t>(GatherSlot::kRowwise)];
       case FsdpBuffer::kGatheredColwise: return gathered[static_cast<size_t>(GatherSlot::kColwise)];
+      case FsdpBuffer::kGatheredRowScales: return gathered_scales[static_cast<size_t>(GatherSlot::kRowwise)];
+      case FsdpBuffer::kGatheredColScales: return gathered_scales[static_cast<size_t>(GatherSlot::kColwise)];
+      case FsdpBuffer::kQuantizeScales: return quantize_scales;
       case FsdpBuffer::kGradsFull: return grads_full;
       case FsdpBuffer::kGradsShard: return grads_shard;
     }

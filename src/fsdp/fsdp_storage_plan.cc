@@ -25,7 +25,7 @@ FsdpElementBytes fsdp_element_bytes(ShardingStrategy s, DType param_dtype, DType
   const FsdpStrategyStorage& st = fsdp_strategy_storage(s);
   const double n = dp;
   FsdpElementBytes e;
-  if (mxfp8) e.params = 2.0 / n + 2.0 / kMxBlockSize;  // payloads sharded, scales on every rank
+  if (mxfp8) e.params = (2.0 + 2.0 / kMxBlockSize) / n;  // payloads and scales, both orientations, sharded
   else e.params = static_cast<double>(dtype_size_bytes(param_dtype)) / (st.params_sharded ? n : 1.0);
   e.grads = static_cast<double>(dtype_size_bytes(grad_dtype)) / (st.grads_sharded ? n : 1.0);
   e.main_params = 4.0 / (st.optimizer_sharded ? n : 1.0);
@@ -41,10 +41,14 @@ std::string_view fsdp_buffer_name(FsdpBuffer b) {
     case FsdpBuffer::kParamsShard: return "params_shard";
     case FsdpBuffer::kRowShard: return "row_shard";
     case FsdpBuffer::kColShard: return "col_shard";
-    case FsdpBuffer::kScales: return "scales";
+    case FsdpBuffer::kRowScales: return "row_scales";
+    case FsdpBuffer::kColScales: return "col_scales";
     case FsdpBuffer::kGatheredValues: return "gathered_values";
     case FsdpBuffer::kGatheredRowwise: return "gathered_rowwise";
     case FsdpBuffer::kGatheredColwise: return "gathered_colwise";
+    case FsdpBuffer::kGatheredRowScales: return "gathered_row_scales";
+    case FsdpBuffer::kGatheredColScales: return "gathered_col_scales";
+    case FsdpBuffer::kQuantizeScales: return "quantize_scales";
     case FsdpBuffer::kGradsFull: return "grads_full";
     case FsdpBuffer::kGradsShard: return "grads_shard";
   }
@@ -57,13 +61,14 @@ std::string_view fsdp_lifetime_name(FsdpLifetime l) {
     case FsdpLifetime::kGathered: return "gathered per slot";
     case FsdpLifetime::kTransientGrads: return "transient grads";
     case FsdpLifetime::kStaging: return "staging";
+    case FsdpLifetime::kQuantizing: return "quantizing";
   }
   MXDDP_FAIL("unknown FSDP buffer lifetime {}", static_cast<int>(l));
 }
 
 FsdpStoragePlan::FsdpStoragePlan(ShardingStrategy strategy, DType param_dtype, DType grad_dtype, int dp, int64_t numel,
                                  bool mxfp8, const std::vector<Shape>& mxfp8_shapes)
-    : numel_(numel), mxfp8_(mxfp8) {
+    : numel_(numel), dp_(dp), mxfp8_(mxfp8) {
   MXDDP_CHECK(dp >= 1 && numel >= 0 && numel % dp == 0,
               "an FSDP bucket of {} elements cannot be split into {} equal shards: the layout pads it to a multiple of dp",
               numel, dp);
@@ -86,19 +91,26 @@ FsdpStoragePlan::FsdpStoragePlan(ShardingStrategy strategy, DType param_dtype, D
       MXDDP_CHECK(shape.ndim() == 2, "MXFP8 params are 2-D [M, N]; got {}", shape.to_string());
       std::array<int64_t, 2>& at = scale_offsets_.emplace_back();
       for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-        at[static_cast<size_t>(axis)] = scales_numel_;
-        scales_numel_ += mx_scale_shape(shape[0], shape[1], axis).numel();
+        at[static_cast<size_t>(axis)] = scales_numel_[static_cast<size_t>(axis)];
+        scales_numel_[static_cast<size_t>(axis)] += mx_scale_shape(shape[0], shape[1], axis).numel();
       }
     }
-    add(FsdpBuffer::kScales, scales_numel_, MemoryCategory::kMxfp8, FsdpLifetime::kAtRest);
+    // Each orientation's array is split like the payloads: dp equal shards, the last zero-padded.
+    for (int64_t& n : scales_numel_) n = (n + dp - 1) / dp * dp;
+    add(FsdpBuffer::kRowScales, scales_shard_numel(QuantAxis::kRow), MemoryCategory::kMxfp8, FsdpLifetime::kAtRest);
+    add(FsdpBuffer::kColScales, scales_shard_numel(QuantAxis::kCol), MemoryCategory::kMxfp8, FsdpLifetime::kAtRest);
     add(FsdpBuffer::kRowShard, shard_numel_, MemoryCategory::kMxfp8, FsdpLifetime::kAtRest);
     add(FsdpBuffer::kColShard, shard_numel_, MemoryCategory::kMxfp8, FsdpLifetime::kAtRest);
+    add(FsdpBuffer::kQuantizeScales, scales_numel(QuantAxis::kRow) + scales_numel(QuantAxis::kCol),
+        MemoryCategory::kMxfp8, FsdpLifetime::kQuantizing);
   }
   // What the strategy creates after construction.
   if (st.params_sharded) {
     if (mxfp8) {
       add(FsdpBuffer::kGatheredRowwise, numel, MemoryCategory::kGathered, FsdpLifetime::kGathered);
+      add(FsdpBuffer::kGatheredRowScales, scales_numel(QuantAxis::kRow), MemoryCategory::kGathered, FsdpLifetime::kGathered);
       add(FsdpBuffer::kGatheredColwise, numel, MemoryCategory::kGathered, FsdpLifetime::kGathered);
+      add(FsdpBuffer::kGatheredColScales, scales_numel(QuantAxis::kCol), MemoryCategory::kGathered, FsdpLifetime::kGathered);
     } else {
       add(FsdpBuffer::kGatheredValues, numel * elem, MemoryCategory::kGathered, FsdpLifetime::kGathered);
     }
@@ -135,13 +147,19 @@ bool FsdpStoragePlan::allocated_at_construction(FsdpBuffer b) const {
   return l == FsdpLifetime::kAtRest || l == FsdpLifetime::kStaging;
 }
 
-FsdpBuffer FsdpStoragePlan::gathered_buffer(GatherSlot slot) {
+std::vector<FsdpBuffer> FsdpStoragePlan::gathered_buffers(GatherSlot slot) {
   switch (slot) {
-    case GatherSlot::kValues: return FsdpBuffer::kGatheredValues;
-    case GatherSlot::kRowwise: return FsdpBuffer::kGatheredRowwise;
-    case GatherSlot::kColwise: return FsdpBuffer::kGatheredColwise;
+    case GatherSlot::kValues: return {FsdpBuffer::kGatheredValues};
+    case GatherSlot::kRowwise: return {FsdpBuffer::kGatheredRowwise, FsdpBuffer::kGatheredRowScales};
+    case GatherSlot::kColwise: return {FsdpBuffer::kGatheredColwise, FsdpBuffer::kGatheredColScales};
   }
   MXDDP_FAIL("unknown gather slot {}", static_cast<int>(slot));
+}
+
+int64_t FsdpStoragePlan::gathered_bytes(GatherSlot slot) const {
+  int64_t n = 0;
+  for (FsdpBuffer b : gathered_buffers(slot)) n += bytes(b);
+  return n;
 }
 
 }  // namespace mxddp

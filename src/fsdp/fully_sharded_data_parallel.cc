@@ -271,7 +271,8 @@ Mxfp8View FsdpEngine::mxfp8_param(int index, QuantAxis axis) const {
   return Mxfp8View{
       .data = fsdp_sub(b.gathered[static_cast<size_t>(slot)].view(DType::kU8, Shape{b.numel}), p.range.start - b.range.start,
                        spec.shape),
-      .scales = param_scales(index, axis),
+      .scales = param_scales(index, axis, b.gathered_scales[static_cast<size_t>(slot)].view(
+                                              DType::kU8, Shape{b.storage.scales_numel(axis)})),
       .options = {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis}};
 }
 

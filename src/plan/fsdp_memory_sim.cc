@@ -38,6 +38,8 @@ FsdpMemorySim::FsdpMemorySim(const std::vector<ParamSpec>& params, const std::ve
       bucket.staging_bytes = bucket.storage.bytes(FsdpBuffer::kParamsShard);  // the initial staging
     buckets_.push_back(std::move(bucket));
   }
+  // The MXFP8 shards of the initial values (quantize_staged_shards, keeping the staging).
+  quantize_staged_shards(/*keep_staging=*/true);
   // Budgets (elements): Megatron's default unit size is twice the average unit.
   int64_t unit_numel_sum = 0;
   for (int u = 0; u < num_units(); ++u) unit_numel_sum += group_numel(u);
@@ -233,24 +235,48 @@ void FsdpMemorySim::start_iteration() {
   }
 }
 
+void FsdpMemorySim::start_quantize(int bucket) {
+  const FsdpBufferPlan& scales = buckets_[static_cast<size_t>(bucket)].storage.buffer(FsdpBuffer::kQuantizeScales);
+  tracker_.on_allocate(scales.category, scales.bytes);
+}
+
+void FsdpMemorySim::finish_quantize(int bucket, bool keep_staging) {
+  const FsdpBufferPlan& scales = buckets_[static_cast<size_t>(bucket)].storage.buffer(FsdpBuffer::kQuantizeScales);
+  tracker_.on_free(scales.category, scales.bytes);
+  if (!keep_staging) free_staging(bucket);
+}
+
+void FsdpMemorySim::quantize_staged_shards(bool keep_staging) {
+  // At most two buckets' whole scales alive: a bucket's are freed once the next one's are taken.
+  int quantizing = -1;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    if (!buckets_[static_cast<size_t>(b)].mxfp8) continue;
+    start_quantize(b);
+    if (quantizing >= 0) finish_quantize(quantizing, keep_staging);
+    quantizing = b;
+  }
+  if (quantizing >= 0) finish_quantize(quantizing, keep_staging);
+}
+
 void FsdpMemorySim::step_and_sync_params() {
-  // At most two staging shards alive: a bucket's is freed once the next one has been updated.
+  // At most two staging shards (and whole scales) alive: a bucket's are freed once the next one
+  // has been updated and its partial scales taken.
   int quantizing = -1;
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
     if (!buckets_[static_cast<size_t>(b)].mxfp8) continue;
     allocate_staging(b);
-    if (quantizing >= 0) free_staging(quantizing);
+    start_quantize(b);
+    if (quantizing >= 0) finish_quantize(quantizing, /*keep_staging=*/false);
     quantizing = b;
   }
-  if (quantizing >= 0) free_staging(quantizing);
+  if (quantizing >= 0) finish_quantize(quantizing, /*keep_staging=*/false);
 }
 
 void FsdpMemorySim::force_param_sync() {
   release_gathered_params();
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
     if (buckets_[static_cast<size_t>(b)].mxfp8) allocate_staging(b);
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
-    if (buckets_[static_cast<size_t>(b)].mxfp8) free_staging(b);
+  quantize_staged_shards(/*keep_staging=*/false);
 }
 
 }  // namespace mxddp

@@ -91,6 +91,10 @@ class FsdpMemorySim final : private FsdpHookActions {
   void zero_grad_buffer();
   void allocate_staging(int bucket);
   void free_staging(int bucket);
+  // An MXFP8 bucket's whole scales, from its partial scales to its encoded shards (fsdp_mxfp8.cc).
+  void start_quantize(int bucket);
+  void finish_quantize(int bucket, bool keep_staging);
+  void quantize_staged_shards(bool keep_staging);
 
   FsdpConfig config_;
   int dp_;
