@@ -75,13 +75,18 @@ RunFigures run(const TrainConfig& c, int dp) {
     if (comm.rank() == 0)
       callbacks.wrap_data_parallel = [&](std::unique_ptr<DataParallel> dp_obj) {
         if (const auto* fsdp = dynamic_cast<const FullyShardedDataParallel*>(dp_obj.get())) {
-          const auto elem = static_cast<int64_t>(dtype_size_bytes(fsdp->param_dtype()));
+          // What one forward pass gathers of a bucket: its values, or its row-wise payload and scales.
+          const FsdpEngine& engine = fsdp_engine(*fsdp);
+          auto forward_bytes = [&](int b) {
+            const FsdpStoragePlan& storage = engine.storage_plan(b);
+            return storage.gathered_bytes(GatherSlot::kValues) + storage.gathered_bytes(GatherSlot::kRowwise);
+          };
           for (int u = 0; u < fsdp->num_units(); ++u) {
             int64_t bytes = 0;
-            for (int b : fsdp_engine(*fsdp).unit_buckets(u)) bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
+            for (int b : engine.unit_buckets(u)) bytes += forward_bytes(b);
             f.unit_bytes_max = std::max(f.unit_bytes_max, bytes);
           }
-          for (int b : fsdp_engine(*fsdp).non_unit_buckets()) f.non_unit_bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
+          for (int b : engine.non_unit_buckets()) f.non_unit_bytes += forward_bytes(b);
         }
         return dp_obj;
       };
