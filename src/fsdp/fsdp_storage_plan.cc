@@ -23,6 +23,8 @@ FsdpElementBytes fsdp_element_bytes(ShardingStrategy s, DType param_dtype, DType
                                     int optimizer_states, bool mxfp8) {
   MXDDP_CHECK(dp >= 1, "dp {} is not valid: at least 1", dp);
   const FsdpStrategyStorage& st = fsdp_strategy_storage(s);
+  MXDDP_CHECK(!mxfp8 || st.params_sharded, "MXFP8 params under FSDP need optim_grads_params; got {}",
+              sharding_strategy_name(s));
   const double n = dp;
   FsdpElementBytes e;
   if (mxfp8) e.params = (2.0 + 2.0 / kMxBlockSize) / n;  // payloads and scales, both orientations, sharded
