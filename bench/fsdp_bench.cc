@@ -7,9 +7,11 @@
 //     ddp + distributed optimizer  6 + 12/N      fsdp optim               6 + 12/N
 //     fsdp no_shard               18              fsdp optim_grads         2 + 16/N
 //                                                 fsdp optim_grads_params  18/N
-//   measured = live params + grads + main params + optimizer state, in the steady state, over the
-//   model's params; the difference from the table is the padding that makes every bucket divide
-//   into dp equal shards.
+//     fsdp optim_grads_params_mxfp8 (the linear weights MXFP8, --fp8-param-gather): their
+//       (2 + 2/32)/N payload and scale bytes in place of 2/N (fsdp_storage_plan.h's table)
+//   measured = live params + grads + MXFP8 payloads and scales + main params + optimizer state, in
+//   the steady state, over the model's params; the difference from the table is the padding that
+//   makes every bucket (and MXFP8 scale array) divide into dp equal shards.
 //
 // peak gathered: the most param bytes a rank held gathered at once, in largest units (a unit is a
 // decoder layer; the non-unit params, embeddings and final norm, are gathered for the whole
@@ -36,12 +38,24 @@ namespace {
 using namespace mxddp;
 using namespace mxddp::bench;
 
-double table_bytes_per_param(const std::string& mode, int dp) {
-  const double n = dp;
-  if (mode == "ddp" || mode == "optim") return 6 + 12 / n;
-  if (mode == "no_shard") return 18;
-  if (mode == "optim_grads") return 2 + 16 / n;
-  return 18 / n;  // optim_grads_params
+// The table's bytes per param, from FSDP's per-strategy storage table (fsdp_storage_plan.h);
+// mxfp8_fraction: the share of the params that are MXFP8.
+double table_bytes_per_param(const std::string& mode, int dp, double mxfp8_fraction) {
+  if (mode == "ddp") return 6 + 12.0 / dp;
+  const ShardingStrategy s = parse_sharding_strategy(mode == "optim_grads_params_mxfp8" ? "optim_grads_params" : mode);
+  const double bf16 = fsdp_element_bytes(s, DType::kBF16, DType::kF32, dp, 2).total();
+  const double mxfp8 = fsdp_element_bytes(s, DType::kBF16, DType::kF32, dp, 2, /*mxfp8=*/true).total();
+  return (1 - mxfp8_fraction) * bf16 + mxfp8_fraction * mxfp8;
+}
+
+// The share of the model's params that --fp8-param-gather keeps as MXFP8.
+double mxfp8_fraction(const GptConfig& model) {
+  double mxfp8 = 0, all = 0;
+  for (const ParamSpec& s : gpt_param_specs(model, true)) {
+    all += static_cast<double>(s.shape.numel());
+    mxfp8 += s.mxfp8 ? static_cast<double>(s.shape.numel()) : 0;
+  }
+  return mxfp8 / all;
 }
 
 struct RunFigures {
@@ -61,13 +75,18 @@ RunFigures run(const TrainConfig& c, int dp) {
     if (comm.rank() == 0)
       callbacks.wrap_data_parallel = [&](std::unique_ptr<DataParallel> dp_obj) {
         if (const auto* fsdp = dynamic_cast<const FullyShardedDataParallel*>(dp_obj.get())) {
-          const auto elem = static_cast<int64_t>(dtype_size_bytes(fsdp->param_dtype()));
+          // What one forward pass gathers of a bucket: its values, or its row-wise payload and scales.
+          const FsdpEngine& engine = fsdp_engine(*fsdp);
+          auto forward_bytes = [&](int b) {
+            const FsdpStoragePlan& storage = engine.storage_plan(b);
+            return storage.gathered_bytes(GatherSlot::kValues) + storage.gathered_bytes(GatherSlot::kRowwise);
+          };
           for (int u = 0; u < fsdp->num_units(); ++u) {
             int64_t bytes = 0;
-            for (int b : fsdp_engine(*fsdp).unit_buckets(u)) bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
+            for (int b : engine.unit_buckets(u)) bytes += forward_bytes(b);
             f.unit_bytes_max = std::max(f.unit_bytes_max, bytes);
           }
-          for (int b : fsdp_engine(*fsdp).non_unit_buckets()) f.non_unit_bytes += fsdp->layout().buckets[static_cast<size_t>(b)].range.size() * elem;
+          for (int b : engine.non_unit_buckets()) f.non_unit_bytes += forward_bytes(b);
         }
         return dp_obj;
       };
@@ -76,7 +95,8 @@ RunFigures run(const TrainConfig& c, int dp) {
     std::lock_guard lock(mutex);
     const MemoryUsage& m = r.memory_by_rank[0].steady;
     const int64_t resting = m.live(MemoryCategory::kParams) + m.live(MemoryCategory::kGrads) +
-                            m.live(MemoryCategory::kMainParams) + m.live(MemoryCategory::kOptimizerState);
+                            m.live(MemoryCategory::kMxfp8) + m.live(MemoryCategory::kMainParams) +
+                            m.live(MemoryCategory::kOptimizerState);
     f.bytes_per_param = static_cast<double>(resting) / static_cast<double>(c.model.num_params());
     f.peak_gathered_bytes = r.memory_by_rank[0].overall.peak(MemoryCategory::kGathered);
     f.peak_total_bytes = r.memory_by_rank[0].overall.total_peak_bytes;
@@ -101,9 +121,9 @@ int main(int argc, char** argv) {
   bool overlap = true, double_buffer = false;
   app.add_option("--presets", presets, "Model presets")->delimiter(',');
   app.add_option("--dps", dps, "Data-parallel sizes (local backend)")->delimiter(',')->check(CLI::Range(1, 64));
-  app.add_option("--modes", modes, "ddp and FSDP strategies")
+  app.add_option("--modes", modes, "ddp and FSDP strategies (optim_grads_params_mxfp8: with MXFP8 linear weights)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ddp", "no_shard", "optim", "optim_grads", "optim_grads_params"}));
+      ->check(CLI::IsMember({"ddp", "no_shard", "optim", "optim_grads", "optim_grads_params", "optim_grads_params_mxfp8"}));
   app.add_option("--iters", iters, "Iterations per run; the first is not timed")->check(CLI::Range(2, 1000));
   app.add_option("--micro-batch", micro, "Micro-batch size (one micro-batch per rank and iteration)")->check(CLI::Range(1, 4096));
   app.add_option("--gpt2-seq-length", gpt2_seq, "Sequence length gpt2-124m runs at")->check(CLI::Range(16, 1024));
@@ -118,7 +138,7 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency(), info.describe(false).c_str());
   std::printf("local backend, overlap %s, f32 compute, bf16 params, f32 grads; medians over iterations 2..%d, rank 0\n\n",
               overlap ? "on" : "off", iters);
-  std::printf("%-10s %2s %-18s %9s %9s %7s %12s %7s %9s %8s %7s %9s %10s\n", "preset", "dp", "mode", "B/param",
+  std::printf("%-10s %2s %-24s %9s %9s %7s %12s %7s %9s %8s %7s %9s %10s\n", "preset", "dp", "mode", "B/param",
               "table", "ratio", "gathered", "units", "peak_MiB", "step_ms", "vs_ddp", "comm_ms", "comm_share");
   for (const std::string& preset : presets) {
     TrainConfig c;
@@ -137,10 +157,13 @@ int main(int argc, char** argv) {
       double ddp_step_ms = 0;
       for (const std::string& mode : modes) {
         c.use_megatron_fsdp = mode != "ddp";
-        if (c.use_megatron_fsdp) c.fsdp.data_parallel_sharding_strategy = parse_sharding_strategy(mode);
+        const bool mxfp8 = mode == "optim_grads_params_mxfp8";
+        c.ddp.fp8_param_gather = mxfp8;
+        if (c.use_megatron_fsdp)
+          c.fsdp.data_parallel_sharding_strategy = parse_sharding_strategy(mxfp8 ? "optim_grads_params" : mode);
         const RunFigures f = run(c, dp);
         if (mode == "ddp") ddp_step_ms = f.step_ms;
-        const double table = table_bytes_per_param(mode, dp);
+        const double table = table_bytes_per_param(mode, dp, mxfp8 ? mxfp8_fraction(c.model) : 0.0);
         char gathered[32] = "-", units[32] = "-", vs_ddp[32] = "-";
         if (f.peak_gathered_bytes > 0 && f.unit_bytes_max > 0) {  // else the params stay resident: nothing gathered
           std::snprintf(gathered, sizeof gathered, "%.2f MiB", f.peak_gathered_bytes / 1048576.0);
@@ -148,7 +171,7 @@ int main(int argc, char** argv) {
                         static_cast<double>(f.peak_gathered_bytes - f.non_unit_bytes) / static_cast<double>(f.unit_bytes_max));
         }
         if (ddp_step_ms > 0) std::snprintf(vs_ddp, sizeof vs_ddp, "%.2f", f.step_ms / ddp_step_ms);
-        std::printf("%-10s %2d %-18s %9.3f %9.3f %7.3f %12s %7s %9.1f %8.1f %7s %9.1f %10.3f\n", preset.c_str(), dp,
+        std::printf("%-10s %2d %-24s %9.3f %9.3f %7.3f %12s %7s %9.1f %8.1f %7s %9.1f %10.3f\n", preset.c_str(), dp,
                     mode.c_str(), f.bytes_per_param, table, f.bytes_per_param / table, gathered, units,
                     f.peak_total_bytes / 1048576.0, f.step_ms, vs_ddp, f.comm_ms, f.comm_ms / f.step_ms);
         std::fflush(stdout);

@@ -91,17 +91,6 @@ std::string describe_mode(const TrainConfig& c) {
   return mode;
 }
 
-// Bytes per buffer element each rank keeps of params, grads, main params and optimizer state: what
-// one element of padding costs.
-double model_state_bytes_per_element(const TrainConfig& c, int dp) {
-  const double states = 4.0 * (1 + static_cast<double>(optimizer_state_names(c.optimizer.optimizer).size()));
-  if (!c.use_megatron_fsdp) return (c.ddp.reuse_grad_buf_for_mxfp8_param_ag ? 0 : 2) + 4 + states / dp;
-  const ShardingStrategy s = c.fsdp.data_parallel_sharding_strategy;
-  const double param = dtype_size_bytes(c.fsdp.param_dtype) / (s == ShardingStrategy::kOptimGradsParams ? dp : 1.0);
-  const double grad = 4.0 / (s == ShardingStrategy::kOptimGrads || s == ShardingStrategy::kOptimGradsParams ? dp : 1.0);
-  return param + grad + states / (s == ShardingStrategy::kNoShard ? 1 : dp);
-}
-
 // The closed form a user of this mode would reach for, and its name.
 std::pair<std::string, double> matching_closed_form(const TrainConfig& c, const ClosedFormMemory& f, int64_t n) {
   if (!c.use_megatron_fsdp) return {"Megatron theoretical_memory_usage (distributed optimizer)", f.megatron_bytes};
@@ -272,11 +261,13 @@ double comm_bytes_per_iteration(const TrainConfig& c, const MemoryPlan& p) {
     case ShardingStrategy::kOptim:
     case ShardingStrategy::kOptimGrads: return ring * numel * (4 + 2);
     case ShardingStrategy::kOptimGradsParams: {
-      // A gather moves 2 bytes per BF16 element, 1 per MXFP8 one (one orientation per pass).
+      // A gather moves 2 bytes per BF16 element, 1 + 1/32 per MXFP8 one (one orientation's payload
+      // and scales per pass).
       double mxfp8_numel = 0;
       if (c.ddp.fp8_param_gather)
         for (const ParamSpec& s : gpt_param_specs(c.model, true)) mxfp8_numel += s.mxfp8 ? static_cast<double>(s.shape.numel()) : 0;
-      const double gather_bytes_per_element = 2.0 - mxfp8_numel / static_cast<double>(p.layout.params_numel);
+      const double gather_bytes_per_element =
+          2.0 - (1.0 - 1.0 / kMxBlockSize) * mxfp8_numel / static_cast<double>(p.layout.params_numel);
       return ring * numel * accum * (4 + 2 * gather_bytes_per_element);
     }
   }

@@ -14,11 +14,15 @@
 //   optim               2        4       12/N           6 + 12/N
 //   optim_grads         2        4/N     12/N           2 + 16/N
 //   optim_grads_params  2/N      4/N     12/N           18/N
+//     MXFP8 params      (2 + 1/16)/N     12/N           (18 + 1/16)/N
 //
-// plus the padding. MXFP8 params (ParamSpec::mxfp8, optim_grads_params only; Megatron's
-// fp8_param_gather under FSDP) rest as shards of their row-wise and column-wise E4M3/E5M2 payloads,
-// 1 + 1 bytes per element / N, plus both orientations' E8M0 scales replicated on every rank (1/16
-// byte per element); each unit's MXFP8 params form a bucket of their own beside its BF16 one.
+// plus the padding (src/fsdp/fsdp_storage_plan.h derives every such figure from one per-strategy
+// table, and lists each buffer a bucket holds). MXFP8 params (ParamSpec::mxfp8, optim_grads_params
+// only; Megatron's fp8_param_gather under FSDP) rest as shards of their row-wise and column-wise
+// E4M3/E5M2 payloads, 1 + 1 bytes per element / N, and of both orientations' E8M0 scale arrays
+// (1/32 + 1/32 byte per element / N, each array zero-padded to divide by N), each orientation's
+// scales gathered with its payload; each unit's MXFP8 params form a bucket of their own beside its
+// BF16 one.
 // Transient: optim_grads_params's gathered units (the current one plus the
 // prefetch, or at most two with fsdp_double_buffer) and non-unit params, in the tracker category
 // "gathered"; the sharded-grad strategies' unsharded grad buckets, from a bucket's first gradient
@@ -41,10 +45,12 @@
 //   finish_grad_sync: wait, fold the reduced grads into the shards, release the non-unit params;
 //   the optimizer step on the shards, then (optim, optim_grads) the all-gather of the updated
 //     param shards into the full params, or (MXFP8 buckets) the quantization of the updated shards:
-//     each rank's partial block scales, a u8 MAX all-reduce, then its shards of both orientations
+//     each rank's partial block scales, a u8 MAX all-reduce (of the bucket's whole scale arrays,
+//     transient, two buckets at a time), then its shards of both orientations' payloads and scales
 //     (bitwise what quantizing the whole gathered tensor gives; quant.h's mx_shard_scales).
 // With MXFP8 params a gather is per slot (GatherSlot): forward gathers values and row-wise,
-// backward values and column-wise, a recompute values and row-wise.
+// backward values and column-wise, a recompute values and row-wise (an MXFP8 slot: the payload
+// and that orientation's scales).
 // The all-gather prefetch budget is suggested_communication_unit_size / 2 elements and the
 // reduce-scatter queue holds at most suggested_communication_unit_size elements in flight; both are
 // caps (Megatron turns them into floors of 5e8 and 1e9 elements with max(1e9, ...)).

@@ -82,6 +82,11 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
 MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainConfig& config,
                              const MemoryPlanOptions& opts);
 
+// Bytes per buffer element each rank keeps at rest of params, grads, main params and optimizer
+// state: what one element of padding costs. FSDP's come from its per-strategy storage table
+// (src/fsdp/fsdp_storage_plan.h), DDP's from the distributed optimizer's sharding.
+double model_state_bytes_per_element(const TrainConfig& config, int dp);
+
 // The closed-form figures of model states per rank (bytes), for the same params and dp.
 struct ClosedFormMemory {
   // Megatron's theoretical_memory_usage, weights and optimizer: (6 + 12/dp) bytes per param with

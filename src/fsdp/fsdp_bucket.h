@@ -1,6 +1,6 @@
 // FsdpEngine::Bucket: the storage of one FSDP bucket (a unit's params of one kind,
-// or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated
-// depends on the strategy and on whether the bucket holds MXFP8 params.
+// or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated,
+// their bytes, categories and lifetimes, are the bucket's FsdpStoragePlan (fsdp_storage_plan.h).
 #pragma once
 
 #include <array>
@@ -8,9 +8,12 @@
 
 #include "fsdp_engine.h"
 
+#include "fsdp_storage_plan.h"
+
 namespace mxddp {
 
 struct FsdpEngine::Bucket {
+  FsdpStoragePlan storage;  // what it holds
   Range range;          // in the layout
   int64_t numel = 0;    // padded: G
   int64_t shard = 0;    // G / dp
@@ -21,14 +24,45 @@ struct FsdpEngine::Bucket {
   // start_iteration, and while a step or a forced sync writes it, until quantized.
   HostBuffer params_shard;
   HostBuffer row_shard, col_shard;  // [G/dp] u8, kMxfp8: this rank's row-/column-wise payloads
-  // u8, kMxfp8, replicated: each param's row-wise and column-wise scales (mx_scale_shape), at
-  // FsdpEngine::scale_offset_[param][axis]; the MAX all-reduce's buffer.
-  HostBuffer scales;
+  // [S_axis/dp] u8, kMxfp8, per QuantAxis: this rank's shard of the orientation's scale array (each
+  // param's mx_scale_shape at FsdpEngine::scale_offset_[param][axis], zero-padded to S_axis).
+  std::array<HostBuffer, 2> scales_shard;
+  // [S_row + S_col] u8, kMxfp8, while the bucket's shards are quantized: the whole arrays, row-wise
+  // first; each rank's partial scales, then (MAX all-reduced) the whole tensor's.
+  HostBuffer quantize_scales;
   // Per GatherSlot while gathered: [G] param dtype (values) or u8 (row-/column-wise), kGathered.
   std::array<HostBuffer, kGatherSlots> gathered;
+  // Row-/column-wise slots while gathered: [S_axis] u8, the orientation's whole scale array, kGathered.
+  std::array<HostBuffer, kGatherSlots> gathered_scales;
   HostBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
   HostBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
   bool reduction_in_flight = false;
+
+  // The member that holds `buffer`.
+  HostBuffer& held(FsdpBuffer buffer) {
+    switch (buffer) {
+      case FsdpBuffer::kParamsFull: return params_full;
+      case FsdpBuffer::kParamsShard: return params_shard;
+      case FsdpBuffer::kRowShard: return row_shard;
+      case FsdpBuffer::kColShard: return col_shard;
+      case FsdpBuffer::kRowScales: return scales_shard[static_cast<size_t>(QuantAxis::kRow)];
+      case FsdpBuffer::kColScales: return scales_shard[static_cast<size_t>(QuantAxis::kCol)];
+      case FsdpBuffer::kGatheredValues: return gathered[static_cast<size_t>(GatherSlot::kValues)];
+      case FsdpBuffer::kGatheredRowwise: return gathered[static_cast<size_t>(GatherSlot::kRowwise)];
+      case FsdpBuffer::kGatheredColwise: return gathered[static_cast<size_t>(GatherSlot::kColwise)];
+      case FsdpBuffer::kGatheredRowScales: return gathered_scales[static_cast<size_t>(GatherSlot::kRowwise)];
+      case FsdpBuffer::kGatheredColScales: return gathered_scales[static_cast<size_t>(GatherSlot::kColwise)];
+      case FsdpBuffer::kQuantizeScales: return quantize_scales;
+      case FsdpBuffer::kGradsFull: return grads_full;
+      case FsdpBuffer::kGradsShard: return grads_shard;
+    }
+    MXDDP_FAIL("unknown FSDP buffer {}", static_cast<int>(buffer));
+  }
+  // Allocates `buffer` as the storage plan sizes it (contents uninitialized).
+  void allocate(FsdpBuffer buffer, MemoryTracker& tracker) {
+    const FsdpBufferPlan& plan = storage.buffer(buffer);
+    held(buffer) = HostBuffer(static_cast<size_t>(plan.bytes), plan.category, tracker);
+  }
 };
 
 // The elements [offset, offset + shape.numel()) of a flat view, shaped.

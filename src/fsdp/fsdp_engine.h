@@ -16,6 +16,7 @@
 #include <mxddp/fsdp.h>
 
 #include "fsdp_hook_schedule.h"
+#include "fsdp_storage_plan.h"
 
 namespace mxddp {
 
@@ -98,6 +99,10 @@ class FsdpEngine final : private FsdpHookActions {
   // Every collective since construction, in issue order (cleared by clear_collective_log).
   const std::vector<FsdpCollective>& collective_log() const { return log_; }
   void clear_collective_log() { log_.clear(); }
+  // What bucket `bucket` holds, and (MXFP8 buckets) this rank's shard of its `axis` scale array:
+  // u8 [storage_plan(bucket).scales_shard_numel(axis)].
+  const FsdpStoragePlan& storage_plan(int bucket) const;
+  TensorView mxfp8_scales_shard(int bucket, QuantAxis axis) const;
 
  void enter_no_sync() { ++no_sync_depth_; }
   void exit_no_sync() { --no_sync_depth_; }
@@ -127,8 +132,11 @@ class FsdpEngine final : private FsdpHookActions {
   // MXFP8 buckets: the optimizer writes bf16(main params) into a staging shard, from which each
   // rank quantizes its shards of both orientations (src/fsdp/fsdp_mxfp8.cc).
   void allocate_staging(int bucket);
-  // An MXFP8 param's scales in one orientation: u8 mx_scale_shape, in its bucket's replicated scales.
-  TensorView param_scales(int param, QuantAxis axis) const;
+  // An MXFP8 param's scales in one orientation: u8 mx_scale_shape, in `array`, the orientation's
+  // whole scale array of its bucket (gathered, or the quantization's).
+  TensorView param_scales(int param, QuantAxis axis, const TensorView& array) const;
+  // The orientation's array in the bucket's quantize_scales.
+  TensorView quantize_scales(int bucket, QuantAxis axis) const;
   Work start_shard_scales(int bucket);  // this rank's partial scales, MAX all-reduced (async)
   // Waits for the scales, encodes the shards and (unless keep_staging) frees the staging.
   void finish_shard_quantize(int bucket, const Work& scales, bool keep_staging = false);
@@ -151,7 +159,7 @@ class FsdpEngine final : private FsdpHookActions {
   std::vector<int> non_unit_buckets_;
   std::vector<int> unit_of_param_;                 // [param], -1 for non-unit
   std::vector<int> bucket_unit_;                   // [bucket], -1 for non-unit
-  std::vector<std::array<int64_t, 2>> scale_offset_;  // [param][axis] in its bucket's scales (MXFP8)
+  std::vector<std::array<int64_t, 2>> scale_offset_;  // [param][axis] in its bucket's axis scale array (MXFP8)
   int64_t prefetch_budget_numel_ = 0;
   int64_t rs_queue_numel_ = 0;
   // Gather state per group and slot: [U + 1][kGatherSlots].

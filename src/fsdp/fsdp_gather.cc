@@ -64,17 +64,27 @@ uint8_t FsdpEngine::slot_state(int group, GatherSlot slot) const {
 void FsdpEngine::dispatch_gather(int group, GatherSlot slot) {
   MXDDP_ASSERT(slot_state(group, slot) == 0);
   const auto s = static_cast<size_t>(slot);
-  // Values move in the param dtype, MXFP8 payloads as their bytes (the scales are replicated).
+  // Values move in the param dtype, MXFP8 payloads as their bytes, each with its orientation's
+  // scales (every rank's shard of the array: the whole array again).
   const DType dtype = slot == GatherSlot::kValues ? config_.param_dtype : DType::kU8;
   for (int bi : group_buckets(group)) {
     Bucket& b = *buckets_[static_cast<size_t>(bi)];
     if (!slot_applies(slot, b.mxfp8)) continue;
     const HostBuffer& shard = slot == GatherSlot::kValues ? b.params_shard
                               : slot == GatherSlot::kRowwise ? b.row_shard : b.col_shard;
-    b.gathered[s] = HostBuffer(static_cast<size_t>(b.numel) * dtype_size_bytes(dtype), MemoryCategory::kGathered, tracker_);
-    gathered_bytes_[s] += static_cast<int64_t>(b.gathered[s].size_bytes());
-    gather_works_[static_cast<size_t>(group)][s].push_back(comm_.all_gather(
-        shard.view(dtype, Shape{b.shard}), b.gathered[s].view(dtype, Shape{b.numel}), {.async_op = true}));
+    for (FsdpBuffer buffer : FsdpStoragePlan::gathered_buffers(slot)) {
+      b.allocate(buffer, tracker_);
+      gathered_bytes_[s] += static_cast<int64_t>(b.held(buffer).size_bytes());
+    }
+    auto& works = gather_works_[static_cast<size_t>(group)][s];
+    works.push_back(comm_.all_gather(shard.view(dtype, Shape{b.shard}), b.gathered[s].view(dtype, Shape{b.numel}),
+                                     {.async_op = true}));
+    log_.push_back({FsdpCollective::Kind::kAllGather, bi});
+    if (slot == GatherSlot::kValues) continue;
+    const QuantAxis axis = slot == GatherSlot::kRowwise ? QuantAxis::kRow : QuantAxis::kCol;
+    works.push_back(comm_.all_gather(mxfp8_scales_shard(bi, axis),
+                                     b.gathered_scales[s].view(DType::kU8, Shape{b.storage.scales_numel(axis)}),
+                                     {.async_op = true}));
     log_.push_back({FsdpCollective::Kind::kAllGather, bi});
   }
   gathered_bytes_peak_[s] = std::max(gathered_bytes_peak_[s], gathered_bytes_[s]);
@@ -106,8 +116,9 @@ void FsdpEngine::release_slot(int group, GatherSlot slot) {
   works.clear();
   for (int bi : group_buckets(group)) {
     Bucket& b = *buckets_[static_cast<size_t>(bi)];
-    gathered_bytes_[s] -= static_cast<int64_t>(b.gathered[s].size_bytes());
+    gathered_bytes_[s] -= static_cast<int64_t>(b.gathered[s].size_bytes() + b.gathered_scales[s].size_bytes());
     b.gathered[s] = HostBuffer();
+    b.gathered_scales[s] = HostBuffer();
   }
   state = 0;
   ++releases_;

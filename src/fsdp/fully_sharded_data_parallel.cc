@@ -152,7 +152,7 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
   layout_ = fsdp_param_layout(params, unit_of_param_, dp);
   scale_offset_.assign(params.size(), {-1, -1});
   unit_buckets_.resize(units.size());
-  const size_t elem = dtype_size_bytes(config_.param_dtype), grad_elem = dtype_size_bytes(grad_dtype());
+  const size_t elem = dtype_size_bytes(config_.param_dtype);
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const BucketPlacement& placement = layout_.buckets[b];
     const int unit = unit_of_param_[static_cast<size_t>(placement.params.front())];
@@ -160,10 +160,15 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
     (unit < 0 ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(unit)]).push_back(static_cast<int>(b));
 
     auto bucket = std::make_unique<Bucket>();
+    bucket->storage = FsdpStoragePlan::of_bucket(config_, dp, layout_, static_cast<int>(b), params);
     bucket->range = placement.range;
-    bucket->numel = placement.range.size();
-    bucket->shard = bucket->numel / dp;
-    bucket->mxfp8 = params[static_cast<size_t>(placement.params.front())].mxfp8;
+    bucket->numel = bucket->storage.numel();
+    bucket->shard = bucket->storage.shard_numel();
+    bucket->mxfp8 = bucket->storage.mxfp8();
+    // What the storage plan keeps from construction (an MXFP8 bucket's params_shard is the
+    // optimizer's initial staging, quantized below).
+    for (const FsdpBufferPlan& buffer : bucket->storage.buffers())
+      if (bucket->storage.allocated_at_construction(buffer.buffer)) bucket->allocate(buffer.buffer, tracker);
     const auto g = static_cast<size_t>(bucket->numel), s = static_cast<size_t>(bucket->shard);
     // The bucket's initial values, padding zero; every rank keeps what its strategy keeps.
     std::vector<char> full(g * elem, 0);
@@ -172,34 +177,16 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
       copy_converted(initial_values[static_cast<size_t>(p)], full.data() + static_cast<size_t>(at) * elem,
                      config_.param_dtype, static_cast<size_t>(params[static_cast<size_t>(p)].shape.numel()));
     }
-    if (shards_params()) {
-      // (An MXFP8 bucket's is the optimizer's initial staging, quantized below.)
-      bucket->params_shard = HostBuffer(s * elem, MemoryCategory::kParams, tracker);
+    if (bucket->params_shard.data())
       std::memcpy(bucket->params_shard.data(), full.data() + static_cast<size_t>(rank) * s * elem, s * elem);
-    } else {
-      bucket->params_full = HostBuffer(g * elem, MemoryCategory::kParams, tracker);
-      std::memcpy(bucket->params_full.data(), full.data(), g * elem);
-    }
-    if (shards_grads()) {
-      bucket->grads_shard = HostBuffer(s * grad_elem, MemoryCategory::kGrads, tracker);
-      std::memset(bucket->grads_shard.data(), 0, s * grad_elem);
-    } else {
-      bucket->grads_full = HostBuffer(g * grad_elem, MemoryCategory::kGrads, tracker);
-      std::memset(bucket->grads_full.data(), 0, g * grad_elem);
-    }
-    if (bucket->mxfp8) {
-      int64_t scales_numel = 0;
-      for (int p : placement.params) {
-        const Shape& shape = params[static_cast<size_t>(p)].shape;
-        for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-          scale_offset_[static_cast<size_t>(p)][static_cast<size_t>(axis)] = scales_numel;
-          scales_numel += mx_scale_shape(shape[0], shape[1], axis).numel();
-        }
-      }
-      bucket->scales = HostBuffer(static_cast<size_t>(scales_numel), MemoryCategory::kMxfp8, tracker);
-      bucket->row_shard = HostBuffer(s, MemoryCategory::kMxfp8, tracker);
-      bucket->col_shard = HostBuffer(s, MemoryCategory::kMxfp8, tracker);
-    }
+    else std::memcpy(bucket->params_full.data(), full.data(), g * elem);
+    HostBuffer& grads = shards_grads() ? bucket->grads_shard : bucket->grads_full;
+    std::memset(grads.data(), 0, grads.size_bytes());
+    if (bucket->mxfp8)
+      for (size_t k = 0; k < placement.params.size(); ++k)
+        for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
+          scale_offset_[static_cast<size_t>(placement.params[k])][static_cast<size_t>(axis)] =
+              bucket->storage.scale_offset(k, axis);
     buckets_.push_back(std::move(bucket));
   }
   // The MXFP8 shards of the initial values (collective: every rank constructs). The staging stays
@@ -234,9 +221,7 @@ FsdpEngine::~FsdpEngine() {
   for (Work& w : full_param_gathers_) quiet_wait(w);
 }
 
-DType FsdpEngine::grad_dtype() const {
-  return config_.grad_reduce_in_fp32 ? DType::kF32 : config_.param_dtype;
-}
+DType FsdpEngine::grad_dtype() const { return fsdp_grad_dtype(config_); }
 
 std::string FsdpEngine::describe() const {
   return fmt::format("fsdp:{}", sharding_strategy_name(config_.data_parallel_sharding_strategy));
@@ -286,7 +271,8 @@ Mxfp8View FsdpEngine::mxfp8_param(int index, QuantAxis axis) const {
   return Mxfp8View{
       .data = fsdp_sub(b.gathered[static_cast<size_t>(slot)].view(DType::kU8, Shape{b.numel}), p.range.start - b.range.start,
                        spec.shape),
-      .scales = param_scales(index, axis),
+      .scales = param_scales(index, axis, b.gathered_scales[static_cast<size_t>(slot)].view(
+                                              DType::kU8, Shape{b.storage.scales_numel(axis)})),
       .options = {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis}};
 }
 
@@ -300,9 +286,8 @@ TensorView FsdpEngine::main_grad(int index) {
   if (shards_grads() && !b.grads_full.data()) {
     // The bucket's unsharded grads live from its first gradient of the micro-batch until its
     // reduce-scatter lands in the shard.
-    const size_t bytes = static_cast<size_t>(b.numel) * dtype_size_bytes(grad_dtype());
-    b.grads_full = HostBuffer(bytes, MemoryCategory::kGrads, tracker_);
-    std::memset(b.grads_full.data(), 0, bytes);
+    b.allocate(FsdpBuffer::kGradsFull, tracker_);
+    std::memset(b.grads_full.data(), 0, b.grads_full.size_bytes());
   }
   return fsdp_sub(b.grads_full.view(grad_dtype(), Shape{b.numel}), p.range.start - b.range.start,
                                                                specs_[static_cast<size_t>(index)].shape);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include <mxddp/quant.h>
 
 namespace mxddp {
 
@@ -21,37 +20,26 @@ FsdpMemorySim::FsdpMemorySim(const std::vector<ParamSpec>& params, const std::ve
   unit_of_param_ = fsdp_unit_of_param(params.size(), units);
   layout_ = fsdp_param_layout(params, unit_of_param_, dp, /*compute_shards=*/false);
   unit_buckets_.resize(units.size());
-  const int64_t elem = static_cast<int64_t>(dtype_size_bytes(config_.param_dtype));
-  const int64_t grad_elem = config_.grad_reduce_in_fp32 ? 4 : elem;
-  // The constructor, bucket by bucket: params (shard or full), grads (shard or full), and for an
-  // MXFP8 bucket its scales and its row- and column-wise shards.
+  // The constructor, bucket by bucket: what its storage plan allocates at construction (params,
+  // grads, and for an MXFP8 bucket its scales and its row- and column-wise shards).
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const BucketPlacement& placement = layout_.buckets[b];
     const int unit = unit_of_param_[static_cast<size_t>(placement.params.front())];
     (unit < 0 ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(unit)]).push_back(static_cast<int>(b));
     Bucket bucket;
-    bucket.numel = placement.range.size();
-    bucket.shard = bucket.numel / dp;
-    bucket.mxfp8 = params[static_cast<size_t>(placement.params.front())].mxfp8;
-    if (shards_params()) {
-      tracker_.on_allocate(MemoryCategory::kParams, bucket.shard * elem);
-      if (bucket.mxfp8) bucket.staging_bytes = bucket.shard * elem;  // the initial staging
-    } else {
-      tracker_.on_allocate(MemoryCategory::kParams, bucket.numel * elem);
-    }
-    tracker_.on_allocate(MemoryCategory::kGrads, (shards_grads() ? bucket.shard : bucket.numel) * grad_elem);
-    if (bucket.mxfp8) {
-      int64_t scales_numel = 0;
-      for (int p : placement.params) {
-        const Shape& shape = params[static_cast<size_t>(p)].shape;
-        for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) scales_numel += mx_scale_shape(shape[0], shape[1], axis).numel();
-      }
-      tracker_.on_allocate(MemoryCategory::kMxfp8, scales_numel);
-      tracker_.on_allocate(MemoryCategory::kMxfp8, bucket.shard);
-      tracker_.on_allocate(MemoryCategory::kMxfp8, bucket.shard);
-    }
-    buckets_.push_back(bucket);
+    bucket.storage = FsdpStoragePlan::of_bucket(config_, dp, layout_, static_cast<int>(b), params);
+    bucket.numel = bucket.storage.numel();
+    bucket.shard = bucket.storage.shard_numel();
+    bucket.mxfp8 = bucket.storage.mxfp8();
+    for (const FsdpBufferPlan& buffer : bucket.storage.buffers())
+      if (bucket.storage.allocated_at_construction(buffer.buffer)) tracker_.on_allocate(buffer.category, buffer.bytes);
+    if (bucket.storage.holds(FsdpBuffer::kParamsShard) &&
+        bucket.storage.buffer(FsdpBuffer::kParamsShard).lifetime == FsdpLifetime::kStaging)
+      bucket.staging_bytes = bucket.storage.bytes(FsdpBuffer::kParamsShard);  // the initial staging
+    buckets_.push_back(std::move(bucket));
   }
+  // The MXFP8 shards of the initial values (quantize_staged_shards, keeping the staging).
+  quantize_staged_shards(/*keep_staging=*/true);
   // Budgets (elements): Megatron's default unit size is twice the average unit.
   int64_t unit_numel_sum = 0;
   for (int u = 0; u < num_units(); ++u) unit_numel_sum += group_numel(u);
@@ -112,11 +100,10 @@ int FsdpMemorySim::units_gathered() const {
 
 void FsdpMemorySim::dispatch_gather(int group, GatherSlot slot) {
   const auto s = static_cast<size_t>(slot);
-  const int64_t elem = slot == GatherSlot::kValues ? static_cast<int64_t>(dtype_size_bytes(config_.param_dtype)) : 1;
   for (int bi : group_buckets(group)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     if (!slot_applies(slot, b.mxfp8)) continue;
-    b.gathered_bytes[s] = b.numel * elem;
+    b.gathered_bytes[s] = b.storage.gathered_bytes(slot);
     tracker_.on_allocate(MemoryCategory::kGathered, b.gathered_bytes[s]);
     gathered_bytes_[s] += b.gathered_bytes[s];
   }
@@ -172,8 +159,8 @@ void FsdpMemorySim::main_grad(int param) {
   Bucket& b = buckets_[static_cast<size_t>(layout_.params.at(static_cast<size_t>(param)).bucket)];
   while (b.reduction_in_flight) complete_oldest_reduction();
   if (shards_grads() && b.grads_full_bytes == 0) {
-    b.grads_full_bytes = b.numel * (config_.grad_reduce_in_fp32 ? 4 : static_cast<int64_t>(dtype_size_bytes(config_.param_dtype)));
-    tracker_.on_allocate(MemoryCategory::kGrads, b.grads_full_bytes);
+    b.grads_full_bytes = b.storage.bytes(FsdpBuffer::kGradsFull);
+    tracker_.on_allocate(b.storage.buffer(FsdpBuffer::kGradsFull).category, b.grads_full_bytes);
   }
 }
 
@@ -196,7 +183,7 @@ void FsdpMemorySim::complete_oldest_reduction() {
   reductions_numel_ -= b.numel;
   b.reduction_in_flight = false;
   if (!shards_grads()) return;
-  tracker_.on_free(MemoryCategory::kGrads, b.grads_full_bytes);
+  tracker_.on_free(b.storage.buffer(FsdpBuffer::kGradsFull).category, b.grads_full_bytes);
   b.grads_full_bytes = 0;
 }
 
@@ -225,13 +212,13 @@ void FsdpMemorySim::zero_grad_buffer() {
 void FsdpMemorySim::allocate_staging(int bucket) {
   Bucket& b = buckets_[static_cast<size_t>(bucket)];
   if (b.staging_bytes > 0) return;
-  b.staging_bytes = b.shard * static_cast<int64_t>(dtype_size_bytes(config_.param_dtype));
-  tracker_.on_allocate(MemoryCategory::kParams, b.staging_bytes);
+  b.staging_bytes = b.storage.bytes(FsdpBuffer::kParamsShard);
+  tracker_.on_allocate(b.storage.buffer(FsdpBuffer::kParamsShard).category, b.staging_bytes);
 }
 
 void FsdpMemorySim::free_staging(int bucket) {
   Bucket& b = buckets_[static_cast<size_t>(bucket)];
-  if (b.staging_bytes > 0) tracker_.on_free(MemoryCategory::kParams, b.staging_bytes);
+  if (b.staging_bytes > 0) tracker_.on_free(b.storage.buffer(FsdpBuffer::kParamsShard).category, b.staging_bytes);
   b.staging_bytes = 0;
 }
 
@@ -248,24 +235,48 @@ void FsdpMemorySim::start_iteration() {
   }
 }
 
+void FsdpMemorySim::start_quantize(int bucket) {
+  const FsdpBufferPlan& scales = buckets_[static_cast<size_t>(bucket)].storage.buffer(FsdpBuffer::kQuantizeScales);
+  tracker_.on_allocate(scales.category, scales.bytes);
+}
+
+void FsdpMemorySim::finish_quantize(int bucket, bool keep_staging) {
+  const FsdpBufferPlan& scales = buckets_[static_cast<size_t>(bucket)].storage.buffer(FsdpBuffer::kQuantizeScales);
+  tracker_.on_free(scales.category, scales.bytes);
+  if (!keep_staging) free_staging(bucket);
+}
+
+void FsdpMemorySim::quantize_staged_shards(bool keep_staging) {
+  // At most two buckets' whole scales alive: a bucket's are freed once the next one's are taken.
+  int quantizing = -1;
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    if (!buckets_[static_cast<size_t>(b)].mxfp8) continue;
+    start_quantize(b);
+    if (quantizing >= 0) finish_quantize(quantizing, keep_staging);
+    quantizing = b;
+  }
+  if (quantizing >= 0) finish_quantize(quantizing, keep_staging);
+}
+
 void FsdpMemorySim::step_and_sync_params() {
-  // At most two staging shards alive: a bucket's is freed once the next one has been updated.
+  // At most two staging shards (and whole scales) alive: a bucket's are freed once the next one
+  // has been updated and its partial scales taken.
   int quantizing = -1;
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
     if (!buckets_[static_cast<size_t>(b)].mxfp8) continue;
     allocate_staging(b);
-    if (quantizing >= 0) free_staging(quantizing);
+    start_quantize(b);
+    if (quantizing >= 0) finish_quantize(quantizing, /*keep_staging=*/false);
     quantizing = b;
   }
-  if (quantizing >= 0) free_staging(quantizing);
+  if (quantizing >= 0) finish_quantize(quantizing, /*keep_staging=*/false);
 }
 
 void FsdpMemorySim::force_param_sync() {
   release_gathered_params();
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
     if (buckets_[static_cast<size_t>(b)].mxfp8) allocate_staging(b);
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
-    if (buckets_[static_cast<size_t>(b)].mxfp8) free_staging(b);
+  quantize_staged_shards(/*keep_staging=*/false);
 }
 
 }  // namespace mxddp

@@ -1,6 +1,9 @@
 // FsdpMemorySim: FullyShardedDataParallel's allocations and frees, without the data, for the memory
 // plan (plan.h).
 //
+// What each bucket holds, and the bytes and category of each buffer, come from FsdpStoragePlan
+// (src/fsdp/fsdp_storage_plan.h), from which FullyShardedDataParallel allocates; this class says
+// only when each is charged and refunded.
 // It is the state machine of src/fsdp/ (the gather state per group and slot, the releases, the
 // bounded reduce-scatter queue that frees each bucket's transient unsharded grads, the MXFP8
 // staging shards of a step and a forced sync), kept to the allocations: every HostBuffer the real
@@ -20,6 +23,7 @@
 #include <mxddp/memory.h>
 
 #include "../fsdp/fsdp_hook_schedule.h"
+#include "../fsdp/fsdp_storage_plan.h"
 
 namespace mxddp {
 
@@ -52,6 +56,7 @@ class FsdpMemorySim final : private FsdpHookActions {
 
  private:
   struct Bucket {
+    FsdpStoragePlan storage;  // what it holds, and the bytes of each buffer
     int64_t numel = 0;  // G (padded)
     int64_t shard = 0;  // G / dp
     bool mxfp8 = false;
@@ -86,6 +91,10 @@ class FsdpMemorySim final : private FsdpHookActions {
   void zero_grad_buffer();
   void allocate_staging(int bucket);
   void free_staging(int bucket);
+  // An MXFP8 bucket's whole scales, from its partial scales to its encoded shards (fsdp_mxfp8.cc).
+  void start_quantize(int bucket);
+  void finish_quantize(int bucket, bool keep_staging);
+  void quantize_staged_shards(bool keep_staging);
 
   FsdpConfig config_;
   int dp_;

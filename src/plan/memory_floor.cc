@@ -7,6 +7,8 @@
 
 #include <mxddp/plan.h>
 
+#include "../fsdp/fsdp_storage_plan.h"
+
 namespace mxddp {
 
 namespace {
@@ -66,16 +68,16 @@ TrainMemoryFloor train_memory_floor(const TrainConfig& c, int dp, double data_by
   const double n = gpt_params(c.model), ranks = dp;
   TrainMemoryFloor f;
   f.init_bytes = 4 * n;
-  // Which of params, grads and optimizer state this rank keeps a 1/dp share of (fsdp.h's table;
-  // DDP always runs the distributed optimizer). MXFP8 params hold a 1-byte payload per orientation.
+  // Which of params, grads and optimizer state this rank keeps a 1/dp share of (FSDP: the
+  // per-strategy table of fsdp_storage_plan.h; DDP always runs the distributed optimizer). MXFP8 params hold a 1-byte payload per orientation.
   bool shard_params = false, shard_grads = false, shard_optimizer = true;
   double param_elem = c.ddp.fp8_param_gather ? 2 : dtype_bytes(c.ddp.param_dtype);
   double grad_elem = c.ddp.grad_reduce_in_fp32 ? 4 : dtype_bytes(c.ddp.param_dtype);
   if (c.use_megatron_fsdp) {
-    const ShardingStrategy s = c.fsdp.data_parallel_sharding_strategy;
-    shard_params = s == ShardingStrategy::kOptimGradsParams;
-    shard_grads = s == ShardingStrategy::kOptimGrads || shard_params;
-    shard_optimizer = s != ShardingStrategy::kNoShard;
+    const FsdpStrategyStorage& st = fsdp_strategy_storage(c.fsdp.data_parallel_sharding_strategy);
+    shard_params = st.params_sharded;
+    shard_grads = st.grads_sharded;
+    shard_optimizer = st.optimizer_sharded;
     param_elem = dtype_bytes(c.fsdp.param_dtype);
     grad_elem = c.fsdp.grad_reduce_in_fp32 ? 4 : param_elem;
   }

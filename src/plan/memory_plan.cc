@@ -19,6 +19,7 @@
 
 #include <mxddp/quant.h>
 
+#include "../fsdp/fsdp_storage_plan.h"
 #include "fsdp_memory_sim.h"
 
 namespace mxddp {
@@ -176,6 +177,14 @@ void check_plannable(const GptConfig& m, int micro_batch) {
 }
 
 }  // namespace
+
+double model_state_bytes_per_element(const TrainConfig& c, int dp) {
+  const int states = static_cast<int>(optimizer_state_names(c.optimizer.optimizer).size());
+  if (!c.use_megatron_fsdp) return (c.ddp.reuse_grad_buf_for_mxfp8_param_ag ? 0 : 2) + 4 + 4.0 * (1 + states) / dp;
+  return fsdp_element_bytes(c.fsdp.data_parallel_sharding_strategy, c.fsdp.param_dtype, fsdp_grad_dtype(c.fsdp), dp,
+                            states)
+      .total();
+}
 
 MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions& opts) {
   const int dp = opts.dp;

@@ -1,10 +1,14 @@
 // MXFP8 params under FSDP (issue 12 part 3): losses equal DDP's MXFP8 params (reuse off) bit for
 // bit for every recompute, fine-grained on and off, dp 1, 2, 4; the per-rank event log shows
 // row-wise only in forward and recompute, column-wise only in backward, each gather released once
-// and nothing gathered at finish_grad_sync; the configurations the trainer refuses; and the peak
-// gathered bytes of a selective mlp recompute, fine-grained on against off, from the param shapes.
+// and nothing gathered at finish_grad_sync; the configurations the trainer refuses; the peak
+// gathered bytes of a selective mlp recompute, fine-grained on against off, from the param shapes;
+// and the sharded scales (issue 30 point 2): each rank's shard of each orientation's scales is the
+// slice of quantizing the whole tensor, a gather brings back the whole tensor's scales, and the
+// MXFP8 bytes at rest fall by dp.
 #include <algorithm>
 #include <array>
+#include <map>
 #include <tuple>
 
 #include <mxddp/fsdp.h>
@@ -106,19 +110,32 @@ TEST(Mxfp8Fsdp, FsdpRefusesMxfp8ParamsUnlessItShardsParams) {
 
 // ---- The event log ------------------------------------------------------------------------------
 
-// Each unit's bucket bytes per slot (values: bf16, 2 per element; row- and column-wise: 1), from
-// the layout FSDP computes for these units (the param shapes, padded as the layout rule pads).
+// An MXFP8 bucket's E8M0 scales in one orientation: one byte per block of 32 of each param,
+// padded to divide into dp shards.
+int64_t padded_scales_numel(const std::vector<ParamSpec>& specs, const BucketPlacement& bucket, QuantAxis axis, int dp) {
+  int64_t n = 0;
+  for (int p : bucket.params) {
+    const Shape& shape = specs[static_cast<size_t>(p)].shape;
+    n += mx_scale_shape(shape[0], shape[1], axis).numel();
+  }
+  return (n + dp - 1) / dp * dp;
+}
+
+// Each unit's bucket bytes per slot (values: bf16, 2 per element; row- and column-wise: 1 and the
+// orientation's scales), from the layout FSDP computes for these units (the param shapes, padded
+// as the layout rule pads).
 std::vector<std::array<int64_t, kGatherSlots>> unit_slot_bytes(const FullyShardedDataParallel& fsdp) {
   std::vector<std::array<int64_t, kGatherSlots>> bytes(static_cast<size_t>(fsdp.num_units() + 1), {0, 0, 0});
   const auto& layout = fsdp.layout();
+  const int dp = fsdp.communicator().size();
   for (int u = 0; u <= fsdp.num_units(); ++u)
     for (int b : u < fsdp.num_units() ? fsdp_engine(fsdp).unit_buckets(u) : fsdp_engine(fsdp).non_unit_buckets()) {
       const BucketPlacement& bucket = layout.buckets[static_cast<size_t>(b)];
       const bool mxfp8 = fsdp.params()[static_cast<size_t>(bucket.params.front())].mxfp8;
       auto& slot = bytes[static_cast<size_t>(u)];
       if (mxfp8) {
-        slot[1] += bucket.range.size();
-        slot[2] += bucket.range.size();
+        slot[1] += bucket.range.size() + padded_scales_numel(fsdp.params(), bucket, QuantAxis::kRow, dp);
+        slot[2] += bucket.range.size() + padded_scales_numel(fsdp.params(), bucket, QuantAxis::kCol, dp);
       } else {
         slot[0] += 2 * bucket.range.size();
       }
@@ -247,6 +264,146 @@ TEST(Mxfp8Fsdp, FineGrainedLowersThePeakOfASelectiveMlpRecomputeByWhatTheShapesI
   EXPECT_GT(expect_off, expect_on);
   // Split by orientation: row-wise peaks at one layer's (off) against fc1's or fc2's (on).
   EXPECT_GT(off.peaks[1], on.peaks[1]);
+}
+
+// ---- Sharded scales (issue 30 point 2) ----------------------------------------------------------
+
+// A GPT with MXFP8 linear weights, fine-grained units (each weight a unit of its own).
+const GptConfig kScalesModel{.num_layers = 2, .hidden_size = 48, .num_attention_heads = 2, .seq_length = 8};
+
+// FSDP over kScalesModel's params at dp ranks; fn(comm, fsdp, specs, bf16 initial values [param],
+// tracker) on each rank right after construction.
+template <typename Fn>
+void with_mxfp8_fsdp(int dp, Fn&& fn) {
+  run_local(dp, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    const std::vector<ParamSpec> specs = gpt_param_specs(kScalesModel, /*mxfp8=*/true);
+    std::vector<std::vector<float>> init = gpt_init_params(kScalesModel, 3);
+    FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(kScalesModel, true), FsdpConfig{}, tracker,
+                                  param_views(init, specs));
+    // What the MXFP8 shards were quantized from: the f32 initial values rounded to bf16.
+    std::vector<std::vector<bf16_bits>> bf16(init.size());
+    for (size_t p = 0; p < init.size(); ++p) {
+      bf16[p].resize(init[p].size());
+      convert_f32_to_bf16(init[p].data(), bf16[p].data(), init[p].size());
+    }
+    fn(comm, fsdp, specs, bf16, tracker);
+  });
+}
+
+// Param p's whole-tensor quantization in one orientation: u8 data [M, N] and scales.
+struct WholeTensor {
+  std::vector<uint8_t> data, scales;
+};
+WholeTensor quantize_whole(const ParamSpec& spec, const std::vector<bf16_bits>& values, QuantAxis axis) {
+  const int64_t rows = spec.shape[0], cols = spec.shape[1];
+  WholeTensor w;
+  w.data.resize(static_cast<size_t>(rows * cols));
+  const Shape scale_shape = mx_scale_shape(rows, cols, axis);
+  w.scales.resize(static_cast<size_t>(scale_shape.numel()));
+  mx_quantize(TensorView{const_cast<bf16_bits*>(values.data()), DType::kBF16, spec.shape},
+              TensorView{w.data.data(), DType::kU8, spec.shape}, TensorView{w.scales.data(), DType::kU8, scale_shape},
+              {.axis = axis});
+  return w;
+}
+
+TEST(Mxfp8FsdpScales, EachRanksShardIsTheSliceOfQuantizingTheWholeTensor) {
+  for (int dp : {1, 2, 3, 4})
+    with_mxfp8_fsdp(dp, [&](Communicator& comm, FullyShardedDataParallel& fsdp, const std::vector<ParamSpec>& specs,
+                            const std::vector<std::vector<bf16_bits>>& bf16, MemoryTracker&) {
+      const FsdpEngine& engine = fsdp_engine(fsdp);
+      int mxfp8_buckets = 0;
+      for (size_t b = 0; b < fsdp.layout().buckets.size(); ++b) {
+        const BucketPlacement& bucket = fsdp.layout().buckets[b];
+        if (!specs[static_cast<size_t>(bucket.params.front())].mxfp8) continue;
+        ++mxfp8_buckets;
+        for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
+          // The orientation's array: each param's whole-tensor scales in layout order, zero-padded.
+          std::vector<uint8_t> whole;
+          for (int p : bucket.params) {
+            const WholeTensor w = quantize_whole(specs[static_cast<size_t>(p)], bf16[static_cast<size_t>(p)], axis);
+            whole.insert(whole.end(), w.scales.begin(), w.scales.end());
+          }
+          const int64_t padded = padded_scales_numel(specs, bucket, axis, dp);
+          whole.resize(static_cast<size_t>(padded), 0);
+          const TensorView shard = engine.mxfp8_scales_shard(static_cast<int>(b), axis);
+          ASSERT_EQ(shard.numel(), padded / dp) << "dp " << dp << " bucket " << b;
+          const uint8_t* got = shard.data_as<const uint8_t>();
+          const std::vector<uint8_t> mine(got, got + shard.numel());
+          const auto from = whole.begin() + comm.rank() * shard.numel();
+          EXPECT_EQ(mine, std::vector<uint8_t>(from, from + shard.numel()))
+              << "dp " << dp << " rank " << comm.rank() << " bucket " << b << (axis == QuantAxis::kRow ? " row" : " col");
+        }
+      }
+      EXPECT_EQ(mxfp8_buckets, 8) << "fine-grained: qkv, proj, fc1, fc2 of 2 layers";
+    });
+}
+
+TEST(Mxfp8FsdpScales, AGatherBringsBackTheWholeTensorsScalesAndData) {
+  for (int dp : {2, 3})
+    with_mxfp8_fsdp(dp, [&](Communicator& comm, FullyShardedDataParallel& fsdp, const std::vector<ParamSpec>& specs,
+                            const std::vector<std::vector<bf16_bits>>& bf16, MemoryTracker&) {
+      fsdp.start_iteration([] {});
+      const std::vector<std::vector<int>> units = gpt_fsdp_units(kScalesModel, true);
+      int checked = 0;
+      // Each unit's row-wise copy in a forward pass, then its column-wise copy in backward.
+      auto check = [&](const std::vector<int>& unit, QuantAxis axis) {
+        for (int p : unit) {
+          if (!specs[static_cast<size_t>(p)].mxfp8) continue;
+          const Mxfp8View v = fsdp.mxfp8_param(p, axis);
+          const WholeTensor w = quantize_whole(specs[static_cast<size_t>(p)], bf16[static_cast<size_t>(p)], axis);
+          const auto* scales = v.scales.data_as<const uint8_t>();
+          const auto* data = v.data.data_as<const uint8_t>();
+          const std::string what = fmt::format("dp {} rank {} param {} {}", dp, comm.rank(),
+                                               specs[static_cast<size_t>(p)].name, axis == QuantAxis::kRow ? "row" : "col");
+          EXPECT_EQ(std::vector<uint8_t>(scales, scales + v.scales.numel()), w.scales) << what;
+          EXPECT_EQ(std::vector<uint8_t>(data, data + v.data.numel()), w.data) << what;
+          ++checked;
+        }
+      };
+      for (const std::vector<int>& unit : units) {
+        fsdp.before_forward(unit);
+        check(unit, QuantAxis::kRow);
+        fsdp.after_forward(unit);
+      }
+      for (auto unit = units.rbegin(); unit != units.rend(); ++unit) {
+        fsdp.before_backward(*unit);
+        check(*unit, QuantAxis::kCol);
+      }
+      fsdp.release_gathered_params();
+      EXPECT_EQ(checked, 2 * 8) << "both orientations of qkv, proj, fc1, fc2 in 2 layers";
+    });
+}
+
+TEST(Mxfp8FsdpScales, TheMxfp8BytesAtRestFallByDp) {
+  // Per MXFP8 bucket of G elements (the params and the layout's padding): each orientation's
+  // payload shard (G/dp) and scale shard (S_axis/dp, S_axis padded to a multiple of dp). So at most
+  // (the whole tensors' payloads and scales + the layout's padding) / dp + 2 bytes per bucket.
+  std::map<int, int64_t> at_rest;
+  for (int dp : {1, 2, 4, 8})
+    with_mxfp8_fsdp(dp, [&](Communicator& comm, FullyShardedDataParallel& fsdp, const std::vector<ParamSpec>& specs,
+                            const std::vector<std::vector<bf16_bits>>&, MemoryTracker& tracker) {
+      if (comm.rank() != 0) return;
+      int64_t expected = 0, buckets = 0, whole = 0, padding = 0;
+      for (const BucketPlacement& bucket : fsdp.layout().buckets) {
+        if (!specs[static_cast<size_t>(bucket.params.front())].mxfp8) continue;
+        ++buckets;
+        expected += 2 * bucket.range.size() / dp + (padded_scales_numel(specs, bucket, QuantAxis::kRow, dp) +
+                                                    padded_scales_numel(specs, bucket, QuantAxis::kCol, dp)) / dp;
+        padding += bucket.range.size();
+        for (int p : bucket.params) {
+          const Shape& shape = specs[static_cast<size_t>(p)].shape;
+          whole += 2 * shape.numel() + mx_scale_shape(shape[0], shape[1], QuantAxis::kRow).numel() +
+                   mx_scale_shape(shape[0], shape[1], QuantAxis::kCol).numel();
+          padding -= shape.numel();
+        }
+      }
+      const int64_t live = tracker.usage().live(MemoryCategory::kMxfp8);
+      EXPECT_EQ(live, expected) << "dp " << dp;
+      EXPECT_LE(live, (whole + 2 * padding) / dp + 2 * buckets) << "dp " << dp;
+      at_rest[dp] = live;
+    });
+  EXPECT_LT(at_rest[8], at_rest[1] / 4);
 }
 
 }  // namespace

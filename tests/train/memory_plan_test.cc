@@ -3,8 +3,10 @@
 // double buffer and unit sizes; recompute; Adam and SGD; 1..8 ranks, odd ones included), the plan
 // equals what train() measures on every rank, per category, live and peak, steady state and
 // overall, byte for byte. Also: a config the trainer refuses, the plan refuses; a 1T-parameter
-// plan at dp 4096 is fast; the closed forms are Megatron's and DeepSpeed's.
+// plan at dp 4096 is fast; the closed forms are Megatron's and DeepSpeed's; a 70B plan at dp 64
+// keeps the MXFP8 payloads and scales sharded.
 #include <chrono>
+#include <cstdio>
 #include <random>
 
 #include <mxddp/plan.h>
@@ -213,6 +215,43 @@ TEST(MemoryPlan, PlansOneTrillionParamsAtDp4096Quickly) {
     // of the model, takes minutes here, not seconds.
     EXPECT_LT(s, 5.0) << (fsdp ? "fsdp" : "ddp") << " plan took " << s << " s";
   }
+}
+
+// Issue 30 point 2: docs/plan.md's 70B decoder at dp 64 under FSDP optim_grads_params with MXFP8
+// weights (fine-grained, as a full recompute requires). Each rank keeps 1/dp of both orientations'
+// payloads and scales: the MXFP8 bytes at rest are at most the whole tensors' / dp plus the padding
+// (the layout's, at 2 bytes per element over dp, and under one byte per bucket and orientation for
+// the scale arrays'). With the scales replicated they were 6.12 GiB, 4.1 GiB of it scales.
+TEST(MemoryPlan, SeventyBAtDp64KeepsMxfp8PayloadsAndScalesSharded) {
+  TrainConfig c;
+  c.model = GptConfig{.num_layers = 87, .hidden_size = 8192, .num_attention_heads = 64, .seq_length = 4096};
+  c.micro_batch_size = 1;
+  c.global_batch_size = 1024;
+  c.recompute_granularity = RecomputeGranularity::kFull;
+  c.compute_threads = 8;
+  c.use_megatron_fsdp = true;
+  c.ddp.fp8_param_gather = true;
+  c.ddp.overlap_grad_reduce = c.ddp.overlap_param_gather = true;
+  c.fsdp.overlap_grad_reduce = c.fsdp.overlap_param_gather = true;
+  const int dp = 64;
+  const MemoryPlan plan = plan_train_memory(c, {.dp = dp});
+  double payload = 0, scales = 0;
+  for (const ParamSpec& s : gpt_param_specs(c.model, true)) {
+    if (!s.mxfp8) continue;
+    payload += 2.0 * static_cast<double>(s.shape.numel());
+    for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
+      scales += static_cast<double>(mx_scale_shape(s.shape[0], s.shape[1], axis).numel());
+  }
+  const double padding = 2.0 * static_cast<double>(plan.layout.buffer_numel - plan.layout.params_numel) / dp +
+                         2.0 * static_cast<double>(plan.layout.num_buckets);
+  const auto mxfp8 = static_cast<double>(plan.steady.live(MemoryCategory::kMxfp8));
+  std::printf("70B at dp 64, MXFP8 bytes per rank at rest: %.0f (%s); (payload + scales) / dp = %.0f\n", mxfp8,
+              format_bytes(mxfp8).c_str(), (payload + scales) / dp);
+  EXPECT_GT(mxfp8, (payload + scales) / dp * 0.99);
+  EXPECT_LE(mxfp8, (payload + scales) / dp + padding);
+  EXPECT_LT(mxfp8, scales) << "the scales would be replicated";
+  // The step's whole scales (two buckets at a time) are transient: the peak stays near the rest.
+  EXPECT_LT(static_cast<double>(plan.overall.peak(MemoryCategory::kMxfp8)), 1.25 * mxfp8);
 }
 
 TEST(MemoryPlan, ClosedFormsAreMegatronsAndDeepSpeeds) {
