@@ -75,7 +75,7 @@ else()
 endif()
 
 step("run the consumer" ${consumer} ${WORK_DIR}/ckpt)
-set(expected "mxddp consumer: all_reduce over 2 ranks exact, 3 GPT iterations with loss [0-9.]+ -> [0-9.]+, checkpoint at step 3 ok")
+set(expected "mxddp consumer: all_reduce over 2 ranks exact, FSDP with every param in a unit ok, 3 GPT iterations with loss [0-9.]+ -> [0-9.]+, checkpoint at step 3 ok")
 if(NOT step_output MATCHES "${expected}")
   message(FATAL_ERROR "the consumer's output does not match '${expected}':\n${step_output}")
 endif()

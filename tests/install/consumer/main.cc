@@ -1,6 +1,7 @@
 // Uses an installed mxddp through its public headers only: a 2-rank all_reduce on the local
-// backend, then a few iterations of the reference GPT with a checkpoint save, which links every
-// layer (oneDNN, OpenMP, zlib, nlohmann-json, MPI included). Built by the CMake package and by
+// backend, an FSDP iteration of a user's own model whose params all belong to units (the structure
+// the reference GPT never has: issue 30's defect), then a few iterations of the reference GPT with
+// a checkpoint save, which links every layer (oneDNN, OpenMP, zlib, nlohmann-json, MPI included). Built by the CMake package and by
 // pkg-config (tests/install_consumer.cmake). Usage: mxddp_consumer CHECKPOINT_DIR
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,8 @@
 
 #include <mxddp/checkpoint.h>
 #include <mxddp/comm.h>
+#include <mxddp/fsdp.h>
+#include <mxddp/optim.h>
 #include <mxddp/train.h>
 
 // The consumer's CMakeLists.txt sets no standard: C++20 must come from mxddp::mxddp (or mxddp.pc).
@@ -41,6 +44,49 @@ bool all_reduce_sums() {
   return true;
 }
 
+// A user's model of two linear layers, each its own FSDP unit (no non-unit params), under
+// optim_grads_params: one iteration of hooks, a constant gradient and the optimizer step; every
+// param must move and nothing may stay gathered.
+bool fsdp_every_param_in_a_unit() {
+  const std::vector<mxddp::ParamSpec> params{{.name = "fc1.weight", .shape = mxddp::Shape{8, 8}},
+                                             {.name = "fc2.weight", .shape = mxddp::Shape{8, 8}}};
+  const std::vector<std::vector<int>> units{{0}, {1}};
+  bool ok = true;
+  mxddp::run_local(kRanks, [&](mxddp::Communicator& comm) {
+    std::vector<float> init(64, 0.5f);  // [8, 8] f32, both params
+    const mxddp::TensorView init_view{init.data(), mxddp::DType::kF32, mxddp::Shape{8, 8}, mxddp::Device::cpu()};
+    mxddp::MemoryTracker tracker;
+    mxddp::FsdpConfig config;
+    config.param_dtype = mxddp::DType::kF32;
+    mxddp::FullyShardedDataParallel fsdp(comm, params, units, config, tracker, {init_view, init_view});
+    mxddp::DistributedOptimizer optimizer(fsdp, mxddp::OptimizerConfig{.lr = 0.1f}, tracker);
+    optimizer.zero_grad();
+    for (int p : {0, 1}) {  // forward, unit by unit
+      fsdp.before_forward({p});
+      fsdp.after_forward({p});
+    }
+    for (int p : {1, 0}) {  // backward in reverse: each unit's grad is in before its post-backward
+      fsdp.before_backward({p});
+      mxddp::TensorView grad = fsdp.main_grad(p);
+      for (int64_t i = 0; i < grad.numel(); ++i) grad.data_as<float>()[i] += 1.0f;
+      fsdp.grad_ready(p);
+      fsdp.after_backward({p});
+    }
+    fsdp.finish_grad_sync();
+    optimizer.step();
+    optimizer.zero_grad();
+    for (int p : {0, 1}) {
+      fsdp.before_forward({p});
+      const float after = fsdp.param(p).data_as<const float>()[0];
+      fsdp.after_forward({p});
+      if (!(after < 0.5f)) ok = false;  // the step moved the param against its positive gradient
+    }
+    fsdp.release_gathered_params();
+  });
+  if (!ok) std::fprintf(stderr, "fsdp: a param did not move in the step\n");
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,6 +96,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (!all_reduce_sums()) return 1;
+    if (!fsdp_every_param_in_a_unit()) return 1;
 
     mxddp::TrainConfig config;  // the tiny GPT
     config.train_iters = 3;
@@ -83,7 +130,7 @@ int main(int argc, char** argv) {
                    info.saved_dp);
       return 1;
     }
-    std::printf("mxddp consumer: all_reduce over %d ranks exact, 3 GPT iterations with loss %.3f -> %.3f, checkpoint "
+    std::printf("mxddp consumer: all_reduce over %d ranks exact, FSDP with every param in a unit ok, 3 GPT iterations with loss %.3f -> %.3f, checkpoint "
                 "at step %lld ok\n",
                 kRanks, losses.front(), losses.back(), static_cast<long long>(info.step));
   } catch (const std::exception& e) {
