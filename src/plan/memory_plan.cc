@@ -123,7 +123,7 @@ class DataParallelSim : public GptCallTrace {
 void describe_data_parallel(const DataParallelSim& dpsim, MemoryPlan& plan) {
   const ParamLayout& layout = dpsim.layout();
   MemoryPlanLayout& d = plan.layout;
-  d.params_numel = layout.numel_unpadded();
+  d.params_numel = layout.params_numel();
   d.buffer_numel = layout.numel;
   d.num_buckets = static_cast<int64_t>(layout.buckets.size());
   for (const BucketPlacement& b : layout.buckets) {
