@@ -55,7 +55,7 @@ class Trainer {
 
   // ---- One iteration and what follows it.
   StepRecord run_iteration(int64_t it);  // it: 0-based
-  double run_micro_batches(int64_t it);  // returns the sum of the micro-batches' losses
+  double run_micro_batches();  // the next global batch's; returns the sum of the micro-batches' losses
   // Stops the run (every rank together) on a NaN or Inf loss or gradient, unless that check is off.
   void check_finite(const StepRecord& rec, const StepResult& step);
   void mark_steady_state();              // after the first iteration: peaks from here are steady
@@ -91,6 +91,8 @@ class Trainer {
   // fine-grained submodule), the final norm. The weight-hash check reads each between its hooks.
   std::vector<std::vector<int>> forward_modules_;
   TrainResult result_;
+  // Training samples consumed so far, resumes included: the next sample to read (TokenDataset).
+  int64_t consumed_samples_ = 0;
   MemoryUsage warmup_usage_;  // the tracker after the first iteration
   int64_t allocations_at_warmup_ = 0;
   Clock::time_point train_start_;
