@@ -82,6 +82,18 @@ class Trainer {
   std::optional<TokenDataset> data_;
   MemoryTracker tracker_;
   GlobalMemoryBuffer pool_{tracker_};
+  // The communicator's staging (the mpi backend's f32 buffers) is charged to tracker_ while the
+  // run lasts, so the report counts it as comm, as the plan does; handed back before tracker_ goes.
+  struct StagingCharge {
+    StagingCharge(Communicator& comm, MemoryTracker& tracker) : comm(comm) { comm.set_memory_tracker(&tracker); }
+    // Waits for this rank's collectives still in flight (they may use the staging), then releases
+    // it; the task only frees a buffer and sets a pointer, so it does not throw.
+    ~StagingCharge() { comm.set_memory_tracker(nullptr); }
+    StagingCharge(const StagingCharge&) = delete;
+    StagingCharge& operator=(const StagingCharge&) = delete;
+    Communicator& comm;
+  };
+  StagingCharge staging_charge_{comm_, tracker_};
   std::unique_ptr<DataParallel> data_parallel_;    // DDP or FSDP: the model and the optimizer see only this
   const FullyShardedDataParallel* fsdp_ = nullptr;  // the same object under FSDP, for its gather peaks
   std::optional<DistributedOptimizer> optimizer_;
