@@ -10,7 +10,7 @@
 //   scratch:   every named request, grown as the pool grows              GlobalMemoryBuffer::get_tensor
 //              (the names and sizes come from trace_gpt_micro_batch)
 //   comm:      with the mpi backend, the f32 staging of the largest      MpiBackend::staging_f32
-//              bucket's gradient reduction, from the first grad sync
+//              bucket's gradient reduction, from where the first runs
 #include <mxddp/plan.h>
 
 #include <algorithm>

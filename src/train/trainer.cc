@@ -254,6 +254,12 @@ void Trainer::load_checkpoint() {
               "sample, so its metadata is not what mxddp train saved", load_dir, consumed_samples_,
               result_.start_iteration);
   result_.start_consumed_samples = consumed_samples_;
+  // The count goes on by the batch each iteration; a (resealed, edited) count near 2^63 would overflow.
+  checked_add(consumed_samples_,
+              checked_mul(std::max<int64_t>(0, config_.train_iters - result_.start_iteration), config_.global_batch_size,
+                          "the samples of the iterations left"),
+              fmt::format("checkpoint '{}': its consumed_train_samples {} plus the samples of the iterations left",
+                          load_dir, consumed_samples_));
   // Every optimizer step is an iteration (a skipped one is an iteration without a step).
   MXDDP_CHECK(optimizer_->step_count() <= result_.start_iteration,
               "checkpoint '{}' holds optimizer step {} but iteration {}: a run takes at most one step per iteration, "

@@ -197,15 +197,18 @@ TEST(TrainLocal, ResumeReproducesTheUninterruptedRunAtTheSameAndAnotherDp) {
                "saved at dp 2, resumed at dp 4, vs uninterrupted at dp 4");
 }
 
-// Rewrites the newest checkpoint of history `dir` without metadata `key` (resealing the manifest's
-// CRC-32 as documented), as a save from before that key existed.
-void drop_checkpoint_metadata(const std::string& dir, const std::string& key) {
+// Rewrites the newest checkpoint of history `dir` with metadata `key` set to value, or without it
+// when value is null (a save from before that key existed), resealing the manifest's CRC-32 as
+// documented.
+void edit_checkpoint_metadata(const std::string& dir, const std::string& key, const char* value) {
   std::string iteration;
   std::ifstream(dir + "/latest_checkpointed_iteration.txt") >> iteration;
   const std::string path = fmt::format("{}/iter_{:07d}/manifest.json", dir, std::stoll(iteration));
   std::ifstream in(path);
   nlohmann::json m = nlohmann::json::parse(in);
-  ASSERT_EQ(m.at("metadata").erase(key), 1u) << key << " not in " << path;
+  ASSERT_TRUE(m.at("metadata").contains(key)) << key << " not in " << path;
+  if (value == nullptr) m.at("metadata").erase(key);
+  else m.at("metadata")[key] = value;
   m.erase("manifest_crc32");
   const std::string canonical = m.dump();
   m["manifest_crc32"] = ckpt::crc32_of(std::vector<char>(canonical.begin(), canonical.end()));
@@ -253,7 +256,19 @@ TEST(TrainLocal, ResumeWithAnotherBatchSizeReadsOnFromTheConsumedSamples) {
 
   // A checkpoint from before consumed samples were saved: derived as iteration x this run's batch
   // size, as every count was then (after iteration 3 at 16: 48; iteration 4 reads 48..63).
-  drop_checkpoint_metadata(dir / "ckpt", "consumed_train_samples");
+  // A count that is not a count, fewer samples than iterations, or one the run would overflow: an
+  // error naming it.
+  for (const auto& [value, needle] : {std::pair<const char*, std::string>{"abc", "has consumed_train_samples 'abc'"},
+                                      {"2", "consumed_train_samples 2 at iteration 3: every iteration consumes"},
+                                      {"9223372036854775800", "its consumed_train_samples 9223372036854775800 plus"}}) {
+    edit_checkpoint_metadata(dir / "ckpt", "consumed_train_samples", value);
+    TrainConfig bad = wide;
+    bad.train_iters = 4;
+    bad.save_dir.clear();
+    const std::vector<std::string> errors = train_local_errors(2, bad);
+    EXPECT_NE(errors[0].find(needle), std::string::npos) << errors[0];
+  }
+  edit_checkpoint_metadata(dir / "ckpt", "consumed_train_samples", nullptr);
   TrainConfig old = wide;
   old.train_iters = 4;
   old.save_dir.clear();
