@@ -338,3 +338,16 @@ add_test(NAME ckpt_export_inspect_aligned
          COMMAND sh -c "$<TARGET_FILE:mxddp_cli> ckpt inspect ${ckpt_export_dir}/ddp/ck | ${ckpt_export_python} ${ckpt_export_check} inspect")
 set_tests_properties(ckpt_export_inspect_aligned PROPERTIES FIXTURES_REQUIRED ckpt_export_ck_ddp
                      PASS_REGULAR_EXPRESSION "^aligned: 28 params \\(names up to 50 characters\\), 2 files\n$")
+# The MXFP8 run's params by dtype (issue 30 point 4 iii): its 8 weight matrices are MXFP8 E4M3, the
+# other 20 bf16, all saved as bf16; its columns line up like the plain run's. FSDP's MXFP8 params too.
+add_test(NAME ckpt_inspect_names_mxfp8_params COMMAND mxddp_cli ckpt inspect ${ckpt_export_dir}/mxfp8/ck)
+set_tests_properties(ckpt_inspect_names_mxfp8_params PROPERTIES FIXTURES_REQUIRED ckpt_export_ck_mxfp8
+  PASS_REGULAR_EXPRESSION "model params mxfp8_e4m3 \\(8 params\\) and bf16 \\(20 params\\), saved as bf16\n.*\ndecoder\\.layers\\.1\\.mlp\\.linear_fc1\\.weight +\\[128, 32\\] +mxfp8_e4m3 +[0-9]+\ndecoder\\.layers\\.1\\.mlp\\.linear_fc1\\.bias +\\[128\\] +bf16 +[0-9]+\n.*all files intact")
+add_test(NAME ckpt_inspect_mxfp8_aligned
+         COMMAND sh -c "$<TARGET_FILE:mxddp_cli> ckpt inspect ${ckpt_export_dir}/mxfp8/ck | ${ckpt_export_python} ${ckpt_export_check} inspect")
+set_tests_properties(ckpt_inspect_mxfp8_aligned PROPERTIES FIXTURES_REQUIRED ckpt_export_ck_mxfp8
+                     PASS_REGULAR_EXPRESSION "^aligned: 28 params \\(names up to 50 characters\\), 2 files\n$")
+add_test(NAME ckpt_inspect_names_fsdp_mxfp8_params
+         COMMAND sh -c "d=${ckpt_export_dir}/fsdp_mxfp8; rm -rf $d && $<TARGET_FILE:mxddp_cli> train --ranks 2 ${ckpt_export_train_str} --train-iters 1 --use-megatron-fsdp --fp8-param-gather --mxfp8-elem e5m2 --save $d/ck >/dev/null && $<TARGET_FILE:mxddp_cli> ckpt inspect $d/ck")
+set_tests_properties(ckpt_inspect_names_fsdp_mxfp8_params PROPERTIES
+  PASS_REGULAR_EXPRESSION "model params mxfp8_e5m2 \\(8 params\\) and bf16 \\(20 params\\), saved as bf16\n.*\ndecoder\\.layers\\.0\\.self_attention\\.linear_qkv\\.weight +\\[96, 32\\] +mxfp8_e5m2 +[0-9]+\n.*all files intact")

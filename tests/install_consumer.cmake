@@ -19,5 +19,5 @@ foreach(mode find_package pkg_config)
   # The consumer's line is printed only after every step succeeded, the run's exit status included.
   set_tests_properties(install_consumer_${mode} PROPERTIES
     TIMEOUT 600 RUN_SERIAL ON
-    PASS_REGULAR_EXPRESSION "mxddp consumer: all_reduce over 2 ranks exact, 3 GPT iterations with loss [0-9.]+ -> [0-9.]+, checkpoint at step 3 ok")
+    PASS_REGULAR_EXPRESSION "mxddp consumer: all_reduce over 2 ranks exact, FSDP with every param in a unit ok, 3 GPT iterations with loss [0-9.]+ -> [0-9.]+, checkpoint at step 3 ok")
 endforeach()

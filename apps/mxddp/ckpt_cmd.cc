@@ -58,21 +58,24 @@ int run_ckpt_inspect(const CkptArgs& args) {
   if (args.json) return print_json(args);
   const CheckpointInfo info = inspect(args.dir);
   std::printf("checkpoint %s: step %lld, saved at dp %d, optimizer %s, model params %s\n", info.dir.c_str(),
-              static_cast<long long>(info.step), info.saved_dp, info.optimizer.c_str(), info.model_dtype.c_str());
+              static_cast<long long>(info.step), info.saved_dp, info.optimizer.c_str(), info.param_dtype.c_str());
   for (const auto& [key, value] : info.metadata) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
   for (const auto& [key, value] : info.model_config) std::printf("  model %s = %s\n", key.c_str(), value.c_str());
   // Column widths from the longest entry: GPT names such as
   // decoder.layers.11.self_attention.linear_proj.weight (51 characters) outgrow any fixed width.
   size_t name_w = std::string_view("param").size(), shape_w = std::string_view("shape").size();
+  size_t dtype_w = std::string_view("dtype").size();
   for (const CheckpointParamInfo& p : info.params) {
     name_w = std::max(name_w, p.name.size());
     shape_w = std::max(shape_w, p.shape.to_string().size());
+    dtype_w = std::max(dtype_w, p.dtype.size());
   }
-  const int nw = static_cast<int>(name_w), sw = static_cast<int>(shape_w);
+  const int nw = static_cast<int>(name_w), sw = static_cast<int>(shape_w), dw = static_cast<int>(dtype_w);
   int64_t numel = 0;
-  std::printf("\n%-*s  %-*s  %6s\n", nw, "param", sw, "shape", "slices");
+  std::printf("\n%-*s  %-*s  %-*s  %6s\n", nw, "param", sw, "shape", dw, "dtype", "slices");
   for (const CheckpointParamInfo& p : info.params) {
-    std::printf("%-*s  %-*s  %6d\n", nw, p.name.c_str(), sw, p.shape.to_string().c_str(), p.slices);
+    std::printf("%-*s  %-*s  %-*s  %6d\n", nw, p.name.c_str(), sw, p.shape.to_string().c_str(), dw, p.dtype.c_str(),
+                p.slices);
     numel += p.shape.numel();
   }
   size_t file_w = std::string_view("file").size(), bytes_w = std::string_view("bytes").size();

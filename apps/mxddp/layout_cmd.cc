@@ -33,7 +33,8 @@ nlohmann::json to_json(const std::vector<ParamSpec>& specs, const ParamLayout& l
   j["use_distributed_optimizer"] = layout.options.use_distributed_optimizer;
   j["pad_buckets_for_high_nccl_busbw"] = layout.options.pad_buckets_for_high_nccl_busbw;
   j["numel"] = layout.numel;
-  j["numel_unpadded"] = layout.numel_unpadded();
+  j["numel_unpadded"] = layout.numel_unpadded();  // Megatron's: the buckets' numel_unpadded summed
+  j["params_numel"] = layout.params_numel();       // the params' own elements
   j["params"] = json::array();
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamPlacement& p = layout.params[i];
@@ -69,8 +70,10 @@ void print_table(const std::vector<ParamSpec>& specs, const ParamLayout& layout)
   std::printf("layout: dp %d, bucket_size %s, distributed optimizer %s, busbw padding %s\n", o.dp,
               o.bucket_size ? std::to_string(*o.bucket_size).c_str() : "none (one bucket)",
               o.use_distributed_optimizer ? "on" : "off", o.pad_buckets_for_high_nccl_busbw ? "on" : "off");
-  std::printf("buffer: %lld elements (%lld of params, %lld of padding)\n\n", static_cast<long long>(layout.numel),
-              static_cast<long long>(layout.numel_unpadded()), static_cast<long long>(layout.numel - layout.numel_unpadded()));
+  std::printf("buffer: %lld elements (%lld of params, %lld of padding), numel_unpadded %lld (Megatron's: the buckets' "
+              "numel_unpadded summed)\n\n",
+              static_cast<long long>(layout.numel), static_cast<long long>(layout.params_numel()),
+              static_cast<long long>(layout.numel - layout.params_numel()), static_cast<long long>(layout.numel_unpadded()));
   std::printf("%-6s %-8s %-16s %12s %12s %12s %7s\n", "index", "name", "shape", "numel", "start", "end", "bucket");
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamPlacement& p = layout.params[i];

@@ -32,10 +32,10 @@ void MetricsLog::write_line(const std::string& line, bool sync) {
   MXDDP_CHECK(ok, "--metrics-file '{}': writing failed: {}", path_, std::strerror(errno));
 }
 
-void MetricsLog::iteration(const StepRecord& r, int global_batch_size, int64_t tokens_per_iteration) {
+void MetricsLog::iteration(const StepRecord& r, int64_t tokens_per_iteration) {
   const nlohmann::json j = {{"type", "iteration"},
                             {"iteration", r.iteration},
-                            {"consumed_samples", r.iteration * global_batch_size},
+                            {"consumed_samples", r.consumed_samples},
                             {"lm_loss", r.loss},
                             {"learning_rate", r.lr},
                             {"grad_norm", r.grad_norm},

@@ -26,7 +26,7 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  void iteration(const StepRecord& r, int global_batch_size, int64_t tokens_per_iteration);
+  void iteration(const StepRecord& r, int64_t tokens_per_iteration);
   void validation(const EvalRecord& e);
   void memory(const std::vector<RankMemory>& by_rank);
 

@@ -461,7 +461,8 @@ void run_plan_command(PlanArgs& a) {
     largest = largest_layer_numel(specs);
   } else {
     plan = plan_train_memory(c, {.dp = dp, .ranks_on_this_machine = static_cast<int>(a.ranks_per_node),
-                                 .start_iteration = load_start_iteration(c.load_dir)});
+                                 .start_iteration = load_start_iteration(c.load_dir),
+                                 .mpi_backend = a.train.backend == "mpi"});
     of = c.model.describe();
     largest = largest_layer_numel(gpt_param_specs(c.model));
   }

@@ -298,7 +298,7 @@ class Progress {
                   "tokens per second: %.0f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
                   "grad norm: %.3f | number of skipped iterations: %3lld | ETA (s): %lld |\n",
                   static_cast<long long>(r.iteration), static_cast<long long>(total_),
-                  static_cast<long long>(r.iteration) * global_batch, interval_ms_per_iter,
+                  static_cast<long long>(r.consumed_samples), interval_ms_per_iter,
                   static_cast<double>(tokens_per_iteration) / (interval_ms_per_iter / 1e3), r.lr, global_batch, r.loss,
                   r.grad_norm, static_cast<long long>(interval_skipped_), static_cast<long long>(eta_s));
       interval_ms_ = 0;
@@ -330,7 +330,7 @@ TrainCallbacks rank0_callbacks(Progress& progress, MetricsLog* metrics, const Tr
   TrainCallbacks cb;
   const int64_t tokens = int64_t{c.global_batch_size} * c.model.seq_length;
   cb.on_step = [&progress, metrics, tokens, batch = c.global_batch_size](const StepRecord& r) {
-    if (metrics != nullptr) metrics->iteration(r, batch, tokens);
+    if (metrics != nullptr) metrics->iteration(r, tokens);
     progress.step(r, tokens, batch);
   };
   cb.on_eval = [&progress, metrics](const EvalRecord& e) {

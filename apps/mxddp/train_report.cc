@@ -115,10 +115,12 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
                   {"threads_per_rank", compute.threads},
                   {"summary", compute.describe(config.bf16)}};
   j["start_iteration"] = r.start_iteration;
+  j["start_consumed_samples"] = r.start_consumed_samples;
   j["unigram_entropy_nats"] = r.unigram_entropy;
   nlohmann::json steps = nlohmann::json::array();
   for (const StepRecord& s : r.steps)
     steps.push_back({{"iteration", s.iteration},
+                     {"consumed_samples", s.consumed_samples},
                      {"loss", s.loss},
                      {"lr", s.lr},
                      {"grad_norm", s.grad_norm},

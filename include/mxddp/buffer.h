@@ -77,7 +77,7 @@ struct ParamPlacement {
 
 struct BucketPlacement {
   Range range;                 // in the buffer, padded
-  int64_t numel_unpadded = 0;  // from the bucket start to the end of its last param
+  int64_t numel_unpadded = 0;  // from the bucket start to the end of its last param (param-start padding included)
   std::vector<int> params;     // registration indices, in buffer order
 };
 
@@ -103,8 +103,11 @@ struct ParamLayout {
   std::vector<std::vector<BucketShard>> shards;
   int64_t numel = 0;  // the whole buffer, padding included
 
-  // Sum of the params' elements (no padding).
+  // Megatron's _ParamAndGradBuffer.numel_unpadded: the sum of the buckets' numel_unpadded, so the
+  // padding before a param's start inside a bucket counts (only bucket-end padding does not).
   int64_t numel_unpadded() const;
+  // Sum of the params' elements: no padding at all.
+  int64_t params_numel() const;
 };
 
 // Throws Error for an empty param list, an empty or duplicated name, dp < 1, bucket_size < 1, or a

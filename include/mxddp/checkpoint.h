@@ -73,6 +73,9 @@ struct CheckpointParamInfo {
   Shape shape;
   int slices = 0;
   bool shared_embedding = false;
+  // What the run kept the param as: the model dtype ("bf16", "f32") or "mxfp8_e4m3" / "mxfp8_e5m2".
+  // Every param is saved as model_dtype; an MXFP8 one as the cast of its main params.
+  std::string dtype;
 };
 struct CheckpointInfo {
   std::string dir;  // the directory read: DIR, or DIR.partial / DIR.old after an interrupted save
@@ -80,7 +83,11 @@ struct CheckpointInfo {
   int saved_dp = 0;
   std::string optimizer;
   std::vector<std::string> state_names;
-  std::string model_dtype;
+  std::string model_dtype;  // the dtype the model params are saved as
+  // What the run's params were, for a person: the model dtype alone ("bf16"), or with MXFP8 params
+  // "mxfp8_e4m3 (4 params) and bf16 (12 params), saved as bf16". A save of an fp8_param_gather run
+  // from before the params were marked says so instead of naming them.
+  std::string param_dtype;
   ModelConfigFields model_config;
   std::vector<CheckpointParamInfo> params;
   std::vector<CheckpointFileInfo> files;
@@ -93,7 +100,8 @@ struct CheckpointInfo {
 // reported in problems.
 CheckpointInfo inspect_checkpoint(const std::string& dir);
 // The same as one JSON object: dir, ok, step, saved_dp, optimizer, state_names, model_dtype,
-// model_config, metadata, params, files (name, bytes, crc32, status) and problems.
+// param_dtype, model_config, metadata, params (name, shape, slices, shared_embedding, dtype), files
+// (name, bytes, crc32, status) and problems.
 std::string checkpoint_info_json(const CheckpointInfo& info);
 
 // A checkpoint's params whole (for `mxddp ckpt export`): each param's FP32 main params (the

@@ -128,6 +128,13 @@ class Communicator {
 
   Work barrier(const BarrierOptions& options = {});
 
+  // Charges the backend's staging buffers (the mpi backend's f32 buffers, mpi_staging_bytes; the
+  // local backend has none) to tracker from now on, as MemoryCategory::kComm; null: a tracker
+  // private to the backend. Runs after every collective this rank already issued; the staging held
+  // so far is released from the old tracker, and the next reduction that needs it allocates it
+  // against the new one. Before tracker is destroyed, set another (or null).
+  void set_memory_tracker(MemoryTracker* tracker);
+
  private:
   struct Call;
   Work submit(const Call& call, bool async_op);
@@ -222,6 +229,14 @@ struct MpiOptions {
   MemoryTracker* memory_tracker = nullptr;
   CollectiveDelay injected_delay;
 };
+
+// The f32 staging the mpi backend holds for one reduction, in bytes (it keeps the largest so far,
+// charged as comm): a bf16 all-reduce of count elements widens them to f32 (4 x count); a bf16
+// reduce-scatter of count elements per rank widens the whole input and keeps the output block
+// (4 x count x (size + 1)); an in-place reduce-scatter of another dtype reduces into a block-sized
+// buffer (count x element size, rounded up to 4), since MPI's in-place form would write block 0.
+// Anything else (an f32 or u8 all-reduce, a reduce-scatter out of place, gathers) needs none: 0.
+int64_t mpi_staging_bytes(bool reduce_scatter, bool in_place, DType dtype, int64_t count, int size);
 
 // A communicator over all processes of MPI_COMM_WORLD (duplicated). Needs a live MpiRuntime.
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options = {});

@@ -282,9 +282,13 @@ class TokenDataset {
   // ignores context.
   double unigram_entropy() const;
 
-  // tokens [count, seq_length + 1] <- sequences [first, first + count) of the global batch of
-  // `iteration` (training split) or of validation batch `iteration` (validation split).
-  void fill_batch(bool valid, uint64_t seed, int64_t iteration, int64_t first, int count, int32_t* tokens) const;
+  // tokens [count, seq_length + 1] <- sequences [first, first + count) of stream `round`. Training
+  // (the training split) uses round 0 and numbers its samples across the run: sample s is the
+  // s-th consumed (consumed samples before the iteration + the position in its global batch), so
+  // the data position is the consumed-sample count, whatever the batch size was (Megatron's
+  // sampler resumes from consumed_train_samples). Evaluation (the validation split) uses round =
+  // the validation batch's number and the position in it.
+  void fill_batch(bool valid, uint64_t seed, int64_t round, int64_t first, int count, int32_t* tokens) const;
 
  private:
   std::string bytes_;

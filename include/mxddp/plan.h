@@ -40,6 +40,10 @@ struct MemoryPlanOptions {
   // The iteration the run starts at: 0, or a --load checkpoint's. Only the count of iterations
   // left matters (none, one, or more: iterations after the second repeat it).
   int64_t start_iteration = 0;
+  // The ranks run on the mpi backend: its f32 staging of gradient reductions (mpi_staging_bytes,
+  // the largest bucket's) is charged as comm from the first iteration's gradient sync on, as train()
+  // has the communicator charge it (Communicator::set_memory_tracker). The local backend has none.
+  bool mpi_backend = false;
 };
 
 // What the bytes are made of, for the comparison with the closed forms.

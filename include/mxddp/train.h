@@ -122,6 +122,9 @@ float learning_rate(const TrainConfig& config, int64_t iteration);
 
 struct StepRecord {
   int64_t iteration = 0;  // 1-based: the number of optimizer steps taken after this one
+  // Training samples consumed through this iteration, over the whole run, resumes included
+  // (Megatron's consumed_train_samples): the sum of the global batch sizes of iterations 1..this.
+  int64_t consumed_samples = 0;
   double loss = 0;        // mean over the global batch, before the update
   double lr = 0;
   double grad_norm = 0;
@@ -147,6 +150,7 @@ struct RankMemory {
 
 struct TrainResult {
   int64_t start_iteration = 0;  // > 0 when resumed
+  int64_t start_consumed_samples = 0;  // the samples consumed before it (the checkpoint's)
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
   double unigram_entropy = 0;  // of the training split, nats

@@ -155,7 +155,15 @@ def run_fuzz_part(args, out, sources, mem_limit):
         text = subprocess.run([args.mxddp, *sub, "--help"], capture_output=True, text=True).stdout
         options_by_sub[" ".join(sub)] = cli_fuzz.parse_help(text)
     rng = random.Random(args.seed * 1000003 + 7)
-    invocations = [cli_fuzz.generate_invocation(i, rng, options_by_sub, fx) for i in range(args.invocations)]
+    subcommands = None
+    if args.subcommands:
+        subcommands = [tuple(s.split()) for s in args.subcommands.split(",")]
+        unknown = [" ".join(s) for s in subcommands if s not in cli_fuzz.SUBCOMMANDS]
+        if unknown:
+            raise SystemExit(f"--subcommands: {', '.join(unknown)} not fuzzed; valid: "
+                             f"{', '.join(' '.join(s) for s in cli_fuzz.SUBCOMMANDS)}")
+    invocations = [cli_fuzz.generate_invocation(i, rng, options_by_sub, fx, subcommands)
+                   for i in range(args.invocations)]
     records = parallel(args.jobs, lambda i, inv: cli_fuzz.run_invocation(
         args.mxddp, root, inv, options_by_sub, args.timeout, args.long_timeout, mem_limit, args.keep_all),
         invocations, "fuzzed invocations")
@@ -244,6 +252,8 @@ def main():
     parser.add_argument("--mem-limit-gib", type=float, default=6,
                         help="address-space limit per invocation (0: none; never applied to a sanitized binary)")
     parser.add_argument("--keep-all", action="store_true", help="keep every case directory")
+    parser.add_argument("--subcommands", default="",
+                        help="part 2 only: fuzz these, comma-separated (e.g. 'ckpt export,layout'); default all")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(os.path.join(out, "bin"), exist_ok=True)

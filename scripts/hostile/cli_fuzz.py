@@ -23,8 +23,9 @@ import runner
 if hasattr(sys, "set_int_max_str_digits"):
     sys.set_int_max_str_digits(0)  # the hostile values include 5000-digit numbers
 
-SUBCOMMANDS = [("train",), ("plan",), ("layout",), ("quantize",), ("selfcheck",), ("ckpt", "inspect")]
-WEIGHTS = [30, 15, 12, 15, 13, 15]
+SUBCOMMANDS = [("train",), ("plan",), ("layout",), ("quantize",), ("selfcheck",), ("ckpt", "inspect"),
+               ("ckpt", "export")]
+WEIGHTS = [30, 15, 12, 15, 13, 15, 15]
 
 TRAIN_TINY = ["--ranks", "2", "--train-iters", "2", "--num-layers", "2", "--hidden-size", "32",
               "--num-attention-heads", "2", "--seq-length", "32", "--micro-batch-size", "2",
@@ -36,6 +37,9 @@ ROLES = {
     ("train", "--report"): "out-file", ("quantize", "--input"): "in-quant",
     ("quantize", "--out-data"): "out-file", ("quantize", "--out-scales"): "out-file",
     ("ckpt inspect", "dir"): "in-ckpt", ("layout", "--shapes"): "shapes", ("layout", "--bucket-size"): "bucket",
+    # `mxddp ckpt export DIR --out FILE [--dtype f32|bf16]`: its --help gives --dtype as TEXT, so the
+    # two valid values are named here (ckpt_export.cc).
+    ("ckpt export", "dir"): "in-ckpt", ("ckpt export", "--out"): "out-file", ("ckpt export", "--dtype"): "export-dtype",
     ("quantize", "--shape"): "qshape",
     # `mxddp plan` takes train's flags and reads --load (its iteration) and its own inputs; the flags
     # that name a run's data and outputs (--data, --save, --report, --metrics-file) change nothing in
@@ -252,6 +256,12 @@ def judge_text(sub, opt, text, special):
             return "valid", None
         verdict, _ = judge_number(Option(["--x"], "INT", "[1, 9223372036854775807]", None, False, False, None), text)
         return verdict, None
+    if role == "export-dtype":
+        if text in ("f32", "bf16"):
+            return "valid", None
+        if text.strip().lower() in ("f32", "bf16"):
+            return "ambiguous", "case or padding"
+        return "nonsense", None
     if role == "qshape":
         m = re.match(r"(\d+)x(\d+)$", text)
         if not m or re.match(r"0\d", m.group(1)) or re.match(r"0\d", m.group(2)):
@@ -334,6 +344,8 @@ def base_items(sub, fx):
                 ("--out-scales", "out/s.bin")]
     if sub == "selfcheck":
         return [("--ranks", "2"), ("--count", "64")]
+    if sub == "ckpt export":
+        return [(None, fx.ckpt), ("--out", "out/model.safetensors"), ("--dtype", "bf16")]
     return [(None, fx.ckpt)]
 
 
@@ -359,7 +371,7 @@ def path_values(role, fx, rng):
 def choose_value(sub, opt, fx, rng):
     """(label, text, special) for a hostile or boundary value of opt."""
     role = ROLES.get((sub, opt.name))
-    if role and role not in ("shapes", "bucket", "qshape"):
+    if role and role not in ("shapes", "bucket", "qshape", "export-dtype"):
         pool = path_values(role, fx, rng)
         if rng.random() < 0.25:
             label, text = rng.choice(GENERIC)
@@ -370,6 +382,10 @@ def choose_value(sub, opt, fx, rng):
         forms = [dim, f"95x{dim}", f"{dim},95", f"95x95,{dim},1", f"95x95,95,{dim}x{dim}", "95,,1", "95x95,",
                  ",", "x", "95xx95", "1," * 20000 + "1", "4x4x4x4x4x4x4x4", "95X95"]
         return "shapes", rng.choice(forms), None
+    if role == "export-dtype" and rng.random() < 0.6:
+        text = rng.choice(["f32", "bf16", "F32", "BF16", " bf16", "f32 ", "f16", "fp32", "bfloat16", "e4m3",
+                           "mxfp8", "f3", "bf16x", "f32,bf16", "float32"])
+        return "dtype", text, None
     if role == "qshape":
         dim = rng.choice([v for _, v in GENERIC] + ["64", "32", "128"])
         forms = [f"{dim}x64", f"64x{dim}", dim, f"{dim}x{dim}", "32x128", "128x32", "64x64x1", "64X64", "x64",
@@ -392,8 +408,10 @@ def choose_value(sub, opt, fx, rng):
     return label, text, None
 
 
-def generate_invocation(index, rng, options_by_sub, fx):
-    sub = rng.choices(SUBCOMMANDS, WEIGHTS)[0]
+def generate_invocation(index, rng, options_by_sub, fx, subcommands=None):
+    """subcommands: the (sub, ...) tuples to draw from, by their WEIGHTS (None: all)."""
+    pool = [(s, w) for s, w in zip(SUBCOMMANDS, WEIGHTS) if subcommands is None or s in subcommands]
+    sub = rng.choices([s for s, _ in pool], [w for _, w in pool])[0]
     sub_name = " ".join(sub)
     options = [o for o in options_by_sub[sub_name] if not o.positional]
     positional = [o for o in options_by_sub[sub_name] if o.positional]
@@ -402,7 +420,7 @@ def generate_invocation(index, rng, options_by_sub, fx):
     for _ in range(rng.choices([1, 2, 3], [50, 30, 20])[0]):
         kind = rng.choices(["set", "unknown", "repeat", "drop", "extra-positional", "flag-value"],
                            [72, 7, 6, 5, 5, 5])[0]
-        if kind == "set" and sub_name == "ckpt inspect" and positional and rng.random() < 0.5:
+        if kind == "set" and sub[0] == "ckpt" and positional and rng.random() < 0.5:
             opt = positional[0]
         elif kind == "set":
             opt = rng.choice([o for o in options if o.type] or positional)

@@ -71,7 +71,15 @@ std::optional<int64_t> default_bucket_size(int dp, bool overlap_grad_reduce) {
   return std::max<int64_t>(40'000'000, int64_t{1'000'000} * dp);
 }
 
+// As Megatron's buffer: per_bucket_numel_unpadded summed, each counted from the bucket's start, so the
+// 64-element alignment of param starts inside a bucket is part of it.
 int64_t ParamLayout::numel_unpadded() const {
+  int64_t n = 0;
+  for (const BucketPlacement& b : buckets) n += b.numel_unpadded;
+  return n;
+}
+
+int64_t ParamLayout::params_numel() const {
   int64_t n = 0;
   for (const ParamPlacement& p : params) n += p.range.size();
   return n;

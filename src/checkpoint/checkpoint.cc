@@ -89,6 +89,13 @@ json config_json(const DistributedOptimizer& opt) {
   return j;
 }
 
+// The element format of the DataParallel's MXFP8 params (DDP's or FSDP's config).
+Fp8Format mxfp8_elem(const DataParallel& dp) {
+  if (const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&dp)) return ddp->config().mxfp8_elem;
+  if (const auto* fsdp = dynamic_cast<const FullyShardedDataParallel*>(&dp)) return fsdp->config().mxfp8_elem;
+  MXDDP_FAIL("a checkpoint of MXFP8 params needs DDP or FSDP to name their element format; got '{}'", dp.describe());
+}
+
 // This rank's file: every slice of its shards, for the main params, each state and the model.
 // The model slices are cast from the main params here rather than copied from where the optimizer
 // stages them: that memory is grad memory under MXFP8 reuse (zeroed once quantized), and after a
@@ -202,8 +209,12 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
             if (sp.param == static_cast<int>(p))
               slices.push_back({{"file", rank_file_name(r)}, {"start", sp.in_param.start}, {"end", sp.in_param.end}});
       const ParamSpec& spec = buf.params()[p];
-      m["params"].push_back({{"name", spec.name}, {"shape", shape_json(spec.shape)},
-                             {"shared_embedding", spec.shared_embedding}, {"slices", slices}});
+      json param = {{"name", spec.name}, {"shape", shape_json(spec.shape)},
+                    {"shared_embedding", spec.shared_embedding}, {"slices", slices}};
+      // An MXFP8 param trains as MXFP8 but is saved, like the others, as model_dtype (cast from
+      // its main params); this says what it was, for inspect.
+      if (buf.is_mxfp8(static_cast<int>(p))) param["mxfp8_elem"] = fp8_format_name(mxfp8_elem(buf));
+      m["params"].push_back(std::move(param));
     }
     m["files"] = json::array();
     for (int r = 0; r < comm.size(); ++r)

@@ -83,6 +83,9 @@ Manifest parse_manifest(const json& j, const std::string& path) {
               dtype_name(m.model_dtype));
   m.model_config = config_fields_from_json(j.at("model_config"));
   m.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
+  for (const char* section : {"ddp", "fsdp"})
+    if (j.contains(section) && j.at(section).contains("fp8_param_gather"))
+      m.fp8_param_gather = m.fp8_param_gather || j.at(section).at("fp8_param_gather").get<bool>();
 
   const json& files = j.at("files");
   MXDDP_CHECK(files.is_array() && files.size() == static_cast<size_t>(m.dp), "checkpoint manifest '{}' lists {} "
@@ -100,7 +103,13 @@ Manifest parse_manifest(const json& j, const std::string& path) {
 
   for (const json& p : j.at("params")) {
     ManifestParam param{p.at("name").get<std::string>(), shape_from_json(p.at("shape")),
-                        p.at("shared_embedding").get<bool>(), {}};
+                        p.at("shared_embedding").get<bool>(), {}, ""};
+    if (p.contains("mxfp8_elem")) {
+      param.mxfp8_elem = p.at("mxfp8_elem").get<std::string>();
+      MXDDP_CHECK(param.mxfp8_elem == "e4m3" || param.mxfp8_elem == "e5m2",
+                  "checkpoint manifest '{}': param '{}' has mxfp8_elem '{}'; valid: e4m3, e5m2", path, param.name,
+                  param.mxfp8_elem);
+    }
     for (const json& s : p.at("slices")) {
       ManifestSlice slice{s.at("file").get<std::string>(),
                           Range{json_int(s.at("start"), 0, INT64_MAX, "a slice's start"),

@@ -56,6 +56,9 @@ struct ManifestParam {
   Shape shape;
   bool shared_embedding = false;
   std::vector<ManifestSlice> slices;
+  // The run kept it as MXFP8 with these elements ("e4m3", "e5m2"); "" for a param that is not, or
+  // one a save before this field did not mark (see Manifest::fp8_param_gather).
+  std::string mxfp8_elem;
 };
 struct ManifestFile {
   std::string name;
@@ -74,6 +77,8 @@ struct Manifest {
   std::vector<ManifestParam> params;
   std::vector<ManifestFile> files;
   std::map<std::string, std::string> metadata;
+  // The saving run's ddp or fsdp section says fp8_param_gather (false when it has neither).
+  bool fp8_param_gather = false;
 };
 
 // The model config as a JSON object: a value that is a JSON number written canonically ("4",

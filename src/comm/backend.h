@@ -43,6 +43,9 @@ class CommBackend {
   // Runs `call` to completion. Must verify that every rank issued the same call (see
   // describe_mismatch) before touching any buffer, and throw Error on a mismatch or a failure.
   virtual void run(const CollectiveCall& call) = 0;
+  // Communicator::set_memory_tracker, on the progress thread between collectives. Only a backend
+  // with staging buffers (mpi) has anything to charge.
+  virtual void set_memory_tracker(MemoryTracker* /*tracker*/) {}
 };
 
 }  // namespace mxddp

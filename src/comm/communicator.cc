@@ -168,4 +168,10 @@ Work Communicator::barrier(const BarrierOptions& options) {
   return submit(call, options.async_op);
 }
 
+// On the progress thread, in issue order: the backend's staging is only touched there.
+void Communicator::set_memory_tracker(MemoryTracker* tracker) {
+  CommBackend* backend = backend_.get();
+  queue_->submit([backend, tracker] { backend->set_memory_tracker(tracker); }).wait();
+}
+
 }  // namespace mxddp

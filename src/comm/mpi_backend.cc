@@ -238,9 +238,19 @@ class MpiBackend final : public CommBackend {
                        kMpiStallExitCode);
   }
 
-  // f32 staging for bf16 reductions (summing in f32, as the local backend does), charged as comm.
-  float* staging_f32(int64_t numel) {
-    const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+ public:
+  void set_memory_tracker(MemoryTracker* tracker) override {
+    staging_ = HostBuffer();  // un-charged from the old tracker; the next reduction re-allocates
+    tracker_ = tracker ? tracker : &own_tracker_;
+  }
+
+ private:
+  // f32 staging for bf16 reductions (summing in f32, as the local backend does) and in-place
+  // reduce-scatters, charged as comm; sized by mpi_staging_bytes (what the memory plan charges).
+  float* staging_f32(const CollectiveCall& call, bool in_place) {
+    const auto bytes = static_cast<size_t>(mpi_staging_bytes(call.kind == CollectiveKind::kReduceScatter, in_place,
+                                                              call.dtype, call.count, size_));
+    MXDDP_ASSERT(bytes > 0);
     if (staging_.size_bytes() < bytes) {
       staging_ = HostBuffer();
       staging_ = HostBuffer(bytes, MemoryCategory::kComm, *tracker_);
@@ -260,7 +270,7 @@ class MpiBackend final : public CommBackend {
       return;
     }
     auto* data = static_cast<bf16_bits*>(call.recv);
-    float* f32 = staging_f32(call.count);
+    float* f32 = staging_f32(call, /*in_place=*/true);
     convert_bf16_to_f32(data, f32, static_cast<size_t>(call.count));
     {
       const auto watched = data_watchdog_.watch("all_reduce", seq_);
@@ -276,7 +286,7 @@ class MpiBackend final : public CommBackend {
     const size_t elem = dtype_size_bytes(call.dtype);
     if (call.dtype == DType::kBF16) {
       // Widen the whole input to f32, reduce-scatter in f32 into the staging tail, round once.
-      float* f32 = staging_f32(call.count * (size_ + 1));
+      float* f32 = staging_f32(call, /*in_place=*/false);  // [size + 1, count]
       float* out = f32 + call.count * size_;
       convert_bf16_to_f32(static_cast<const bf16_bits*>(call.send), f32, static_cast<size_t>(call.count * size_));
       {
@@ -292,7 +302,7 @@ class MpiBackend final : public CommBackend {
     // and would overwrite block 0. Reduce into staging instead and copy, so only recv is written.
     const bool in_place =
         call.recv == static_cast<const char*>(call.send) + static_cast<size_t>(rank_) * static_cast<size_t>(count) * elem;
-    void* out = in_place ? static_cast<void*>(staging_f32((call.count * static_cast<int64_t>(elem) + 3) / 4)) : call.recv;
+    void* out = in_place ? static_cast<void*>(staging_f32(call, /*in_place=*/true)) : call.recv;
     {
       const auto watched = data_watchdog_.watch("reduce_scatter", seq_);
       MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, out, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
@@ -352,6 +362,13 @@ int MpiRuntime::world_size() {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
+}
+
+int64_t mpi_staging_bytes(bool reduce_scatter, bool in_place, DType dtype, int64_t count, int size) {
+  constexpr int64_t kF32 = sizeof(float);
+  if (dtype == DType::kBF16) return reduce_scatter ? kF32 * count * (int64_t{size} + 1) : kF32 * count;
+  if (!reduce_scatter || !in_place) return 0;
+  return (count * static_cast<int64_t>(dtype_size_bytes(dtype)) + kF32 - 1) / kF32 * kF32;
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {

@@ -84,7 +84,7 @@ double TokenDataset::unigram_entropy() const {
   return h;
 }
 
-void TokenDataset::fill_batch(bool valid, uint64_t seed, int64_t iteration, int64_t first, int count,
+void TokenDataset::fill_batch(bool valid, uint64_t seed, int64_t round, int64_t first, int count,
                               int32_t* tokens) const {
   MXDDP_CHECK(!valid || valid_tokens() > seq_length_, "there is no validation split to sample (fraction 0)");
   const int64_t base = valid ? split_ : 0;
@@ -92,7 +92,7 @@ void TokenDataset::fill_batch(bool valid, uint64_t seed, int64_t iteration, int6
   const int64_t starts = span - seq_length_;  // a sequence of T + 1 tokens fits at [0, starts)
   const uint64_t domain = valid ? 0x76616c6964ull : 0x747261696eull;  // "valid", "train"
   for (int k = 0; k < count; ++k) {
-    const uint64_t h = model::mix_hash(seed ^ domain, static_cast<uint64_t>(iteration), static_cast<uint64_t>(first + k));
+    const uint64_t h = model::mix_hash(seed ^ domain, static_cast<uint64_t>(round), static_cast<uint64_t>(first + k));
     const int64_t start = base + static_cast<int64_t>(h % static_cast<uint64_t>(starts));
     for (int t = 0; t <= seq_length_; ++t)
       tokens[int64_t{k} * (seq_length_ + 1) + t] = static_cast<unsigned char>(bytes_[static_cast<size_t>(start + t)]);

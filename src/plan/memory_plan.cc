@@ -9,6 +9,8 @@
 //   optimizer: per bucket, its main params then each state               DistributedOptimizer
 //   scratch:   every named request, grown as the pool grows              GlobalMemoryBuffer::get_tensor
 //              (the names and sizes come from trace_gpt_micro_batch)
+//   comm:      with the mpi backend, the f32 staging of the largest      MpiBackend::staging_f32
+//              bucket's gradient reduction, from where the first runs
 #include <mxddp/plan.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <memory>
 #include <limits>
 #include <regex>
+#include <set>
 
 #include <mxddp/quant.h>
 
@@ -52,7 +55,17 @@ class DataParallelSim : public GptCallTrace {
  public:
   DataParallelSim(MemoryTracker& tracker, ScratchSim* scratch) : tracker_(tracker), scratch_(scratch) {}
 
-  void build_ddp(const std::vector<ParamSpec>& specs, DdpConfig c, int dp) {
+  // The mpi backend's staging for this DataParallel's gradient reductions: one per bucket, each
+  // in place (this rank's block of the bucket receives its shard), all-reduced (count = the
+  // bucket) or reduce-scattered (count = the shard). The backend keeps the largest.
+  void stage_reductions_for_mpi(bool reduce_scatter, DType grad_dtype, int dp) {
+    for (const BucketPlacement& b : layout_.buckets) {
+      const int64_t count = reduce_scatter ? b.range.size() / dp : b.range.size();
+      mpi_staging_bytes_ = std::max(mpi_staging_bytes_, mpi_staging_bytes(reduce_scatter, true, grad_dtype, count, dp));
+    }
+  }
+
+  void build_ddp(const std::vector<ParamSpec>& specs, DdpConfig c, int dp, bool mpi) {
     c.use_distributed_optimizer = true;
     check_ddp_config(c, specs);
     LayoutOptions lo = c.layout_options(dp);
@@ -74,14 +87,22 @@ class DataParallelSim : public GptCallTrace {
         tracker_.on_allocate(MemoryCategory::kMxfp8, mx_scale_shape(s.shape[0], s.shape[1], QuantAxis::kCol).numel());
       }
     for (const BucketPlacement& b : layout_.buckets) optimizer_numel_.push_back(b.range.size() / dp);
+    if (mpi) stage_reductions_for_mpi(!c.force_all_reduce, c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
   }
 
   void build_fsdp(const std::vector<ParamSpec>& specs, const std::vector<std::vector<int>>& units,
-                  const FsdpConfig& c, int dp) {
+                  const FsdpConfig& c, int dp, bool mpi) {
     fsdp_ = std::make_unique<FsdpMemorySim>(specs, units, c, dp, tracker_);
     layout_ = fsdp_->layout();
     for (size_t b = 0; b < layout_.buckets.size(); ++b)
       optimizer_numel_.push_back(fsdp_->optimizer_bucket_numel(static_cast<int>(b)));
+    if (mpi)
+      stage_reductions_for_mpi(c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard,
+                               c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
+    for (const std::vector<int>& u : units) unit_params_.insert(u.begin(), u.end());
+    fsdp_reduces_every_micro_batch_ = c.data_parallel_sharding_strategy == ShardingStrategy::kOptimGrads ||
+                                      c.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams;
+    fsdp_overlap_grad_reduce_ = c.overlap_grad_reduce;
   }
 
   // DistributedOptimizer's constructor.
@@ -97,8 +118,14 @@ class DataParallelSim : public GptCallTrace {
   const FsdpMemorySim* fsdp() const { return fsdp_.get(); }
 
   void start_iteration() { if (fsdp_) fsdp_->start_iteration(); }
-  void set_no_sync(bool on) { if (fsdp_) fsdp_->set_no_sync(on); }
-  void finish_grad_sync() { if (fsdp_) fsdp_->finish_grad_sync(); }
+  void set_no_sync(bool on) {
+    no_sync_ = on;
+    if (fsdp_) fsdp_->set_no_sync(on);
+  }
+  void finish_grad_sync() {
+    charge_mpi_staging();  // DDP's, and FSDP's when nothing reduced during backward
+    if (fsdp_) fsdp_->finish_grad_sync();
+  }
   void step() { if (fsdp_) fsdp_->step_and_sync_params(); }
   void force_param_sync() { if (fsdp_) fsdp_->force_param_sync(); }
   void release_gathered_params() { if (fsdp_) fsdp_->release_gathered_params(); }
@@ -110,7 +137,16 @@ class DataParallelSim : public GptCallTrace {
   void before_forward(const std::vector<int>& p) override { if (fsdp_) fsdp_->before_forward(p); }
   void after_forward(const std::vector<int>& p) override { if (fsdp_) fsdp_->after_forward(p); }
   void before_backward(const std::vector<int>& p) override { if (fsdp_) fsdp_->before_backward(p); }
-  void after_backward(const std::vector<int>& p) override { if (fsdp_) fsdp_->after_backward(p); }
+  void after_backward(const std::vector<int>& p) override {
+    if (!fsdp_) return;
+    fsdp_->after_backward(p);
+    // FSDP reduces a unit's grads at its post-backward (FsdpHookSchedule::reduce_now): in every
+    // micro-batch when it shards grads, in the synced one with overlap_grad_reduce. The progress
+    // thread allocates the staging as that first reduction runs, while backward goes on. (DDP
+    // allocates nothing else after construction, so when its staging comes changes no peak.)
+    const bool unit = !p.empty() && unit_params_.count(p.front()) > 0;
+    if (unit && (fsdp_reduces_every_micro_batch_ || (!no_sync_ && fsdp_overlap_grad_reduce_))) charge_mpi_staging();
+  }
 
  private:
   MemoryTracker& tracker_;
@@ -118,13 +154,25 @@ class DataParallelSim : public GptCallTrace {
   ParamLayout layout_;
   std::unique_ptr<FsdpMemorySim> fsdp_;
   std::vector<int64_t> optimizer_numel_;  // [bucket] the optimizer's main param elements
+  int64_t mpi_staging_bytes_ = 0;  // the mpi backend's staging for the reductions (0: none or local)
+  bool mpi_staging_charged_ = false;
+  bool no_sync_ = false;
+  std::set<int> unit_params_;  // FSDP: the params of a unit (the others are reduced after them)
+  bool fsdp_reduces_every_micro_batch_ = false;  // optim_grads, optim_grads_params
+  bool fsdp_overlap_grad_reduce_ = false;
+
+  // The staging, once: the backend keeps it (grown to the largest reduction) for the rest of the run.
+  void charge_mpi_staging() {
+    if (mpi_staging_bytes_ > 0 && !mpi_staging_charged_) tracker_.on_allocate(MemoryCategory::kComm, mpi_staging_bytes_);
+    mpi_staging_charged_ = true;
+  }
 };
 
 // The plan's layout figures, and FSDP's unit size and gather peaks, from the simulated DataParallel.
 void describe_data_parallel(const DataParallelSim& dpsim, MemoryPlan& plan) {
   const ParamLayout& layout = dpsim.layout();
   MemoryPlanLayout& d = plan.layout;
-  d.params_numel = layout.numel_unpadded();
+  d.params_numel = layout.params_numel();
   d.buffer_numel = layout.numel;
   d.num_buckets = static_cast<int64_t>(layout.buckets.size());
   for (const BucketPlacement& b : layout.buckets) {
@@ -201,9 +249,9 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
     FsdpConfig fc = config.fsdp;
     fc.mxfp8_elem = config.ddp.mxfp8_elem;
     fc.mxfp8_scale_mode = config.ddp.mxfp8_scale_mode;
-    dpsim.build_fsdp(specs, gpt_fsdp_units(mc, model_options.fine_grained_param_gather), fc, dp);
+    dpsim.build_fsdp(specs, gpt_fsdp_units(mc, model_options.fine_grained_param_gather), fc, dp, opts.mpi_backend);
   } else {
-    dpsim.build_ddp(specs, config.ddp, dp);
+    dpsim.build_ddp(specs, config.ddp, dp, opts.mpi_backend);
   }
   const int64_t build_live_bytes = tracker.usage().total_live_bytes;
   int64_t largest_bucket_bytes = 0;  // FSDP's constructor stages one bucket's initial values at a time
@@ -296,9 +344,9 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
     FsdpConfig fc = config.fsdp;
     fc.mxfp8_elem = config.ddp.mxfp8_elem;
     fc.mxfp8_scale_mode = config.ddp.mxfp8_scale_mode;
-    dpsim.build_fsdp(params, units, fc, dp);
+    dpsim.build_fsdp(params, units, fc, dp, false);  // no iterations: no reductions to stage
   } else {
-    dpsim.build_ddp(params, config.ddp, dp);
+    dpsim.build_ddp(params, config.ddp, dp, false);
   }
   dpsim.build_optimizer(config.optimizer.optimizer);
   // No model: the iterations' only allocations are FSDP's, which follow the model's calls; the

@@ -67,9 +67,12 @@ std::map<std::string, std::string> schedule_fields(const TrainConfig& c) {
           {"train_iters", std::to_string(c.train_iters)}};
 }
 
-std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t iteration) {
+std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int64_t iteration, int64_t consumed_samples) {
   std::map<std::string, std::string> meta = schedule_fields(c);
   meta["iteration"] = std::to_string(iteration);
+  // Megatron's args.consumed_train_samples: after a resume with another global batch size it is
+  // not iteration x batch size, and the data goes on from it.
+  meta["consumed_train_samples"] = std::to_string(consumed_samples);
   meta["seed"] = std::to_string(c.seed);
   return meta;
 }
@@ -93,6 +96,22 @@ void warn_on_resume_differences(const std::map<std::string, std::string>& meta, 
                                                             "the schedule from here differs"
                                                           : ""));
   }
+}
+
+// A checkpoint metadata value that counts something (iteration, consumed_train_samples): a
+// non-negative integer, or an Error naming the key, the value and the checkpoint.
+int64_t metadata_count(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& dir) {
+  const std::string& text = meta.at(key);
+  size_t used = 0;
+  int64_t value = -1;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MXDDP_CHECK(used > 0 && used == text.size() && value >= 0,
+              "checkpoint '{}' has {} '{}' in its metadata; expected a non-negative integer", dir, key, text);
+  return value;
 }
 
 }  // namespace
@@ -222,18 +241,25 @@ void Trainer::load_checkpoint() {
   // The model config is compared before anything changes: a model with other heads can have
   // the same param shapes and would load silently.
   const auto meta = mxddp::load_checkpoint(load_dir, *optimizer_, {.model_config = config_.model.fields()});
-  const auto it = meta.find("iteration");
-  MXDDP_CHECK(it != meta.end(), "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
+  MXDDP_CHECK(meta.count("iteration") > 0, "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
               load_dir);
-  size_t used = 0;
-  try {
-    result_.start_iteration = std::stoll(it->second, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MXDDP_CHECK(used > 0 && used == it->second.size() && result_.start_iteration >= 0,
-              "checkpoint '{}' has iteration '{}' in its metadata; expected a non-negative integer", load_dir,
-              it->second);
+  result_.start_iteration = metadata_count(meta, "iteration", load_dir);
+  // A checkpoint from before consumed samples were saved: as if the batch size had always been
+  // this run's (what every count assumed then).
+  consumed_samples_ = meta.count("consumed_train_samples") > 0
+                          ? metadata_count(meta, "consumed_train_samples", load_dir)
+                          : checked_mul(result_.start_iteration, config_.global_batch_size, "consumed samples");
+  MXDDP_CHECK(consumed_samples_ >= result_.start_iteration,
+              "checkpoint '{}' has consumed_train_samples {} at iteration {}: every iteration consumes at least one "
+              "sample, so its metadata is not what mxddp train saved", load_dir, consumed_samples_,
+              result_.start_iteration);
+  result_.start_consumed_samples = consumed_samples_;
+  // The count goes on by the batch each iteration; a (resealed, edited) count near 2^63 would overflow.
+  checked_add(consumed_samples_,
+              checked_mul(std::max<int64_t>(0, config_.train_iters - result_.start_iteration), config_.global_batch_size,
+                          "the samples of the iterations left"),
+              fmt::format("checkpoint '{}': its consumed_train_samples {} plus the samples of the iterations left",
+                          load_dir, consumed_samples_));
   // Every optimizer step is an iteration (a skipped one is an iteration without a step).
   MXDDP_CHECK(optimizer_->step_count() <= result_.start_iteration,
               "checkpoint '{}' holds optimizer step {} but iteration {}: a run takes at most one step per iteration, "
@@ -244,7 +270,7 @@ void Trainer::load_checkpoint() {
 
 void Trainer::save_checkpoint(int64_t iteration) {
   const std::string dir = checkpoint_history::iteration_dir(config_.save_dir, iteration);
-  mxddp::save_checkpoint(dir, *optimizer_, {.overwrite = true, .metadata = checkpoint_metadata(config_, iteration),
+  mxddp::save_checkpoint(dir, *optimizer_, {.overwrite = true, .metadata = checkpoint_metadata(config_, iteration, consumed_samples_),
                                             .model_config = config_.model.fields()});
   // Rank 0 points the tracker at the complete checkpoint; every rank learns whether it could.
   std::string error;
@@ -285,7 +311,9 @@ StepRecord Trainer::run_iteration(int64_t it) {
   auto t0 = Clock::now();
   optimizer_->zero_grad();
   rec.optimizer_ms = ms_since(t0);
-  const double loss_sum = run_micro_batches(it);
+  const double loss_sum = run_micro_batches();
+  consumed_samples_ += config_.global_batch_size;
+  rec.consumed_samples = consumed_samples_;
   t0 = Clock::now();
   data_parallel_->finish_grad_sync();
   rec.comm_ms = ms_since(t0) + model_->timings().param_wait_ms;
@@ -302,12 +330,12 @@ StepRecord Trainer::run_iteration(int64_t it) {
   return rec;
 }
 
-double Trainer::run_micro_batches(int64_t it) {
+double Trainer::run_micro_batches() {
   const int accum = accumulation_steps(), mb = config_.micro_batch_size;
   const float loss_scale = 1.0f / static_cast<float>(accum);  // the gradient of the mean over micro-batches
   double loss_sum = 0;
   for (int m = 0; m < accum; ++m) {
-    data_->fill_batch(false, config_.seed, it, first_sequence(m), mb, tokens_.data());
+    data_->fill_batch(false, config_.seed, 0, consumed_samples_ + first_sequence(m), mb, tokens_.data());
     if (m + 1 < accum) {  // gradients are reduced only in the last micro-batch
       auto no_sync = data_parallel_->no_sync();
       loss_sum += model_->forward_backward(tokens_.data(), mb, loss_scale);

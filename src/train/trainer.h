@@ -55,7 +55,7 @@ class Trainer {
 
   // ---- One iteration and what follows it.
   StepRecord run_iteration(int64_t it);  // it: 0-based
-  double run_micro_batches(int64_t it);  // returns the sum of the micro-batches' losses
+  double run_micro_batches();  // the next global batch's; returns the sum of the micro-batches' losses
   // Stops the run (every rank together) on a NaN or Inf loss or gradient, unless that check is off.
   void check_finite(const StepRecord& rec, const StepResult& step);
   void mark_steady_state();              // after the first iteration: peaks from here are steady
@@ -82,6 +82,18 @@ class Trainer {
   std::optional<TokenDataset> data_;
   MemoryTracker tracker_;
   GlobalMemoryBuffer pool_{tracker_};
+  // The communicator's staging (the mpi backend's f32 buffers) is charged to tracker_ while the
+  // run lasts, so the report counts it as comm, as the plan does; handed back before tracker_ goes.
+  struct StagingCharge {
+    StagingCharge(Communicator& comm, MemoryTracker& tracker) : comm(comm) { comm.set_memory_tracker(&tracker); }
+    // Waits for this rank's collectives still in flight (they may use the staging), then releases
+    // it; the task only frees a buffer and sets a pointer, so it does not throw.
+    ~StagingCharge() { comm.set_memory_tracker(nullptr); }
+    StagingCharge(const StagingCharge&) = delete;
+    StagingCharge& operator=(const StagingCharge&) = delete;
+    Communicator& comm;
+  };
+  StagingCharge staging_charge_{comm_, tracker_};
   std::unique_ptr<DataParallel> data_parallel_;    // DDP or FSDP: the model and the optimizer see only this
   const FullyShardedDataParallel* fsdp_ = nullptr;  // the same object under FSDP, for its gather peaks
   std::optional<DistributedOptimizer> optimizer_;
@@ -91,6 +103,8 @@ class Trainer {
   // fine-grained submodule), the final norm. The weight-hash check reads each between its hooks.
   std::vector<std::vector<int>> forward_modules_;
   TrainResult result_;
+  // Training samples consumed so far, resumes included: the next sample to read (TokenDataset).
+  int64_t consumed_samples_ = 0;
   MemoryUsage warmup_usage_;  // the tracker after the first iteration
   int64_t allocations_at_warmup_ = 0;
   Clock::time_point train_start_;

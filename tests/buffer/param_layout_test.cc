@@ -137,6 +137,28 @@ TEST(ParamLayout, SharedEmbeddingMetadataAsMegatron) {
   EXPECT_EQ(plain.buckets[0].params, (std::vector<int>{3, 2, 1, 0}));
 }
 
+// The buffer's numel_unpadded is Megatron's _ParamAndGradBuffer.numel_unpadded: the buckets'
+// numel_unpadded summed, so padding before a param's start inside a bucket counts (issue 30 point
+// 4 v). Megatron-core's own buffer gives 9184 here: bucket 0 holds p2 [0, 1) and p1 [64, 159), so
+// it counts 159, not 96; bucket 1, the shared p0, counts 9025. The params alone are 9121.
+TEST(ParamLayout, BufferNumelUnpaddedIsTheBucketsSumAsMegatron) {
+  std::vector<ParamSpec> specs = {{"p0", Shape{95, 95}}, {"p1", Shape{95}}, {"p2", Shape{1}}};
+  specs[0].shared_embedding = true;
+  const ParamLayout l = compute_param_layout(specs, dist_opt(4, 100));
+  ASSERT_EQ(l.buckets.size(), 2u);
+  EXPECT_EQ(l.buckets[0].numel_unpadded, 159);
+  EXPECT_EQ(l.buckets[1].numel_unpadded, 9025);
+  EXPECT_EQ(l.numel_unpadded(), 9184);
+  EXPECT_EQ(l.params_numel(), 9121);
+  EXPECT_EQ(l.numel, 9344);
+  // Without the distributed optimizer nothing is padded: all three figures agree (Megatron asserts
+  // numel == numel_unpadded there).
+  const ParamLayout plain = compute_param_layout(specs, {.dp = 4, .bucket_size = 100});
+  EXPECT_EQ(plain.numel_unpadded(), 9121);
+  EXPECT_EQ(plain.params_numel(), 9121);
+  EXPECT_EQ(plain.numel, 9121);
+}
+
 TEST(ParamLayout, DefaultBucketSize) {
   EXPECT_EQ(default_bucket_size(1, true), 40'000'000);
   EXPECT_EQ(default_bucket_size(40, true), 40'000'000);
@@ -189,6 +211,13 @@ TEST(ParamLayout, InvariantsAndShardCoverageOnGeneratedLists) {
       }
     }
     EXPECT_EQ(l.numel, expect_start);
+    int64_t buckets_unpadded = 0, params = 0;
+    for (const BucketPlacement& k : l.buckets) buckets_unpadded += k.numel_unpadded;
+    for (const ParamSpec& s : specs) params += s.shape.numel();
+    EXPECT_EQ(l.numel_unpadded(), buckets_unpadded);
+    EXPECT_EQ(l.params_numel(), params);
+    EXPECT_LE(l.params_numel(), l.numel_unpadded());
+    EXPECT_LE(l.numel_unpadded(), l.numel);
     // Shard coverage: count how often each element of each param is covered.
     std::vector<std::vector<int>> covered(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) covered[i].assign(static_cast<size_t>(specs[i].shape.numel()), 0);

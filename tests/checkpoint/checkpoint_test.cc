@@ -552,6 +552,61 @@ TEST(CheckpointTrust, InspectJsonHoldsTheSameAsTheText) {
   fs::remove_all(dir);
 }
 
+// Issue 30 point 4 iii: inspect said "model params bf16" for a run whose weights were MXFP8. It
+// now names each param's dtype as the run kept it (the MXFP8 element format from the config), and
+// keeps model_dtype for what the files hold (bf16, the cast of the main params).
+TEST(CheckpointInspect, NamesTheMxfp8ParamsAndTheirElementFormat) {
+  const std::string dir = fresh_dir("mxfp8_inspect");
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DdpConfig c = optim_ddp_config();
+    c.fp8_param_gather = true;
+    c.mxfp8_elem = Fp8Format::kE5M2;
+    DistributedDataParallel ddp(comm, mlp_params(/*mxfp8=*/true), c, tracker, views_of(init));
+    DistributedOptimizer opt(ddp, kAdam, tracker);
+    save_checkpoint(dir, opt, {});
+  });
+  CheckpointInfo info = inspect_checkpoint(dir);
+  ASSERT_TRUE(info.ok()) << fmt::format("{}", fmt::join(info.problems, "; "));
+  const std::vector<ParamSpec> specs = mlp_params(true);
+  ASSERT_EQ(info.params.size(), specs.size());
+  for (size_t p = 0; p < specs.size(); ++p)
+    EXPECT_EQ(info.params[p].dtype, specs[p].mxfp8 ? "mxfp8_e5m2" : "bf16") << specs[p].name;
+  EXPECT_EQ(info.model_dtype, "bf16");
+  EXPECT_EQ(info.param_dtype, "mxfp8_e5m2 (3 params) and bf16 (3 params), saved as bf16");
+  const json j = json::parse(checkpoint_info_json(info));
+  EXPECT_EQ(j.at("param_dtype"), info.param_dtype);
+  EXPECT_EQ(j.at("params")[0].at("dtype"), "mxfp8_e5m2");
+  EXPECT_EQ(j.at("params")[1].at("dtype"), "bf16");
+
+  // A save from before the params were marked (no mxfp8_elem on any param, fp8_param_gather in
+  // the ddp section) says that it cannot name them, rather than calling them all bf16.
+  edit_manifest(dir, [](json& m) {
+    for (json& param : m.at("params")) param.erase("mxfp8_elem");
+  });
+  info = inspect_checkpoint(dir);
+  EXPECT_TRUE(info.ok());
+  EXPECT_EQ(info.param_dtype, "bf16, MXFP8 for the params the run quantized (this save does not list them)");
+  // A format that is not an MXFP8 element format is an error naming it.
+  edit_manifest(dir, [](json& m) { m.at("params")[0]["mxfp8_elem"] = "e3m4"; });
+  try {
+    inspect_checkpoint(dir);
+    ADD_FAILURE() << "inspect accepted mxfp8_elem e3m4";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("param 'l0.w' has mxfp8_elem 'e3m4'; valid: e4m3, e5m2"), std::string::npos)
+        << e.message();
+  }
+  fs::remove_all(dir);
+
+  // Without MXFP8 nothing changes: every param and the summary are the model dtype.
+  const std::string plain = saved_checkpoint("plain_inspect");
+  info = inspect_checkpoint(plain);
+  EXPECT_EQ(info.param_dtype, "bf16");
+  for (const CheckpointParamInfo& p : info.params) EXPECT_EQ(p.dtype, "bf16") << p.name;
+  fs::remove_all(plain);
+}
+
 // Writes a checkpoint for the `mxddp ckpt inspect` CLI tests (run by CTest as a fixture).
 TEST(CliFixture, WriteCheckpointForCli) {
   const char* dir = std::getenv("MXDDP_CLI_CKPT_DIR");

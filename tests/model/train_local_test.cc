@@ -9,8 +9,11 @@
 #include <fstream>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include <mxddp/plan.h>
 
+#include "checkpoint/file_io.h"
 #include "forwarding_data_parallel.h"
 #include "model/train_util.h"
 #include "plan/memory_floor.h"
@@ -192,6 +195,88 @@ TEST(TrainLocal, ResumeReproducesTheUninterruptedRunAtTheSameAndAnotherDp) {
   const TrainResult other_dp = train_local(4, rest);
   expect_close(losses(other_dp), std::vector<double>(full4_losses.begin() + 3, full4_losses.end()), 1e-5,
                "saved at dp 2, resumed at dp 4, vs uninterrupted at dp 4");
+}
+
+// Rewrites the newest checkpoint of history `dir` with metadata `key` set to value, or without it
+// when value is null (a save from before that key existed), resealing the manifest's CRC-32 as
+// documented.
+void edit_checkpoint_metadata(const std::string& dir, const std::string& key, const char* value) {
+  std::string iteration;
+  std::ifstream(dir + "/latest_checkpointed_iteration.txt") >> iteration;
+  const std::string path = fmt::format("{}/iter_{:07d}/manifest.json", dir, std::stoll(iteration));
+  std::ifstream in(path);
+  nlohmann::json m = nlohmann::json::parse(in);
+  ASSERT_TRUE(m.at("metadata").contains(key)) << key << " not in " << path;
+  if (value == nullptr) m.at("metadata").erase(key);
+  else m.at("metadata")[key] = value;
+  m.erase("manifest_crc32");
+  const std::string canonical = m.dump();
+  m["manifest_crc32"] = ckpt::crc32_of(std::vector<char>(canonical.begin(), canonical.end()));
+  std::ofstream(path) << m.dump(1);
+}
+
+// Issue 30 point 4 ii: a checkpoint stores the consumed samples (Megatron's consumed_train_samples)
+// and a resume reads on from them, whatever the batch size was. With lr 0 the params never change,
+// so an iteration's loss depends only on which samples it reads: 2 iterations of 8 then one of 16
+// must read samples 16..31, the uninterrupted run's iterations 3 and 4.
+TEST(TrainLocal, ResumeWithAnotherBatchSizeReadsOnFromTheConsumedSamples) {
+  TempDir dir("mxddp_consumed");
+  TrainConfig c = small_train_config();
+  c.lr = c.min_lr = 0.0f;
+  c.eval_iters = 0;
+  c.train_iters = 5;
+  const TrainResult full = train_local(2, c);  // samples 8(i-1)..8i-1 at iteration i
+  ASSERT_EQ(full.steps.size(), 5u);
+  EXPECT_EQ(full.steps[2].consumed_samples, 24);
+
+  TrainConfig head = c;
+  head.train_iters = 2;
+  head.save_dir = dir / "ckpt";
+  EXPECT_EQ(train_local(2, head).steps.back().consumed_samples, 16);
+
+  TrainConfig wide = c;  // one iteration of 16, saved
+  wide.global_batch_size = 16;
+  wide.train_iters = 3;
+  wide.load_dir = wide.save_dir = dir / "ckpt";
+  const TrainResult resumed = train_local(2, wide);
+  EXPECT_EQ(resumed.start_consumed_samples, 16);
+  ASSERT_EQ(resumed.steps.size(), 1u);
+  EXPECT_EQ(resumed.steps[0].iteration, 3);
+  EXPECT_EQ(resumed.steps[0].consumed_samples, 32) << "16 consumed before + 16, not 3 x 16";
+  EXPECT_NEAR(resumed.steps[0].loss, (full.steps[2].loss + full.steps[3].loss) / 2, 1e-6 * full.steps[2].loss)
+      << "iteration 3 at 16 reads the samples of iterations 3 and 4 at 8";
+
+  TrainConfig narrow = c;  // back to 8: samples 32..39, the uninterrupted run's iteration 5
+  narrow.load_dir = dir / "ckpt";
+  const TrainResult back = train_local(2, narrow);
+  EXPECT_EQ(back.start_consumed_samples, 32) << "the checkpoint saved after the batch-size change";
+  ASSERT_EQ(back.steps.size(), 2u);
+  EXPECT_EQ(back.steps[0].consumed_samples, 40);
+  EXPECT_EQ(back.steps[0].loss, full.steps[4].loss) << "the same samples in the same micro-batches";
+
+  // A checkpoint from before consumed samples were saved: derived as iteration x this run's batch
+  // size, as every count was then (after iteration 3 at 16: 48; iteration 4 reads 48..63).
+  // A count that is not a count, fewer samples than iterations, or one the run would overflow: an
+  // error naming it.
+  for (const auto& [value, needle] : {std::pair<const char*, std::string>{"abc", "has consumed_train_samples 'abc'"},
+                                      {"2", "consumed_train_samples 2 at iteration 3: every iteration consumes"},
+                                      {"9223372036854775800", "its consumed_train_samples 9223372036854775800 plus"}}) {
+    edit_checkpoint_metadata(dir / "ckpt", "consumed_train_samples", value);
+    TrainConfig bad = wide;
+    bad.train_iters = 4;
+    bad.save_dir.clear();
+    const std::vector<std::string> errors = train_local_errors(2, bad);
+    EXPECT_NE(errors[0].find(needle), std::string::npos) << errors[0];
+  }
+  edit_checkpoint_metadata(dir / "ckpt", "consumed_train_samples", nullptr);
+  TrainConfig old = wide;
+  old.train_iters = 4;
+  old.save_dir.clear();
+  const TrainResult from_old = train_local(2, old);
+  EXPECT_EQ(from_old.start_iteration, 3);
+  EXPECT_EQ(from_old.start_consumed_samples, 48);
+  ASSERT_EQ(from_old.steps.size(), 1u);
+  EXPECT_EQ(from_old.steps[0].consumed_samples, 64);
 }
 
 TEST(TrainLocal, ResumingAnotherModelFailsAndNamesTheMismatch) {
