@@ -54,7 +54,7 @@ void write_file_atomic(const std::string& path, const std::vector<char>& bytes) 
   fsync_directory(target.parent_path().string());
 }
 
-uint32_t crc32_of(const std::vector<char>& bytes) {
+uint32_t crc32_of(std::span<const char> bytes) {
   uLong crc = ::crc32(0L, Z_NULL, 0);
   size_t done = 0;
   while (done < bytes.size()) {  // zlib takes uInt lengths

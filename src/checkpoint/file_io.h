@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,6 @@ std::vector<char> read_file(const std::string& path);
 // fsyncs the directory. Throws Error naming the path and errno on failure.
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
 void fsync_directory(const std::string& dir);
-uint32_t crc32_of(const std::vector<char>& bytes);
+uint32_t crc32_of(std::span<const char> bytes);
 
 }  // namespace mxddp::ckpt

@@ -8,13 +8,12 @@
 #include <filesystem>
 #include <thread>
 
-#include <zlib.h>
-
 #include <mxddp/input_file.h>
 #include <mxddp/launch_check.h>
 #include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
+#include "../checkpoint/file_io.h"
 #include "checkpoint_history.h"
 #include "../plan/memory_floor.h"
 #include "trainer.h"
@@ -25,17 +24,6 @@ namespace {
 
 using Clock = Trainer::Clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-// zlib's CRC-32 of any length (zlib takes at most UINT_MAX bytes a call).
-uint32_t crc32_of(std::string_view bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (size_t at = 0; at < bytes.size();) {
-    const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - at, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), n);
-    at += n;
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 double all_reduce_mean(Communicator& comm, double local) {
   float v = static_cast<float>(local);
@@ -169,7 +157,7 @@ void Trainer::load_data() {
   throw_if_any_rank_failed(comm_, error);
   // The same --data path can hold different bytes on different hosts (or change between reads).
   const std::string_view text = data_->text();
-  check_same_job(comm_, {{"data bytes read", std::to_string(text.size())}, {"data crc32", fmt::format("{:08x}", crc32_of(text))}},
+  check_same_job(comm_, {{"data bytes read", std::to_string(text.size())}, {"data crc32", fmt::format("{:08x}", ckpt::crc32_of(text))}},
                  "the data each rank read");
 }
 
@@ -229,7 +217,7 @@ void Trainer::load_checkpoint() {
     load_dir = resolve_checkpoint_dir(config_.load_dir);  // a history's newest, or one checkpoint
     const std::vector<char> manifest = InputFile((std::filesystem::path(load_dir) / "manifest.json").string(),
                                                  "checkpoint manifest").read_all();
-    manifest_crc = fmt::format("{:08x}", crc32_of({manifest.data(), manifest.size()}));
+    manifest_crc = fmt::format("{:08x}", ckpt::crc32_of(manifest));
   } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
     error = e.what();
   }
