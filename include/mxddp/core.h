@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -139,6 +140,8 @@ class Shape {
   static constexpr int kMaxDims = 6;
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
+  // Dimensions read from a file or another library; the same checks (at most kMaxDims, each >= 0).
+  explicit Shape(std::span<const int64_t> dims);
 
   int ndim() const { return ndim_; }
   int64_t operator[](int i) const { return dims_[static_cast<size_t>(i)]; }

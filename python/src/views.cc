@@ -27,15 +27,7 @@ TorchView to_torch(const TensorView& view, nb::handle owner) {
 Shape to_shape(const std::vector<int64_t>& d, const std::string& what) {
   MXDDP_CHECK(d.size() <= static_cast<size_t>(Shape::kMaxDims), "{} has {} dimensions; mxddp takes at most {}", what,
               d.size(), Shape::kMaxDims);
-  switch (d.size()) {
-    case 0: return Shape{};
-    case 1: return Shape{d[0]};
-    case 2: return Shape{d[0], d[1]};
-    case 3: return Shape{d[0], d[1], d[2]};
-    case 4: return Shape{d[0], d[1], d[2], d[3]};
-    case 5: return Shape{d[0], d[1], d[2], d[3], d[4]};
-    default: return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
-  }
+  return Shape(d);
 }
 
 TensorView from_array(const HostArray& array, const std::string& what) {

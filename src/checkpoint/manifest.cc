@@ -20,21 +20,13 @@ namespace {
 
 constexpr const char* kChecksumKey = "manifest_crc32";
 
-uint32_t crc32_of_text(const std::string& text) { return crc32_of(std::vector<char>(text.begin(), text.end())); }
+uint32_t crc32_of_text(const std::string& text) { return crc32_of(text); }
 
 Shape shape_from_json(const json& j) {
   MXDDP_CHECK(j.is_array() && j.size() <= static_cast<size_t>(Shape::kMaxDims), "bad shape {}", j.dump());
   std::vector<int64_t> d;
   for (const json& x : j) d.push_back(json_int(x, 0, INT64_MAX, "a dimension of shape " + j.dump()));
-  switch (d.size()) {
-    case 0: return Shape{};
-    case 1: return Shape{d[0]};
-    case 2: return Shape{d[0], d[1]};
-    case 3: return Shape{d[0], d[1], d[2]};
-    case 4: return Shape{d[0], d[1], d[2], d[3]};
-    case 5: return Shape{d[0], d[1], d[2], d[3], d[4]};
-    default: return Shape{d[0], d[1], d[2], d[3], d[4], d[5]};
-  }
+  return Shape(d);
 }
 
 // A name the manifest gives a file must stay inside the checkpoint directory: a path such as

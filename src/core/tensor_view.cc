@@ -12,7 +12,9 @@ std::string to_string(Device device) {
   return device.is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", device.index);
 }
 
-Shape::Shape(std::initializer_list<int64_t> dims) {
+Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const int64_t> dims) {
   MXDDP_CHECK(dims.size() <= static_cast<size_t>(kMaxDims),
               "a shape has at most {} dimensions; got {}", kMaxDims, dims.size());
   for (int64_t d : dims) {
