@@ -21,7 +21,8 @@ void bind_optimizer(nanobind::module_& m);  // DistributedOptimizer
 // destroys the DDP (its buffers with it); the handle then refuses every call.
 class PyDdp {
  public:
-  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config);
+  // initial_values: as for DistributedDataParallel (one per param, or none: zeros).
+  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values = {});
   ~PyDdp();
   PyDdp(const PyDdp&) = delete;
   PyDdp& operator=(const PyDdp&) = delete;

@@ -9,6 +9,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <mxddp/quant.h>
+
 #include "bindings.h"
 #include "runtime.h"
 #include "views.h"
@@ -17,11 +19,11 @@ namespace nb = nanobind;
 
 namespace mxddp::python {
 
-PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config) {
+PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values) {
   Runtime& runtime = Runtime::get();
   {
     nb::gil_scoped_release release;
-    ddp_ = std::make_unique<DistributedDataParallel>(runtime.comm(), params, config, runtime.tracker());
+    ddp_ = std::make_unique<DistributedDataParallel>(runtime.comm(), params, config, runtime.tracker(), initial_values);
   }
   runtime.add_user();
 }
@@ -58,11 +60,25 @@ void PyDdp::exit_no_sync() {
 
 namespace {
 
-std::vector<ParamSpec> to_specs(const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params) {
+// mxfp8: empty (no param is MXFP8) or one flag per param.
+std::vector<ParamSpec> to_specs(const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
+                                const std::vector<bool>& mxfp8) {
+  MXDDP_CHECK(mxfp8.empty() || mxfp8.size() == params.size(), "got {} mxfp8 flags for {} params; give one per param or none",
+              mxfp8.size(), params.size());
   std::vector<ParamSpec> specs;
   for (const auto& [name, shape, shared] : params)
-    specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"), .shared_embedding = shared});
+    specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"), .shared_embedding = shared,
+                              .mxfp8 = !mxfp8.empty() && mxfp8[specs.size()]});
   return specs;
+}
+
+// A u8 torch view of an MXFP8 payload (element bytes or E8M0 scales); `owner` is kept alive.
+nb::ndarray<nb::pytorch, nb::device::cpu> to_torch_u8(const TensorView& view, nb::handle owner) {
+  MXDDP_CHECK(view.dtype == DType::kU8, "expected a u8 view; got {}", view.to_string());
+  std::vector<size_t> shape;
+  for (int i = 0; i < view.shape.ndim(); ++i) shape.push_back(static_cast<size_t>(view.shape[i]));
+  return nb::ndarray<nb::pytorch, nb::device::cpu>(view.data, shape.size(), shape.data(), owner, nullptr,
+                                                   nb::dtype<uint8_t>());
 }
 
 std::pair<int64_t, int64_t> range_pair(const Range& r) { return {r.start, r.end}; }
@@ -79,6 +95,9 @@ void bind_ddp_config(nb::module_& m) {
       .def_rw("check_for_nan_in_grad", &DdpConfig::check_for_nan_in_grad)
       .def_rw("force_all_reduce", &DdpConfig::force_all_reduce)
       .def_rw("buckets_per_group", &DdpConfig::buckets_per_group)
+      .def_rw("overlap_param_gather", &DdpConfig::overlap_param_gather)
+      .def_rw("fp8_param_gather", &DdpConfig::fp8_param_gather)
+      .def_rw("reuse_grad_buf_for_mxfp8_param_ag", &DdpConfig::reuse_grad_buf_for_mxfp8_param_ag)
       .def_prop_rw(
           "param_dtype", [](const DdpConfig& c) { return std::string(dtype_name(c.param_dtype)); },
           [](DdpConfig& c, const std::string& name) { c.param_dtype = parse_param_dtype(name); });
@@ -93,9 +112,18 @@ void bind_ddp(nb::module_& m) {
                     "reduced as their grads are reported.")
       .def("__init__",
            [](PyDdp* self, const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
-              const DdpConfig& config) { new (self) PyDdp(to_specs(params), config); },
-           nb::arg("params"), nb::arg("config"),
-           "params: [(name, shape, shared_embedding)] in registration order.")
+              const DdpConfig& config, const std::vector<bool>& mxfp8, const std::vector<HostArray>& initial_values) {
+             std::vector<ParamSpec> specs = to_specs(params, mxfp8);
+             std::vector<TensorView> values;
+             for (size_t i = 0; i < initial_values.size(); ++i)
+               values.push_back(from_array(initial_values[i], "initial value " + std::to_string(i)));
+             new (self) PyDdp(specs, config, values);
+           },
+           nb::arg("params"), nb::arg("config"), nb::arg("mxfp8") = std::vector<bool>{},
+           nb::arg("initial_values") = std::vector<HostArray>{},
+           "params: [(name, shape, shared_embedding)] in registration order; mxfp8: [] or a flag per param (kept "
+           "as MXFP8 with fp8_param_gather: 2-D only); initial_values: [] (zeros) or each param's values (f32 or "
+           "bf16, contiguous), copied in before the MXFP8 and BF16 copies are taken from them.")
       .def_prop_ro("num_params", [](PyDdp& s) { return s.ddp().num_params(); })
       .def_prop_ro("closed", &PyDdp::closed)
       .def_prop_ro("open_optimizers", &PyDdp::open_optimizers)
@@ -150,6 +178,35 @@ void bind_ddp(nb::module_& m) {
       .def("bucket_range", [](PyDdp& s, int b) {
         return range_pair(s.ddp().layout().buckets.at(static_cast<size_t>(b)).range);
       })
+      // The param all-gather (distributed optimizer): the forward pre-hook and what tests observe of it.
+      .def("before_forward", [](PyDdp& s, const std::vector<int>& params) {
+        DistributedDataParallel& ddp = s.ddp();
+        nb::gil_scoped_release release;
+        ddp.before_forward(params);
+      }, nb::arg("params"),
+           "The forward pre-hook: waits for the param gathers these params (registration indices) need and "
+           "dispatches the next group's (overlap_param_gather); returns at once when no gather is pending.")
+      .def_prop_ro("param_sync_pending", [](PyDdp& s) { return s.ddp().param_sync_pending(); })
+      .def_prop_ro("next_param_gather_group", [](PyDdp& s) { return s.ddp().next_param_gather_group(); },
+                   "The bucket group whose gather is dispatched next; -1 when none is left.")
+      .def("group_of_param", [](PyDdp& s, int i) { return s.ddp().group_of_param(i); })
+      // MXFP8 params (fp8_param_gather).
+      .def("is_mxfp8", [](PyDdp& s, int i) { return s.ddp().is_mxfp8(i); })
+      .def("mxfp8_param", [](nb::handle_t<PyDdp> self, int i, const std::string& axis) {
+        const Mxfp8View q = nb::cast<PyDdp&>(self).ddp().mxfp8_param(i, parse_quant_axis(axis));
+        return std::make_pair(to_torch_u8(q.data, self), to_torch_u8(q.scales, self));
+      }, nb::arg("index"), nb::arg("axis"),
+           "Param i's MXFP8 storage in one orientation ('row' or 'col'): (element bytes u8 [M, N], E8M0 scales u8).")
+      .def("dequantize_param", [](PyDdp& s, int i, const std::string& axis, HostArray out) {
+        const Mxfp8View q = s.ddp().mxfp8_param(i, parse_quant_axis(axis));
+        const TensorView target = from_array(out, "dequantize_param's out");
+        MXDDP_CHECK(target.shape == q.data.shape, "dequantize_param: out has shape {} but param '{}' is {}",
+                    target.shape.to_string(), s.ddp().params().at(static_cast<size_t>(i)).name,
+                    q.data.shape.to_string());
+        nb::gil_scoped_release release;
+        mx_dequantize(q.data, q.scales, target, q.options);
+      }, nb::arg("index"), nb::arg("axis"), nb::arg("out"),
+           "Writes param i's MXFP8 values, row- or column-wise, into out (f32 or bf16 [M, N], contiguous).")
       .def_prop_ro("num_bucket_groups", [](PyDdp& s) { return s.ddp().num_bucket_groups(); })
       .def("bucket_group_issued", [](PyDdp& s, int g) { return s.ddp().bucket_group_issued(g); })
       .def("close", &PyDdp::close,

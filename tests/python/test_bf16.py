@@ -1,8 +1,11 @@
 """BF16 params (module.to(torch.bfloat16)), as Megatron with --bf16: the torch params are BF16
-views of the param buffer, gradients reduce in F32 (grad_reduce_in_fp32), the optimizer keeps F32
-main params. Checked against a reference written in torch that does the same thing: BF16 forward
-and backward, F32 grads averaged over ranks (gloo), clipping and AdamW on F32 master copies, the
-result rounded to BF16 (round to nearest even, as mxddp's staging)."""
+views of the param buffer, gradients reduce in F32 (grad_reduce_in_fp32) or, Megatron's default,
+in BF16 (BF16 main_grad, BF16 reduction), the optimizer keeps F32 main params. Checked against a
+reference written in torch that does the same thing: BF16 forward and backward, grads accumulated
+in BF16 across micro-batches, averaged over ranks (gloo; summed in F32 and rounded to BF16 once for
+BF16 grads, as mxddp's MPI backend does), clipping and AdamW on F32 master copies, the result
+rounded to BF16 (round to nearest even, as mxddp's staging)."""
+import contextlib
 import copy
 
 import pytest
@@ -23,7 +26,7 @@ def mlp_batch_bf16(rank, step, micro):
 MODELS = {"mlp": (make_mlp, mlp_batch_bf16, mlp_loss), "gpt2": (make_gpt2, gpt2_batch, gpt2_loss)}
 
 
-def train_reference(module, batch_fn, loss_fn, rank, world):
+def train_reference(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True, micro_batches=1):
     params = list(module.parameters())
     master = [p.detach().float().clone() for p in params]
     decay = [m for p, m in zip(params, master) if p.ndim >= 2]
@@ -32,64 +35,81 @@ def train_reference(module, batch_fn, loss_fn, rank, world):
                             lr=LR, betas=BETAS, eps=EPS)
     losses = []
     for step in range(STEPS):
-        loss = loss_fn(module, batch_fn(rank, step, 0))
-        loss.backward()
+        total = 0.0
+        for micro in range(micro_batches):
+            loss = loss_fn(module, batch_fn(rank, step, micro)) / micro_batches
+            loss.backward()  # accumulates p.grad in BF16 (autograd), as main_grad does in mxddp
+            total += loss.item()
         for p, m in zip(params, master):
             g = p.grad.float()
             dist.all_reduce(g)
-            m.grad = g / world
+            g = g * (1.0 / world)
+            # BF16 grads: one rounding of the F32 sum (mxddp's MPI backend reduces BF16 in F32).
+            m.grad = g if grad_reduce_in_fp32 else g.bfloat16().float()
             p.grad = None
         torch.nn.utils.clip_grad_norm_(master, CLIP)
         opt.step()
         with torch.no_grad():
             for p, m in zip(params, master):
                 p.copy_(m)
-        losses.append(loss.item())
+        losses.append(total)
     return losses
 
 
-def train_mxddp(module, batch_fn, loss_fn, rank, world):
+def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True, micro_batches=1):
     model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
-        overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=3000, grad_reduce_in_fp32=True))
+        overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=3000,
+        grad_reduce_in_fp32=grad_reduce_in_fp32))
+    grad_dtype, grad_bytes = (torch.float32, 4) if grad_reduce_in_fp32 else (torch.bfloat16, 2)
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=LR, weight_decay=WD, adam_beta1=BETAS[0],
                                                               adam_beta2=BETAS[1], adam_eps=EPS, clip_grad=CLIP))
     try:
-        assert model.param_buffer().dtype == torch.bfloat16 and model.grad_buffer().dtype == torch.float32
+        assert model.param_buffer().dtype == torch.bfloat16 and model.grad_buffer().dtype == grad_dtype
         usage = mxt.memory_usage()
         numel = model._cpp.numel
-        assert usage["params"][0] == 2 * numel and usage["grads"][0] == 4 * numel
+        assert usage["params"][0] == 2 * numel and usage["grads"][0] == grad_bytes * numel
         assert usage["main_params"][0] == 4 * numel // world
         for name, p in model.registered_params():
-            assert p.dtype == torch.bfloat16 and p.main_grad.dtype == torch.float32, name
+            assert p.dtype == torch.bfloat16 and p.main_grad.dtype == grad_dtype, name
             start, _ = model._cpp.param_range([n for n, _ in model.registered_params()].index(name))
             assert p.data_ptr() == model.param_buffer().data_ptr() + 2 * start
         losses = []
         for step in range(STEPS):
             opt.zero_grad()
-            loss = loss_fn(model, batch_fn(rank, step, 0))
-            loss.backward()
+            total = 0.0
+            for micro in range(micro_batches):
+                with model.no_sync() if micro < micro_batches - 1 else contextlib.nullcontext():
+                    loss = loss_fn(model, batch_fn(rank, step, micro)) / micro_batches
+                    loss.backward()
+                total += loss.item()
             model.finish_grad_sync()
             ok, _, _ = opt.step()
             assert ok
-            losses.append(loss.item())
+            losses.append(total)
         return losses
     finally:
         opt.close()
         model.close()
 
 
-@pytest.mark.parametrize("name", ["mlp", "gpt2"])
-def test_bf16_params_match_a_torch_f32_master_reference(ranks, name):
+# (model, grad_reduce_in_fp32, micro-batches): F32 grads as Megatron's --accumulate-allreduce-grads-in-fp32,
+# BF16 grads (Megatron's default) with and without accumulation under no_sync.
+CASES = [("mlp", True, 1), ("gpt2", True, 1), ("mlp", False, 1), ("mlp", False, 2), ("gpt2", False, 2)]
+
+
+@pytest.mark.parametrize("name,grad_reduce_in_fp32,micro_batches", CASES)
+def test_bf16_params_match_a_torch_f32_master_reference(ranks, name, grad_reduce_in_fp32, micro_batches):
     rank, world = ranks
     make, batch_fn, loss_fn = MODELS[name]
     torch.manual_seed(0)
     module = make().to(torch.bfloat16)
     reference = copy.deepcopy(module)
-    expected = train_reference(reference, batch_fn, loss_fn, rank, world)
-    got = train_mxddp(module, batch_fn, loss_fn, rank, world)
-    assert abs(expected[-1] - expected[0]) > 1e-2 * abs(expected[0])
+    expected = train_reference(reference, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches)
+    got = train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches)
+    assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])  # the losses move
     worst = max(abs(g - e) / abs(e) for e, g in zip(expected, got))
-    print(f"bf16 {name} rank {rank}: worst relative loss difference {worst:.2e}")
+    print(f"bf16 {name} grad_reduce_in_fp32={grad_reduce_in_fp32} micro={micro_batches} dp={world} rank {rank}: "
+          f"worst relative loss difference {worst:.2e}")
     for step, (e, g) in enumerate(zip(expected, got)):
         assert abs(g - e) <= 2e-3 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
     # The params: BF16 both. The weights agree to BF16 rounding. A bias whose gradient is

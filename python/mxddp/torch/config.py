@@ -28,8 +28,11 @@ class DistributedDataParallelConfig:
 
     Carried out: grad_reduce_in_fp32, overlap_grad_reduce, use_distributed_optimizer, bucket_size
     (elements; None: one bucket without overlap, max(40M, 1M x dp) with it, as Megatron),
-    pad_buckets_for_high_nccl_busbw, average_in_collective, check_for_nan_in_grad, and mxddp's own
-    buckets_per_group and force_all_reduce. The other fields take their Megatron default only.
+    pad_buckets_for_high_nccl_busbw, average_in_collective, check_for_nan_in_grad,
+    overlap_param_gather (the all-gather waited for module by module in forward pre-hooks),
+    fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (nn.Linear weights kept as MXFP8), and
+    mxddp's own buckets_per_group and force_all_reduce. The other fields take their Megatron default
+    only.
     """
 
     grad_reduce_in_fp32: bool = False
@@ -70,16 +73,22 @@ class DistributedDataParallelConfig:
                 or self.buckets_per_group < 1:
             raise ValueError(f"buckets_per_group must be an int >= 1; got {self.buckets_per_group!r}")
         later = "not available in the Python package yet"
-        _refuse_unless("overlap_param_gather", self.overlap_param_gather, False,
-                       f"{later} (the param all-gather runs at the end of opt.step())")
-        _refuse_unless("align_param_gather", self.align_param_gather, False, "it applies to overlap_param_gather")
+        # The param all-gather and the MXFP8 params it feeds exist only with the distributed optimizer.
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ValueError("overlap_param_gather=True needs use_distributed_optimizer=True: without it there is no "
+                             "param all-gather to overlap (every rank updates every param)")
+        _refuse_unless("align_param_gather", self.align_param_gather, False,
+                       "it makes every pipeline stage launch its param all-gathers together, and mxddp has no "
+                       "pipeline parallelism (overlap_param_gather works without it)")
+        if self.fp8_param_gather and not self.use_distributed_optimizer:
+            raise ValueError("fp8_param_gather=True needs use_distributed_optimizer=True: MXFP8 params are quantized "
+                             "after the all-gather of the optimizer's shards")
+        if self.reuse_grad_buf_for_mxfp8_param_ag and not self.fp8_param_gather:
+            raise ValueError("reuse_grad_buf_for_mxfp8_param_ag=True needs fp8_param_gather=True: it stages the MXFP8 "
+                             "params' all-gather in the grad buffer, and without MXFP8 params there is nothing to stage")
         _refuse_unless("num_distributed_optimizer_instances", self.num_distributed_optimizer_instances, 1,
                        "mxddp has one distributed optimizer instance over the whole data-parallel group")
         _refuse_unless("check_for_large_grads", self.check_for_large_grads, False, "mxddp has no large-grad check")
-        _refuse_unless("fp8_param_gather", self.fp8_param_gather, False,
-                       f"MXFP8 params are {later} (mxddp train has them)")
-        _refuse_unless("reuse_grad_buf_for_mxfp8_param_ag", self.reuse_grad_buf_for_mxfp8_param_ag, False,
-                       f"MXFP8 params are {later} (mxddp train has them)")
         _refuse_unless("use_megatron_fsdp", self.use_megatron_fsdp, False, f"FSDP for torch modules is {later}")
         _refuse_unless("use_custom_fsdp", self.use_custom_fsdp, False, f"FSDP for torch modules is {later}")
         _refuse_unless("data_parallel_sharding_strategy", self.data_parallel_sharding_strategy, "no_shard",
@@ -107,6 +116,9 @@ class DistributedDataParallelConfig:
         c.force_all_reduce = self.force_all_reduce
         c.buckets_per_group = self.buckets_per_group
         c.param_dtype = param_dtype
+        c.overlap_param_gather = self.overlap_param_gather
+        c.fp8_param_gather = self.fp8_param_gather
+        c.reuse_grad_buf_for_mxfp8_param_ag = self.reuse_grad_buf_for_mxfp8_param_ag
         return c
 
 

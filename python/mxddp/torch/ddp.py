@@ -7,6 +7,12 @@ buffer and one grad buffer. Each param's values are copied in, and then the para
 the param buffer (``param.data``), with ``param.main_grad`` a view of the grad buffer. A
 post-accumulate-grad hook adds ``param.grad`` into ``main_grad``, frees ``param.grad`` and reports
 the param ready, so with ``overlap_grad_reduce`` a bucket's collective starts during backward.
+
+With ``overlap_param_gather`` every submodule that directly owns registered params gets a forward
+pre-hook that waits for the all-gathers of the bucket groups holding them (and dispatches the next
+group's), as Megatron's. With ``fp8_param_gather`` the weights of plain ``nn.Linear`` modules are
+kept as MXFP8 by the C++ DDP and read through the Function in ``mxfp8.py``; the other params are
+views of the C++ DDP's BF16 copies.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import Iterator
 import torch
 
 from mxddp import _C
-from mxddp.torch import launch
+from mxddp.torch import launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -54,6 +60,31 @@ def _trainable_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Param
     return params
 
 
+def _mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],
+                 config: DistributedDataParallelConfig) -> list[bool]:
+    """Which registered params are kept as MXFP8: with fp8_param_gather, every plain nn.Linear
+    weight whose attribute ``mxfp8`` is not False; a param marked ``mxfp8 = True`` must be one."""
+    owners = mxfp8.eligible_modules(module)
+    flags = []
+    for name, p in params:
+        marked = getattr(p, "mxfp8", None)
+        if marked not in (None, True, False):
+            raise TypeError(f"param '{name}' has mxfp8={marked!r}; valid: True, False (or no attribute)")
+        linear = mxfp8.is_linear_weight(p, owners.get(id(p), []))
+        if marked is True and not config.fp8_param_gather:
+            raise ValueError(f"param '{name}' is marked mxfp8=True but fp8_param_gather is False")
+        if marked is True and not linear:
+            kinds = sorted({type(m).__name__ for m in owners.get(id(p), [])})
+            raise ValueError(f"param '{name}' is marked mxfp8=True but is not the weight of plain nn.Linear modules "
+                             f"only (owned by: {', '.join(kinds)}): fp8_param_gather keeps only nn.Linear weights "
+                             "as MXFP8, since only Linear.forward is replaced to read them")
+        flags.append(bool(config.fp8_param_gather and linear and marked is not False))
+    if config.fp8_param_gather and params[0][1].dtype != torch.bfloat16:
+        raise ValueError(f"fp8_param_gather=True needs BF16 params (module.to(torch.bfloat16)): the all-gather stages "
+                         f"BF16 and the other params are kept as BF16 copies; got {params[0][1].dtype}")
+    return flags
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Megatron-core's ``DistributedDataParallel(module, ddp_config)`` on mxddp's buffers.
 
@@ -79,21 +110,78 @@ class DistributedDataParallel(torch.nn.Module):
         self.ddp_config = config
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
-        self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]))
+        mxfp8_flags = _mxfp8_flags(module, params, config)
+        # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
+        # and BF16 copies are taken from them (and the optimizer's main params too).
+        self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),
+                                               mxfp8_flags if any(mxfp8_flags) else [],
+                                               [p.detach() for _, p in params])
         launch._track_model(self)
         self._params = [p for _, p in params]
         self._names = [name for name, _ in params]
         self._hooks = []
+        self._mxfp8_linears: list[torch.nn.Module] = []
         # Set when a grad is reported, cleared by finish_grad_sync: the optimizer refuses to step on
         # grads that were not synchronized.
         self._grads_pending_sync = False
+        # With reuse_grad_buf_for_mxfp8_param_ag a step only updates the main params; the model's
+        # copies are brought up to date by opt.zero_grad(), which the next forward must follow.
+        self._awaiting_zero_grad = False
+        owners = mxfp8.eligible_modules(module)
         with torch.no_grad():
             for i, p in enumerate(self._params):
-                view = self._cpp.param(i)
-                view.copy_(p.data)
-                p.data = view
                 p.main_grad = self._cpp.main_grad(i)
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
+                if mxfp8_flags[i]:
+                    p.data = mxfp8.stand_in(p.shape, p.dtype)
+                    token = torch.zeros((), requires_grad=True)
+                    self._hooks.append(token.register_post_accumulate_grad_hook(self._make_ready_token_hook(i)))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_mxfp8_misuse_hook(i)))
+                    for linear in owners[id(p)]:
+                        mxfp8.install(linear, self._cpp, i, token)
+                        self._mxfp8_linears.append(linear)
+                else:
+                    p.data = self._cpp.param(i)
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
+        if config.overlap_param_gather:
+            self._register_param_gather_hooks(module)
+
+    def _register_param_gather_hooks(self, module: torch.nn.Module) -> None:
+        # Megatron's forward pre-hook: a module waits only for the gathers of its own params.
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        for sub in module.modules():
+            indices = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
+            if indices:
+                self._hooks.append(sub.register_forward_pre_hook(self._make_param_gather_hook(indices)))
+
+    def _make_param_gather_hook(self, indices: list[int]):
+        cpp = self._cpp
+
+        def hook(_module, _args) -> None:
+            cpp.before_forward(indices)
+
+        return hook
+
+    def _make_ready_token_hook(self, index: int):
+        cpp = self._cpp
+
+        def hook(token: torch.Tensor) -> None:
+            # Every use of the MXFP8 weight has added its dW into main_grad (mxfp8.py).
+            token.grad = None
+            self._grads_pending_sync = True
+            cpp.grad_ready(index)
+
+        return hook
+
+    def _make_mxfp8_misuse_hook(self, index: int):
+        name = self._names[index]
+
+        def hook(param: torch.Tensor) -> None:
+            param.grad = None
+            raise RuntimeError(f"param '{name}' is kept as MXFP8 (fp8_param_gather) and holds no values of its own "
+                               "(NaN), but a gradient reached it: something read it outside its nn.Linear's forward. "
+                               f"Set `mxfp8 = False` on that param before wrapping to keep it in BF16")
+
+        return hook
 
     def _make_grad_hook(self, index: int):
         cpp = self._cpp
@@ -109,6 +197,10 @@ class DistributedDataParallel(torch.nn.Module):
         return hook
 
     def forward(self, *args, **kwargs):
+        if self._awaiting_zero_grad:
+            raise RuntimeError("forward after DistributedOptimizer.step() without opt.zero_grad(): with "
+                               "reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params, and "
+                               "opt.zero_grad() (or opt.force_param_sync()) stages and gathers them into the model")
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -132,7 +224,30 @@ class DistributedDataParallel(torch.nn.Module):
 
     def broadcast_params(self) -> None:
         """Copies rank 0's params to every rank (collective)."""
+        if self.ddp_config.fp8_param_gather:
+            raise RuntimeError("broadcast_params() with fp8_param_gather=True: the param buffer only stages the "
+                               "all-gathers and the model's MXFP8 and BF16 copies would keep this rank's values; "
+                               "seed every rank alike before wrapping instead")
+        self.finish_param_sync()  # a gather still in flight would write over the broadcast
         self._cpp.broadcast_params()
+
+    def finish_param_sync(self) -> None:
+        """Waits for every param all-gather still pending (overlap_param_gather), so every param
+        holds its updated values: for reading params outside forward after a step. Forward does
+        this module by module by itself."""
+        if self._cpp.param_sync_pending:
+            self._cpp.before_forward(list(range(len(self._params))))
+
+    def dequantized_param(self, name: str, axis: str = "row") -> torch.Tensor:
+        """An MXFP8 param's values (fp8_param_gather), dequantized from its row-wise ('row', what
+        forward uses) or column-wise ('col', backward's data gradient) storage, as a new tensor."""
+        if name not in self._names:
+            raise KeyError(f"no registered param named '{name}'")
+        index = self._names.index(name)
+        p = self._params[index]
+        if not self._cpp.is_mxfp8(index):
+            raise ValueError(f"param '{name}' is not kept as MXFP8; read the param itself")
+        return mxfp8.dequantize(self._cpp, index, axis, p.shape, p.dtype)
 
     # ---- where things live (zero copy), for tests and the curious ----
     def param_buffer(self) -> torch.Tensor:
@@ -153,16 +268,24 @@ class DistributedDataParallel(torch.nn.Module):
 
     def close(self) -> None:
         """Frees mxddp's buffers: the params get storage of their own (their current values), and
-        main_grad and the hooks are removed. Close the optimizer first."""
+        main_grad and the hooks are removed (MXFP8 weights get their row-wise values and their
+        Linear its own forward back). Close the optimizer first."""
         if self._cpp.closed:
             return
         if self._cpp.open_optimizers:
             raise RuntimeError("close the DistributedOptimizer before its DistributedDataParallel")
+        self.finish_param_sync()
         with torch.no_grad():
-            for p in self._params:
-                p.data = p.data.clone()
+            for i, p in enumerate(self._params):
+                if self._cpp.is_mxfp8(i):  # the values the model computes with: row-wise MXFP8
+                    p.data = mxfp8.dequantize(self._cpp, i, "row", p.shape, p.dtype)
+                else:
+                    p.data = p.data.clone()
                 if hasattr(p, "main_grad"):
                     del p.main_grad
+        for linear in self._mxfp8_linears:
+            mxfp8.uninstall(linear)
+        self._mxfp8_linears = []
         for h in self._hooks:
             h.remove()
         self._hooks = []

@@ -43,13 +43,28 @@ class DistributedOptimizer:
             raise RuntimeError("DistributedOptimizer.step(): gradients were reported but not synchronized; call "
                                "model.finish_grad_sync() after the last backward and before step()")
         skipped, grad_norm, _clip_coeff = self._cpp.step()
+        if not skipped and self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
+            self.model._awaiting_zero_grad = True  # the update waits in the main params for zero_grad()
         return (not skipped, grad_norm, None)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the grad buffer (every param's main_grad). set_to_none is Megatron's argument;
-        the torch params' .grad is already None after each hook."""
+        the torch params' .grad is already None after each hook. With
+        reuse_grad_buf_for_mxfp8_param_ag it then stages the main params in the grad buffer and starts
+        the param all-gather (the first group only with overlap_param_gather)."""
         self._cpp.zero_grad()
         self.model._grads_pending_sync = False
+        self.model._awaiting_zero_grad = False
+
+    def force_param_sync(self) -> None:
+        """Collective. Brings every rank's model params up to date with the main params now,
+        whatever state the param sync is in (for evaluation, or reading the params, between
+        iterations). With reuse_grad_buf_for_mxfp8_param_ag it zeroes the grad buffer first (the
+        staging area), so call it only between finish_grad_sync/step and the next backward."""
+        self._cpp.force_param_sync()
+        if self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
+            self.model._grads_pending_sync = False  # the grad buffer was zeroed to stage in
+        self.model._awaiting_zero_grad = False
 
     @property
     def lr(self) -> float:
