@@ -47,7 +47,10 @@ class _Mxfp8LinearFunction(torch.autograd.Function):
     """y = x W^T + b with W read from MXFP8 storage (row-wise forward, column-wise dgrad)."""
 
     @staticmethod
-    def forward(ctx, x, ready_token, bias, cpp, index, weight):
+    def forward(ctx, x, ready_token, bias, cpp, index, linear):
+        # The Linear is passed, not its weight: a tensor argument would be an autograd input, and
+        # the weight must stay out of the graph (its ready token stands in for it).
+        weight = linear.weight
         w_row = dequantize(cpp, index, "row", weight.shape, weight.dtype)  # [out, in]
         y = torch.nn.functional.linear(x, w_row, bias)
         ctx.save_for_backward(x)
@@ -80,10 +83,8 @@ def install(linear: torch.nn.Linear, cpp: "_C.DistributedDataParallel", index: i
             ready_token: torch.Tensor) -> Callable:
     """Replaces ``linear.forward`` (an instance attribute over the class's method) with the MXFP8
     Function; returns it. ``uninstall`` restores the class's forward."""
-    weight = linear.weight
-
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return _Mxfp8LinearFunction.apply(x, ready_token, linear.bias, cpp, index, weight)
+        return _Mxfp8LinearFunction.apply(x, ready_token, linear.bias, cpp, index, linear)
 
     linear.forward = forward
     return forward
