@@ -163,3 +163,31 @@ def test_finish_param_sync_and_close_bring_the_gathered_values(ranks):
         model.close()
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_a_forward_that_skips_modules_leaves_nothing_behind(ranks):
+    """Without overlap_grad_reduce a module may sit out an iteration: its group's gather is never
+    waited for in forward, and the next step finishes it before updating the shards."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp()
+    twin = copy.deepcopy(module)
+    finals = []
+    for overlap, m in ((False, module), (True, twin)):
+        model = mxt.DistributedDataParallel(m, mxt.DistributedDataParallelConfig(
+            use_distributed_optimizer=True, bucket_size=500, overlap_param_gather=overlap))
+        opt = mxt.DistributedOptimizer(model, optimizer_config())
+        for step in range(4):
+            opt.zero_grad()
+            x, y = mlp_batch(rank, step, 0)
+            if step == 2:  # the last Linear sits out
+                m[:5](x).square().mean().backward()
+            else:
+                mlp_loss(model, (x, y)).backward()
+            model.finish_grad_sync()
+            opt.step()
+        opt.close()
+        model.close()
+        finals.append([p.detach().clone() for p in m.parameters()])
+    for a, b in zip(*finals):
+        assert torch.equal(a, b)

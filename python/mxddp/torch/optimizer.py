@@ -42,6 +42,9 @@ class DistributedOptimizer:
         if self.model._grads_pending_sync:
             raise RuntimeError("DistributedOptimizer.step(): gradients were reported but not synchronized; call "
                                "model.finish_grad_sync() after the last backward and before step()")
+        # A gather the last forward did not wait for (a module that did not run) may still be
+        # reading this rank's shards, which the update is about to overwrite: finish it first.
+        self.model.finish_param_sync()
         skipped, grad_norm, _clip_coeff = self._cpp.step()
         if not skipped and self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
             self.model._awaiting_zero_grad = True  # the update waits in the main params for zero_grad()
