@@ -234,6 +234,9 @@ TensorView DistributedDataParallel::initial_params(int bucket) const {
 void DistributedDataParallel::step_and_sync_params(const std::function<void(int bucket)>& update) {
   MXDDP_CHECK(config_.use_distributed_optimizer,
               "the distributed optimizer needs a DistributedDataParallel built with use_distributed_optimizer");
+  // A forward that skipped a module (its pre-hook never ran) leaves that group's gather pending or
+  // in flight; it reads the shards the update is about to write, so finish it first.
+  if (param_sync_->pending()) param_sync_->complete();
   if (config_.overlap_param_gather_with_optimizer_step) {
     // Update group by group in gather order; each group's gather runs while later groups update.
     ParamSync& sync = *param_sync_;

@@ -133,6 +133,29 @@ TEST(DistributedOptimizer, OverlappedGatherIsDispatchedGroupByGroupInForward) {
   });
 }
 
+// A forward that skips a module leaves its group's gather pending after the step; the next step
+// must finish it before the update writes the shards it reads (else a data race, and the gather
+// may send half-updated values).
+TEST(DistributedOptimizer, StepFinishesAGatherTheForwardLeftPending) {
+  run_local(2, [](Communicator& comm) {
+    MemoryTracker tracker;
+    auto init = mlp_init();
+    DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(true), tracker, views_of(init));
+    DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+    ddp_train_step(opt, 0, kGlobalBatch);
+    ASSERT_TRUE(ddp.param_sync_pending());
+    ddp.before_forward({0, 1});  // only the first layer ran: later groups stay pending
+    ASSERT_TRUE(ddp.param_sync_pending());
+    std::vector<bool> pending_during_update;
+    ddp.step_and_sync_params([&](int) { pending_during_update.push_back(ddp.param_sync_pending()); });
+    EXPECT_EQ(pending_during_update, std::vector<bool>(ddp.buffer().layout().buckets.size(), false))
+        << "a bucket was updated while a gather of the last step was still pending";
+    EXPECT_TRUE(ddp.param_sync_pending()) << "the step then starts its own gather";
+    ddp.before_forward({4, 5});
+    EXPECT_FALSE(ddp.param_sync_pending());
+  });
+}
+
 // After force_param_sync, every rank's whole param buffer equals BF16(main params) of the ranks
 // that own each shard: own shard checked against own main params, and all ranks' buffers equal.
 void expect_params_equal_staged_main(Communicator& comm, DistributedOptimizer& opt) {
