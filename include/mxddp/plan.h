@@ -2,7 +2,8 @@
 //
 // Owns: plan_train_memory (what `mxddp train` will hold, per category, at its steady state and
 // overall peak: the same figures as its report), plan_param_memory (the same for a bare param
-// list: buffers and optimizer, no model), the closed-form estimates users know (Megatron's
+// list: buffers and optimizer, no model), plan_ddp_memory (a DDP and optional optimizer as the
+// Python package builds them), the closed-form estimates users know (Megatron's
 // theoretical_memory_usage, DeepSpeed's estimate_zero2/3_model_states_mem_needs) and what the
 // difference is made of.
 //
@@ -21,12 +22,14 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <mxddp/fsdp.h>
 #include <mxddp/memory.h>
+#include <mxddp/optim.h>
 #include <mxddp/train.h>
 
 namespace mxddp {
@@ -85,6 +88,15 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
 // ("...layers.<i>." or "...h.<i>."); the others are non-unit params.
 MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainConfig& config,
                              const MemoryPlanOptions& opts);
+
+// What one rank holds for a DistributedDataParallel over `params` built with `config` as given
+// (use_distributed_optimizer included, unlike the trainer's) and, when `optimizer` is set, a
+// DistributedOptimizer on it, once a gradient sync and a step have run: the objects the Python
+// package builds (mxddp.torch.plan). No model: activations and scratch 0. With opts.mpi_backend
+// the backend's staging of the gradient reductions is charged at the sync, as comm. An optimizer
+// without use_distributed_optimizer is an Error, as DistributedOptimizer refuses it.
+MemoryPlan plan_ddp_memory(const std::vector<ParamSpec>& params, const DdpConfig& config,
+                           std::optional<OptimizerType> optimizer, const MemoryPlanOptions& opts);
 
 // Bytes per buffer element each rank keeps at rest of params, grads, main params and optimizer
 // state: what one element of padding costs. FSDP's come from its per-strategy storage table

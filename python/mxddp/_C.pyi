@@ -2,7 +2,7 @@
 
 tests/python/test_stubs.py checks that every name the module has is declared here and back.
 """
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -110,3 +110,7 @@ class DistributedOptimizer:
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
+
+def plan_ddp_memory(params: list[tuple[str, list[int], bool, bool]], config: DdpConfig, optimizer: Optional[str],
+                    dp: int) -> dict[str, Any]:
+    """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}: the planner's bytes per rank."""

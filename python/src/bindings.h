@@ -15,6 +15,7 @@ namespace mxddp::python {
 void bind_runtime(nanobind::module_& m);    // init_mpi, finalize, memory figures, small collectives
 void bind_ddp(nanobind::module_& m);        // DdpConfig, DistributedDataParallel
 void bind_optimizer(nanobind::module_& m);  // DistributedOptimizer
+void bind_plan(nanobind::module_& m);       // plan_ddp_memory (the memory planner)
 
 // Python's handle on a DistributedDataParallel: the DDP itself (on the process's communicator and
 // tracker), the no_sync scopes Python has open, and how many optimizers step on it. close()

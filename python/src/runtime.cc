@@ -39,6 +39,10 @@ std::pair<int, int> Runtime::init_mpi(int64_t timeout_ms) {
   return {runtime->comm_->rank(), runtime->comm_->size()};
 }
 
+void Runtime::remove_user() {
+  if (--users_ == 0) comm_->set_memory_tracker(&tracker_);  // releases the staging; the next reduction re-allocates
+}
+
 bool Runtime::initialized() { return the_runtime() != nullptr; }
 
 Runtime& Runtime::get() {

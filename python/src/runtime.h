@@ -31,7 +31,10 @@ class Runtime {
 
   // Objects that hold the communicator (DDPs, optimizers) register while open.
   void add_user() { ++users_; }
-  void remove_user() { --users_; }
+  // The last one closed also frees the mpi backend's staging (grown to the largest gradient
+  // reduction so far, charged as comm): with nothing open, memory_usage() reads 0 everywhere, and a
+  // model built next holds what its own plan says (mxddp.torch.plan), not an earlier model's staging.
+  void remove_user();
 
   Runtime(std::unique_ptr<MpiRuntime> mpi, int64_t timeout_ms);
   ~Runtime();

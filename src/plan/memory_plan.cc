@@ -23,6 +23,7 @@
 #include <mxddp/quant.h>
 
 #include "../fsdp/fsdp_storage_plan.h"
+#include "ddp_memory_sim.h"
 #include "fsdp_memory_sim.h"
 
 namespace mxddp {
@@ -59,33 +60,13 @@ class DataParallelSim : public GptCallTrace {
   // in place (this rank's block of the bucket receives its shard), all-reduced (count = the
   // bucket) or reduce-scattered (count = the shard). The backend keeps the largest.
   void stage_reductions_for_mpi(bool reduce_scatter, DType grad_dtype, int dp) {
-    for (const BucketPlacement& b : layout_.buckets) {
-      const int64_t count = reduce_scatter ? b.range.size() / dp : b.range.size();
-      mpi_staging_bytes_ = std::max(mpi_staging_bytes_, mpi_staging_bytes(reduce_scatter, true, grad_dtype, count, dp));
-    }
+    mpi_staging_bytes_ = gradient_sync_staging_bytes(layout_, reduce_scatter, grad_dtype, dp);
   }
 
+  // train()'s DDP: the distributed optimizer always on (trainer.cc).
   void build_ddp(const std::vector<ParamSpec>& specs, DdpConfig c, int dp, bool mpi) {
     c.use_distributed_optimizer = true;
-    check_ddp_config(c, specs);
-    LayoutOptions lo = c.layout_options(dp);
-    lo.compute_shards = false;
-    layout_ = compute_param_layout(specs, lo);
-    const int64_t grad_elem = c.grad_reduce_in_fp32 ? 4 : dtype_bytes(c.param_dtype);
-    tracker_.on_allocate(MemoryCategory::kGrads, layout_.numel * grad_elem);
-    if (!c.reuse_grad_buf_for_mxfp8_param_ag)
-      tracker_.on_allocate(MemoryCategory::kParams, layout_.numel * dtype_bytes(c.param_dtype));
-    if (c.fp8_param_gather)
-      for (const ParamSpec& s : specs) {
-        if (!s.mxfp8) {
-          tracker_.on_allocate(MemoryCategory::kParams, s.shape.numel() * 2);
-          continue;
-        }
-        tracker_.on_allocate(MemoryCategory::kMxfp8, s.shape.numel());
-        tracker_.on_allocate(MemoryCategory::kMxfp8, s.shape.numel());
-        tracker_.on_allocate(MemoryCategory::kMxfp8, mx_scale_shape(s.shape[0], s.shape[1], QuantAxis::kRow).numel());
-        tracker_.on_allocate(MemoryCategory::kMxfp8, mx_scale_shape(s.shape[0], s.shape[1], QuantAxis::kCol).numel());
-      }
+    layout_ = charge_ddp_construction(specs, c, dp, tracker_);
     for (const BucketPlacement& b : layout_.buckets) optimizer_numel_.push_back(b.range.size() / dp);
     if (mpi) stage_reductions_for_mpi(!c.force_all_reduce, c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
   }
@@ -106,13 +87,7 @@ class DataParallelSim : public GptCallTrace {
   }
 
   // DistributedOptimizer's constructor.
-  void build_optimizer(OptimizerType optimizer) {
-    const auto states = static_cast<int64_t>(optimizer_state_names(optimizer).size());
-    for (int64_t n : optimizer_numel_) {
-      tracker_.on_allocate(MemoryCategory::kMainParams, n * 4);
-      for (int64_t s = 0; s < states; ++s) tracker_.on_allocate(MemoryCategory::kOptimizerState, n * 4);
-    }
-  }
+  void build_optimizer(OptimizerType optimizer) { charge_optimizer_construction(optimizer_numel_, optimizer, tracker_); }
 
   const ParamLayout& layout() const { return layout_; }
   const FsdpMemorySim* fsdp() const { return fsdp_.get(); }
@@ -170,19 +145,9 @@ class DataParallelSim : public GptCallTrace {
 
 // The plan's layout figures, and FSDP's unit size and gather peaks, from the simulated DataParallel.
 void describe_data_parallel(const DataParallelSim& dpsim, MemoryPlan& plan) {
-  const ParamLayout& layout = dpsim.layout();
-  MemoryPlanLayout& d = plan.layout;
-  d.params_numel = layout.params_numel();
-  d.buffer_numel = layout.numel;
-  d.num_buckets = static_cast<int64_t>(layout.buckets.size());
-  for (const BucketPlacement& b : layout.buckets) {
-    const int64_t last_end = layout.params[static_cast<size_t>(b.params.back())].range.end;
-    d.bucket_end_padding_numel += b.range.end - last_end;
-    d.bucket_numel_and_end_padding.emplace_back(b.range.size(), b.range.end - last_end);
-  }
-  d.param_start_padding_numel = d.buffer_numel - d.params_numel - d.bucket_end_padding_numel;
+  describe_layout(dpsim.layout(), plan.layout);
   if (const FsdpMemorySim* fsdp = dpsim.fsdp()) {
-    d.largest_unit_numel = fsdp->largest_unit_numel();
+    plan.layout.largest_unit_numel = fsdp->largest_unit_numel();
     plan.peak_gathered_bytes_by_slot = fsdp->peak_gathered_bytes();
   }
 }

@@ -197,6 +197,50 @@ TEST(MemoryPlan, RefusesWhatTheTrainerRefuses) {
 
 // A 1T-parameter decoder (128 layers x 25600 hidden; the vocabulary is bytes) at dp 4096 plans in well
 // under a second: the layout is computed, not materialized, and the model is traced, not run.
+// plan_ddp_memory (the Python package's plan) equals what a DistributedDataParallel, with and
+// without a DistributedOptimizer on it, allocates on every rank after a gradient sync and a step:
+// the distributed optimizer on and off (the trainer's plan always has it on), F32 and BF16 params,
+// F32 and BF16 grads, buckets, the bus-bandwidth padding. The local backend stages nothing; the
+// mpi backend's staging is the Python tests' (tests/python/test_plan.py).
+TEST(MemoryPlan, DdpPlanEqualsTheDdpAndOptimizerOnEveryRank) {
+  const std::vector<ParamSpec> params = {{.name = "embed", .shape = Shape{300, 16}, .shared_embedding = true},
+                                         {.name = "w1", .shape = Shape{16, 48}}, {.name = "b1", .shape = Shape{48}},
+                                         {.name = "w2", .shape = Shape{48, 16}}, {.name = "b2", .shape = Shape{5}}};
+  int cases = 0;
+  for (int dp : {1, 3, 4})
+    for (bool dist_opt : {false, true})
+      for (DType dtype : {DType::kF32, DType::kBF16})
+        for (bool f32_grads : {false, true})
+          for (std::optional<int64_t> bucket : {std::optional<int64_t>{}, std::optional<int64_t>{900}}) {
+            DdpConfig c{.grad_reduce_in_fp32 = f32_grads, .overlap_grad_reduce = bucket.has_value(),
+                        .use_distributed_optimizer = dist_opt, .bucket_size = bucket,
+                        .pad_buckets_for_high_nccl_busbw = dp == 3 && bucket.has_value(), .param_dtype = dtype};
+            const std::optional<OptimizerType> opt =
+                dist_opt ? std::optional{dtype == DType::kF32 ? OptimizerType::kAdam : OptimizerType::kSgd} : std::nullopt;
+            const MemoryPlan plan = plan_ddp_memory(params, c, opt, {.dp = dp});
+            run_local(dp, [&](Communicator& comm) {
+              MemoryTracker tracker;
+              DistributedDataParallel ddp(comm, params, c, tracker);
+              std::unique_ptr<DistributedOptimizer> optimizer;
+              if (opt) optimizer = std::make_unique<DistributedOptimizer>(ddp, OptimizerConfig{.optimizer = *opt}, tracker);
+              ddp.zero_grad_buffer();
+              for (int p = 0; p < static_cast<int>(params.size()); ++p) ddp.grad_ready(p);
+              ddp.finish_grad_sync();
+              if (optimizer) optimizer->step();
+              const MemoryUsage u = tracker.usage();
+              EXPECT_EQ(u.live_bytes, plan.overall.live_bytes) << "dp " << dp << " dist_opt " << dist_opt;
+              EXPECT_EQ(u.peak_bytes, plan.overall.peak_bytes) << "dp " << dp << " dist_opt " << dist_opt;
+              EXPECT_EQ(u.total_peak_bytes, plan.overall.total_peak_bytes);
+              EXPECT_EQ(ddp.buffer().layout().numel, plan.layout.buffer_numel);
+            });
+            ++cases;
+          }
+  EXPECT_EQ(cases, 48);
+  // The optimizer needs the distributed optimizer's sharding, as DistributedOptimizer says.
+  EXPECT_THROW(plan_ddp_memory(params, DdpConfig{}, OptimizerType::kAdam, {.dp = 2}), Error);
+  EXPECT_THROW(plan_ddp_memory(params, DdpConfig{}, std::nullopt, {.dp = 0}), Error);
+}
+
 TEST(MemoryPlan, PlansOneTrillionParamsAtDp4096Quickly) {
   TrainConfig c;
   c.model = GptConfig{.num_layers = 128, .hidden_size = 25600, .num_attention_heads = 200,

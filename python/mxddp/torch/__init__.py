@@ -12,6 +12,7 @@ from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import DistributedDataParallel
 from mxddp.torch.launch import init, is_initialized, rank, shutdown, world_size
 from mxddp.torch.optimizer import DistributedOptimizer
+from mxddp.torch.plan import MemoryPlan, plan
 from mxddp import _C
 
 
@@ -33,3 +34,4 @@ def broadcast(tensor, root: int = 0) -> None:
 __all__ = ["init", "is_initialized", "rank", "world_size", "shutdown", "DistributedDataParallelConfig",
            "DistributedDataParallel", "OptimizerConfig", "DistributedOptimizer", "memory_usage", "all_reduce",
            "broadcast"]
+__all__ += ["plan", "MemoryPlan"]

@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""mxddp.torch against PyTorch's own data parallelism on the same HF GPT-2 (issue 24, Performance).
+
+Not a test: a benchmark, run by hand. Three ways to train the same `transformers.GPT2LMHeadModel`
+(random init, tied embedding, dropout 0, vocabulary 50257), one process per rank under mpirun, one
+intra-op thread per rank (torch.set_num_threads(1)), F32:
+
+  mxddp   mxddp.torch.DistributedDataParallel (overlap_grad_reduce, use_distributed_optimizer,
+          grad_reduce_in_fp32) + mxddp.torch.DistributedOptimizer (AdamW in C++, global-norm clip)
+  ddp     torch.nn.parallel.DistributedDataParallel (gloo, defaults) + torch.optim.AdamW
+          (foreach, the default) + torch.nn.utils.clip_grad_norm_
+  zero    the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW)
+
+Each uses the same buckets (torch's default bucket_cap_mb=25, i.e. 6,553,600 f32 elements; mxddp's
+bucket_size set to that), lr 1e-4, weight decay 0.1 on params of two or more dimensions only (as
+mxddp and Megatron), clip 1.0, a fresh random micro-batch each step.
+
+Measured, per configuration, each impl in its own mpirun job:
+  step_s   median over the timed steps (after the warm-up steps) of the slowest rank's step, from
+           zero_grad to the end of opt.step() (mxddp: + finish_grad_sync), the ranks' step times
+           all-reduced with max;
+  peak     per rank, the high-water resident set (VmHWM in /proc/self/status) over the timed steps
+           (reset with /proc/self/clear_refs "5" after the warm-up, so it is the training steady
+           state, not construction), minus the RSS after the imports and the launch (before the
+           model is built): what the model, its training state and the step's activations hold at
+           their peak. The largest rank's is reported. Also mxddp's tracked bytes per category
+           (mxt.memory_usage() peaks) and torch's model-state bytes counted from its tensors
+           (params, .grad, DDP's gradient buckets, optimizer state).
+
+    python bench/torch_ddp_compare.py                      # the sweep: both models, dp 2 and 4, 3 runs each
+    python bench/torch_ddp_compare.py --models small --dp 2 --repeats 1
+    mpirun -np 2 python bench/torch_ddp_compare.py --worker mxddp --layers 6 --hidden 384 --seq 256  # one job
+
+Figures (2026-11-25; docs/python.md, "Performance", says more). A 16-core Intel Xeon VM (lscpu:
+"Intel(R) Xeon(R) Processor", 128 GiB, nothing else running but this benchmark; the two models'
+sweeps ran side by side, at most 8 ranks busy), torch 2.11.0 (PyPI wheel; its MKL and oneDNN CPU
+kernels), transformers 5.17, OpenMPI 4.1; one thread per rank; F32; medians of 3 runs, each the
+median of 5 steps after 2 warm-up; this file's method (the worker run there was a compact copy of
+worker(): same configs, same measurements). peak = VmHWM over the timed steps less the RSS before
+the model, the largest rank's, MiB.
+
+    model (micro-batch)          dp  torch DDP        ZeRO(AdamW)      mxddp            mxddp/DDP
+                                     step_s  peak     step_s  peak     step_s  peak     step  peak
+    GPT-2 6/384/seq 256 (2)       2  1.278   1251     1.264   1171     1.238   1252     0.97  1.00
+    GPT-2 6/384/seq 256 (2)       4  1.457   1249     1.454   1171     1.363   1146     0.94  0.92
+    GPT-2 12/768/seq 128 (1)      2  1.982   3102     1.865   2726     1.364   2773     0.69  0.89
+    GPT-2 12/768/seq 128 (1)      4  2.286   3103     1.879   2574     1.810   2366     0.79  0.76
+
+mxddp's tracked peaks (MiB), 6/384 at dp 2: params 114, grads 114, main_params 57, optimizer_state
+114, comm 44 (dp 4: 114, 114, 28, 57, 22); 12/768 at dp 2: 472, 472, 236, 472, 73 (dp 4: 472, 472,
+118, 236, 36). The goals (step <= 0.9x DDP's, peak <= 0.6x DDP's and <= ZeRO's) are met only in
+part; docs/python.md says where the time and the bytes go.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
+    "small": (6, 384, 6, 256, 2),
+    "gpt2-124m": (12, 768, 12, 128, 1),
+}
+BUCKET_NUMEL = 25 * 1024 * 1024 // 4  # torch DDP's default bucket_cap_mb=25, in f32 elements
+IMPLS = ("mxddp", "ddp", "zero")
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_hwm() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    import mxddp.torch as mxt
+
+    torch.set_num_threads(1)
+    rank, world = mxt.init(timeout_s=600)
+    if args.worker != "mxddp":
+        import socket
+        port = torch.tensor([0.0])
+        if rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port[0] = s.getsockname()[1]
+        mxt.broadcast(port, root=0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank,
+                                world_size=world)
+    baseline_kib = _status_kib("VmRSS")
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64,
+                                     n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     tie_word_embeddings=True)
+    module = transformers.GPT2LMHeadModel(config)
+    n_params = sum(p.numel() for p in module.parameters())
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+    if args.worker == "mxddp":
+        model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+            overlap_grad_reduce=True, use_distributed_optimizer=True, grad_reduce_in_fp32=True,
+            bucket_size=BUCKET_NUMEL))
+        opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-4, weight_decay=0.1, clip_grad=1.0))
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(module)
+        if args.worker == "ddp":
+            opt = torch.optim.AdamW(groups, lr=1e-4)
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            opt = ZeroRedundancyOptimizer(decay, optimizer_class=torch.optim.AdamW, lr=1e-4, weight_decay=0.1)
+            opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
+
+    gen = torch.Generator().manual_seed(1 + rank)
+    step_s = []
+    slowest = torch.zeros(1)
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            _reset_hwm()
+            if args.worker == "mxddp":
+                mxt._C.reset_memory_peaks()
+        ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), generator=gen)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if args.worker == "mxddp":
+            model.finish_grad_sync()
+            opt.step()
+        else:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            opt.step()
+        slowest[0] = time.perf_counter() - t0
+        mxt.all_reduce(slowest, "max")
+        if step >= args.warmup:
+            step_s.append(float(slowest[0]))
+    peak = torch.tensor([float(_status_kib("VmHWM") - baseline_kib)])
+    mxt.all_reduce(peak, "max")
+
+    result = {"impl": args.worker, "world": world, "layers": args.layers, "hidden": args.hidden, "seq": args.seq,
+              "micro_batch": args.micro_batch, "params": n_params, "step_s": statistics.median(step_s),
+              "steps_s": step_s, "peak_above_baseline_bytes": int(peak.item()) * 1024,
+              "torch": torch.__version__}
+    if args.worker == "mxddp":
+        result["tracked_peak_bytes"] = {k: v[1] for k, v in mxt.memory_usage().items()}
+    else:
+        state = 0
+        for s in (opt.optim.state if args.worker == "zero" else opt.state).values():
+            state += sum(t.numel() * t.element_size() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+        result["model_state_bytes"] = {"params": n_params * 4, "grads": grads,
+                                       # gradient_as_bucket_view=False (the default): the reducer's
+                                       # flat buckets hold a second copy of every grad
+                                       "ddp_buckets": n_params * 4,
+                                       "optimizer_state": state}
+    if rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    if args.worker != "mxddp":
+        dist.destroy_process_group()
+
+
+def _machine() -> str:
+    cpu = "?"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        cpu = next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
+    except Exception:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores ({platform.machine()})"
+
+
+def sweep(args) -> None:
+    mpirun = shutil.which("mpirun") or "mpirun"
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    py = sys.executable
+    print(f"# {_machine()}; one thread per rank; {py}")
+    print(subprocess.run([py, "-c", "import torch; print('# torch', torch.__version__); "
+                          "[print('#', l.strip()) for l in torch.__config__.show().splitlines() "
+                          "if 'Math Kernel' in l or 'MKL-DNN' in l or 'CPU capability' in l]"],
+                         capture_output=True, text=True).stdout, end="")
+    rows = []
+    for name in args.models:
+        layers, hidden, heads, seq, mb = MODELS[name]
+        mb = args.micro_batch or mb
+        for dp in args.dp:
+            per_impl: dict[str, list[dict]] = {i: [] for i in args.impls}
+            for rep in range(args.repeats):
+                for impl in args.impls:  # interleaved, so a busy spell on the machine hits each alike
+                    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(dp), py, __file__,
+                           "--worker", impl, "--layers", str(layers), "--hidden", str(hidden), "--seq", str(seq),
+                           "--micro-batch", str(mb), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+                    if out.returncode != 0 or line is None:
+                        sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+                    r = json.loads(line[len("RESULT "):])
+                    per_impl[impl].append(r)
+                    print(f"  {name} dp {dp} run {rep + 1} {impl:6} step {r['step_s']:.3f} s  "
+                          f"peak +{r['peak_above_baseline_bytes'] / 2**20:.0f} MiB", flush=True)
+            rows.append((name, dp, mb, per_impl))
+    print()
+    print(f"medians of {args.repeats} runs (each: median of {args.steps} steps after {args.warmup} warm-up)")
+    print(f"{'model':10} {'dp':>2} {'mb':>2} {'impl':6} {'step_s':>7} {'peak_MiB':>9} {'step/ddp':>8} {'peak/ddp':>8}")
+    for name, dp, mb, per_impl in rows:
+        med = {i: (statistics.median(r["step_s"] for r in rs),
+                   statistics.median(r["peak_above_baseline_bytes"] for r in rs)) for i, rs in per_impl.items()}
+        base = med.get("ddp")
+        for impl, (s, p) in med.items():
+            ratio = f"{s / base[0]:8.2f} {p / base[1]:8.2f}" if base else ""
+            print(f"{name:10} {dp:2d} {mb:2d} {impl:6} {s:7.3f} {p / 2**20:9.0f} {ratio}")
+        if "mxddp" in per_impl:
+            t = per_impl["mxddp"][-1]["tracked_peak_bytes"]
+            print(f"{'':16} mxddp tracked peaks (MiB): " +
+                  ", ".join(f"{k} {v / 2**20:.1f}" for k, v in t.items() if v))
+        for impl in ("ddp", "zero"):
+            if impl in per_impl:
+                m = per_impl[impl][-1]["model_state_bytes"]
+                print(f"{'':16} {impl} model state (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in m.items()))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", choices=IMPLS, help="run one job's rank (under mpirun)")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=384)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=0, help="per rank (0: the model's default in MODELS)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="steps before timing")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--dp", nargs="+", type=int, default=[2, 4])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    if args.worker:
+        if not args.micro_batch:
+            args.micro_batch = 4
+        worker(args)
+    else:
+        sweep(args)
+
+
+if __name__ == "__main__":
+    main()

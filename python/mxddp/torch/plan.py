@@ -1,0 +1,132 @@
+"""``mxddp.torch.plan``: the model-state bytes each rank will hold, before anything is allocated.
+
+The figures come from mxddp's C++ memory planner (plan.h's ``plan_ddp_memory``), which replays the
+allocations of the DDP's buffers, the distributed optimizer's shards and the MPI backend's
+gradient-sync staging against a memory tracker without making them. They are per rank (every rank
+holds the same bytes) and equal, category by category and to the byte, what ``memory_usage()``
+reports once the model has synchronized its gradients and the optimizer has stepped.
+
+Planning needs no ranks: ``mxddp.torch.init()`` need not have been called, and ``world`` may be any
+size (a plan for 64 ranks from one laptop process). The module may live on the meta device
+(``with torch.device("meta"): module = ...``), so a model too large to build can be planned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mxddp import _C
+from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
+from mxddp.torch.ddp import _DTYPES, _trainable_params
+
+# The planner's bound: 2^20 ranks (docs/plan.md), far beyond any machine, small enough that no
+# figure overflows.
+_WORLD_MAX = 1 << 20
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One rank's bytes per category (the tracker's names: params, grads, main_params,
+    optimizer_state, mxfp8, scratch, comm, gathered), and the layout they come from."""
+
+    world: int
+    live_bytes: dict[str, int]   # after a gradient sync and a step
+    peak_bytes: dict[str, int]   # from construction on (the DDP holds no transients: = live)
+    total_live_bytes: int
+    total_peak_bytes: int        # the peak of the sum
+    params_numel: int            # the registered params' elements (a tied param once)
+    buffer_numel: int            # the padded buffer: params + start alignment + bucket-end padding
+    num_buckets: int
+    param_start_padding_numel: int
+    bucket_end_padding_numel: int
+    buckets: list[tuple[int, int]]  # per bucket in buffer order: (elements, padding at its end)
+
+    def memory_usage(self) -> dict[str, tuple[int, int]]:
+        """The plan in ``mxddp.torch.memory_usage()``'s form: {category: (live_bytes, peak_bytes)}."""
+        return {k: (self.live_bytes[k], self.peak_bytes[k]) for k in self.live_bytes}
+
+    def __str__(self) -> str:
+        rows = [f"mxddp plan per rank at world {self.world}: {self.params_numel} params in "
+                f"{self.buffer_numel} buffer elements, {self.num_buckets} bucket(s)"]
+        for k, v in self.peak_bytes.items():
+            if v:
+                rows.append(f"  {k:16} {v:>16,} B")
+        rows.append(f"  {'total':16} {self.total_peak_bytes:>16,} B")
+        return "\n".join(rows)
+
+
+def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The params DistributedDataParallel would register, with the same checks; a module on the
+    meta device (no storage to compare) is checked for all but shared storage."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"plan takes a torch.nn.Module; got {type(module).__name__}")
+    devices = {p.device.type for p in module.parameters()}
+    if devices != {"meta"}:
+        return _trainable_params(module)
+    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"module {type(module).__name__} has no trainable parameters (requires_grad=True): "
+                         "there is nothing for DistributedDataParallel to hold")
+    first_name, first = params[0]
+    for name, p in params:
+        if p.dtype not in _DTYPES:
+            raise TypeError(f"param '{name}' has dtype {p.dtype}, which mxddp does not take; "
+                            "valid: torch.float32, torch.bfloat16")
+        if p.dtype != first.dtype:
+            raise TypeError(f"param '{name}' is {p.dtype} but '{first_name}' is {first.dtype}: "
+                            "mxddp keeps every trainable param in one buffer of one dtype")
+        if not p.is_contiguous():
+            raise ValueError(f"param '{name}' is not contiguous (shape {tuple(p.shape)}, strides {p.stride()})")
+    return params
+
+
+def _is_mxfp8(module: torch.nn.Module, name: str, param: torch.nn.Parameter, config) -> bool:
+    """With fp8_param_gather, the weights of nn.Linear modules are MXFP8 (issue 24 point 4): the
+    rule the DDP applies when it marks them (keep the two in step)."""
+    if not getattr(config, "fp8_param_gather", False) or param.dim() != 2:
+        return False
+    owner_name, _, attr = name.rpartition(".")
+    if attr != "weight":
+        return False
+    owner = module.get_submodule(owner_name)
+    return isinstance(owner, torch.nn.Linear)
+
+
+def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
+         opt_cfg: OptimizerConfig | None = None) -> MemoryPlan:
+    """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
+    ``opt_cfg``, a ``DistributedOptimizer`` on it) hold at ``world`` ranks after a gradient sync and a
+    step: the same figures ``memory_usage()`` reports then, to the byte.
+
+    module: a torch.nn.Module on the CPU or the meta device, whose trainable params (a tied param
+    once, frozen ones left out) are what the DDP would register. world: the data-parallel size,
+    1..2^20. cfg: the DDP's config (default: the default config). opt_cfg: the optimizer's config,
+    or None to plan the DDP alone (its optimizer then holds nothing); it needs
+    ``cfg.use_distributed_optimizer``. Needs no ``init()`` and no ranks; allocates nothing.
+    """
+    if isinstance(world, bool) or not isinstance(world, int):
+        raise TypeError(f"world must be an int (the data-parallel size); got {world!r}")
+    if not 1 <= world <= _WORLD_MAX:
+        raise ValueError(f"world={world} is not valid: the data-parallel size is 1..{_WORLD_MAX}")
+    cfg = DistributedDataParallelConfig() if cfg is None else cfg
+    if not isinstance(cfg, DistributedDataParallelConfig):
+        raise TypeError(f"cfg must be a mxddp.torch.DistributedDataParallelConfig; got {type(cfg).__name__}")
+    if opt_cfg is not None and not isinstance(opt_cfg, OptimizerConfig):
+        raise TypeError(f"opt_cfg must be a mxddp.torch.OptimizerConfig or None; got {type(opt_cfg).__name__}")
+    if opt_cfg is not None and not cfg.use_distributed_optimizer:
+        raise ValueError("opt_cfg is given but cfg.use_distributed_optimizer is False: the DistributedOptimizer "
+                         "needs use_distributed_optimizer=True (pass opt_cfg=None to plan the DDP alone)")
+    params = _planned_params(module)
+    dtype = params[0][1].dtype
+    specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), _is_mxfp8(module, name, p, cfg))
+             for name, p in params]
+    # cfg.to_cpp carries every field the config accepts, so the plan follows whatever it says.
+    out = _C.plan_ddp_memory(specs, cfg.to_cpp(_DTYPES[dtype]), None if opt_cfg is None else opt_cfg.optimizer, world)
+    layout = out["layout"]
+    return MemoryPlan(world=out["dp"], live_bytes=dict(out["live_bytes"]), peak_bytes=dict(out["peak_bytes"]),
+                      total_live_bytes=out["total_live_bytes"], total_peak_bytes=out["total_peak_bytes"],
+                      params_numel=layout["params_numel"], buffer_numel=layout["buffer_numel"],
+                      num_buckets=layout["num_buckets"], param_start_padding_numel=layout["param_start_padding_numel"],
+                      bucket_end_padding_numel=layout["bucket_end_padding_numel"],
+                      buckets=[tuple(b) for b in layout["buckets"]])

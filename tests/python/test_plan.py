@@ -1,0 +1,205 @@
+"""mxddp.torch.plan: the planner's bytes per rank per category equal the tracker's after a step, to
+the byte (an MLP and an HF GPT2LMHeadModel; F32 and BF16; DDP alone and with the distributed
+optimizer; several bucket sizes); a plan for 64 ranks of a meta-device module runs without ranks;
+bad input is refused naming the value."""
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+import mxddp.torch as mxt
+from mxddp import _C
+
+
+class Mlp(torch.nn.Module):
+    """Two trainable layers around a frozen one (kept out of the buffers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(24, 96)
+        self.frozen = torch.nn.Linear(96, 96)
+        self.frozen.requires_grad_(False)
+        self.fc2 = torch.nn.Linear(96, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.frozen(torch.relu(self.fc1(x)))))
+
+
+def gpt2_config():
+    return transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=48, n_layer=2, n_head=4,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+
+
+def gpt2():
+    return transformers.GPT2LMHeadModel(gpt2_config())
+
+
+def mlp_loss(model, rank):
+    x = torch.randn(8, 24, generator=torch.Generator().manual_seed(rank))
+    return model(x.to(model.param_dtype)).float().square().mean()
+
+
+def gpt2_loss(model, rank):
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(rank))
+    return model(input_ids=ids, labels=ids).loss.float()
+
+
+def ddp_config(**kw):
+    return mxt.DistributedDataParallelConfig(**kw)
+
+
+ADAM = mxt.OptimizerConfig(lr=1e-3)
+SGD = mxt.OptimizerConfig(optimizer="sgd", lr=1e-2)
+
+# (id, model, loss, dtype, DDP config, optimizer config or None for the DDP alone)
+CASES = [
+    ("mlp-ddp-one-bucket", Mlp, mlp_loss, torch.float32, ddp_config(), None),
+    ("mlp-ddp-overlap-2000", Mlp, mlp_loss, torch.float32, ddp_config(overlap_grad_reduce=True, bucket_size=2000), None),
+    ("mlp-distopt-adam-overlap-2000", Mlp, mlp_loss, torch.float32,
+     ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=2000), ADAM),
+    ("mlp-distopt-sgd-one-bucket", Mlp, mlp_loss, torch.float32, ddp_config(use_distributed_optimizer=True), SGD),
+    ("mlp-distopt-force-all-reduce", Mlp, mlp_loss, torch.float32,
+     ddp_config(use_distributed_optimizer=True, force_all_reduce=True, overlap_grad_reduce=True, bucket_size=700), ADAM),
+    ("mlp-distopt-busbw-padding-groups", Mlp, mlp_loss, torch.float32,
+     ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=1000,
+                pad_buckets_for_high_nccl_busbw=True, buckets_per_group=2), ADAM),
+    ("mlp-bf16-distopt-f32-grads", Mlp, mlp_loss, torch.bfloat16,
+     ddp_config(use_distributed_optimizer=True, grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=2000),
+     ADAM),
+    ("mlp-bf16-distopt-bf16-grads", Mlp, mlp_loss, torch.bfloat16,
+     ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=2000), ADAM),
+    ("mlp-bf16-ddp-bf16-grads", Mlp, mlp_loss, torch.bfloat16, ddp_config(overlap_grad_reduce=True, bucket_size=3000),
+     None),
+    ("gpt2-distopt-adam-5000", gpt2, gpt2_loss, torch.float32,
+     ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=5000), ADAM),
+    ("gpt2-distopt-one-bucket", gpt2, gpt2_loss, torch.float32, ddp_config(use_distributed_optimizer=True), ADAM),
+    ("gpt2-ddp-overlap-20000", gpt2, gpt2_loss, torch.float32, ddp_config(overlap_grad_reduce=True, bucket_size=20000),
+     None),
+    ("gpt2-bf16-distopt", gpt2, gpt2_loss, torch.bfloat16,
+     ddp_config(use_distributed_optimizer=True, grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=8000),
+     ADAM),
+]
+
+
+def live_bytes():
+    return {k: v[0] for k, v in mxt.memory_usage().items()}
+
+
+@pytest.mark.parametrize("name,make,loss_fn,dtype,cfg,opt_cfg", CASES, ids=[c[0] for c in CASES])
+def test_plan_equals_the_tracker_after_a_step(ranks, name, make, loss_fn, dtype, cfg, opt_cfg):
+    rank, world = ranks
+    gc.collect()
+    # Nothing of mxddp's is open (the last close frees the comm staging too), so the tracker's
+    # figures are this model's alone.
+    assert set(live_bytes().values()) == {0}, live_bytes()
+    torch.manual_seed(0)
+    module = make().to(dtype)
+    planned = mxt.plan(module, world, cfg, opt_cfg)
+    _C.reset_memory_peaks()
+    model = mxt.DistributedDataParallel(module, cfg)
+    opt = mxt.DistributedOptimizer(model, opt_cfg) if opt_cfg is not None else None
+    try:
+        for _ in range(2):
+            (opt.zero_grad if opt else model.zero_grad_buffer)()
+            loss_fn(model, rank).backward()
+            model.finish_grad_sync()
+            if opt:
+                ok, _, _ = opt.step()
+                assert ok
+        usage = mxt.memory_usage()
+        assert usage == planned.memory_usage(), (usage, planned)
+        # The figures are the buffers' and shards' (not a tautology of the tracker against itself).
+        n = model._cpp.numel
+        assert planned.buffer_numel == n and planned.num_buckets == model.num_buckets
+        grad_bytes = 4 if cfg.grad_reduce_in_fp32 or dtype == torch.float32 else 2
+        assert planned.live_bytes["params"] == n * model.param_buffer().element_size()
+        assert planned.live_bytes["grads"] == n * grad_bytes
+        states = 0 if opt_cfg is None else (2 if opt_cfg.optimizer == "adam" else 1)
+        assert planned.live_bytes["main_params"] == (4 * n // world if opt_cfg else 0)
+        assert planned.live_bytes["optimizer_state"] == states * 4 * n // world
+        assert planned.params_numel == sum(p.numel() for _, p in model.registered_params())
+        assert planned.total_peak_bytes == sum(planned.peak_bytes.values())  # nothing transient
+    finally:
+        if opt:
+            opt.close()
+        model.close()
+    assert set(live_bytes().values()) == {0}, live_bytes()
+
+
+def test_plan_counts_a_tied_param_once_and_leaves_frozen_ones_out(ranks):
+    _, world = ranks
+    module = gpt2()
+    assert module.lm_head.weight is module.transformer.wte.weight
+    planned = mxt.plan(module, world, ddp_config(use_distributed_optimizer=True), ADAM)
+    assert planned.params_numel == sum(p.numel() for p in module.parameters())  # wte once
+    mlp = Mlp()
+    frozen = sum(p.numel() for p in mlp.frozen.parameters())
+    assert mxt.plan(mlp, world).params_numel == sum(p.numel() for p in mlp.parameters()) - frozen
+
+
+def _plain_python(code):
+    """A child Python outside mpirun (the launcher's variables removed), which never calls init()."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "OPAL_"))}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_plan_for_64_ranks_of_a_meta_module_runs_without_ranks(ranks):
+    out = _plain_python(
+        "import json, torch, transformers, mxddp.torch as mxt\n"
+        "cfg = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=48, n_layer=2, n_head=4)\n"
+        "with torch.device('meta'):\n"
+        "    module = transformers.GPT2LMHeadModel(cfg)\n"
+        "p = mxt.plan(module, 64, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True, "
+        "overlap_grad_reduce=True, bucket_size=5000), mxt.OptimizerConfig(lr=1e-3))\n"
+        "print(json.dumps({'initialized': mxt.is_initialized(), 'usage': p.memory_usage(), 'buckets': p.buckets}))\n")
+    child = json.loads(out.strip().splitlines()[-1])
+    assert child["initialized"] is False
+    # The same model built on the CPU plans the same bytes (the meta device changes nothing).
+    planned = mxt.plan(gpt2(), 64, ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True,
+                                              bucket_size=5000), ADAM)
+    assert {k: list(v) for k, v in planned.memory_usage().items()} == child["usage"]
+    # At 64 ranks each bucket ends on a multiple of lcm(64, 128) = 128 elements; each rank keeps a
+    # 64th of every bucket as main params and two Adam moments; the MPI staging is the largest
+    # bucket's shard (an in-place reduce-scatter of f32).
+    n = planned.buffer_numel
+    assert all(numel % 128 == 0 for numel, _ in planned.buckets) and sum(b for b, _ in planned.buckets) == n
+    assert planned.live_bytes["params"] == planned.live_bytes["grads"] == 4 * n
+    assert planned.live_bytes["main_params"] == 4 * n // 64
+    assert planned.live_bytes["optimizer_state"] == 8 * n // 64
+    assert planned.live_bytes["comm"] == 4 * max(b for b, _ in planned.buckets) // 64
+
+
+def test_plan_refuses_bad_input_naming_the_value(ranks):
+    module = Mlp()
+    for world in (0, -1):
+        with pytest.raises(ValueError, match=f"world={world} is not valid"):
+            mxt.plan(module, world)
+    with pytest.raises(ValueError, match="world=1048577 is not valid"):
+        mxt.plan(module, (1 << 20) + 1)
+    for world in (2.0, "2", True, None):
+        with pytest.raises(TypeError, match="world must be an int"):
+            mxt.plan(module, world)
+    with pytest.raises(TypeError, match="plan takes a torch.nn.Module; got dict"):
+        mxt.plan({"w": torch.zeros(2)}, 2)
+    with pytest.raises(TypeError, match="cfg must be a mxddp.torch.DistributedDataParallelConfig; got dict"):
+        mxt.plan(module, 2, {"use_distributed_optimizer": True})
+    with pytest.raises(TypeError, match="opt_cfg must be a mxddp.torch.OptimizerConfig or None; got str"):
+        mxt.plan(module, 2, ddp_config(use_distributed_optimizer=True), "adam")
+    with pytest.raises(ValueError, match="use_distributed_optimizer is False"):
+        mxt.plan(module, 2, ddp_config(), ADAM)
+    frozen = Mlp().requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        mxt.plan(frozen, 2)
+    with torch.device("meta"):
+        f64 = torch.nn.Linear(4, 4).double()
+    with pytest.raises(TypeError, match="param 'weight' has dtype torch.float64"):
+        mxt.plan(f64, 2)
+    with pytest.raises(TypeError, match="param 'weight' has dtype torch.float64"):
+        mxt.plan(torch.nn.Linear(4, 4).double(), 2)
