@@ -96,3 +96,10 @@ class DistributedOptimizer:
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
+
+def save_checkpoint(save_dir: str, optimizer: DistributedOptimizer, iteration: int, metadata: dict[str, str],
+                    model_config: list[tuple[str, str]], keep_last: int) -> str:
+    """Collective. Saves into save_dir/iter_NNNNNNN and points the history's tracker at it."""
+def load_checkpoint(load_dir: str, optimizer: DistributedOptimizer, model_config: list[tuple[str, str]],
+                    count_metadata: list[str]) -> tuple[str, dict[str, str]]:
+    """Collective. Loads a history's newest checkpoint (or one); returns (directory, metadata)."""

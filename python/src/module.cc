@@ -24,4 +24,5 @@ NB_MODULE(_C, m) {
   mxddp::python::bind_runtime(m);
   mxddp::python::bind_ddp(m);
   mxddp::python::bind_optimizer(m);
+  mxddp::python::bind_checkpoint(m);
 }
