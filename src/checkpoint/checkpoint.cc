@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
-#include <ranges>
 #include <variant>
 #include <unistd.h>
 
@@ -297,8 +296,12 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
     }
     for (const std::string& key : options.count_metadata) {
       const auto it = m.metadata.find(key);
-      MXDDP_CHECK(it != m.metadata.end(), "checkpoint '{}' has no '{}' in its metadata (keys: [{}]); it was not saved "
-                  "by mxddp train or mxddp.torch", dir, key, fmt::join(std::views::keys(m.metadata), ", "));
+      if (it == m.metadata.end()) {
+        std::vector<std::string> keys;  // (a loop: views::keys does not build with clang on libstdc++ 12)
+        for (const auto& entry : m.metadata) keys.push_back(entry.first);
+        MXDDP_FAIL("checkpoint '{}' has no '{}' in its metadata (keys: [{}]); it was not saved by mxddp train or "
+                   "mxddp.torch", dir, key, fmt::join(keys, ", "));
+      }
       const std::string& text = it->second;
       const bool digits = !text.empty() && text.size() <= 18 &&
                           std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
