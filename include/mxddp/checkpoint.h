@@ -49,6 +49,9 @@ struct LoadOptions {
   // When not empty, the checkpoint's model config must equal this field by field (a model with
   // other heads can have the same param shapes); the error lists every differing field.
   ModelConfigFields model_config;
+  // Metadata keys that must hold a non-negative integer (e.g. "iteration"): checked with the rest,
+  // before anything changes, so a checkpoint without them is refused and the run left as it was.
+  std::vector<std::string> count_metadata;
 };
 
 // Collective. Brings the model params up to date first (force_param_sync), then writes.

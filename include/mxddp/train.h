@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/checkpoint_history.h>
 #include <mxddp/fsdp.h>
 #include <mxddp/fsdp_fine_grained.h>
 #include <mxddp/launch_check.h>
@@ -191,10 +192,8 @@ std::string param_hash_mismatches(DataParallel& dp, const std::vector<std::vecto
 // was saved. `mxddp ckpt inspect` adds them to inspect_checkpoint's.
 std::vector<std::string> gpt_checkpoint_problems(const CheckpointInfo& info);
 
-// The checkpoint a --load (or `mxddp ckpt inspect`/`export`) of dir means: the iter_ directory
-// dir's latest_checkpointed_iteration.txt names, or dir itself when it is one checkpoint (holds
-// manifest.json). Throws Error naming dir and what it holds otherwise.
-std::string resolve_checkpoint_dir(const std::string& dir);
+// resolve_checkpoint_dir (a --load, `mxddp ckpt inspect`/`export` of a history or one checkpoint)
+// is in checkpoint_history.h, with the history's layout, which the Python package shares.
 
 // Collective: every rank of comm calls it with the same config.
 TrainResult train(Communicator& comm, const TrainConfig& config, const TrainCallbacks& callbacks = {});

@@ -114,3 +114,9 @@ class DistributedOptimizer:
 def plan_ddp_memory(params: list[tuple[str, list[int], bool, bool]], config: DdpConfig, optimizer: Optional[str],
                     dp: int) -> dict[str, Any]:
     """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}: the planner's bytes per rank."""
+def save_checkpoint(save_dir: str, optimizer: DistributedOptimizer, iteration: int, metadata: dict[str, str],
+                    model_config: list[tuple[str, str]], keep_last: int) -> str:
+    """Collective. Saves into save_dir/iter_NNNNNNN and points the history's tracker at it."""
+def load_checkpoint(load_dir: str, optimizer: DistributedOptimizer, model_config: list[tuple[str, str]],
+                    count_metadata: list[str]) -> tuple[str, dict[str, str]]:
+    """Collective. Loads a history's newest checkpoint (or one); returns (directory, metadata)."""

@@ -16,6 +16,7 @@ void bind_runtime(nanobind::module_& m);    // init_mpi, finalize, memory figure
 void bind_ddp(nanobind::module_& m);        // DdpConfig, DistributedDataParallel
 void bind_optimizer(nanobind::module_& m);  // DistributedOptimizer
 void bind_plan(nanobind::module_& m);       // plan_ddp_memory (the memory planner)
+void bind_checkpoint(nanobind::module_& m);  // save_checkpoint, load_checkpoint (the history layout)
 
 // Python's handle on a DistributedDataParallel: the DDP itself (on the process's communicator and
 // tracker), the no_sync scopes Python has open, and how many optimizers step on it. close()
@@ -42,6 +43,24 @@ class PyDdp {
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::vector<std::unique_ptr<DataParallel::NoSyncScope>> no_sync_scopes_;
   int optimizers_ = 0;
+};
+
+// Python's handle on a DistributedOptimizer: the optimizer and the DDP handle it steps on (kept
+// alive by nb::keep_alive). close() destroys the optimizer; the handle then refuses every call.
+class PyOptimizer {
+ public:
+  PyOptimizer(PyDdp& ddp, const OptimizerConfig& config);
+  ~PyOptimizer() { close(); }
+  PyOptimizer(const PyOptimizer&) = delete;
+  PyOptimizer& operator=(const PyOptimizer&) = delete;
+
+  DistributedOptimizer& optimizer();  // throws once closed
+  bool closed() const { return optimizer_ == nullptr; }
+  void close();
+
+ private:
+  PyDdp& ddp_;
+  std::unique_ptr<DistributedOptimizer> optimizer_;
 };
 
 }  // namespace mxddp::python

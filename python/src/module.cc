@@ -25,4 +25,5 @@ NB_MODULE(_C, m) {
   mxddp::python::bind_ddp(m);
   mxddp::python::bind_optimizer(m);
   mxddp::python::bind_plan(m);
+  mxddp::python::bind_checkpoint(m);
 }

@@ -12,44 +12,31 @@
 namespace nb = nanobind;
 
 namespace mxddp::python {
-namespace {
 
-// The handle: the optimizer and the DDP handle it steps on (kept alive by nb::keep_alive).
-class PyOptimizer {
- public:
-  PyOptimizer(PyDdp& ddp, const OptimizerConfig& config) : ddp_(ddp) {
-    MXDDP_CHECK(ddp.ddp().config().use_distributed_optimizer,
-                "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer=True");
-    Runtime& runtime = Runtime::get();
-    {
-      nb::gil_scoped_release release;
-      optimizer_ = std::make_unique<DistributedOptimizer>(ddp.ddp(), config, runtime.tracker());
-    }
-    ddp.add_optimizer();
-    runtime.add_user();
+// PyOptimizer (bindings.h).
+PyOptimizer::PyOptimizer(PyDdp& ddp, const OptimizerConfig& config) : ddp_(ddp) {
+  MXDDP_CHECK(ddp.ddp().config().use_distributed_optimizer,
+              "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer=True");
+  Runtime& runtime = Runtime::get();
+  {
+    nb::gil_scoped_release release;
+    optimizer_ = std::make_unique<DistributedOptimizer>(ddp.ddp(), config, runtime.tracker());
   }
-  ~PyOptimizer() { close(); }
-  PyOptimizer(const PyOptimizer&) = delete;
-  PyOptimizer& operator=(const PyOptimizer&) = delete;
+  ddp.add_optimizer();
+  runtime.add_user();
+}
 
-  DistributedOptimizer& optimizer() {
-    MXDDP_CHECK(optimizer_ != nullptr, "this DistributedOptimizer was closed");
-    return *optimizer_;
-  }
-  bool closed() const { return optimizer_ == nullptr; }
-  void close() {
-    if (!optimizer_) return;
-    optimizer_.reset();
-    ddp_.remove_optimizer();
-    Runtime::get().remove_user();
-  }
+DistributedOptimizer& PyOptimizer::optimizer() {
+  MXDDP_CHECK(optimizer_ != nullptr, "this DistributedOptimizer was closed");
+  return *optimizer_;
+}
 
- private:
-  PyDdp& ddp_;
-  std::unique_ptr<DistributedOptimizer> optimizer_;
-};
-
-}  // namespace
+void PyOptimizer::close() {
+  if (!optimizer_) return;
+  optimizer_.reset();
+  ddp_.remove_optimizer();
+  Runtime::get().remove_user();
+}
 
 void bind_optimizer(nb::module_& m) {
   nb::class_<OptimizerConfig>(m, "OptimizerConfig", "mxddp::OptimizerConfig (fields as Megatron names them).")

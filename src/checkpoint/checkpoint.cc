@@ -19,6 +19,7 @@
 #include <mxddp/checkpoint.h>
 #include <mxddp/fsdp.h>
 
+#include "agreed.h"
 #include "file_io.h"
 #include "manifest.h"
 #include "safetensors.h"
@@ -32,35 +33,7 @@ namespace {
 
 using ckpt::rank_file_name;
 using ckpt::slice_name;
-
-// Runs fn on every rank; if it threw on any rank, every rank throws (the failing one its own
-// error, the others an error quoting it), having done nothing further. The failing rank's message
-// travels to every rank: whichever rank's error a launcher shows, the root cause is in it.
-template <typename Fn>
-void agreed(Communicator& comm, std::string_view what, Fn&& fn) {
-  std::exception_ptr failure;
-  std::string message;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    message = e.what();
-  } catch (...) {
-    failure = std::current_exception();
-    message = "unknown exception";
-  }
-  float failed_rank_plus_one = failure ? static_cast<float>(comm.rank() + 1) : 0.0f;
-  comm.all_reduce(TensorView{&failed_rank_plus_one, DType::kF32, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
-  if (failed_rank_plus_one == 0.0f) return;
-  const int root = static_cast<int>(failed_rank_plus_one) - 1;
-  constexpr size_t kMessageBytesMax = 4096;
-  std::array<char, kMessageBytesMax> text{};  // the root's message, NUL-padded
-  if (comm.rank() == root) std::memcpy(text.data(), message.data(), std::min(message.size(), kMessageBytesMax - 1));
-  comm.broadcast(TensorView{text.data(), DType::kU8, Shape{static_cast<int64_t>(text.size())}, Device::cpu()},
-                 {.root = root});
-  if (failure) std::rethrow_exception(failure);
-  MXDDP_FAIL("{} failed on rank {}: {}; nothing was changed", what, root, text.data());
-}
+using ckpt::agreed;
 
 json shape_json(const Shape& s) {
   json j = json::array();
@@ -320,6 +293,20 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
       std::vector<std::string> problems;
       ckpt::check_rank_file(dir, m, m.files[i], problems);
       check_no_problems(dir, problems);
+    }
+    for (const std::string& key : options.count_metadata) {
+      const auto it = m.metadata.find(key);
+      if (it == m.metadata.end()) {
+        std::vector<std::string> keys;  // (a loop: views::keys does not build with clang on libstdc++ 12)
+        for (const auto& entry : m.metadata) keys.push_back(entry.first);
+        MXDDP_FAIL("checkpoint '{}' has no '{}' in its metadata (keys: [{}]); it was not saved by mxddp train or "
+                   "mxddp.torch", dir, key, fmt::join(keys, ", "));
+      }
+      const std::string& text = it->second;
+      const bool digits = !text.empty() && text.size() <= 18 &&
+                          std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+      MXDDP_CHECK(digits, "checkpoint '{}' has {} '{}' in its metadata; expected a non-negative integer", dir, key,
+                  text.substr(0, 64));
     }
     step = m.step;
     metadata = m.metadata;

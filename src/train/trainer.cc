@@ -14,7 +14,6 @@
 #include <mxddp/train.h>
 
 #include "../checkpoint/file_io.h"
-#include "checkpoint_history.h"
 #include "../plan/memory_floor.h"
 #include "trainer.h"
 
@@ -257,22 +256,11 @@ void Trainer::load_checkpoint() {
 }
 
 void Trainer::save_checkpoint(int64_t iteration) {
-  const std::string dir = checkpoint_history::iteration_dir(config_.save_dir, iteration);
-  mxddp::save_checkpoint(dir, *optimizer_, {.overwrite = true, .metadata = checkpoint_metadata(config_, iteration, consumed_samples_),
-                                            .model_config = config_.model.fields()});
-  // Rank 0 points the tracker at the complete checkpoint; every rank learns whether it could.
-  std::string error;
-  if (comm_.rank() == 0) {
-    try {
-      checkpoint_history::commit(config_.save_dir, iteration, config_.keep_last);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  uint8_t failed = error.empty() ? 0 : 1;
-  comm_.all_reduce(TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
-  MXDDP_CHECK(failed == 0, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
-              iteration, dir, error.empty() ? " (on rank 0)" : ": " + error);
+  // The history's directory was checked and its lock taken when the run started (check_run).
+  const std::string dir = save_checkpoint_to_history(
+      config_.save_dir, iteration, *optimizer_,
+      {.metadata = checkpoint_metadata(config_, iteration, consumed_samples_), .model_config = config_.model.fields()},
+      {.keep_last = config_.keep_last});
   if (callbacks_.on_save) callbacks_.on_save(iteration, dir);
 }
 

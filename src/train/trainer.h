@@ -18,9 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <mxddp/checkpoint_history.h>
 #include <mxddp/train.h>
-
-#include "save_dir_lock.h"
 
 namespace mxddp {
 

@@ -15,7 +15,7 @@
 
 #include "model/train_util.h"
 #include "train/same_job_cases.h"
-#include "train/save_dir_lock.h"
+#include <mxddp/checkpoint_history.h>
 
 namespace mxddp::testing {
 namespace {

@@ -5,6 +5,8 @@
     model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
         overlap_grad_reduce=True, use_distributed_optimizer=True))
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-3))
+    mxt.save_checkpoint("ckpt", model, opt, iteration)     # mxddp train's history layout
+    iteration, metadata = mxt.load_checkpoint("ckpt", model, opt)
 
 See docs/python.md for what is supported and what is not yet.
 """
@@ -13,6 +15,7 @@ from mxddp.torch.ddp import DistributedDataParallel
 from mxddp.torch.launch import init, is_initialized, rank, shutdown, world_size
 from mxddp.torch.optimizer import DistributedOptimizer
 from mxddp.torch.plan import MemoryPlan, plan
+from mxddp.torch.checkpoint import load_checkpoint, save_checkpoint
 from mxddp import _C
 
 
@@ -33,5 +36,5 @@ def broadcast(tensor, root: int = 0) -> None:
 
 __all__ = ["init", "is_initialized", "rank", "world_size", "shutdown", "DistributedDataParallelConfig",
            "DistributedDataParallel", "OptimizerConfig", "DistributedOptimizer", "memory_usage", "all_reduce",
-           "broadcast"]
+           "broadcast", "save_checkpoint", "load_checkpoint"]
 __all__ += ["plan", "MemoryPlan"]

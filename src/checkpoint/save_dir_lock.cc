@@ -1,5 +1,5 @@
-// SaveDirLock: see save_dir_lock.h.
-#include "save_dir_lock.h"
+// SaveDirLock: see checkpoint_history.h.
+#include <mxddp/checkpoint_history.h>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -31,10 +31,10 @@ std::string read_holder(int fd) {
 
 }  // namespace
 
-SaveDirLock::SaveDirLock(const std::string& save_dir) {
+SaveDirLock::SaveDirLock(const std::string& save_dir, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(save_dir, ec);
-  MXDDP_CHECK(!ec, "--save '{}' cannot be created: {}", save_dir, ec.message());
+  MXDDP_CHECK(!ec, "{} '{}' cannot be created: {}", what, save_dir, ec.message());
   path_ = (std::filesystem::path(save_dir) / kSaveLockFile).string();
   // The holder removes the file as it ends; a run that opened it just before and locks it just
   // after would hold a lock on a file no one else sees. So the lock counts only while the path
@@ -42,18 +42,18 @@ SaveDirLock::SaveDirLock(const std::string& save_dir) {
   for (int attempt = 0;; ++attempt) {
     // O_NOFOLLOW: a link planted in the history is not followed to somewhere else.
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    MXDDP_CHECK(fd_ >= 0, "--save '{}': its lock file '{}' cannot be opened: {}", save_dir, path_, std::strerror(errno));
+    MXDDP_CHECK(fd_ >= 0, "{} '{}': its lock file '{}' cannot be opened: {}", what, save_dir, path_, std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       const std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";
       ::close(fd_);
       fd_ = -1;
       MXDDP_CHECK(err != EWOULDBLOCK,
-                  "--save '{}' is being written by another live run ({}); two runs saving into one checkpoint "
+                  "{} '{}' is being written by another live run ({}); two runs saving into one checkpoint "
                   "history would mix their iterations. Wait for it to end, stop it, or give this run another --save. "
                   "(A run that ended or was killed leaves no lock: the lock in '{}' goes with its process)",
-                  save_dir, holder.empty() ? "its lock file names no holder" : holder, path_);
-      MXDDP_FAIL("--save '{}': its lock file '{}' cannot be locked: {}", save_dir, path_, std::strerror(err));
+                  what, save_dir, holder.empty() ? "its lock file names no holder" : holder, path_);
+      MXDDP_FAIL("{} '{}': its lock file '{}' cannot be locked: {}", what, save_dir, path_, std::strerror(err));
     }
     struct stat locked {}, named {};
     if (::fstat(fd_, &locked) == 0 && ::lstat(path_.c_str(), &named) == 0 && locked.st_dev == named.st_dev &&
@@ -61,8 +61,8 @@ SaveDirLock::SaveDirLock(const std::string& save_dir) {
       break;
     ::close(fd_);
     fd_ = -1;
-    MXDDP_CHECK(attempt < 100, "--save '{}': its lock file '{}' keeps being replaced while this run locks it",
-                save_dir, path_);
+    MXDDP_CHECK(attempt < 100, "{} '{}': its lock file '{}' keeps being replaced while this run locks it",
+                what, save_dir, path_);
   }
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);

@@ -1,0 +1,137 @@
+"""Checkpoints of a ``DistributedDataParallel`` and its ``DistributedOptimizer`` in mxddp's format.
+
+The C++ checkpoint layer does all of it (include/mxddp/checkpoint.h, checkpoint_history.h): each
+rank writes its shard of the F32 main params, the optimizer state and the model params as
+unpadded slices (safetensors), rank 0 a checksummed manifest, all atomically; a load checks
+everything before changing anything and reshards to any dp and bucket size. Saves go into the
+history layout ``mxddp train --save DIR`` writes (``DIR/iter_0000100/``,
+``DIR/latest_checkpointed_iteration.txt``), so ``mxddp train --load DIR`` and ``mxddp ckpt
+inspect/export DIR`` read them, and these functions read theirs.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Optional, Union
+
+from mxddp import _C
+from mxddp.torch import launch
+from mxddp.torch.ddp import DistributedDataParallel
+from mxddp.torch.optimizer import DistributedOptimizer
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Metadata keys the functions own: the iteration of the save (what `mxddp train` resumes from).
+_ITERATION_KEY = "iteration"
+
+
+def _check_pair(model, optimizer, what: str) -> None:
+    if not launch.is_initialized():
+        raise RuntimeError(f"mxddp is not initialized: call mxddp.torch.init() first (before {what})")
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(f"{what}: model must be a mxddp.torch.DistributedDataParallel; got {type(model).__name__}")
+    if not isinstance(optimizer, DistributedOptimizer):
+        raise TypeError(f"{what}: optimizer must be a mxddp.torch.DistributedOptimizer; got {type(optimizer).__name__}")
+    if optimizer.model is not model:
+        raise ValueError(f"{what}: the optimizer steps on another model than the one given; pass the "
+                         "DistributedDataParallel the optimizer was built on")
+
+
+def _path(value, name: str) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike); got {type(value).__name__}")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{name} must be a non-empty path; got {value!r}")
+    return path
+
+
+def _config_value_text(key: str, value) -> str:
+    # The manifest stores a value that is a JSON number written canonically as that number, so an
+    # int's text (and a finite float's repr) compares equal to what `mxddp train` saves.
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"model_config['{key}'] is {type(value).__name__}; valid: int, float or str")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"model_config['{key}'] is {value}; a model config value must be finite")
+    return value if isinstance(value, str) else repr(value)
+
+
+def _model_config_fields(model_config: Optional[Mapping]) -> list[tuple[str, str]]:
+    if model_config is None:
+        return []
+    if not isinstance(model_config, Mapping):
+        raise TypeError(f"model_config must be a mapping of field names to values; got {type(model_config).__name__}")
+    fields = []
+    for key, value in model_config.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"model_config keys must be non-empty strings; got {key!r}")
+        fields.append((key, _config_value_text(key, value)))
+    return fields
+
+
+def save_checkpoint(save_dir: PathLike, model: DistributedDataParallel, optimizer: DistributedOptimizer,
+                    iteration: int, *, metadata: Optional[Mapping[str, str]] = None,
+                    model_config: Optional[Mapping] = None, keep_last: int = 0) -> str:
+    """Collective: every rank calls it with the same arguments. Saves the model's params (those
+    mxddp holds: the trainable ones) and the optimizer (main params, state, step count) into
+    ``save_dir/iter_<iteration, 7 digits>/``, replacing an earlier save of that iteration, then
+    points ``save_dir/latest_checkpointed_iteration.txt`` at it and, with ``keep_last`` N > 0,
+    removes the oldest ``iter_`` directories below it until N remain. Returns the ``iter_``
+    directory.
+
+    ``metadata``: str -> str, stored in the manifest and returned by ``load_checkpoint``
+    (``"iteration"`` is this function's). ``model_config``: field -> int, float or str, stored in
+    the manifest and compared field by field by a load that passes one; ``mxddp train --load``
+    and ``mxddp ckpt inspect`` read it as the GPT's config (``mxddp.torch.gpt.GPT.model_config()``),
+    so leave it out for other models (put what you need in ``metadata``).
+
+    save_dir must be new, empty or a checkpoint history; rank 0 holds its ``mxddp.lock`` during
+    the save, so a run writing the same history (``mxddp train --save``) is refused, named.
+    Frozen params and module buffers (e.g. BatchNorm statistics) are not saved.
+    """
+    _check_pair(model, optimizer, "save_checkpoint")
+    path = _path(save_dir, "save_dir")
+    if isinstance(iteration, bool) or not isinstance(iteration, int):
+        raise TypeError(f"iteration must be an int; got {type(iteration).__name__}")
+    if iteration < 0:
+        raise ValueError(f"iteration {iteration} is not valid: 0 or more")
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+        raise ValueError(f"keep_last {keep_last!r} is not valid: an int, 0 (keep every save) or more")
+    meta = {}
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping of str to str; got {type(metadata).__name__}")
+        for key, value in metadata.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"metadata must map str to str; got {key!r}: {type(value).__name__}")
+            meta[key] = value
+    if _ITERATION_KEY in meta:
+        raise ValueError("metadata['iteration'] is set by save_checkpoint from its iteration argument; leave it out")
+    meta[_ITERATION_KEY] = str(iteration)
+    if model._grads_pending_sync:
+        raise RuntimeError("save_checkpoint: gradients were reported but not synchronized; call "
+                           "model.finish_grad_sync() (and opt.step()) first")
+    return _C.save_checkpoint(path, optimizer._cpp, iteration, meta, _model_config_fields(model_config), keep_last)
+
+
+def load_checkpoint(load_dir: PathLike, model: DistributedDataParallel, optimizer: DistributedOptimizer, *,
+                    model_config: Optional[Mapping] = None) -> tuple[int, dict[str, str]]:
+    """Collective. Loads a checkpoint history's newest save (``load_dir`` holds
+    ``latest_checkpointed_iteration.txt``), or one ``iter_`` directory, into the model's params and
+    the optimizer (main params, state and step count; the lr and other hyper-parameters stay the
+    optimizer's own), at any dp and bucket size. Returns ``(iteration, metadata)``.
+
+    Everything is read and checked first (the manifest's checksum, each rank file's size, CRC-32
+    and tensors, the param list's names, shapes and order against this model's, the optimizer's
+    kind, ``model_config`` field by field when given, and an iteration in the metadata); on any
+    failure every rank raises ``mxddp.Error`` naming the problem, and the model and optimizer are
+    as they were.
+    """
+    _check_pair(model, optimizer, "load_checkpoint")
+    path = _path(load_dir, "load_dir")
+    if model._grads_pending_sync:
+        raise RuntimeError("load_checkpoint: gradients were reported but not synchronized; call "
+                           "model.finish_grad_sync() first")
+    _resolved, meta = _C.load_checkpoint(path, optimizer._cpp, _model_config_fields(model_config), [_ITERATION_KEY])
+    return int(meta[_ITERATION_KEY]), dict(meta)

@@ -1,0 +1,406 @@
+"""Checkpoints of the package (mxt.save_checkpoint / load_checkpoint): the history layout of
+`mxddp train --save`, a round trip, resharding across bucket sizes (bitwise) and dp 1 and 4 (1e-6),
+`mxddp ckpt inspect/export` on the package's saves, interchange with `mxddp train` through the
+torch GPT (mxddp.torch.gpt), and hostile input that must leave the model and optimizer as they were.
+
+`mxddp train` and `mxddp ckpt` run from the build (MXDDP_CLI, which CTest sets; else
+build/release/mxddp under the repository), in child processes without the MPI launcher's
+environment; rank 0 runs them while the other ranks wait at a gloo barrier.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import mxddp
+import mxddp.torch as mxt
+from mxddp.torch.gpt import GPT, GPTConfig
+
+import checkpoint_reshard as reshard
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+
+def plain_env():
+    """This environment without the MPI launcher's variables: a child is its own job."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "OPAL_"))}
+
+
+def cli_path():
+    path = os.environ.get("MXDDP_CLI") or str(REPO / "build" / "release" / "mxddp")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"the mxddp command is not built at {path} (set MXDDP_CLI)")
+    return path
+
+
+def run_cli(*args, timeout=300):
+    r = subprocess.run([cli_path(), *map(str, args)], env=plain_env(), capture_output=True, text=True, timeout=timeout)
+    return r
+
+
+@pytest.fixture
+def shared_dir(ranks):
+    """One new directory every rank sees (rank 0 makes it)."""
+    rank, _ = ranks
+    holder = [tempfile.mkdtemp(prefix="mxddp_ckpt_") if rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    yield Path(holder[0])
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(holder[0], ignore_errors=True)
+
+
+def on_rank0(ranks, fn):
+    """fn() on rank 0 while the others wait; every rank gets its result (or raises its error)."""
+    rank, _ = ranks
+    box = [None]
+    if rank == 0:
+        try:
+            box = [("ok", fn())]
+        except BaseException as e:  # noqa: BLE001 (passed on to every rank)
+            box = [("error", repr(e))]
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status != "ok":
+        raise AssertionError(f"on rank 0: {value}")
+    return value
+
+
+def snapshot(model, opt):
+    return [p.detach().clone() for _, p in model.registered_params()], opt.step_count
+
+
+def assert_unchanged(model, opt, before):
+    params, step_count = before
+    assert opt.step_count == step_count
+    for (name, p), q in zip(model.registered_params(), params):
+        assert torch.equal(p.detach(), q), f"{name} changed"
+
+
+def close(model, opt):
+    opt.close()
+    model.close()
+
+
+# ---- history layout and round trip ----
+
+def test_save_writes_the_history_layout_and_load_restores_params_and_step(ranks, shared_dir):
+    rank, world = ranks
+    model, opt = reshard.make_model(rank, world, None)
+    reshard.train_steps(model, opt, 0, 2, rank, world)
+    saved = mxt.save_checkpoint(shared_dir / "h", model, opt, 2, metadata={"note": "two steps"})
+    assert saved == str(shared_dir / "h" / "iter_0000002")
+    assert (shared_dir / "h" / "iter_0000002" / "manifest.json").is_file()
+    assert (shared_dir / "h" / "latest_checkpointed_iteration.txt").read_text() == "2\n"
+    reshard.train_steps(model, opt, 2, 4, rank, world)
+    mxt.save_checkpoint(shared_dir / "h", model, opt, 4, keep_last=1)
+    dist.barrier()
+    assert sorted(p.name for p in (shared_dir / "h").iterdir()) == ["iter_0000004", "latest_checkpointed_iteration.txt"]
+    after_4 = snapshot(model, opt)
+    reshard.train_steps(model, opt, 4, 5, rank, world)
+    iteration, meta = mxt.load_checkpoint(shared_dir / "h", model, opt)  # the history's newest
+    assert (iteration, meta["iteration"]) == (4, "4") and "note" not in meta
+    assert_unchanged(model, opt, after_4)
+    iteration, meta = mxt.load_checkpoint(shared_dir / "h" / "iter_0000004", model, opt)  # one iter_ directory
+    assert iteration == 4
+    # The same iteration saved again replaces the earlier save; the metadata comes back.
+    mxt.save_checkpoint(shared_dir / "h2", model, opt, 2, metadata={"note": "x"})
+    _, meta = mxt.load_checkpoint(shared_dir / "h2", model, opt)
+    assert meta == {"iteration": "2", "note": "x"}
+    close(model, opt)
+
+
+# ---- resharding ----
+
+@pytest.fixture
+def saved_run(ranks, shared_dir):
+    """The uninterrupted run's losses, and a save after SAVE_AT steps of the same run at this dp."""
+    rank, world = ranks
+    model, opt = reshard.make_model(rank, world, 300)  # 1157 params: 2 buckets
+    reference = reshard.train_steps(model, opt, 0, reshard.STEPS, rank, world)
+    close(model, opt)
+    model, opt = reshard.make_model(rank, world, 300)
+    assert reshard.train_steps(model, opt, 0, reshard.SAVE_AT, rank, world) == reference[:reshard.SAVE_AT]
+    mxt.save_checkpoint(shared_dir / "run", model, opt, reshard.SAVE_AT)
+    close(model, opt)
+    return shared_dir / "run", reference
+
+
+@pytest.mark.parametrize("bucket_size", [None, 100, 300, 450])
+def test_a_load_at_another_bucket_size_continues_bitwise(ranks, saved_run, bucket_size):
+    rank, world = ranks
+    ckpt, reference = saved_run
+    model, opt = reshard.make_model(rank, world, bucket_size)
+    assert model.num_buckets == {None: 1, 100: 3, 300: 2, 450: 2}[bucket_size]  # 450: split elsewhere than 300
+    iteration, _ = mxt.load_checkpoint(ckpt, model, opt)
+    assert iteration == reshard.SAVE_AT and opt.step_count == reshard.SAVE_AT
+    losses = reshard.train_steps(model, opt, iteration, reshard.STEPS, rank, world)
+    assert losses == reference[reshard.SAVE_AT:], (losses, reference)  # the same reduction order: bitwise
+    close(model, opt)
+
+
+def test_a_save_at_dp2_continues_at_dp1_and_dp4(ranks, saved_run):
+    rank, world = ranks
+    if world != 2:
+        pytest.skip("saves at dp 2 (python_mpirun_np2)")
+    ckpt, reference = saved_run
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+
+    def continue_at(np, bucket):
+        out = ckpt.parent / f"dp{np}_{bucket}.json"
+        cmd = [sys.executable, str(HERE / "checkpoint_reshard.py"), "resume", str(ckpt), bucket, str(out)]
+        if np > 1:
+            cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
+        r = subprocess.run(cmd, env=plain_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(out.read_text())
+
+    results = on_rank0(ranks, lambda: [continue_at(1, "none"), continue_at(4, "200")])
+    for r in results:
+        assert r["iteration"] == reshard.SAVE_AT and r["step_count"] == reshard.STEPS, r
+        # Another dp sums the batch and the gradients in another order: f32 rounding only.
+        torch.testing.assert_close(torch.tensor(r["losses"], dtype=torch.float64),
+                                   torch.tensor(reference[reshard.SAVE_AT:], dtype=torch.float64), rtol=1e-6, atol=0)
+    assert [r["world"] for r in results] == [1, 4]
+
+
+# ---- mxddp ckpt inspect / export read the package's saves ----
+
+def test_ckpt_inspect_and_export_read_the_package_s_checkpoints(ranks, shared_dir):
+    rank, world = ranks
+    model, opt = reshard.make_model(rank, world, 2000)
+    reshard.train_steps(model, opt, 0, 2, rank, world)
+    mxt.save_checkpoint(shared_dir / "h", model, opt, 2, metadata={"run": "pytest"})
+    params = {name: p.detach().clone() for name, p in model.registered_params()}
+    close(model, opt)
+
+    def inspect_and_export():
+        r = run_cli("ckpt", "inspect", "--json", shared_dir / "h")
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = shared_dir / "export.safetensors"
+        e = run_cli("ckpt", "export", shared_dir / "h", "--out", out)
+        assert e.returncode == 0, e.stdout + e.stderr
+        return json.loads(r.stdout), out
+
+    info, exported = on_rank0(ranks, inspect_and_export)
+    assert info["ok"] and info["problems"] == [], info
+    assert info["step"] == 2 and info["saved_dp"] == world and info["optimizer"] == "adam"
+    assert info["metadata"] == {"iteration": "2", "run": "pytest"}
+    assert info["dir"].endswith("iter_0000002")
+    assert [p["name"] for p in info["params"]] == list(params)
+    from safetensors.torch import load_file
+    tensors = load_file(str(exported))
+    assert list(tensors) == list(params) or sorted(tensors) == sorted(params)
+    for name, value in params.items():
+        assert torch.equal(tensors[name], value), name  # F32 params are the main params, bit for bit
+
+
+# ---- hostile input: an error naming the problem, and nothing changed ----
+
+@pytest.fixture
+def trained(ranks, shared_dir):
+    rank, world = ranks
+    model, opt = reshard.make_model(rank, world, None)
+    reshard.train_steps(model, opt, 0, 2, rank, world)
+    mxt.save_checkpoint(shared_dir / "good", model, opt, 2)
+    reshard.train_steps(model, opt, 2, 3, rank, world)  # now different from the save
+    yield model, opt
+    close(model, opt)
+
+
+def copy_checkpoint(ranks, shared_dir, name, damage):
+    def make():
+        dst = shared_dir / name
+        shutil.copytree(shared_dir / "good", dst)
+        damage(dst / "iter_0000002")
+        return str(dst)
+    return on_rank0(ranks, make)
+
+
+def refused(model, opt, path, *expected, **kw):
+    before = snapshot(model, opt)
+    with pytest.raises(mxddp.Error) as e:
+        mxt.load_checkpoint(path, model, opt, **kw)
+    for text in expected:
+        assert text in str(e.value), str(e.value)
+    assert_unchanged(model, opt, before)
+    return str(e.value)
+
+
+def test_a_truncated_rank_file_is_refused(ranks, shared_dir, trained):
+    model, opt = trained
+
+    def truncate(d):
+        f = d / "rank_00000.safetensors"
+        f.write_bytes(f.read_bytes()[:-16])
+    refused(model, opt, copy_checkpoint(ranks, shared_dir, "truncated", truncate), "rank_00000.safetensors")
+
+
+def test_an_edited_manifest_is_refused(ranks, shared_dir, trained):
+    model, opt = trained
+
+    def edit(d):
+        m = d / "manifest.json"
+        text = m.read_text()
+        assert '"step": 2' in text
+        m.write_text(text.replace('"step": 2', '"step": 7'))
+    refused(model, opt, copy_checkpoint(ranks, shared_dir, "edited", edit), "manifest_crc32")
+
+
+def test_a_checkpoint_of_another_model_is_refused(ranks, shared_dir, trained):
+    rank, world = ranks
+    model, opt = trained
+    other = mxt.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 40), torch.nn.Linear(40, 5)),
+                                        mxt.DistributedDataParallelConfig(use_distributed_optimizer=True))
+    other_opt = mxt.DistributedOptimizer(other, mxt.OptimizerConfig(lr=1e-3))
+    mxt.save_checkpoint(shared_dir / "other", other, other_opt, 1, model_config={"width": 40})
+    close(other, other_opt)
+    refused(model, opt, shared_dir / "other", "holds 4 params; this model has 6")
+    refused(model, opt, shared_dir / "good", "width: checkpoint (absent), this run 48", model_config={"width": 48})
+
+
+def test_a_dir_that_is_a_file_or_missing_or_foreign_is_refused(ranks, shared_dir, trained):
+    model, opt = trained
+    on_rank0(ranks, lambda: (shared_dir / "file").write_text("not a checkpoint"))
+    refused(model, opt, shared_dir / "file", "is not a directory")
+    refused(model, opt, shared_dir / "missing", "missing")
+    before = snapshot(model, opt)
+    with pytest.raises(mxddp.Error, match="file"):
+        mxt.save_checkpoint(shared_dir / "file", model, opt, 3)
+    on_rank0(ranks, lambda: (shared_dir / "foreign").mkdir() or (shared_dir / "foreign" / "notes.txt").write_text("x"))
+    with pytest.raises(mxddp.Error, match="holds 'notes.txt', which is not part of an mxddp checkpoint history"):
+        mxt.save_checkpoint(shared_dir / "foreign", model, opt, 3)
+    assert_unchanged(model, opt, before)
+    assert not (shared_dir / "foreign" / "iter_0000003").exists()
+
+
+def test_bad_arguments_are_refused_naming_them(ranks, shared_dir, trained):
+    model, opt = trained
+    with pytest.raises(ValueError, match="iteration -1 is not valid"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, -1)
+    with pytest.raises(TypeError, match="iteration must be an int"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, 2.0)
+    with pytest.raises(ValueError, match="metadata\\['iteration'\\] is set by save_checkpoint"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, 2, metadata={"iteration": "9"})
+    with pytest.raises(TypeError, match="metadata must map str to str"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, 2, metadata={"lr": 0.1})
+    with pytest.raises(TypeError, match="model_config\\['flag'\\] is bool"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, 2, model_config={"flag": True})
+    with pytest.raises(TypeError, match="model must be a mxddp.torch.DistributedDataParallel"):
+        mxt.load_checkpoint(shared_dir / "good", model.module, opt)
+    assert not (shared_dir / "x").exists()
+
+
+def test_load_before_init_is_refused():
+    code = "import mxddp.torch as mxt; mxt.load_checkpoint('ckpt', None, None)"
+    r = subprocess.run([sys.executable, "-c", code], env=plain_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "mxddp is not initialized: call mxddp.torch.init() first (before load_checkpoint)" in r.stderr, r.stderr
+
+
+# ---- interchange with `mxddp train` through the torch GPT ----
+
+TINY = ["--model", "tiny", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr-warmup-iters", "0",
+        "--lr-decay-style", "constant", "--lr", "0.002"]
+
+
+def gpt_data(ranks, shared_dir):
+    """130 bytes read with --valid-fraction 0.5: a training split and a validation split of exactly
+    seq_length + 1 = 65 tokens each, so every sequence mxddp train samples is the split itself."""
+    text = ("The cat sees a red house. Two dogs like the green river at night. My friends build a boat. "
+            "The king helps some birds again. A teacher watches.")[:130].encode()
+    assert len(text) == 130
+    path = shared_dir / "data.txt"
+    on_rank0(ranks, lambda: path.write_bytes(text))
+    seq = torch.tensor(list(text), dtype=torch.int64)
+    return path, seq[:65], seq[65:]
+
+
+def wrapped_gpt(bf16=True):
+    torch.manual_seed(0)
+    module = GPT(GPTConfig.preset("tiny"))
+    if bf16:
+        module = module.to(torch.bfloat16)  # what mxddp train keeps its params as (BF16, F32 math)
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, grad_reduce_in_fp32=True, average_in_collective=True))
+    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(optimizer="adam", lr=0.002, weight_decay=0.01,
+                                                              adam_beta1=0.9, adam_beta2=0.999, clip_grad=1.0))
+    return model, opt
+
+
+def test_the_torch_gpt_has_mxddp_s_param_list():
+    gpt = GPT(GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64))
+    names = [n for n, _ in gpt.named_parameters()]
+    assert names[:3] == ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+                         "decoder.layers.0.input_layernorm.weight"]
+    assert names[-2:] == ["decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
+    assert len(names) == 4 + 12 * 2 and sum(p.numel() for p in gpt.parameters()) == 120_576  # GptConfig::num_params(): 0.12M (model.md)
+    assert dict(gpt.named_parameters())["decoder.layers.1.self_attention.linear_qkv.weight"].shape == (192, 64)
+    assert gpt.model_config() == {"vocab_size": 256, "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                  "seq_length": 64}
+
+
+def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ranks, shared_dir):
+    data, _, valid = gpt_data(ranks, shared_dir)
+    save = shared_dir / "train_save"
+
+    def train():
+        r = run_cli("train", *TINY, "--ranks", "2", "--backend", "local", "--train-iters", "3", "--data", data,
+                    "--valid-fraction", "0.5", "--eval-iters", "1", "--eval-interval", "0", "--save", save,
+                    "--report", shared_dir / "train.json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads((shared_dir / "train.json").read_text())
+
+    report = on_rank0(ranks, train)
+    assert [e["iteration"] for e in report["validation"]] == [3]
+    model, opt = wrapped_gpt(bf16=True)
+    iteration, meta = mxt.load_checkpoint(save, model, opt, model_config=model.module.model_config())
+    assert iteration == 3 and opt.step_count == 3 and meta["consumed_train_samples"] == "12"
+    with torch.no_grad():
+        loss = model(valid[None, :]).item()
+    # Both sides: BF16 params widened to F32, F32 math; only the order of f32 sums differs.
+    assert loss == pytest.approx(report["validation"][0]["loss"], rel=1e-5), (loss, report["validation"])
+    close(model, opt)
+
+
+def test_the_torch_gpt_s_save_continues_in_mxddp_train(ranks, shared_dir):
+    rank, world = ranks
+    data, train_seq, _ = gpt_data(ranks, shared_dir)
+    model, opt = wrapped_gpt(bf16=True)
+    batch = train_seq[None, :].repeat(4 // world, 1)  # every sequence mxddp train samples is this one
+    for _ in range(3):
+        opt.zero_grad()
+        model(batch).backward()
+        model.finish_grad_sync()
+        opt.step()
+    save = shared_dir / "torch_save"
+    mxt.save_checkpoint(save, model, opt, 3, model_config=model.module.model_config(),
+                        metadata={"consumed_train_samples": "12"})
+    with torch.no_grad():
+        next_loss = model(train_seq[None, :]).item()
+    exported = {name: p.detach().clone() for name, p in model.registered_params()}
+    close(model, opt)
+
+    def resume():
+        r = run_cli("train", *TINY, "--ranks", "1", "--backend", "local", "--train-iters", "4", "--data", data,
+                    "--valid-fraction", "0.5", "--eval-iters", "0", "--load", save, "--report", shared_dir / "resume.json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        e = run_cli("ckpt", "export", save, "--dtype", "bf16", "--out", shared_dir / "torch_save.safetensors")
+        assert e.returncode == 0, e.stdout + e.stderr
+        return json.loads((shared_dir / "resume.json").read_text())
+
+    report = on_rank0(ranks, resume)
+    assert report["start_iteration"] == 3 and [s["iteration"] for s in report["steps"]] == [4]
+    assert report["steps"][0]["loss"] == pytest.approx(next_loss, rel=1e-5), (report["steps"], next_loss)
+    from safetensors.torch import load_file
+    tensors = load_file(str(shared_dir / "torch_save.safetensors"))
+    for name, value in exported.items():
+        assert torch.equal(tensors[name], value), name  # the BF16 params, bit for bit
