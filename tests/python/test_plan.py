@@ -131,6 +131,43 @@ def test_plan_equals_the_tracker_after_a_step(ranks, name, make, loss_fn, dtype,
     assert set(live_bytes().values()) == {0}, live_bytes()
 
 
+MXFP8_CASES = [
+    ("mlp-mxfp8", ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=2000,
+                             fp8_param_gather=True)),
+    ("mlp-mxfp8-reuse-overlap-gather", ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True,
+                                                  bucket_size=2000, fp8_param_gather=True, overlap_param_gather=True,
+                                                  reuse_grad_buf_for_mxfp8_param_ag=True)),
+]
+
+
+@pytest.mark.parametrize("name,cfg", MXFP8_CASES, ids=[c[0] for c in MXFP8_CASES])
+def test_plan_of_mxfp8_linear_weights_equals_the_tracker(ranks, name, cfg):
+    """The plan marks as MXFP8 exactly the params the DDP keeps as MXFP8 (its own rule), so the
+    mxfp8 and params categories agree with the tracker too."""
+    rank, world = ranks
+    gc.collect()
+    assert set(live_bytes().values()) == {0}, live_bytes()
+    torch.manual_seed(0)
+    module = Mlp().to(torch.bfloat16)
+    planned = mxt.plan(module, world, cfg, ADAM)
+    assert planned.live_bytes["mxfp8"] > 0, planned
+    _C.reset_memory_peaks()
+    model = mxt.DistributedDataParallel(module, cfg)
+    opt = mxt.DistributedOptimizer(model, ADAM)
+    try:
+        for _ in range(2):
+            opt.zero_grad()
+            mlp_loss(model, rank).backward()
+            model.finish_grad_sync()
+            ok, _, _ = opt.step()
+            assert ok
+        assert mxt.memory_usage() == planned.memory_usage(), (mxt.memory_usage(), planned)
+    finally:
+        opt.close()
+        model.close()
+    assert set(live_bytes().values()) == {0}, live_bytes()
+
+
 def test_plan_counts_a_tied_param_once_and_leaves_frozen_ones_out(ranks):
     _, world = ranks
     module = gpt2()

@@ -18,7 +18,7 @@ import torch
 
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
-from mxddp.torch.ddp import _DTYPES, _trainable_params
+from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
 
 # The planner's bound: 2^20 ranks (docs/plan.md), far beyond any machine, small enough that no
 # figure overflows.
@@ -81,18 +81,6 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
     return params
 
 
-def _is_mxfp8(module: torch.nn.Module, name: str, param: torch.nn.Parameter, config) -> bool:
-    """With fp8_param_gather, the weights of nn.Linear modules are MXFP8 (issue 24 point 4): the
-    rule the DDP applies when it marks them (keep the two in step)."""
-    if not getattr(config, "fp8_param_gather", False) or param.dim() != 2:
-        return False
-    owner_name, _, attr = name.rpartition(".")
-    if attr != "weight":
-        return False
-    owner = module.get_submodule(owner_name)
-    return isinstance(owner, torch.nn.Linear)
-
-
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
          opt_cfg: OptimizerConfig | None = None) -> MemoryPlan:
     """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
@@ -119,8 +107,10 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
                          "needs use_distributed_optimizer=True (pass opt_cfg=None to plan the DDP alone)")
     params = _planned_params(module)
     dtype = params[0][1].dtype
-    specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), _is_mxfp8(module, name, p, cfg))
-             for name, p in params]
+    # The DDP's own rule for which params are MXFP8 (plain nn.Linear weights, the mxfp8 attribute).
+    mxfp8_flags = _mxfp8_flags(module, params, cfg)
+    specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
+             for (name, p), flag in zip(params, mxfp8_flags)]
     # cfg.to_cpp carries every field the config accepts, so the plan follows whatever it says.
     out = _C.plan_ddp_memory(specs, cfg.to_cpp(_DTYPES[dtype]), None if opt_cfg is None else opt_cfg.optimizer, world)
     layout = out["layout"]
