@@ -1,0 +1,160 @@
+# The multihost harness's library (POSIX sh, sourced): hosts simulated by network namespaces on
+# this machine, joined by veth pairs to a bridge in a namespace of its own, shaped by tc, and
+# mpirun spreading ranks over them on OpenMPI's TCP transport. See docs/multihost.md.
+#
+# Everything it makes is named mh<pid>... (the pid of the shell that sourced it), so runs in
+# parallel never collide, and everything lives in those namespaces: the hosts' addresses
+# (10.77.0.<index + 1>/24) exist only there, and the root namespace gets nothing (no interface, no
+# address, no route). mh_teardown removes it all; callers trap EXIT, INT and TERM to it.
+#
+#   mh_check_capable            exits 77 (CTest's skip) naming why this machine cannot run it
+#   mh_setup HOSTS              the namespaces, links and bridge (sets MH_HOSTS, MH_DIR)
+#   mh_shape INDEX RATE LOSS LATENCY_US
+#                               shapes host INDEX's link both ways (RATE: tc's, e.g. 10gbit, or
+#                               "none"; LOSS: percent, 0 to 100; LATENCY_US: 0 unless the kernel
+#                               has netem)
+#   mh_link_down INDEX          takes host INDEX's link down from inside its namespace
+#   mh_mpirun RANKS_PER_HOST PROGRAM ARGS...
+#                               mpirun in host 0's namespace, ranks filled host by host
+#   mh_teardown                 kills what still runs in the namespaces, deletes them
+#   mh_leftovers                prints every namespace or link of this run still present
+
+MH_SELF_DIR=${MH_SELF_DIR:-$(cd "$(dirname "$0")" && pwd)}
+MH_PREFIX=mh$$
+MH_HOSTS=0
+MH_DIR=
+
+mh_host() { echo "${MH_PREFIX}h$1"; }
+mh_bridge_ns() { echo "${MH_PREFIX}br"; }
+mh_addr() { echo "10.77.0.$(($1 + 1))"; }
+
+mh_check_capable() {
+  if [ "$(id -u)" != 0 ]; then echo "SKIP: network namespaces need root (uid $(id -u))"; exit 77; fi
+  for tool in ip tc mpirun orted; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool is not installed (iproute2, OpenMPI)"; exit 77; }
+  done
+  probe=${MH_PREFIX}probe
+  if ! ip netns add "$probe" 2>/dev/null; then echo "SKIP: 'ip netns add' is not permitted here (no CAP_SYS_ADMIN or no netns support)"; exit 77; fi
+  ok=1
+  ip -n "$probe" link add eth0 type veth peer name eth1 2>/dev/null || ok=0
+  ip netns del "$probe" 2>/dev/null
+  [ "$ok" = 1 ] || { echo "SKIP: the kernel cannot make veth pairs (CONFIG_VETH)"; exit 77; }
+}
+
+mh_fail() { echo "multihost: $*" >&2; return 1; }
+
+mh_setup() {
+  n=$1
+  case $n in ''|*[!0-9]*) mh_fail "host count '$n' is not a number"; return 1 ;; esac
+  [ "$n" -ge 1 ] && [ "$n" -le 200 ] || { mh_fail "host count $n: 1 to 200"; return 1; }
+  MH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/${MH_PREFIX}.XXXXXX") || return 1
+  br=$(mh_bridge_ns)
+  ip netns add "$br" || return 1
+  ip -n "$br" link add br0 type bridge || return 1
+  ip -n "$br" link set br0 up || return 1
+  : > "$MH_DIR/hostfile"
+  i=0
+  while [ "$i" -lt "$n" ]; do
+    h=$(mh_host "$i")
+    ip netns add "$h" || return 1
+    MH_HOSTS=$((i + 1))
+    # Both ends are made inside the namespaces: nothing passes through the root namespace.
+    ip -n "$h" link add eth0 type veth peer name "p$i" netns "$br" || return 1
+    ip -n "$br" link set "p$i" master br0 up || return 1
+    ip -n "$h" addr add "$(mh_addr "$i")/24" dev eth0 || return 1
+    ip -n "$h" link set lo up || return 1
+    ip -n "$h" link set eth0 up || return 1
+    # How long an unanswered TCP connection lives (per namespace): a few retransmissions, not
+    # Linux's default 15 (about 15 minutes), so that mpirun and its daemons see a dead link. See
+    # docs/multihost.md, Faults: on real hosts this is the same sysctl.
+    ip netns exec "$h" sysctl -q -w net.ipv4.tcp_retries2="${MH_TCP_RETRIES2:-6}" || return 1
+    echo "$h slots=${MH_SLOTS:-64}" >> "$MH_DIR/hostfile"
+    i=$((i + 1))
+  done
+  # Wait until every host reaches every other (the bridge learns, the links come up).
+  i=0
+  while [ "$i" -lt "$n" ]; do
+    tries=0
+    until ip -n "$(mh_host "$i")" link show eth0 | grep -q "state UP"; do
+      tries=$((tries + 1)); [ "$tries" -gt 50 ] && { mh_fail "host $i's link did not come up"; return 1; }
+      sleep 0.1
+    done
+    i=$((i + 1))
+  done
+}
+
+# tc on one end of a link: an HTB class at RATE for all traffic; with LOSS, a classic-BPF
+# classifier sends that share of packets (by the kernel's random number) to a class whose queue
+# holds nothing, so they are dropped; with LATENCY_US, netem under the class.
+mh_shape_dev() {
+  ns=$1 dev=$2 rate=$3 loss=$4 latency_us=$5
+  tc -n "$ns" qdisc del dev "$dev" root 2>/dev/null
+  [ "$rate" = none ] && rate=100gbit
+  tc -n "$ns" qdisc add dev "$dev" root handle 1: htb default 1 r2q 100000 || return 1
+  tc -n "$ns" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" || return 1
+  if [ "$latency_us" != 0 ]; then
+    tc -n "$ns" qdisc add dev "$dev" parent 1:1 handle 10: netem delay "${latency_us}us" limit 100000 2>/dev/null \
+      || { mh_fail "--latency-us $latency_us: this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so link latency cannot be shaped here"; return 1; }
+  fi
+  [ "$loss" = 0 ] && return 0
+  tc -n "$ns" class add dev "$dev" parent 1: classid 1:2 htb rate 1mbit quantum 1514 || return 1
+  tc -n "$ns" qdisc add dev "$dev" parent 1:2 handle 2: pfifo limit 0 || return 1
+  # threshold = (1 - loss / 100) * 2^32: a random u32 at or above it is dropped.
+  keep=$(awk -v l="$loss" 'BEGIN { printf "%.0f", (1 - l / 100) * 4294967296 }')
+  if [ "$keep" -le 0 ]; then
+    prog="1,6 0 0 65538"  # return 1:2: every packet
+  else
+    # A = random; if A >= keep goto drop; else return 1:1
+    prog="4,32 0 0 4294963256,53 1 0 $keep,6 0 0 65537,6 0 0 65538"
+  fi
+  tc -n "$ns" filter add dev "$dev" parent 1: prio 1 bpf bytecode "$prog" || return 1
+}
+
+mh_shape() {
+  i=$1 rate=$2 loss=$3 latency_us=$4
+  case $loss in ''|*[!0-9.]*) mh_fail "loss '$loss' is not a percentage"; return 1 ;; esac
+  awk -v l="$loss" 'BEGIN { exit !(l >= 0 && l <= 100) }' || { mh_fail "loss $loss: 0 to 100 (percent)"; return 1; }
+  case $latency_us in ''|*[!0-9]*) mh_fail "latency '$latency_us' is not a whole number of microseconds"; return 1 ;; esac
+  # Each direction of the link is shaped where it leaves: the host's eth0 and the bridge's port.
+  mh_shape_dev "$(mh_host "$i")" eth0 "$rate" "$loss" "$latency_us" || return 1
+  mh_shape_dev "$(mh_bridge_ns)" "p$i" "$rate" "$loss" "$latency_us"
+}
+
+mh_link_down() { ip -n "$(mh_host "$1")" link set eth0 down; }
+
+# The launch flags, one place (documented in docs/multihost.md).
+mh_mpirun_flags() {
+  echo "--allow-run-as-root --oversubscribe --bind-to none --hostfile $MH_DIR/hostfile"
+  # The launcher reaches each host through the agent; no tree spawn (each daemon from mpirun).
+  echo "--mca plm_rsh_agent $MH_SELF_DIR/netns_agent.sh --mca plm_rsh_no_tree_spawn 1"
+  # TCP between all ranks (no shared memory, even between ranks of one host), on the hosts' links only.
+  echo "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24"
+  # Daemons and mpirun notice a silent peer: TCP keepalive on the runtime's connections.
+  echo "--mca oob_tcp_keepalive_time ${MH_KEEPALIVE_S:-2} --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3"
+}
+
+mh_mpirun() {
+  per_host=$1; shift
+  np=$((per_host * MH_HOSTS))
+  # shellcheck disable=SC2046
+  ip netns exec "$(mh_host 0)" mpirun $(mh_mpirun_flags) -np "$np" --map-by "ppr:$per_host:node" "$@"
+}
+
+mh_teardown() {
+  i=0
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    case $ns in "$MH_PREFIX"h[0-9]*|"$MH_PREFIX"br) ;; *) continue ;; esac
+    # Whatever still runs in one of our namespaces is ours (mpirun, its daemons, ranks).
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  [ -n "$MH_DIR" ] && rm -rf "$MH_DIR"
+  MH_DIR=
+  MH_HOSTS=0
+  return 0
+}
+
+mh_leftovers() {
+  ip netns list 2>/dev/null | awk '{print $1}' | grep "^$MH_PREFIX" || true
+  ip -o link show 2>/dev/null | grep "$MH_PREFIX" || true
+}
