@@ -19,4 +19,9 @@ esac
 # real remote host: mpirun (or its end) cannot signal it, so a daemon cut off from mpirun must end
 # by itself, which is what the fault tests check. The agent exits 0 at once, which OpenMPI's rsh
 # launcher accepts (the daemon reports back over TCP).
-exec ip netns exec "$host" setsid -f sh -c "$*"
+#
+# It also gets a hostname of its own (a private UTS namespace named after the host): OpenMPI names
+# each daemon's session directory (/tmp/ompi.HOSTNAME.UID/...) after it, and two daemons of one
+# job under the same name race to create the same directories; one of them then fails orte_init
+# ("File exists") and mpirun waits forever (seen in 1 launch of 15 before this).
+exec ip netns exec "$host" unshare --uts setsid -f sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"

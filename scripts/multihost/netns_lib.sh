@@ -15,7 +15,13 @@
 #                               has netem)
 #   mh_link_down INDEX          takes host INDEX's link down from inside its namespace
 #   mh_mpirun RANKS_PER_HOST PROGRAM ARGS...
-#                               mpirun in host 0's namespace, ranks filled host by host
+#                               mpirun in host 0's namespace, ranks filled host by host, on every
+#                               host (or those of MH_HOSTFILE, e.g. mh_hostfile 0 > FILE)
+#   mh_hostfile INDEX...        prints a hostfile of those hosts
+#
+# Settings from the environment: MH_KEEPALIVE_S, MH_KEEPALIVE_INTVL_S, MH_KEEPALIVE_PROBES (the
+# runtime's TCP keepalive; 5, 1, 3), MH_TCP_RETRIES2 (4), MH_SLOTS (64 per host),
+# MH_LAUNCH_TIMEOUT_S (mh_mpirun's limit; none).
 #   mh_teardown                 kills what still runs in the namespaces, deletes them
 #   mh_leftovers                prints every namespace or link of this run still present
 
@@ -64,10 +70,11 @@ mh_setup() {
     ip -n "$h" addr add "$(mh_addr "$i")/24" dev eth0 || return 1
     ip -n "$h" link set lo up || return 1
     ip -n "$h" link set eth0 up || return 1
-    # How long an unanswered TCP connection lives (per namespace): a few retransmissions, not
-    # Linux's default 15 (about 15 minutes), so that mpirun and its daemons see a dead link. See
-    # docs/multihost.md, Faults: on real hosts this is the same sysctl.
-    ip netns exec "$h" sysctl -q -w net.ipv4.tcp_retries2="${MH_TCP_RETRIES2:-6}" || return 1
+    # How long TCP data that is never acknowledged is retransmitted before the connection fails
+    # (per namespace): 4 retries, about 6 s, not Linux's default 15 (about 15 minutes). mpirun's
+    # kill order to a daemon behind a dead link is such data, and while it is unacknowledged TCP
+    # sends no keepalive. On real hosts this is the same sysctl: see docs/multihost.md, Faults.
+    ip netns exec "$h" sysctl -q -w net.ipv4.tcp_retries2="${MH_TCP_RETRIES2:-4}" || return 1
     echo "$h slots=${MH_SLOTS:-64}" >> "$MH_DIR/hostfile"
     i=$((i + 1))
   done
@@ -120,34 +127,64 @@ mh_shape() {
   mh_shape_dev "$(mh_bridge_ns)" "p$i" "$rate" "$loss" "$latency_us"
 }
 
+mh_hostfile() { for i in "$@"; do echo "$(mh_host "$i") slots=${MH_SLOTS:-64}"; done; }
+
 mh_link_down() { ip -n "$(mh_host "$1")" link set eth0 down; }
 
 # The launch flags, one place (documented in docs/multihost.md).
 mh_mpirun_flags() {
-  echo "--allow-run-as-root --oversubscribe --bind-to none --hostfile $MH_DIR/hostfile"
+  echo "--allow-run-as-root --oversubscribe --bind-to none --hostfile ${MH_HOSTFILE:-$MH_DIR/hostfile}"
   # The launcher reaches each host through the agent; no tree spawn (each daemon from mpirun).
-  echo "--mca plm_rsh_agent $MH_SELF_DIR/netns_agent.sh --mca plm_rsh_no_tree_spawn 1"
+  echo "--mca plm_rsh_agent $MH_SELF_DIR/netns_agent.sh --mca plm_rsh_no_tree_spawn 1 --mca routed direct"
   # TCP between all ranks (no shared memory, even between ranks of one host), on the hosts' links only.
   echo "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24"
-  # Daemons and mpirun notice a silent peer: TCP keepalive on the runtime's connections.
-  echo "--mca oob_tcp_keepalive_time ${MH_KEEPALIVE_S:-2} --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3"
+  # mpirun and its daemons notice an idle connection whose peer went silent: TCP keepalive on the
+  # runtime's connections (OpenMPI's defaults, 300 s + 9 x 20 s, leave a cut-off job hanging for 8
+  # minutes). A live peer's kernel answers the probes, so a busy host never trips them.
+  echo "--mca oob_tcp_keepalive_time ${MH_KEEPALIVE_S:-5} --mca oob_tcp_keepalive_intvl ${MH_KEEPALIVE_INTVL_S:-1}"
+  echo "--mca oob_tcp_keepalive_probes ${MH_KEEPALIVE_PROBES:-3}"
 }
 
 mh_mpirun() {
   per_host=$1; shift
-  np=$((per_host * MH_HOSTS))
-  # shellcheck disable=SC2046
-  ip netns exec "$(mh_host 0)" mpirun $(mh_mpirun_flags) -np "$np" --map-by "ppr:$per_host:node" "$@"
+  np=$((per_host * $(grep -c . "${MH_HOSTFILE:-$MH_DIR/hostfile}")))
+  # With MH_LAUNCH_TIMEOUT_S, a job still running that long is killed (exit 124): a test's bound,
+  # so that it fails and tears down instead of being killed from outside with its namespaces.
+  limit=
+  [ -n "${MH_LAUNCH_TIMEOUT_S:-}" ] && limit="timeout --kill-after=5 $MH_LAUNCH_TIMEOUT_S"
+  # shellcheck disable=SC2046,SC2086
+  $limit ip netns exec "$(mh_host 0)" mpirun $(mh_mpirun_flags) -np "$np" --map-by "ppr:$per_host:node" "$@"
+}
+
+mh_our_namespaces() {
+  ip netns list 2>/dev/null | awk '{print $1}' | while read -r ns; do
+    case $ns in "$MH_PREFIX"h[0-9]*|"$MH_PREFIX"br) echo "$ns" ;; esac
+  done
 }
 
 mh_teardown() {
-  i=0
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
-    case $ns in "$MH_PREFIX"h[0-9]*|"$MH_PREFIX"br) ;; *) continue ;; esac
-    # Whatever still runs in one of our namespaces is ours (mpirun, its daemons, ranks).
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-    ip netns del "$ns" 2>/dev/null
-  done
+  trap '' INT TERM HUP  # a second Ctrl-C must not cut the teardown short
+  # Whatever still runs in one of our namespaces is ours (mpirun, its daemons, ranks): asked to
+  # end (mpirun passes SIGTERM on to its ranks), then killed after 3 s.
+  namespaces=$(mh_our_namespaces)
+  pids=$(for ns in $namespaces; do ip netns pids "$ns" 2>/dev/null; done)
+  if [ -n "$pids" ]; then
+    for p in $pids; do kill -TERM "$p" 2>/dev/null; done
+    tries=0
+    while [ "$tries" -lt 30 ]; do
+      alive=
+      for p in $pids; do kill -0 "$p" 2>/dev/null && alive=1; done
+      [ -z "$alive" ] && break
+      sleep 0.1; tries=$((tries + 1))
+    done
+    for ns in $namespaces; do
+      for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    done
+  fi
+  for ns in $namespaces; do ip netns del "$ns" 2>/dev/null; done
+  # The daemons' session directories, named after our hosts (see netns_agent.sh): a killed daemon
+  # leaves its own behind.
+  rm -rf "${TMPDIR:-/tmp}/ompi.$MH_PREFIX"h[0-9]*
   [ -n "$MH_DIR" ] && rm -rf "$MH_DIR"
   MH_DIR=
   MH_HOSTS=0
