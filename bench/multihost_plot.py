@@ -106,6 +106,7 @@ def main(out_dir):
         if rate_bits(r["rate"]) is None and r["op"] == "all_reduce":
             ax.axhline(r["busbw_GBps"], color="gray", lw=0.8, label="unshaped veth (all_reduce)")
     ax.set_xscale("log"); ax.set_yscale("log")
+    ax.set_xticks(xs, [f"{x:g}" for x in xs]); ax.minorticks_off()
     ax.set_xlabel("link rate (Gbit/s)"); ax.set_ylabel("busbw (GB/s)")
     ax.set_title("2 hosts x 1 rank, 16 MiB, OpenMPI TCP over veth")
     ax.legend(fontsize=8); fig.tight_layout(); fig.savefig(os.path.join(out_dir, "busbw.png"), dpi=110)
@@ -115,7 +116,8 @@ def main(out_dir):
         rows = [r for r in train if r["case"] == case and rate_bits(r["rate"])]
         ax.plot([rate_bits(r["rate"]) / 1e9 for r in rows], [100 * r["exposed_share"] for r in rows], "o-", label=case)
     ax.axhline(10, color="k", ls="--", lw=0.8, label="10% target")
-    ax.set_xscale("log"); ax.set_xlabel("link rate (Gbit/s)"); ax.set_ylabel("exposed communication (% of step)")
+    ax.set_xscale("log"); ax.set_xticks(xs, [f"{x:g}" for x in xs]); ax.minorticks_off()
+    ax.set_xlabel("link rate (Gbit/s)"); ax.set_ylabel("exposed communication (% of step)")
     ax.set_title("mxddp train, 2 hosts x 1 rank, overlap on")
     ax.legend(fontsize=8); fig.tight_layout(); fig.savefig(os.path.join(out_dir, "exposed.png"), dpi=110)
 

@@ -40,4 +40,5 @@ for lat in $latencies; do
     done
   done
 done
-python3 "$here/multihost_plot.py" "$out"
+# Debian's python3 has matplotlib (python3-matplotlib); PYTHON overrides.
+"${PYTHON:-/usr/bin/python3}" "$here/multihost_plot.py" "$out"

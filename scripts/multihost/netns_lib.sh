@@ -36,8 +36,8 @@ mh_addr() { echo "10.77.0.$(($1 + 1))"; }
 
 mh_check_capable() {
   if [ "$(id -u)" != 0 ]; then echo "SKIP: network namespaces need root (uid $(id -u))"; exit 77; fi
-  for tool in ip tc mpirun orted; do
-    command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool is not installed (iproute2, OpenMPI)"; exit 77; }
+  for tool in ip tc mpirun orted unshare setsid; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool is not installed (iproute2, OpenMPI, util-linux)"; exit 77; }
   done
   probe=${MH_PREFIX}probe
   if ! ip netns add "$probe" 2>/dev/null; then echo "SKIP: 'ip netns add' is not permitted here (no CAP_SYS_ADMIN or no netns support)"; exit 77; fi
