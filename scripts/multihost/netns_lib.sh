@@ -18,12 +18,12 @@
 #                               mpirun in host 0's namespace, ranks filled host by host, on every
 #                               host (or those of MH_HOSTFILE, e.g. mh_hostfile 0 > FILE)
 #   mh_hostfile INDEX...        prints a hostfile of those hosts
+#   mh_teardown                 kills what still runs in the namespaces, deletes them
+#   mh_leftovers                prints every namespace or link of this run still present
 #
 # Settings from the environment: MH_KEEPALIVE_S, MH_KEEPALIVE_INTVL_S, MH_KEEPALIVE_PROBES (the
 # runtime's TCP keepalive; 5, 1, 3), MH_TCP_RETRIES2 (4), MH_SLOTS (64 per host),
 # MH_LAUNCH_TIMEOUT_S (mh_mpirun's limit; none).
-#   mh_teardown                 kills what still runs in the namespaces, deletes them
-#   mh_leftovers                prints every namespace or link of this run still present
 
 MH_SELF_DIR=${MH_SELF_DIR:-$(cd "$(dirname "$0")" && pwd)}
 MH_PREFIX=mh$$
