@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include <unistd.h>
+
 #include <mxddp/core.h>
 
 namespace mxddp {
@@ -103,11 +105,30 @@ void CallWatchdog::loop() {
   }
 }
 
-void abort_job_on_stall(const std::string& message) {
+void end_job_or_exit(const std::string& message, const std::function<void()>& abort_job,
+                     std::chrono::milliseconds grace) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, kMpiStallExitCode);
-  std::abort();  // MPI_Abort does not return; if an MPI ever did, this rank still must not go on
+  // Armed before the abort, which may never return. Detached: nothing joins it, the process ends.
+  // The text is formatted now: after the grace the heap may be in any state (another thread could
+  // hold the allocator's lock inside a blocked MPI call).
+  const std::string fallback = fmt::format(
+      "mxddp: mpi watchdog: the job's abort did not end this process within {} ms (the launcher is "
+      "unreachable?); exiting on its own (exit status {})\n",
+      grace.count(), kMpiStallExitCode);
+  std::thread([grace, fallback] {
+    std::this_thread::sleep_for(grace);
+    // write(2): async-signal-safe and lock-free, unlike stdio (whose lock a blocked thread may hold).
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, fallback.data(), fallback.size());
+    ::_exit(kMpiStallExitCode);
+  }).detach();
+  abort_job();
+  // MPI_Abort does not return; if an MPI ever did, this rank still must not go on.
+  ::_exit(kMpiStallExitCode);
+}
+
+void abort_job_on_stall(const std::string& message) {
+  end_job_or_exit(message, [] { MPI_Abort(MPI_COMM_WORLD, kMpiStallExitCode); }, kMpiAbortGrace);
 }
 
 std::string format_ranks(const std::vector<int>& ranks) {

@@ -88,8 +88,23 @@ class CallWatchdog {
   std::thread thread_;           // started last, after every member it reads exists
 };
 
+// How long a rank gives MPI_Abort to end it before it ends itself (see end_job_or_exit). OpenMPI's
+// abort goes through the local daemon to mpirun and back; on one host that takes well under a
+// second, and when mpirun is unreachable (a failed link, a failed host) it never comes back. 10 s
+// keeps a cut-off rank's end within the watchdog's timeout + 20 s that multihost runs promise
+// (docs/multihost.md), with room for a slow but working abort.
+inline constexpr std::chrono::milliseconds kMpiAbortGrace{10'000};
+
+// Prints message on stderr, then calls abort_job (which should end the process, and with it the
+// job). If this process still runs grace later (abort_job blocked, e.g. MPI_Abort waiting on a
+// launcher it cannot reach), a thread armed before abort_job prints that on stderr and ends the
+// process with _exit(kMpiStallExitCode): no destructors or atexit handlers, which could block in
+// MPI too. If abort_job returns, the process ends the same way at once.
+[[noreturn]] void end_job_or_exit(const std::string& message, const std::function<void()>& abort_job,
+                                  std::chrono::milliseconds grace);
+
 // Prints message on stderr and ends the whole job with MPI_Abort(MPI_COMM_WORLD,
-// kMpiStallExitCode). Library code must not end the process; this is the one documented
+// kMpiStallExitCode), or this rank alone after kMpiAbortGrace (end_job_or_exit). Library code must not end the process; this is the one documented
 // exception: a stalled collective cannot be cancelled (its requests still own the caller's buffers
 // and every later collective on the communicator would pair with the wrong peer call), so throwing
 // an Error would leave this rank unable to communicate and every peer still hung. Aborting is the
