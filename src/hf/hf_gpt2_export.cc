@@ -31,6 +31,7 @@ HfGpt2Export encode_hf_gpt2(const CheckpointParams& params, const HfExportOption
   const std::vector<ParamSpec> specs = gpt_param_specs(model);
   MXDDP_ASSERT(specs.size() == info.params.size() && params.values.size() == specs.size());
 
+  const std::vector<hf::Gpt2Tensor> names = hf::gpt2_tensors(model);
   HfGpt2Export out;
   std::vector<std::vector<float>> values(specs.size());  // HF's layout
   std::string model_dtypes;
@@ -46,7 +47,7 @@ HfGpt2Export encode_hf_gpt2(const CheckpointParams& params, const HfExportOption
         for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));  // what the model params are: nearest even
       if (model_dtypes.find(dtype) == std::string::npos) model_dtypes += (model_dtypes.empty() ? "" : ", ") + dtype;
     }
-    if (hf::gpt2_tensors(model)[i].transposed) v = hf::transpose(v, specs[i].shape[0], specs[i].shape[1]);
+    if (names[i].transposed) v = hf::transpose(v, specs[i].shape[0], specs[i].shape[1]);
     values[i] = std::move(v);
   }
   out.values = options.values == HfExportValues::kModel
@@ -55,7 +56,6 @@ HfGpt2Export encode_hf_gpt2(const CheckpointParams& params, const HfExportOption
                                  model_dtypes, model_dtypes == "f32" ? ", here not rounded" : "")
                    : "the FP32 main params (the optimizer's master copy), as they are";
 
-  const std::vector<hf::Gpt2Tensor> names = hf::gpt2_tensors(model);
   std::vector<hf::StTensorToWrite> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     std::vector<int64_t> shape;
