@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/hf.h>
 #include <mxddp/output_file.h>
 #include <mxddp/train.h>
 
@@ -82,6 +83,20 @@ std::string wrap(const std::string& text, size_t width) {
   return out + line;
 }
 
+// --format hf: the two files of a Hugging Face GPT-2 directory, written as one step.
+void export_hf(const CkptExportArgs& a, const CheckpointParams& params) {
+  const HfGpt2Export files = encode_hf_gpt2(
+      params, {.values = a.dtype == "model" ? HfExportValues::kModel : HfExportValues::kMain, .eos_token_id = a.eos_token_id});
+  write_hf_gpt2(a.out, files);
+  const CheckpointInfo& info = params.info;
+  const auto iteration = info.metadata.find("iteration");
+  std::printf("exported checkpoint %s (%sstep %lld) to %s as a Hugging Face GPT-2 directory (config.json, "
+              "model.safetensors: %zu bytes): %s\n",
+              info.dir.c_str(),
+              iteration != info.metadata.end() ? fmt::format("iteration {}, ", iteration->second).c_str() : "",
+              static_cast<long long>(info.step), a.out.c_str(), files.safetensors.size(), files.values.c_str());
+}
+
 }  // namespace
 
 std::string checkpoint_dir_to_read(const std::string& dir) {
@@ -100,16 +115,36 @@ CLI::App* add_ckpt_export_command(CLI::App& ckpt, CkptExportArgs& args) {
   cmd->footer(wrap(std::string(kHelp) + kQkvLayout + ".", 100));
   cmd->add_option("dir", args.dir, "Checkpoint directory (or a --save directory: its newest checkpoint)")->required();
   cmd->add_option("--out", args.out, "The safetensors file to write (a regular file or a new name)")->required();
-  cmd->add_option("--dtype", args.dtype, "f32 (the main params as they are) or bf16 (rounded to nearest even)")
+  cmd->add_option("--dtype", args.dtype,
+                  "--format safetensors: f32 (default; the main params as they are) or bf16 (rounded to nearest "
+                  "even). --format hf: model (default; the values mxddp evaluates with: the bf16 model params, "
+                  "stored as F32) or f32 (the main params)");
+  cmd->add_option("--format", args.format,
+                  "safetensors (one file, mxddp's names) or hf (--out is a directory that Hugging Face's "
+                  "GPT2LMHeadModel.from_pretrained loads: config.json, model.safetensors; docs/hf.md)")
+      ->check(CLI::IsMember({"safetensors", "hf"}))
       ->capture_default_str();
+  cmd->add_option("--eos-token-id", args.eos_token_id,
+                  "--format hf: bos_token_id and eos_token_id in config.json (default: 50256, GPT-2's <|endoftext|>, "
+                  "when the vocabulary holds it; otherwise null)");
   return cmd;
 }
 
-void run_ckpt_export(const CkptExportArgs& a) {
+void run_ckpt_export(const CkptExportArgs& args) {
+  CkptExportArgs a = args;
+  const bool hf = a.format == "hf";
+  if (a.dtype.empty()) a.dtype = hf ? "model" : "f32";
   // The flags and the output path first: a bad one fails before the checkpoint is read.
-  MXDDP_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype '{}' is not valid: give f32 or bf16", a.dtype);
-  const DType dtype = a.dtype == "f32" ? DType::kF32 : DType::kBF16;
-  check_output_file_path(a.out, "--out");
+  if (hf) {
+    MXDDP_CHECK(a.dtype == "model" || a.dtype == "f32", "--dtype '{}' is not valid with --format hf: give model (the "
+                "values mxddp evaluates with) or f32 (the main params)", a.dtype);
+    check_hf_output_dir(a.out);
+  } else {
+    MXDDP_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype '{}' is not valid: give f32 or bf16", a.dtype);
+    MXDDP_CHECK(!a.eos_token_id, "--eos-token-id is for --format hf (config.json)");
+    check_output_file_path(a.out, "--out");
+  }
+  const DType dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   {
     std::error_code ec;
     const bool any = fs::exists(fs::symlink_status(a.dir, ec)) || fs::exists(a.dir + ".partial", ec) ||
@@ -125,6 +160,7 @@ void run_ckpt_export(const CkptExportArgs& a) {
   const std::vector<std::string> gpt_problems = gpt_checkpoint_problems(params.info);
   MXDDP_CHECK(gpt_problems.empty(), "checkpoint '{}' is damaged: {}", params.info.dir, fmt::join(gpt_problems, "; "));
 
+  if (hf) return export_hf(a, params);
   std::map<std::string, std::string> extra;
   if (!params.info.model_config.empty()) extra["mxddp_qkv_layout"] = kQkvLayout;
   std::vector<char> bytes = encode_checkpoint_params_safetensors(params, dtype, extra);

@@ -7,6 +7,8 @@
 // even. --out is checked before any work and written atomically (temporary name, rename).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -16,7 +18,9 @@ namespace mxddp::app {
 struct CkptExportArgs {
   std::string dir;
   std::string out;
-  std::string dtype = "f32";
+  std::string dtype;  // "" : the format's default (safetensors: f32; hf: model)
+  std::string format = "safetensors";  // or "hf": a Hugging Face GPT-2 directory (docs/hf.md)
+  std::optional<int64_t> eos_token_id;  // --format hf: bos/eos in config.json
 };
 
 // Adds `export` under the `ckpt` command.

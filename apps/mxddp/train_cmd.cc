@@ -19,6 +19,7 @@
 #include <mxddp/quant.h>
 
 #include "cli_checks.h"
+#include "hf_train_flags.h"
 #include "launcher.h"
 #include "megatron_flags.h"
 #include "metrics_log.h"
@@ -135,7 +136,7 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
       ->transform(integer_in(1, kTimeoutMsMax));
 
   auto* model = cmd->add_option_group("model");
-  model->add_option("--model", a.model, "Preset: tiny, small (~10.8M params) or gpt2-124m (GPT-2 small's shape)")
+  a.model_option = model->add_option("--model", a.model, "Preset: tiny, small (~10.8M params) or gpt2-124m (GPT-2 small's shape)")
       ->check(CLI::IsMember(gpt_preset_names()));
   // GptConfig's flags override the preset's values once it is known (finish_config).
   for_each_field<GptConfig>([&](const auto& field) {
@@ -216,6 +217,7 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
                    "Resume from a --save directory's newest checkpoint, or from one checkpoint (an iter_ directory); "
                    "any data-parallel size")
       ->transform(non_empty_path());
+  add_hf_train_flags(data, a);  // --load-hf, --skip-train
   data->add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", c.check_for_nan_in_loss_and_grad,
                  "Stop on a NaN or Inf loss or gradient, naming the iteration and params (default: on); off, such "
                  "iterations are skipped and counted in the report");
@@ -345,6 +347,7 @@ TrainCallbacks rank0_callbacks(Progress& progress, MetricsLog* metrics, const Tr
 }
 
 void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
+  if (c.skip_train) return print_skip_train_summary(c, r);
   if (r.steps.empty()) {
     std::printf("nothing to train: the checkpoint is at iteration %lld of %lld\n", static_cast<long long>(r.start_iteration),
                 static_cast<long long>(c.train_iters));
@@ -415,7 +418,9 @@ void finish_train_config(TrainArgs& a) {
   GptConfig& m = a.config.model;
   m = gpt_preset(a.model);
   for (const auto& override_field : a.model_overrides) override_field(m);
+  const std::vector<std::string> hf_notes = apply_load_hf(a);  // --load-hf: the model is its config.json
   a.notes = apply_megatron_flags(a.megatron, m.num_params(), a.bucket_size_option->count() > 0, a.config.ddp.bucket_size);
+  a.notes.insert(a.notes.end(), hf_notes.begin(), hf_notes.end());
   // The fields FSDP shares with DDP (the overlap flags, the grad and param dtypes, the MXFP8 format)
   // mean the same under FSDP (Megatron's names are shared); their flags set DdpConfig's.
   copy_shared_data_parallel_fields(a.config.ddp, a.config.fsdp);

@@ -23,6 +23,7 @@ struct TrainArgs {
   const CLI::Option* ranks_option = nullptr;  // whether --ranks was given
   int64_t timeout_ms = 600'000;
   std::string model = "tiny";
+  const CLI::Option* model_option = nullptr;  // whether --model was given (--load-hf gives the model)
   // Overrides of the preset (--num-layers, ...: GptConfig's described fields), applied in order
   // over --model's config.
   std::vector<std::function<void(GptConfig&)>> model_overrides;

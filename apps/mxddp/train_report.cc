@@ -82,6 +82,8 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
       {"save", c.save_dir},
       {"save_interval", c.save_interval},
       {"load", c.load_dir},
+      {"load_hf", c.load_hf_dir},
+      {"skip_train", c.skip_train},
   };
 }
 
@@ -132,9 +134,9 @@ void write_train_report(const std::string& path, const TrainConfig& config, cons
                      {"step_ms", s.step_ms}});
   j["steps"] = std::move(steps);
   j["skipped_steps"] = std::count_if(r.steps.begin(), r.steps.end(), [](const StepRecord& s) { return s.skipped; });
-  nlohmann::json evals = nlohmann::json::array();
-  for (const EvalRecord& e : r.evals) evals.push_back({{"iteration", e.iteration}, {"loss", e.loss}});
-  j["validation"] = std::move(evals);
+  // One array per split evaluated: "validation" always (maybe empty), others (--skip-train's) when evaluated.
+  j["validation"] = nlohmann::json::array();
+  for (const EvalRecord& e : r.evals) j[e.split].push_back({{"iteration", e.iteration}, {"loss", e.loss}});
   j["throughput"] = {{"tokens_per_iteration", r.tokens_per_iteration},
                      {"tokens_per_second", r.tokens_per_second},
                      {"model_flops_per_second", r.tokens_per_second * config.model.train_flops_per_token()},

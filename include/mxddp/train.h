@@ -89,6 +89,13 @@ struct TrainConfig {
   int64_t save_interval = 0;
   int keep_last = 0;
   std::string load_dir;  // resume from here (any dp size): a save_dir (its newest) or one checkpoint
+  // Start from a Hugging Face GPT-2 directory's weights (hf.h: config.json, model.safetensors)
+  // instead of the seeded initialization, at iteration 0 with a fresh optimizer. `model` must be
+  // the directory's config (read_hf_gpt2_config; its seq_length may be shorter). Not with load_dir.
+  std::string load_hf_dir;
+  // Megatron's --skip-train: no iteration; evaluate the loaded (or initial) params on every
+  // evaluation split (eval_iters batches each), report, and stop. Not with save_dir.
+  bool skip_train = false;
   // Stopping early, as Megatron's flags: after an iteration divisible by exit_interval, or once the
   // run has lasted exit_duration_in_mins, or when TrainCallbacks::stop_requested says so on any
   // rank, every rank stops after the same iteration, saves (when save_dir is set) and returns with
@@ -138,7 +145,14 @@ struct StepRecord {
 struct EvalRecord {
   int64_t iteration = 0;
   double loss = 0;
+  // The data split evaluated: "validation" (every evaluation during training), or, with
+  // skip_train, each split the data has (eval_split_names).
+  std::string split = "validation";
 };
+
+// The splits an evaluation-only run (TrainConfig::skip_train) evaluates, in order: the validation
+// split (the data's last valid_fraction). A data source with a test split adds "test" here.
+std::vector<std::string> eval_split_names(const TrainConfig& config);
 
 struct RankMemory {
   MemoryUsage overall;  // peak and live bytes over the whole run

@@ -76,6 +76,8 @@ std::vector<JobField> train_job_fields(const TrainConfig& c) {
   add("--save-interval", c.save_interval);
   add("--keep-last", int64_t{c.keep_last});
   add("--load", c.load_dir);
+  add("--load-hf", c.load_hf_dir);
+  add("--skip-train", c.skip_train);
   add("--exit-interval", c.exit_interval);
   add("--exit-duration-in-mins", c.exit_duration_in_mins);
   // The fields DDP and FSDP share are one flag each (FSDP's copies of DDP's): list each once.

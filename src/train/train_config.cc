@@ -98,6 +98,18 @@ void TrainConfig::validate(int dp) const {
               "--check-weight-hash-across-dp-replicas-interval {} is not valid: 0 (never) or more",
               check_weight_hash_across_dp_replicas_interval);
   MXDDP_CHECK(corpus_bytes >= 1, "corpus size {} is not valid: at least 1 byte", corpus_bytes);
+  MXDDP_CHECK(load_dir.empty() || load_hf_dir.empty(),
+              "--load '{}' and --load-hf '{}' both give the starting params; give one", load_dir, load_hf_dir);
+  if (skip_train) {
+    MXDDP_CHECK(eval_iters > 0, "--skip-train evaluates --eval-iters batches per split, and --eval-iters is 0");
+    MXDDP_CHECK(save_dir.empty(), "--skip-train trains nothing, so --save '{}' would save the params it loaded; give "
+                "--save only to a run that trains", save_dir);
+  }
+}
+
+std::vector<std::string> eval_split_names(const TrainConfig& config) {
+  (void)config;  // today every data source has one held-out split; one with a test split adds it here
+  return {"validation"};
 }
 
 std::string_view lr_decay_style_name(LrDecayStyle style) {

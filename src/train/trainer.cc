@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 
+#include <mxddp/hf.h>
 #include <mxddp/input_file.h>
 #include <mxddp/launch_check.h>
 #include <mxddp/output_file.h>
@@ -158,13 +159,40 @@ void Trainer::load_data() {
   const std::string_view text = data_->text();
   check_same_job(comm_, {{"data bytes read", std::to_string(text.size())}, {"data crc32", fmt::format("{:08x}", ckpt::crc32_of(text))}},
                  "the data each rank read");
+  // Every token must index the embedding: bytes reach 255, and a vocabulary can be any size (an
+  // imported HF model's). The same data and config on every rank: the same verdict.
+  unsigned char max_token = 0;
+  for (const char ch : text) max_token = std::max(max_token, static_cast<unsigned char>(ch));
+  MXDDP_CHECK(text.empty() || max_token < config_.model.vocab_size,
+              "the data are bytes and hold token id {}, but the model's vocabulary is {} (ids 0..{}){}: byte-level data "
+              "needs a vocabulary of at least 256", static_cast<int>(max_token), config_.model.vocab_size,
+              config_.model.vocab_size - 1,
+              config_.load_hf_dir.empty() ? "" : fmt::format(" (--load-hf '{}')", config_.load_hf_dir));
 }
 
 void Trainer::build_data_parallel() {
   const GptConfig& mc = config_.model;
   DdpConfig ddp_config = config_.ddp;
   ddp_config.use_distributed_optimizer = true;
-  std::vector<std::vector<float>> init = gpt_init_params(mc, config_.seed);  // freed once copied in
+  std::vector<std::vector<float>> init;  // freed once copied in
+  if (config_.load_hf_dir.empty()) {
+    init = gpt_init_params(mc, config_.seed);
+  } else {
+    // Every rank reads the directory; a problem on one ends all, and the ranks must have read the
+    // same bytes (another host can hold another copy under the same path).
+    std::string error;
+    HfGpt2Params hf;
+    try {
+      hf = read_hf_gpt2_params(config_.load_hf_dir, mc);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    throw_if_any_rank_failed(comm_, error);
+    check_same_job(comm_, {{"--load-hf config.json crc32", fmt::format("{:08x}", hf.config_crc32)},
+                           {"--load-hf model.safetensors crc32", fmt::format("{:08x}", hf.safetensors_crc32)}},
+                   "the HF checkpoint each rank read");
+    init = std::move(hf.values);
+  }
   const std::vector<ParamSpec> specs = gpt_param_specs(mc, ddp_config.fp8_param_gather);
   std::vector<TensorView> views;
   for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
@@ -268,6 +296,10 @@ void Trainer::save_checkpoint(int64_t iteration) {
 
 void Trainer::run_iterations() {
   train_start_ = Clock::now();
+  if (config_.skip_train) {  // Megatron's --skip-train: evaluate what was loaded, train nothing
+    for (const std::string& split : eval_split_names(config_)) evaluate(result_.start_iteration, split);
+    return;
+  }
   for (int64_t it = result_.start_iteration; it < config_.train_iters; ++it) {
     result_.steps.push_back(run_iteration(it));
     if (callbacks_.on_step) callbacks_.on_step(result_.steps.back());
@@ -366,8 +398,9 @@ void Trainer::check_weight_hashes(int64_t iteration) {
               iteration, config_.check_weight_hash_across_dp_replicas_interval, mismatches);
 }
 
-void Trainer::evaluate(int64_t iteration) {
+void Trainer::evaluate(int64_t iteration, const std::string& split) {
   optimizer_->force_param_sync();  // the model params must be the main params' (MXFP8 reuse: re-staged)
+  MXDDP_ASSERT(split == "validation");  // the one held-out split TokenDataset has (eval_split_names)
   const int accum = accumulation_steps(), mb = config_.micro_batch_size;
   double sum = 0;
   for (int e = 0; e < config_.eval_iters; ++e)
@@ -375,7 +408,7 @@ void Trainer::evaluate(int64_t iteration) {
       data_->fill_batch(true, config_.seed, e, first_sequence(m), mb, tokens_.data());
       sum += model_->evaluate(tokens_.data(), mb);
     }
-  const EvalRecord record{iteration, all_reduce_mean(comm_, sum / (config_.eval_iters * accum))};
+  const EvalRecord record{iteration, all_reduce_mean(comm_, sum / (config_.eval_iters * accum)), split};
   result_.evals.push_back(record);
   if (callbacks_.on_eval) callbacks_.on_eval(record);
 }

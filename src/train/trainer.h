@@ -62,7 +62,8 @@ class Trainer {
   // returns false when the run stops there.
   bool after_iteration(int64_t iteration);
   void check_weight_hashes(int64_t iteration);
-  void evaluate(int64_t iteration);
+  // The mean loss over eval_iters global batches of a split (eval_split_names), all-reduced.
+  void evaluate(int64_t iteration, const std::string& split = "validation");
   void save_checkpoint(int64_t iteration);
   // Why to stop after `iteration`, the same on every rank; "" to go on.
   std::string exit_reason(int64_t iteration);

@@ -451,8 +451,12 @@ TEST(GptConfig, PresetsAndBadValues) {
   bad.num_attention_heads = 3;
   EXPECT_THROW(bad.validate(), Error);
   bad = gpt_preset("tiny");
-  bad.vocab_size = 300;
+  bad.vocab_size = 0;
   EXPECT_THROW(bad.validate(), Error);
+  // Any vocabulary is a model (an imported HF GPT-2's 50257); the data's ids are checked where read.
+  GptConfig gpt2_vocab = gpt_preset("tiny");
+  gpt2_vocab.vocab_size = 50257;
+  EXPECT_NO_THROW(gpt2_vocab.validate());
 }
 
 TEST(GptConfig, InitializationIsDeterministicAndGpt2Like) {
