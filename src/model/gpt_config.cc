@@ -14,7 +14,8 @@
 namespace mxddp {
 
 void GptConfig::validate() const {
-  MXDDP_CHECK(vocab_size >= 1 && vocab_size <= 256, "vocab size {} is not valid: tokens are bytes, so 1..256", vocab_size);
+  MXDDP_CHECK(vocab_size >= 1, "vocab size {} is not valid: at least 1 (--vocab-size, padded by "
+              "--make-vocab-size-divisible-by)", vocab_size);
   MXDDP_CHECK(num_layers >= 1, "--num-layers {} is not valid: at least 1", num_layers);
   MXDDP_CHECK(hidden_size >= 1, "--hidden-size {} is not valid: at least 1", hidden_size);
   MXDDP_CHECK(num_attention_heads >= 1 && hidden_size % num_attention_heads == 0,

@@ -451,8 +451,10 @@ TEST(GptConfig, PresetsAndBadValues) {
   bad.num_attention_heads = 3;
   EXPECT_THROW(bad.validate(), Error);
   bad = gpt_preset("tiny");
-  bad.vocab_size = 300;
+  bad.vocab_size = 0;
   EXPECT_THROW(bad.validate(), Error);
+  bad.vocab_size = 50304;  // any vocabulary (a padded GPT-2 one)
+  EXPECT_NO_THROW(bad.validate());
 }
 
 TEST(GptConfig, InitializationIsDeterministicAndGpt2Like) {
