@@ -107,3 +107,16 @@ mxddp_cli_rejects(cli_data_refuses_tokenizer_model "error: .*--tokenizer-model '
   "$m train --ranks 1 --tokenizer-model tok.model")
 mxddp_cli_rejects(cli_data_refuses_bad_vocab_file "error: .*--vocab-file '.*/v.json': token \"b\" has id 5; valid: the ids 0..1 each once"
   "echo '{\"a\": 0, \"b\": 5}' > $d/v.json && touch $d/m.txt && $m train --ranks 1 --tokenizer-type GPT2BPETokenizer --vocab-file $d/v.json --merge-file $d/m.txt")
+
+# Against megatron-core's own writer, reader and split matrix (optional: skipped where the Python
+# has no megatron-core; MXDDP_MEGATRON_CORE_PYTHON names one, e.g. a venv with `pip install
+# --no-deps megatron-core` beside torch; build/pyvenv-mcore when it exists).
+if(NOT DEFINED MXDDP_MEGATRON_CORE_PYTHON)
+  set(MXDDP_MEGATRON_CORE_PYTHON /usr/bin/python3)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/build/pyvenv-mcore/bin/python)
+    set(MXDDP_MEGATRON_CORE_PYTHON ${PROJECT_SOURCE_DIR}/build/pyvenv-mcore/bin/python)
+  endif()
+endif()
+add_test(NAME cli_data_megatron_core_files
+         COMMAND ${MXDDP_MEGATRON_CORE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/model/megatron_core_check.py $<TARGET_FILE:mxddp_cli> ${cli_data_dir}_mcore)
+set_tests_properties(cli_data_megatron_core_files PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

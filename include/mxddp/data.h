@@ -99,9 +99,8 @@ const char* data_split_name(DataSplit split);  // "train", "valid", "test"
 // 1. Throws Error naming the text otherwise.
 std::array<double, 3> parse_split(const std::string& text);
 
-// Megatron's document boundaries of the three splits over num_documents: [0, b1, b2, num_documents],
-// each part round(weight x num_documents) (round half to even, as Python), the rounding error
-// taken off every boundary but the first so the last is num_documents.
+// megatron-core's boundaries of the three splits over num_documents: [0, b1, b2, num_documents]
+// with b_k = round((w_0 + ... + w_{k-1}) x num_documents), round half to even as Python's round.
 std::array<int64_t, 4> split_document_ranges(const std::array<double, 3>& weights, int64_t num_documents);
 
 // ----------------------------------------------------------------------------------------------

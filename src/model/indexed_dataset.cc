@@ -253,13 +253,16 @@ std::array<double, 3> parse_split(const std::string& text) {
 }
 
 std::array<int64_t, 4> split_document_ranges(const std::array<double, 3>& weights, int64_t num_documents) {
-  std::array<int64_t, 4> b{0, 0, 0, 0};
-  for (int k = 0; k < 3; ++k)
-    b[static_cast<size_t>(k + 1)] =
-        b[static_cast<size_t>(k)] + static_cast<int64_t>(std::nearbyint(weights[static_cast<size_t>(k)] *
-                                                                        static_cast<double>(num_documents)));
-  const int64_t excess = b[3] - num_documents;  // the rounding error, taken off every boundary but the first
-  for (int k = 1; k < 4; ++k) b[static_cast<size_t>(k)] = std::clamp<int64_t>(b[static_cast<size_t>(k)] - excess, 0, num_documents);
+  // megatron-core's split matrix: each split is the book-ends [cumulative start, cumulative end)
+  // of the normalized weights, and its elements are [round(start x n), round(end x n)).
+  std::array<int64_t, 4> b{0, 0, 0, num_documents};
+  double cumulative = 0;
+  for (size_t k = 1; k < 3; ++k) {
+    cumulative += weights[k - 1];
+    b[k] = std::clamp<int64_t>(static_cast<int64_t>(std::nearbyint(cumulative * static_cast<double>(num_documents))), 0,
+                               num_documents);
+  }
+  b[2] = std::max(b[2], b[1]);
   return b;
 }
 

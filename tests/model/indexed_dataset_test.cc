@@ -203,10 +203,12 @@ TEST(DataSplit, BoundariesAreMegatronsRoundedPartsOverTheDocuments) {
   EXPECT_EQ(split_document_ranges(w, 10), (std::array<int64_t, 4>{0, 10, 10, 10}));
   // 2/3 and 1/3 of 10: 7 and 3.
   EXPECT_EQ(split_document_ranges(parse_split("2,1"), 10), (std::array<int64_t, 4>{0, 7, 10, 10}));
-  // Halves round half to even (0.5 -> 0, 1.5 -> 2), and the rounding error is taken off every
-  // boundary but the first, as Megatron's: [0, 0, 0] + 1 and [0, 2, 4] - 1.
-  EXPECT_EQ(split_document_ranges(parse_split("1/1"), 1), (std::array<int64_t, 4>{0, 1, 1, 1}));
-  EXPECT_EQ(split_document_ranges(parse_split("1,1"), 3), (std::array<int64_t, 4>{0, 1, 3, 3}));
+  // The cumulative book-ends are rounded half to even, as Python's round: 0.5 -> 0, 1.5 -> 2,
+  // 2.5 -> 2.
+  EXPECT_EQ(split_document_ranges(parse_split("1/1"), 1), (std::array<int64_t, 4>{0, 0, 1, 1}));
+  EXPECT_EQ(split_document_ranges(parse_split("1,1"), 3), (std::array<int64_t, 4>{0, 2, 3, 3}));
+  EXPECT_EQ(split_document_ranges(parse_split("1,1,2"), 10), (std::array<int64_t, 4>{0, 2, 5, 10}));
+  EXPECT_EQ(split_document_ranges(parse_split("969,30,1"), 0), (std::array<int64_t, 4>{0, 0, 0, 0}));
   EXPECT_EQ(split_document_ranges(parse_split("1,1,1"), 3), (std::array<int64_t, 4>{0, 1, 2, 3}));
   for (const char* bad : {"", "1,2,3,4", "a,1", "-1,2", "0,0,0", "1,,2", "inf,1"})
     EXPECT_NE(error_of([&] { parse_split(bad); }).find("--split '" + std::string(bad) + "' is not valid"),
