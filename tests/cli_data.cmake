@@ -120,3 +120,14 @@ endif()
 add_test(NAME cli_data_megatron_core_files
          COMMAND ${MXDDP_MEGATRON_CORE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/model/megatron_core_check.py $<TARGET_FILE:mxddp_cli> ${cli_data_dir}_mcore)
 set_tests_properties(cli_data_megatron_core_files PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+
+# The sample index against an independent Python reference (tests/model/sample_index_reference.py),
+# a blend of the two fixture datasets, training and validation splits, past several epochs.
+add_test(NAME cli_data_sample_index_equals_the_reference
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/model/sample_index_reference.py $<TARGET_FILE:mxddp_cli> 16 7 90,10,0
+                 0.3 ${cli_data_dir}/readme 0.7 ${cli_data_dir}/train)
+set_tests_properties(cli_data_sample_index_equals_the_reference PROPERTIES FIXTURES_REQUIRED cli_data
+  PASS_REGULAR_EXPRESSION "sample index equals the reference: [0-9]+ samples")
+add_test(NAME cli_data_prints_samples COMMAND mxddp_cli data --data-path ${cli_data_dir}/readme --seq-length 4 --count 2)
+set_tests_properties(cli_data_prints_samples PROPERTIES FIXTURES_REQUIRED cli_data
+  PASS_REGULAR_EXPRESSION "\\{\"split\": \"train\", \"first\": 0, \"samples\": \\[\n\\[[0-9]+, [0-9]+, [0-9]+, [0-9]+, [0-9]+\\],\n\\[[0-9, ]+\\]\n\\]\\}")

@@ -190,20 +190,23 @@ void IndexedDataset::read_sequence(int64_t s, int64_t offset, int64_t count, int
 
 void IndexedDataset::check_token_ids(int64_t first, int64_t last, int64_t vocab_size,
                                      std::vector<int64_t>* counts) const {
-  std::vector<int64_t> chunk;
+  constexpr int64_t kChunkTokens = int64_t{1} << 16;  // a sequence can be as long as .bin: read it in pieces
+  std::vector<int64_t> chunk(static_cast<size_t>(kChunkTokens));
   for (int64_t d = first; d < last; ++d) {
     int64_t position = 0;  // in the document
     for (int64_t s = document_first_sequence(d); s < document_end_sequence(d); ++s) {
       const int64_t n = sequence_length(s);
-      chunk.resize(static_cast<size_t>(std::max<int64_t>(n, 1)));
-      read_sequence(s, 0, n, chunk.data());
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t id = chunk[static_cast<size_t>(i)];
-        MXDDP_CHECK(id >= 0 && id < vocab_size,
-                    "token id {} in document {} (token {} of it, sequence {}) of '{}' is not valid: the vocabulary "
-                    "has {} tokens (ids 0..{}); give the tokenizer's size (--vocab-size, or --tokenizer-type with "
-                    "--vocab-file)", id, d, position + i, s, bin_path(), vocab_size, vocab_size - 1);
-        if (counts != nullptr) ++(*counts)[static_cast<size_t>(id)];
+      for (int64_t at = 0; at < n; at += kChunkTokens) {
+        const int64_t piece = std::min(kChunkTokens, n - at);
+        read_sequence(s, at, piece, chunk.data());
+        for (int64_t i = 0; i < piece; ++i) {
+          const int64_t id = chunk[static_cast<size_t>(i)];
+          MXDDP_CHECK(id >= 0 && id < vocab_size,
+                      "token id {} in document {} (token {} of it, sequence {}) of '{}' is not valid: the vocabulary "
+                      "has {} tokens (ids 0..{}); give the tokenizer's size (--vocab-size, or --tokenizer-type with "
+                      "--vocab-file)", id, d, position + at + i, s, bin_path(), vocab_size, vocab_size - 1);
+          if (counts != nullptr) ++(*counts)[static_cast<size_t>(id)];
+        }
       }
       position += n;
     }

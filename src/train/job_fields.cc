@@ -75,6 +75,7 @@ std::vector<JobField> train_job_fields(const TrainConfig& c) {
   add("--data-path", blend);
   if (!c.data_blend.empty()) add("--split", fmt::format("{},{},{}", c.split[0], c.split[1], c.split[2]));
   add("--vocab-size", c.tokenizer_vocab_size);
+  add("the tokenizer's end-of-document id", c.eod_id);
   add("--eval-interval", c.eval_interval);
   add("--eval-iters", int64_t{c.eval_iters});
   add("--save", c.save_dir);

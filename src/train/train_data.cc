@@ -59,10 +59,4 @@ std::vector<JobField> TrainData::identity() const {
   return fields;
 }
 
-std::string TrainData::describe() const {
-  if (indexed_) return indexed_->describe();
-  return fmt::format("{} bytes of text ({})", text_->text().size(),
-                     config_.data_path.empty() ? std::string("the built-in corpus") : config_.data_path);
-}
-
 }  // namespace mxddp

@@ -30,7 +30,6 @@ class TrainData {
   double unigram_entropy() const;
   // What every rank must have read alike (sizes and checksums), for check_same_job.
   std::vector<JobField> identity() const;
-  std::string describe() const;  // for the banner
 
  private:
   const TrainConfig& config_;
