@@ -17,6 +17,7 @@
 #include "plan_cmd.h"
 #include "quantize_cmd.h"
 #include "selfcheck.h"
+#include "data_cmd.h"
 #include "train_cmd.h"
 
 namespace {
@@ -95,6 +96,8 @@ int main(int argc, char** argv) {
   auto* plan_cmd = mxddp::app::add_plan_command(app, plan);
   mxddp::app::CkptArgs ckpt;
   auto* ckpt_cmd = mxddp::app::add_ckpt_command(app, ckpt);
+  mxddp::app::DataArgs data;
+  auto* data_cmd = mxddp::app::add_data_command(app, data);
 
   // CLI11's own parse errors read as mxddp's do.
   app.failure_message([](const CLI::App* failed, const CLI::Error& e) {
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
     if (layout_cmd->parsed()) mxddp::app::run_layout_command(layout);
     if (ckpt_cmd->parsed()) return mxddp::app::run_ckpt_command(ckpt);
     if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);
+    if (data_cmd->parsed()) mxddp::app::run_data_command(data);
   } catch (const std::bad_alloc&) {
     // Sizes come from flags and files, so an allocation can fail anywhere; "std::bad_alloc" alone
     // would name nothing the user can change.

@@ -26,10 +26,6 @@ constexpr NotedFlag kNotedFlags[] = {
     {"--tensorboard-dir", true, "no TensorBoard: --metrics-file writes JSON lines as training goes, scripts/plot_metrics.py draws them"},
     {"--wandb-project", true, "no Weights & Biases: --metrics-file writes JSON lines as training goes"},
     {"--num-workers", true, "batches are cut from memory in the training thread"},
-    {"--tokenizer-type", true, "the vocabulary is bytes (256 tokens); no tokenizer"},
-    {"--vocab-file", true, "the vocabulary is bytes (256 tokens); no tokenizer"},
-    {"--merge-file", true, "the vocabulary is bytes (256 tokens); no tokenizer"},
-    {"--split", true, "--valid-fraction sets the validation share; there is no test split"},
     {"--distributed-backend", true, "mxddp's backends are local (threads) and mpi, chosen by --backend or by the launcher"},
     {"--transformer-impl", true, "mxddp's GPT runs its own kernels"},
     {"--max-position-embeddings", true, "position embeddings are --seq-length long"},
@@ -40,10 +36,8 @@ constexpr const char* kParallelSizes[] = {"--tensor-model-parallel-size", "--pip
 
 }  // namespace
 
-void add_megatron_flags(CLI::App* cmd, MegatronFlags& flags, std::string& data_path) {
+void add_megatron_flags(CLI::App* cmd, MegatronFlags& flags) {
   auto* group = cmd->add_option_group("Megatron's spellings (applied, or accepted with a note where they change nothing here)");
-  group->add_option("--data-path", data_path, "= --data: one text file, read as bytes (not Megatron's indexed dataset)")
-      ->transform(non_empty_path());
   group->add_option("--ddp-num-buckets", flags.ddp_num_buckets,
                     "Bucket size = params / N, as Megatron computes it (not with --ddp-bucket-size)")
       ->transform(integer_in(1, int64_t{1} << 40));

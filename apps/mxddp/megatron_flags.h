@@ -1,6 +1,6 @@
 // The flags a Megatron user types that mxddp train has no flag of its own for (issue 14 point 6).
-// Each is accepted: those that map onto mxddp are applied (--data-path is --data, --ddp-num-buckets
-// sets the bucket size as Megatron computes it), those that are always on here or mean nothing
+// Each is accepted: those that map onto mxddp are applied (--ddp-num-buckets sets the bucket size
+// as Megatron computes it), those that are always on here or mean nothing
 // here print a note saying so, and model-parallel sizes other than 1 are errors (mxddp is
 // data-parallel only). Megatron's names that mxddp has as its own flags (--ddp-bucket-size,
 // --overlap-grad-reduce, ...) are registered where those are.
@@ -21,8 +21,9 @@ struct MegatronFlags {
   std::map<std::string, int64_t> parallel_sizes;  // --tensor-model-parallel-size etc. as given
 };
 
-// Registers the flags on `cmd` in their own option group. data_path: where --data-path's value goes.
-void add_megatron_flags(CLI::App* cmd, MegatronFlags& flags, std::string& data_path);
+// Registers the flags on `cmd` in their own option group. The data and tokenizer flags
+// (--data-path, --split, --tokenizer-type, ...) are data_flags.h's.
+void add_megatron_flags(CLI::App* cmd, MegatronFlags& flags);
 
 // After parsing: the notes to print (one per flag given that is always on or means nothing here).
 // Throws Error for a model-parallel size other than 1 and for --ddp-num-buckets with

@@ -197,11 +197,14 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
   auto* data = cmd->add_option_group("data, evaluation and checkpoints");
   data->add_option("--seed", c.seed, "Seed of the initialization and the sampling")
       ->transform(unsigned_in(0, std::numeric_limits<uint64_t>::max()));
-  data->add_option("--data", c.data_path, "Text file to train on, as bytes (default: the built-in corpus)")
+  data->add_option("--data", c.data_path,
+                   "Text file to train on, as bytes, or an indexed dataset's PREFIX (default: the built-in corpus)")
       ->transform(non_empty_path());
   data->add_option("--corpus-bytes", c.corpus_bytes, "Size of the built-in corpus (generated in memory)")
       ->transform(integer_in(1, kCorpusBytesMax));
-  data->add_option("--valid-fraction", c.valid_fraction, "Fraction of the data kept for validation")->transform(real_in(0, 0.99, Storage::kDouble));
+  a.data.valid_fraction_option =
+      data->add_option("--valid-fraction", c.valid_fraction, "Fraction of a text's bytes kept for validation")
+          ->transform(real_in(0, 0.99, Storage::kDouble));
   data->add_option("--eval-interval", c.eval_interval, "Validation every N iterations (0: only at the end)")
       ->transform(kIterations);
   data->add_option("--eval-iters", c.eval_iters, "Global batches per validation (0: none)")
@@ -227,7 +230,8 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
       ->transform(kIterations)
       ->capture_default_str();
 
-  add_megatron_flags(cmd, a.megatron, a.data_path_alias);
+  add_data_flags(cmd, a.data);
+  add_megatron_flags(cmd, a.megatron);
 
   auto* exit = cmd->add_option_group("stopping early (Megatron's flags; each saves first when --save is given)");
   exit->add_option("--exit-interval", c.exit_interval, "Stop after an iteration divisible by N (0: never)")
@@ -410,16 +414,20 @@ std::string compute_info_for_rank(const TrainConfig& config, const Communicator&
 
 // Everything the flags say, put together and checked before any rank starts.
 void finish_train_config(TrainArgs& a) {
-  if (!a.data_path_alias.empty()) {
-    MXDDP_CHECK(a.config.data_path.empty() || a.config.data_path == a.data_path_alias,
-                "--data '{}' and --data-path '{}' name two files; give one", a.config.data_path, a.data_path_alias);
-    a.config.data_path = a.data_path_alias;
-  }
   GptConfig& m = a.config.model;
   m = gpt_preset(a.model);
   for (const auto& override_field : a.model_overrides) override_field(m);
-  const std::vector<std::string> hf_notes = apply_load_hf(a);  // --load-hf: the model is its config.json
-  a.notes = apply_megatron_flags(a.megatron, m.num_params(), a.bucket_size_option->count() > 0, a.config.ddp.bucket_size);
+  // The data and the vocabulary first: the padded vocabulary is part of the param count.
+  a.config.data_blend.clear();
+  a.notes = apply_data_flags(a.data, a.config);
+  // --load-hf: the model, its vocabulary included, is the HF config.json. The tokenizer's
+  // vocabulary (--vocab-size, --vocab-file) may be smaller (TrainConfig::validate checks it);
+  // without one, the data's ids are checked against the HF vocabulary.
+  const std::vector<std::string> hf_notes = apply_load_hf(a);
+  if (!a.config.load_hf_dir.empty() && a.data.vocab_size == 0 && a.data.tokenizer_type.empty())
+    a.config.tokenizer_vocab_size = 0;
+  const std::vector<std::string> megatron_notes = apply_megatron_flags(a.megatron, m.num_params(), a.bucket_size_option->count() > 0, a.config.ddp.bucket_size);
+  a.notes.insert(a.notes.end(), megatron_notes.begin(), megatron_notes.end());
   a.notes.insert(a.notes.end(), hf_notes.begin(), hf_notes.end());
   // The fields FSDP shares with DDP (the overlap flags, the grad and param dtypes, the MXFP8 format)
   // mean the same under FSDP (Megatron's names are shared); their flags set DdpConfig's.

@@ -13,6 +13,7 @@
 
 #include <mxddp/train.h>
 
+#include "data_flags.h"
 #include "megatron_flags.h"
 
 namespace mxddp::app {
@@ -39,7 +40,7 @@ struct TrainArgs {
   std::string metrics_file;
   bool exit_signal_handler = false;
   MegatronFlags megatron;            // Megatron's spellings without an mxddp flag of their own
-  std::string data_path_alias;       // --data-path (Megatron's name of --data)
+  DataFlags data;                    // --data-path, --split, the vocabulary and tokenizer flags
   const CLI::Option* bucket_size_option = nullptr;  // whether --ddp-bucket-size was given
   std::vector<std::string> notes;    // what those flags changed or did not, for the banner  // --exit-signal-handler: SIGTERM stops after the iteration, saved  // --metrics-file: JSON lines as training goes (metrics_log.h)
   TrainConfig config;

@@ -34,6 +34,14 @@ nlohmann::json fields_json(const Config& config) {
   return j;
 }
 
+// "builtin", the text file's path, or the indexed datasets with their (given) weights.
+nlohmann::json data_json(const TrainConfig& c) {
+  if (c.data_blend.empty()) return c.data_path.empty() ? nlohmann::json("builtin") : nlohmann::json(c.data_path);
+  nlohmann::json blend = nlohmann::json::array();
+  for (const DataBlendEntry& e : c.data_blend) blend.push_back({{"weight", e.weight}, {"prefix", e.prefix}});
+  return blend;
+}
+
 nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& backend) {
   nlohmann::json model = fields_json(c.model);
   model["num_params"] = c.model.num_params();
@@ -74,7 +82,10 @@ nlohmann::json config_json(const TrainConfig& c, int dp, const std::string& back
       {"use_megatron_fsdp", c.use_megatron_fsdp},
       {"fsdp", std::move(fsdp)},
       {"seed", c.seed},
-      {"data", c.data_path.empty() ? nlohmann::json("builtin") : nlohmann::json(c.data_path)},
+      {"data", data_json(c)},
+      {"split", c.data_blend.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.split)},
+      {"tokenizer_vocab_size", c.vocab_size_for_data()},
+      {"eod_id", c.eod_id},
       {"corpus_bytes", c.corpus_bytes},
       {"valid_fraction", c.valid_fraction},
       {"eval_interval", c.eval_interval},

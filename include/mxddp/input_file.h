@@ -29,6 +29,8 @@ class InputFile {
   const std::string& path() const { return path_; }
   // The size fstat reported at open.
   int64_t size_bytes() const { return size_bytes_; }
+  // The open descriptor (read-only), e.g. to memory-map the file; owned by this object.
+  int fd() const { return fd_; }
   // Reads exactly `bytes` bytes at the current position; throws naming the file if it ends first
   // (it shrank after open) or a read fails.
   void read_exact(void* dst, size_t bytes);

@@ -34,7 +34,7 @@ namespace mxddp {
 // ----------------------------------------------------------------------------------------------
 
 struct GptConfig {
-  int vocab_size = 256;  // byte-level tokens
+  int vocab_size = 256;  // embedding rows: the tokenizer's vocabulary padded (256: byte-level tokens)
   int num_layers = 2;
   int hidden_size = 64;
   int num_attention_heads = 4;
@@ -56,12 +56,13 @@ struct GptConfig {
 
 // Every GptConfig field, once (config_fields.h): `mxddp train`'s model flags (each overrides its
 // --model preset), its report's "model" section, and the names of fields() (a checkpoint
-// manifest's "model_config"; config_fields_test checks they agree). vocab_size has no flag: the
-// tokens are bytes.
+// manifest's "model_config"; config_fields_test checks they agree). vocab_size has no flag of
+// its own: `mxddp train` sets it from --vocab-size or the tokenizer's, padded by
+// --make-vocab-size-divisible-by (docs/data.md).
 constexpr auto describe_fields(std::type_identity<GptConfig>) {
   using C = GptConfig;
   return std::tuple{
-      ConfigField<C, int>{"vocab_size", "", "Vocabulary size (256: byte-level tokens)", &C::vocab_size, kPositive},
+      ConfigField<C, int>{"vocab_size", "", "Vocabulary size, padded (256: byte-level tokens)", &C::vocab_size, kPositive},
       ConfigField<C, int>{"num_layers", "--num-layers", "decoder layers", &C::num_layers, kPositive},
       ConfigField<C, int>{"hidden_size", "--hidden-size", "hidden size", &C::hidden_size, kPositive},
       ConfigField<C, int>{"num_attention_heads", "--num-attention-heads", "heads", &C::num_attention_heads, kPositive},
@@ -270,9 +271,16 @@ std::string builtin_corpus(int64_t bytes, uint64_t seed = 0);
 // (seed, i, j), so a run resumed at iteration i reads what the uninterrupted run would have, at
 // any data-parallel size. A global batch of G sequences gives rank r of dp the sequences
 // [r G/dp, (r+1) G/dp), split into micro-batches in order.
+// The offset of the first byte of text that is not UTF-8 text (a NUL, or a byte that starts or
+// continues no valid UTF-8 sequence), or -1 when all of it is: what TokenDataset::from_file
+// accepts as text.
+int64_t first_non_text_byte(std::string_view text);
+
 class TokenDataset {
  public:
   TokenDataset(std::string text, double valid_fraction, int seq_length);
+  // A text file: refused (Error naming the offset) when it is not text (first_non_text_byte) or is a
+  // Megatron index, so that token ids are never trained on as bytes.
   static TokenDataset from_file(const std::string& path, double valid_fraction, int seq_length);
 
   int64_t train_tokens() const { return split_; }

@@ -11,6 +11,7 @@
 // train() always uses the distributed optimizer, the library's optimizer.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@
 #include <mxddp/checkpoint_history.h>
 #include <mxddp/fsdp.h>
 #include <mxddp/fsdp_fine_grained.h>
+#include <mxddp/data.h>
 #include <mxddp/launch_check.h>
 #include <mxddp/model.h>
 
@@ -74,10 +76,19 @@ struct TrainConfig {
   // run with an error naming the params and ranks. 0: never.
   int64_t check_weight_hash_across_dp_replicas_interval = 0;
   uint64_t seed = 1234;       // initialization and sampling
-  // Data: a text file, or (empty) the built-in corpus of corpus_bytes.
+  // Data (docs/data.md): Megatron indexed datasets when data_blend is given (each PREFIX.bin +
+  // PREFIX.idx with its weight, split into train/valid/test by documents), else a text file read
+  // as bytes (data_path), else (both empty) the built-in corpus of corpus_bytes.
   std::string data_path;
+  std::vector<DataBlendEntry> data_blend;
+  std::array<double, 3> split{0.969, 0.030, 0.001};  // --split 969,30,1 (normalized); data_blend only
   int64_t corpus_bytes = 1 << 20;
-  double valid_fraction = 0.1;
+  double valid_fraction = 0.1;  // text and the built-in corpus only: the last fraction of the bytes
+  // The tokenizer's vocabulary: every token id must be below it. model.vocab_size is it padded up
+  // (Megatron's --make-vocab-size-divisible-by): the embedding's rows. 0: model.vocab_size.
+  int64_t tokenizer_vocab_size = 0;
+  int64_t eod_id = -1;  // the tokenizer's end-of-document id (-1: none), saved in checkpoints' metadata
+  int64_t vocab_size_for_data() const { return tokenizer_vocab_size > 0 ? tokenizer_vocab_size : model.vocab_size; }
   // Validation loss every eval_interval iterations and after the last (0: only after the last),
   // over eval_iters global batches of the validation split. eval_iters 0 disables evaluation.
   int64_t eval_interval = 100;

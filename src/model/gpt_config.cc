@@ -14,9 +14,10 @@
 namespace mxddp {
 
 void GptConfig::validate() const {
-  // Any size (an imported HF model's, e.g. GPT-2's 50257); the data's token ids are checked against it
-  // where they are read (the trainer: byte-level data needs at least 256).
-  MXDDP_CHECK(vocab_size >= 1, "vocab size {} is not valid: at least 1", vocab_size);
+  // Any size (--vocab-size padded, or an imported HF model's); the data's token ids are checked
+  // against the tokenizer's vocabulary where they are read (train_data.cc).
+  MXDDP_CHECK(vocab_size >= 1, "vocab size {} is not valid: at least 1 (--vocab-size, padded by "
+              "--make-vocab-size-divisible-by)", vocab_size);
   MXDDP_CHECK(num_layers >= 1, "--num-layers {} is not valid: at least 1", num_layers);
   MXDDP_CHECK(hidden_size >= 1, "--hidden-size {} is not valid: at least 1", hidden_size);
   MXDDP_CHECK(num_attention_heads >= 1 && hidden_size % num_attention_heads == 0,

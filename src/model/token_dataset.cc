@@ -64,11 +64,46 @@ TokenDataset::TokenDataset(std::string text, double valid_fraction, int seq_leng
               "larger validation fraction or a shorter sequence", total - split_, seq_length, need);
 }
 
+int64_t first_non_text_byte(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto n = static_cast<int64_t>(text.size());
+  for (int64_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c == 0) return i;
+    // The length of the UTF-8 sequence c starts, and the smallest second byte that is not an
+    // overlong form or a surrogate.
+    int extra = 0;
+    if (c < 0x80) extra = 0;
+    else if (c >= 0xc2 && c <= 0xdf) extra = 1;
+    else if (c >= 0xe0 && c <= 0xef) extra = 2;
+    else if (c >= 0xf0 && c <= 0xf4) extra = 3;
+    else return i;
+    if (i + extra >= n) return i;  // cut short by the end of the file
+    for (int k = 1; k <= extra; ++k)
+      if ((p[i + k] & 0xc0) != 0x80) return i;
+    if ((c == 0xe0 && p[i + 1] < 0xa0) || (c == 0xed && p[i + 1] > 0x9f) || (c == 0xf0 && p[i + 1] < 0x90) ||
+        (c == 0xf4 && p[i + 1] > 0x8f))
+      return i;
+    i += 1 + extra;
+  }
+  return -1;
+}
+
 TokenDataset TokenDataset::from_file(const std::string& path, double valid_fraction, int seq_length) {
   InputFile in(path, "--data");  // refuses a FIFO, a device or a directory instead of reading it forever
   MXDDP_CHECK(in.size_bytes() > 0, "--data '{}' is empty: give a text file", path);
   std::string text(static_cast<size_t>(in.size_bytes()), '\0');
   in.read_exact(text.data(), text.size());
+  // Token ids, an index or any other binary file read as bytes would train silently on garbage.
+  MXDDP_CHECK(!text.starts_with(std::string_view("MMIDIDX\0\0", 9)),
+              "--data '{}' is a Megatron indexed dataset index, not text: give its prefix (without .idx) to "
+              "--data-path", path);
+  const int64_t bad = first_non_text_byte(text);
+  MXDDP_CHECK(bad < 0,
+              "--data '{}' is not text: byte {} (0x{:02x}) is {}; mxddp reads a text file as bytes (UTF-8 without "
+              "NUL). Token ids belong in a Megatron indexed dataset: PREFIX.bin + PREFIX.idx, given as --data-path "
+              "PREFIX (docs/data.md)", path, bad, static_cast<unsigned char>(text[static_cast<size_t>(bad)]),
+              text[static_cast<size_t>(bad)] == '\0' ? "NUL" : "not valid UTF-8");
   return TokenDataset(std::move(text), valid_fraction, seq_length);
 }
 

@@ -68,8 +68,14 @@ std::vector<JobField> train_job_fields(const TrainConfig& c) {
   add("--check-weight-hash-across-dp-replicas-interval", c.check_weight_hash_across_dp_replicas_interval);
   add("--seed", static_cast<int64_t>(c.seed));
   add("--data", c.data_path);
-  if (c.data_path.empty()) add("--corpus-bytes", c.corpus_bytes);
+  if (c.data_path.empty() && c.data_blend.empty()) add("--corpus-bytes", c.corpus_bytes);
   add("--valid-fraction", c.valid_fraction);
+  std::string blend;
+  for (const DataBlendEntry& e : c.data_blend) blend += fmt::format("{}{} {}", blend.empty() ? "" : " ", e.weight, e.prefix);
+  add("--data-path", blend);
+  if (!c.data_blend.empty()) add("--split", fmt::format("{},{},{}", c.split[0], c.split[1], c.split[2]));
+  add("--vocab-size", c.tokenizer_vocab_size);
+  add("the tokenizer's end-of-document id", c.eod_id);
   add("--eval-interval", c.eval_interval);
   add("--eval-iters", int64_t{c.eval_iters});
   add("--save", c.save_dir);

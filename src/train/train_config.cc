@@ -85,8 +85,15 @@ void TrainConfig::validate(int dp) const {
               "--lr-decay-style {} is not valid: cosine, linear or constant", static_cast<int>(lr_decay_style));
   MXDDP_CHECK(eval_interval >= 0, "--eval-interval {} is not valid: 0 (only at the end) or more", eval_interval);
   MXDDP_CHECK(eval_iters >= 0, "--eval-iters {} is not valid: 0 (no evaluation) or more", eval_iters);
-  MXDDP_CHECK(eval_iters == 0 || valid_fraction > 0, "--eval-iters {} needs a validation split: --valid-fraction is 0",
-              eval_iters);
+  MXDDP_CHECK(eval_iters == 0 || !data_blend.empty() || valid_fraction > 0,
+              "--eval-iters {} needs a validation split: --valid-fraction is 0", eval_iters);
+  MXDDP_CHECK(eval_iters == 0 || data_blend.empty() || split[1] > 0,
+              "--eval-iters {} needs a validation split: --split gives it 0 documents' weight", eval_iters);
+  MXDDP_CHECK(data_path.empty() || data_blend.empty(),
+              "a text file ('{}') and indexed datasets (--data-path) are both given; give one", data_path);
+  MXDDP_CHECK(tokenizer_vocab_size >= 0 && tokenizer_vocab_size <= model.vocab_size,
+              "the tokenizer's vocabulary ({} tokens) is larger than the model's ({}): the model's is the "
+              "tokenizer's padded up (--make-vocab-size-divisible-by)", tokenizer_vocab_size, model.vocab_size);
   MXDDP_CHECK(save_interval >= 0, "--save-interval {} is not valid: 0 (only at the end) or more", save_interval);
   MXDDP_CHECK(save_interval == 0 || !save_dir.empty(), "--save-interval {} needs --save DIR", save_interval);
   MXDDP_CHECK(keep_last >= 0, "--keep-last {} is not valid: 0 (keep every save) or more", keep_last);

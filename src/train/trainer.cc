@@ -62,6 +62,9 @@ std::map<std::string, std::string> checkpoint_metadata(const TrainConfig& c, int
   // not iteration x batch size, and the data goes on from it.
   meta["consumed_train_samples"] = std::to_string(consumed_samples);
   meta["seed"] = std::to_string(c.seed);
+  // The tokenizer the run trained with (the model's vocab_size is the padded one), for exports.
+  meta["tokenizer_vocab_size"] = std::to_string(c.vocab_size_for_data());
+  if (c.eod_id >= 0) meta["eod_id"] = std::to_string(c.eod_id);
   return meta;
 }
 
@@ -133,8 +136,17 @@ void Trainer::check_run() {
     // the file if it cannot be read.
     std::error_code ec;
     const auto file_bytes = config_.data_path.empty() ? 0 : std::filesystem::file_size(config_.data_path, ec);
-    const double data_bytes = config_.data_path.empty() ? static_cast<double>(config_.corpus_bytes)
-                                                        : (ec ? 0.0 : static_cast<double>(file_bytes));
+    double data_bytes = config_.data_path.empty() ? static_cast<double>(config_.corpus_bytes)
+                                                  : (ec ? 0.0 : static_cast<double>(file_bytes));
+    // Indexed datasets are mapped, not read: their .bin pages are the page cache's; the index and
+    // the sample index (a few int64 per document and per sample) are about the .idx's size.
+    if (!config_.data_blend.empty()) {
+      data_bytes = 0;
+      for (const DataBlendEntry& e : config_.data_blend) {
+        const auto idx_bytes = std::filesystem::file_size(e.prefix + ".idx", ec);
+        data_bytes += ec ? 0.0 : static_cast<double>(idx_bytes);
+      }
+    }
     check_train_fits_in_memory(config_, dp, ranks_on_this_machine(comm_), data_bytes);
   } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
     error = e.what();
@@ -144,30 +156,15 @@ void Trainer::check_run() {
 }
 
 void Trainer::load_data() {
-  const int seq_length = config_.model.seq_length;
   std::string error;
   try {
-    if (config_.data_path.empty())
-      data_.emplace(builtin_corpus(config_.corpus_bytes), config_.valid_fraction, seq_length);
-    else
-      data_.emplace(TokenDataset::from_file(config_.data_path, config_.valid_fraction, seq_length));
+    data_.emplace(config_);
   } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
     error = e.what();
   }
   throw_if_any_rank_failed(comm_, error);
   // The same --data path can hold different bytes on different hosts (or change between reads).
-  const std::string_view text = data_->text();
-  check_same_job(comm_, {{"data bytes read", std::to_string(text.size())}, {"data crc32", fmt::format("{:08x}", ckpt::crc32_of(text))}},
-                 "the data each rank read");
-  // Every token must index the embedding: bytes reach 255, and a vocabulary can be any size (an
-  // imported HF model's). The same data and config on every rank: the same verdict.
-  unsigned char max_token = 0;
-  for (const char ch : text) max_token = std::max(max_token, static_cast<unsigned char>(ch));
-  MXDDP_CHECK(text.empty() || max_token < config_.model.vocab_size,
-              "the data are bytes and hold token id {}, but the model's vocabulary is {} (ids 0..{}){}: byte-level data "
-              "needs a vocabulary of at least 256", static_cast<int>(max_token), config_.model.vocab_size,
-              config_.model.vocab_size - 1,
-              config_.load_hf_dir.empty() ? "" : fmt::format(" (--load-hf '{}')", config_.load_hf_dir));
+  check_same_job(comm_, data_->identity(), "the data each rank read");
 }
 
 void Trainer::build_data_parallel() {
@@ -343,7 +340,7 @@ double Trainer::run_micro_batches() {
   const float loss_scale = 1.0f / static_cast<float>(accum);  // the gradient of the mean over micro-batches
   double loss_sum = 0;
   for (int m = 0; m < accum; ++m) {
-    data_->fill_batch(false, config_.seed, 0, consumed_samples_ + first_sequence(m), mb, tokens_.data());
+    data_->fill_train(consumed_samples_ + first_sequence(m), mb, tokens_.data());
     if (m + 1 < accum) {  // gradients are reduced only in the last micro-batch
       auto no_sync = data_parallel_->no_sync();
       loss_sum += model_->forward_backward(tokens_.data(), mb, loss_scale);
@@ -405,7 +402,7 @@ void Trainer::evaluate(int64_t iteration, const std::string& split) {
   double sum = 0;
   for (int e = 0; e < config_.eval_iters; ++e)
     for (int m = 0; m < accum; ++m) {
-      data_->fill_batch(true, config_.seed, e, first_sequence(m), mb, tokens_.data());
+      data_->fill_valid(e, first_sequence(m), mb, tokens_.data());
       sum += model_->evaluate(tokens_.data(), mb);
     }
   const EvalRecord record{iteration, all_reduce_mean(comm_, sum / (config_.eval_iters * accum)), split};

@@ -21,6 +21,8 @@
 #include <mxddp/checkpoint_history.h>
 #include <mxddp/train.h>
 
+#include "train_data.h"
+
 namespace mxddp {
 
 class Trainer {
@@ -79,7 +81,7 @@ class Trainer {
   const Clock::time_point start_time_;  // --exit-duration-in-mins counts from here, as Megatron's
   std::optional<SaveDirLock> save_lock_;  // rank 0's, with --save: held for the run's life
   // Declared in the order they are built, so they are destroyed model first, data last.
-  std::optional<TokenDataset> data_;
+  std::optional<TrainData> data_;
   MemoryTracker tracker_;
   GlobalMemoryBuffer pool_{tracker_};
   // The communicator's staging (the mpi backend's f32 buffers) is charged to tracker_ while the

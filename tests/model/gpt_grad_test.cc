@@ -457,6 +457,8 @@ TEST(GptConfig, PresetsAndBadValues) {
   GptConfig gpt2_vocab = gpt_preset("tiny");
   gpt2_vocab.vocab_size = 50257;
   EXPECT_NO_THROW(gpt2_vocab.validate());
+  bad.vocab_size = 50304;  // any vocabulary (a padded GPT-2 one)
+  EXPECT_NO_THROW(bad.validate());
 }
 
 TEST(GptConfig, InitializationIsDeterministicAndGpt2Like) {

@@ -31,6 +31,7 @@ inline std::vector<Mismatch> mismatches() {
       {"recompute", "--recompute-granularity", [](TrainConfig& c) { c.recompute_granularity = RecomputeGranularity::kFull; }},
       {"seed", "--seed", [](TrainConfig& c) { c.seed = 2; }},
       {"data", "--corpus-bytes", [](TrainConfig& c) { c.corpus_bytes = 1 << 17; }},
+      {"vocabulary", "--vocab-size", [](TrainConfig& c) { c.tokenizer_vocab_size = 200; }},
       {"checkpoint", "--load", [](TrainConfig& c) { c.load_dir = "/nonexistent/history"; }},
   };
 }
