@@ -38,6 +38,17 @@ set_tests_properties(cli_data_report_names_the_blend PROPERTIES FIXTURES_REQUIRE
 add_test(NAME cli_data_checkpoint_has_the_padded_vocabulary COMMAND mxddp_cli ckpt inspect ${cli_data_dir}/ck/iter_0000006)
 set_tests_properties(cli_data_checkpoint_has_the_padded_vocabulary PROPERTIES FIXTURES_REQUIRED cli_data_ck
   PASS_REGULAR_EXPRESSION "metadata tokenizer_vocab_size = 257.*model vocab_size = 384.*embedding.word_embeddings.weight +\\[384, 32\\]")
+# Evaluation only (--skip-train) on indexed data: the validation split, and the test split where
+# --split gives it documents (80,10,10); 90,10,0 has none, so only validation is reported.
+foreach(split_case "80,10,10;validation test" "90,10,0;validation")
+  list(GET split_case 0 split)
+  list(GET split_case 1 expected)
+  string(REPLACE "," "_" split_id "${split}")
+  add_test(NAME cli_data_skip_train_evaluates_the_held_out_splits_${split_id}
+           COMMAND sh -c "$<TARGET_FILE:mxddp_cli> train --ranks 2 ${cli_data_small_str} --train-iters 6 --data-path 0.3 ${cli_data_dir}/readme 0.7 ${cli_data_dir}/train --vocab-size 257 --split ${split} --load ${cli_data_dir}/ck --skip-train --report ${cli_data_dir}/skip_${split_id}.json && /usr/bin/python3 -c \"import json, math; r = json.load(open('${cli_data_dir}/skip_${split_id}.json')); s = [k for k in ('validation', 'test') if r.get(k)]; assert r['steps'] == [] and all(len(r[k]) == 1 and r[k][0]['iteration'] == 6 and math.isfinite(r[k][0]['loss']) for k in s), r; print('splits', *s)\"")
+  set_tests_properties(cli_data_skip_train_evaluates_the_held_out_splits_${split_id} PROPERTIES FIXTURES_REQUIRED cli_data_ck
+    PASS_REGULAR_EXPRESSION "splits ${expected}\n" FAIL_REGULAR_EXPRESSION "trained iterations")
+endforeach()
 mxddp_cli_rejects(cli_data_resume_refuses_another_vocabulary
   "error: .*saved from another model: vocab_size: checkpoint 384, this run 512"
   "$m train --ranks 2 ${cli_data_small_str} --train-iters 7 --data-path ${cli_data_dir}/readme --vocab-size 257 --make-vocab-size-divisible-by 512 --load ${cli_data_dir}/ck"

@@ -17,7 +17,7 @@ void add_hf_train_flags(CLI::App* group, TrainArgs& a) {
                     "iteration 0; the model is its config (docs/hf.md)")
       ->transform(non_empty_path());
   group->add_flag("--skip-train", a.config.skip_train,
-                  "Train nothing: evaluate the --load'ed (or --load-hf'ed) params on the validation split, "
+                  "Train nothing: evaluate the --load'ed (or --load-hf'ed) params on the validation split (and the test split of indexed data), "
                   "--eval-iters global batches, and report the losses (Megatron's flag)");
 }
 

@@ -157,13 +157,10 @@ struct EvalRecord {
   int64_t iteration = 0;
   double loss = 0;
   // The data split evaluated: "validation" (every evaluation during training), or, with
-  // skip_train, each split the data has (eval_split_names).
+  // skip_train, each held-out split the data has: "validation", then "test" for indexed data whose
+  // --split gives the test split documents.
   std::string split = "validation";
 };
-
-// The splits an evaluation-only run (TrainConfig::skip_train) evaluates, in order: the validation
-// split (the data's last valid_fraction). A data source with a test split adds "test" here.
-std::vector<std::string> eval_split_names(const TrainConfig& config);
 
 struct RankMemory {
   MemoryUsage overall;  // peak and live bytes over the whole run

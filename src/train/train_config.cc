@@ -114,11 +114,6 @@ void TrainConfig::validate(int dp) const {
   }
 }
 
-std::vector<std::string> eval_split_names(const TrainConfig& config) {
-  (void)config;  // today every data source has one held-out split; one with a test split adds it here
-  return {"validation"};
-}
-
 std::string_view lr_decay_style_name(LrDecayStyle style) {
   switch (style) {
     case LrDecayStyle::kCosine: return "cosine";

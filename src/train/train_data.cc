@@ -45,6 +45,18 @@ void TrainData::fill_valid(int64_t batch, int64_t first, int count, int32_t* tok
   else text_->fill_batch(true, config_.seed, batch, first, count, tokens);
 }
 
+void TrainData::fill_eval(const std::string& split, int64_t batch, int64_t first, int count, int32_t* tokens) const {
+  if (split == "validation") return fill_valid(batch, first, count, tokens);
+  MXDDP_CHECK(split == "test" && indexed_, "evaluation split '{}' is not valid here; valid: validation{}", split,
+              indexed_ ? ", test" : "");
+  indexed_->fill(DataSplit::kTest, batch * config_.global_batch_size + first, count, tokens);
+}
+
+std::vector<std::string> TrainData::eval_split_names() const {
+  if (indexed_ && indexed_->has_split(DataSplit::kTest)) return {"validation", "test"};
+  return {"validation"};
+}
+
 double TrainData::unigram_entropy() const { return indexed_ ? indexed_->unigram_entropy() : text_->unigram_entropy(); }
 
 std::vector<JobField> TrainData::identity() const {

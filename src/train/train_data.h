@@ -27,6 +27,11 @@ class TrainData {
   // tokens [count, T + 1] <- sequences [first, first + count) of validation batch `batch`
   // (global_batch_size sequences each).
   void fill_valid(int64_t batch, int64_t first, int count, int32_t* tokens) const;
+  // The same for a held-out split by name: "validation", or "test" (indexed data only).
+  void fill_eval(const std::string& split, int64_t batch, int64_t first, int count, int32_t* tokens) const;
+  // The held-out splits an evaluation-only run evaluates, in order: "validation", then "test"
+  // where indexed data's --split gives it documents (text has no test split).
+  std::vector<std::string> eval_split_names() const;
   double unigram_entropy() const;
   // What every rank must have read alike (sizes and checksums), for check_same_job.
   std::vector<JobField> identity() const;

@@ -294,7 +294,7 @@ void Trainer::save_checkpoint(int64_t iteration) {
 void Trainer::run_iterations() {
   train_start_ = Clock::now();
   if (config_.skip_train) {  // Megatron's --skip-train: evaluate what was loaded, train nothing
-    for (const std::string& split : eval_split_names(config_)) evaluate(result_.start_iteration, split);
+    for (const std::string& split : data_->eval_split_names()) evaluate(result_.start_iteration, split);
     return;
   }
   for (int64_t it = result_.start_iteration; it < config_.train_iters; ++it) {
@@ -397,12 +397,11 @@ void Trainer::check_weight_hashes(int64_t iteration) {
 
 void Trainer::evaluate(int64_t iteration, const std::string& split) {
   optimizer_->force_param_sync();  // the model params must be the main params' (MXFP8 reuse: re-staged)
-  MXDDP_ASSERT(split == "validation");  // the one held-out split TokenDataset has (eval_split_names)
   const int accum = accumulation_steps(), mb = config_.micro_batch_size;
   double sum = 0;
   for (int e = 0; e < config_.eval_iters; ++e)
     for (int m = 0; m < accum; ++m) {
-      data_->fill_valid(e, first_sequence(m), mb, tokens_.data());
+      data_->fill_eval(split, e, first_sequence(m), mb, tokens_.data());
       sum += model_->evaluate(tokens_.data(), mb);
     }
   const EvalRecord record{iteration, all_reduce_mean(comm_, sum / (config_.eval_iters * accum)), split};
