@@ -142,3 +142,20 @@ set_tests_properties(cli_data_sample_index_equals_the_reference PROPERTIES FIXTU
 add_test(NAME cli_data_prints_samples COMMAND mxddp_cli data --data-path ${cli_data_dir}/readme --seq-length 4 --count 2)
 set_tests_properties(cli_data_prints_samples PROPERTIES FIXTURES_REQUIRED cli_data
   PASS_REGULAR_EXPRESSION "\\{\"split\": \"train\", \"first\": 0, \"samples\": \\[\n\\[[0-9]+, [0-9]+, [0-9]+, [0-9]+, [0-9]+\\],\n\\[[0-9, ]+\\]\n\\]\\}")
+
+# A GPT-2-sized vocabulary (50257, padded to 50304) on an indexed dataset trains on both backends:
+# the loss starts near ln 50304 = 10.83 and falls (issue 25's Tests).
+set(cli_data_vocab50257 ${cli_data_small_str} --lr 3e-3 --eval-interval 0 --train-iters 20 --data-path ${cli_data_dir}/readme --vocab-size 50257)
+string(REPLACE ";" " " cli_data_vocab50257_str "${cli_data_vocab50257}")
+set(cli_data_loss_falls "import json, sys; r = json.load(open(sys.argv[1])); s = [x['loss'] for x in r['steps']]; v = (r['config']['model']['vocab_size'], r['config']['tokenizer_vocab_size']); assert v == (50304, 50257), v; assert len(s) == 20 and abs(s[0] - 10.83) < 0.1 and s[-1] < s[0] - 0.5, s; print('loss falls', round(s[0], 3), round(s[-1], 3))")
+foreach(backend local mpi)
+  if(backend STREQUAL "local")
+    set(launch "$<TARGET_FILE:mxddp_cli> train --ranks 2")
+  else()
+    set(launch "${mpirun_2_str} $<TARGET_FILE:mxddp_cli> train --backend mpi")
+  endif()
+  add_test(NAME cli_data_vocab_50257_loss_falls_${backend}
+           COMMAND sh -c "${launch} ${cli_data_vocab50257_str} --report ${cli_data_dir}/vocab50257_${backend}.json > /dev/null && /usr/bin/python3 -c \"${cli_data_loss_falls}\" ${cli_data_dir}/vocab50257_${backend}.json")
+  set_tests_properties(cli_data_vocab_50257_loss_falls_${backend} PROPERTIES FIXTURES_REQUIRED cli_data
+    PASS_REGULAR_EXPRESSION "loss falls 10\\.8")
+endforeach()
