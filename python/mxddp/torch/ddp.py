@@ -28,8 +28,9 @@ from mxddp.torch.config import DistributedDataParallelConfig
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-def _trainable_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """The params mxddp takes, checked: (name, param) in named_parameters() order."""
+def _trainable_params(module: torch.nn.Module, meta_ok: bool = False) -> list[tuple[str, torch.nn.Parameter]]:
+    """The params mxddp takes, checked: (name, param) in named_parameters() order. meta_ok (the
+    planner): params on the meta device pass, unchecked for shared storage (they have none)."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"DistributedDataParallel wraps a torch.nn.Module; got {type(module).__name__}")
     params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
@@ -46,11 +47,13 @@ def _trainable_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Param
         if p.dtype != first.dtype:
             raise TypeError(f"param '{name}' is {p.dtype} but '{first_name}' is {first.dtype}: "
                             "mxddp keeps every trainable param in one buffer of one dtype")
-        if p.device.type != "cpu":
+        if p.device.type != "cpu" and not (meta_ok and p.device.type == "meta"):
             raise ValueError(f"param '{name}' is on {p.device}; mxddp.torch runs on the CPU")
         if not p.is_contiguous():
             raise ValueError(f"param '{name}' is not contiguous (shape {tuple(p.shape)}, strides {p.stride()}); "
                              "make it contiguous before wrapping (param.data = param.data.contiguous())")
+        if p.device.type == "meta":
+            continue
         storage = p.untyped_storage().data_ptr()
         if p.numel() > 0 and storage in storages:
             raise ValueError(f"params '{storages[storage]}' and '{name}' share storage; mxddp gives each param "

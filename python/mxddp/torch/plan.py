@@ -61,24 +61,7 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
     meta device (no storage to compare) is checked for all but shared storage."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"plan takes a torch.nn.Module; got {type(module).__name__}")
-    devices = {p.device.type for p in module.parameters()}
-    if devices != {"meta"}:
-        return _trainable_params(module)
-    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(f"module {type(module).__name__} has no trainable parameters (requires_grad=True): "
-                         "there is nothing for DistributedDataParallel to hold")
-    first_name, first = params[0]
-    for name, p in params:
-        if p.dtype not in _DTYPES:
-            raise TypeError(f"param '{name}' has dtype {p.dtype}, which mxddp does not take; "
-                            "valid: torch.float32, torch.bfloat16")
-        if p.dtype != first.dtype:
-            raise TypeError(f"param '{name}' is {p.dtype} but '{first_name}' is {first.dtype}: "
-                            "mxddp keeps every trainable param in one buffer of one dtype")
-        if not p.is_contiguous():
-            raise ValueError(f"param '{name}' is not contiguous (shape {tuple(p.shape)}, strides {p.stride()})")
-    return params
+    return _trainable_params(module, meta_ok=True)
 
 
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
