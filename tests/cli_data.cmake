@@ -145,7 +145,9 @@ set_tests_properties(cli_data_prints_samples PROPERTIES FIXTURES_REQUIRED cli_da
 
 # A GPT-2-sized vocabulary (50257, padded to 50304) on an indexed dataset trains on both backends:
 # the loss starts near ln 50304 = 10.83 and falls (issue 25's Tests).
-set(cli_data_vocab50257 ${cli_data_small_str} --lr 3e-3 --eval-interval 0 --train-iters 20 --data-path ${cli_data_dir}/readme --vocab-size 50257)
+string(REPLACE "--lr 1e-3" "--lr 3e-3" cli_data_vocab50257_small "${cli_data_small_str}")
+string(REPLACE "--eval-interval 3" "--eval-interval 0" cli_data_vocab50257_small "${cli_data_vocab50257_small}")
+set(cli_data_vocab50257 ${cli_data_vocab50257_small} --train-iters 20 --data-path ${cli_data_dir}/readme --vocab-size 50257)
 string(REPLACE ";" " " cli_data_vocab50257_str "${cli_data_vocab50257}")
 set(cli_data_loss_falls "import json, sys; r = json.load(open(sys.argv[1])); s = [x['loss'] for x in r['steps']]; v = (r['config']['model']['vocab_size'], r['config']['tokenizer_vocab_size']); assert v == (50304, 50257), v; assert len(s) == 20 and abs(s[0] - 10.83) < 0.1 and s[-1] < s[0] - 0.5, s; print('loss falls', round(s[0], 3), round(s[-1], 3))")
 foreach(backend local mpi)
