@@ -5,7 +5,6 @@ reference written in torch that does the same thing: BF16 forward and backward, 
 in BF16 across micro-batches, averaged over ranks (gloo; summed in F32 and rounded to BF16 once for
 BF16 grads, as mxddp's MPI backend does), clipping and AdamW on F32 master copies, the result
 rounded to BF16 (round to nearest even, as mxddp's staging)."""
-import contextlib
 import copy
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import mxddp.torch as mxt
+from micro_batches import backward_micro_batches
 from test_parity import (BETAS, CLIP, EPS, LR, STEPS, WD, make_gpt2, gpt2_batch, gpt2_loss, make_mlp, mlp_batch,
                          mlp_loss)
 
@@ -76,12 +76,7 @@ def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True
         losses = []
         for step in range(STEPS):
             opt.zero_grad()
-            total = 0.0
-            for micro in range(micro_batches):
-                with model.no_sync() if micro < micro_batches - 1 else contextlib.nullcontext():
-                    loss = loss_fn(model, batch_fn(rank, step, micro)) / micro_batches
-                    loss.backward()
-                total += loss.item()
+            total = backward_micro_batches(model, loss_fn, batch_fn, rank, step, micro_batches)
             model.finish_grad_sync()
             ok, _, _ = opt.step()
             assert ok

@@ -9,13 +9,13 @@ waited for module by module in forward pre-hooks (Megatron's), instead of all at
   group not yet dispatched still holds its pre-step values then; the waits happen group by group
   as forward reaches the modules.
 """
-import contextlib
 import copy
 
 import pytest
 import torch
 
 import mxddp.torch as mxt
+from micro_batches import backward_micro_batches
 from test_parity import (BETAS, CLIP, EPS, LR, WD, gpt2_batch, gpt2_loss, make_gpt2, make_mlp, mlp_batch, mlp_loss)
 
 STEPS = 8
@@ -37,12 +37,7 @@ def train(module, batch_fn, loss_fn, rank, overlap_param_gather, bucket_size, mi
         assert model._cpp.num_bucket_groups >= 3  # several groups, or there is nothing to overlap
         for step in range(STEPS):
             opt.zero_grad()
-            total = 0.0
-            for m in range(micro_batches):
-                with model.no_sync() if m < micro_batches - 1 else contextlib.nullcontext():
-                    loss = loss_fn(model, batch_fn(rank, step, m)) / micro_batches
-                    loss.backward()
-                total += loss.item()
+            total = backward_micro_batches(model, loss_fn, batch_fn, rank, step, micro_batches)
             model.finish_grad_sync()
             ok, _, _ = opt.step()
             assert ok

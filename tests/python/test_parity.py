@@ -3,13 +3,13 @@ DistributedDataParallel (gloo) + torch.optim.AdamW with the same clipping, on a 
 HF GPT2LMHeadModel (random init, tied embedding), 20 steps in F32: every step's loss within 1e-5
 relative, with overlap on and off, several bucket sizes, and accumulation under no_sync.
 """
-import contextlib
 import copy
 
 import pytest
 import torch
 
 import mxddp.torch as mxt
+from micro_batches import backward_micro_batches
 
 STEPS = 20
 LR, WD, BETAS, EPS, CLIP = 3e-3, 0.1, (0.9, 0.95), 1e-8, 0.5
@@ -66,13 +66,7 @@ def train_reference(module, batch_fn, loss_fn, rank, micro_batches):
     losses = []
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for m in range(micro_batches):
-            ctx = ddp.no_sync() if m < micro_batches - 1 else contextlib.nullcontext()
-            with ctx:
-                loss = loss_fn(ddp, batch_fn(rank, step, m)) / micro_batches
-                loss.backward()
-            total += loss.item()
+        total = backward_micro_batches(ddp, loss_fn, batch_fn, rank, step, micro_batches)
         torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
         opt.step()
         losses.append(total)
@@ -88,13 +82,7 @@ def train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, ddp_config):
     try:
         for step in range(STEPS):
             opt.zero_grad()
-            total = 0.0
-            for m in range(micro_batches):
-                ctx = model.no_sync() if m < micro_batches - 1 else contextlib.nullcontext()
-                with ctx:
-                    loss = loss_fn(model, batch_fn(rank, step, m)) / micro_batches
-                    loss.backward()
-                total += loss.item()
+            total = backward_micro_batches(model, loss_fn, batch_fn, rank, step, micro_batches)
             model.finish_grad_sync()
             update_successful, grad_norm, num_zeros = opt.step()
             assert update_successful and grad_norm > 0 and num_zeros is None
