@@ -57,6 +57,12 @@ struct LoadOptions {
 // Collective. Brings the model params up to date first (force_param_sync), then writes.
 void save_checkpoint(const std::string& dir, DistributedOptimizer& optimizer, const SaveOptions& options = {});
 
+// A metadata value that counts something (iteration, consumed_train_samples): decimal digits only,
+// within int64. Throws Error naming the checkpoint dir, the key and the value otherwise (a missing
+// key included). The one parser for such values: the load's count_metadata check and its callers.
+int64_t checkpoint_metadata_count(const std::map<std::string, std::string>& metadata, const std::string& key,
+                                  const std::string& dir);
+
 // Collective. Restores main params, optimizer state and the step count, then the model params
 // from the main params (force_param_sync). Returns the metadata saved with the checkpoint. The
 // optimizer's hyper-parameters (lr, betas, ...) are the caller's: they are not overwritten.

@@ -5,6 +5,7 @@
 // any of them failed, so they never split into some that committed and some that did not, and
 // never wait at a barrier for a rank that has already thrown.
 #include <algorithm>
+#include <charconv>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -209,6 +210,26 @@ void check_no_problems(const std::string& dir, const std::vector<std::string>& p
 
 }  // namespace
 
+int64_t checkpoint_metadata_count(const std::map<std::string, std::string>& metadata, const std::string& key,
+                                  const std::string& dir) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end()) {
+    std::vector<std::string> keys;  // (a loop: views::keys does not build with clang on libstdc++ 12)
+    for (const auto& entry : metadata) keys.push_back(entry.first);
+    MXDDP_FAIL("checkpoint '{}' has no '{}' in its metadata (keys: [{}]); it was not saved by mxddp train or "
+               "mxddp.torch", dir, key, fmt::join(keys, ", "));
+  }
+  const std::string& text = it->second;
+  int64_t value = -1;
+  // Digits only (from_chars takes no sign or spaces here: the first check), and within int64.
+  const bool digits = !text.empty() && text[0] >= '0' && text[0] <= '9';
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
+  MXDDP_CHECK(digits && ec == std::errc() && end == text.data() + text.size(),
+              "checkpoint '{}' has {} '{}' in its metadata; expected a non-negative integer", dir, key,
+              text.substr(0, 64));
+  return value;
+}
+
 std::map<std::string, std::string> load_checkpoint(const std::string& requested_dir, DistributedOptimizer& opt,
                                                    const LoadOptions& options) {
   const std::string dir = ckpt::checkpoint_to_read(requested_dir);
@@ -294,20 +315,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
       ckpt::check_rank_file(dir, m, m.files[i], problems);
       check_no_problems(dir, problems);
     }
-    for (const std::string& key : options.count_metadata) {
-      const auto it = m.metadata.find(key);
-      if (it == m.metadata.end()) {
-        std::vector<std::string> keys;  // (a loop: views::keys does not build with clang on libstdc++ 12)
-        for (const auto& entry : m.metadata) keys.push_back(entry.first);
-        MXDDP_FAIL("checkpoint '{}' has no '{}' in its metadata (keys: [{}]); it was not saved by mxddp train or "
-                   "mxddp.torch", dir, key, fmt::join(keys, ", "));
-      }
-      const std::string& text = it->second;
-      const bool digits = !text.empty() && text.size() <= 18 &&
-                          std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-      MXDDP_CHECK(digits, "checkpoint '{}' has {} '{}' in its metadata; expected a non-negative integer", dir, key,
-                  text.substr(0, 64));
-    }
+    for (const std::string& key : options.count_metadata) checkpoint_metadata_count(m.metadata, key, dir);
     step = m.step;
     metadata = m.metadata;
   };

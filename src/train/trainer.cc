@@ -89,21 +89,6 @@ void warn_on_resume_differences(const std::map<std::string, std::string>& meta, 
   }
 }
 
-// A checkpoint metadata value that counts something (iteration, consumed_train_samples): a
-// non-negative integer, or an Error naming the key, the value and the checkpoint.
-int64_t metadata_count(const std::map<std::string, std::string>& meta, const std::string& key, const std::string& dir) {
-  const std::string& text = meta.at(key);
-  size_t used = 0;
-  int64_t value = -1;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MXDDP_CHECK(used > 0 && used == text.size() && value >= 0,
-              "checkpoint '{}' has {} '{}' in its metadata; expected a non-negative integer", dir, key, text);
-  return value;
-}
 
 }  // namespace
 
@@ -255,11 +240,11 @@ void Trainer::load_checkpoint() {
   const auto meta = mxddp::load_checkpoint(load_dir, *optimizer_, {.model_config = config_.model.fields()});
   MXDDP_CHECK(meta.count("iteration") > 0, "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
               load_dir);
-  result_.start_iteration = metadata_count(meta, "iteration", load_dir);
+  result_.start_iteration = checkpoint_metadata_count(meta, "iteration", load_dir);
   // A checkpoint from before consumed samples were saved: as if the batch size had always been
   // this run's (what every count assumed then).
   consumed_samples_ = meta.count("consumed_train_samples") > 0
-                          ? metadata_count(meta, "consumed_train_samples", load_dir)
+                          ? checkpoint_metadata_count(meta, "consumed_train_samples", load_dir)
                           : checked_mul(result_.start_iteration, config_.global_batch_size, "consumed samples");
   MXDDP_CHECK(consumed_samples_ >= result_.start_iteration,
               "checkpoint '{}' has consumed_train_samples {} at iteration {}: every iteration consumes at least one "
