@@ -16,6 +16,15 @@ The C++ hooks are driven by torch module hooks (docs/python.md says why these):
   - a param's post-accumulate-grad hook adds ``param.grad`` into its ``main_grad`` (FSDP's
     transient unsharded grads) and reports it ready; a unit's post-backward (``after_backward``:
     release, reduce-scatter) runs when its last param has reported.
+Saved views. An op may save for backward not the param but a view of it (``F.linear`` saves
+``weight.t()``), which points at the storage of the gather in forward, released after the unit's
+forward; the re-gather in backward lands elsewhere. So while ``model(...)`` runs, a
+``saved_tensors_hooks`` pair replaces a saved view of gathered param storage by (param, size,
+stride, offset) and rebuilds it in backward from the param's storage then. Inside
+``torch.utils.checkpoint`` (non-reentrant) its own hooks take precedence, and the recompute's views
+are of the backward's gather, which is still held when they are read. Call the wrapper, not the
+inner module, so the hooks are on.
+
 With params that are not sharded (``no_shard``, ``optim``, ``optim_grads``) the torch params view
 the resident param storage for the model's whole life, and only the hooks' waits and reductions
 remain. A param that took no gradient in a backward (unused) is reported with a zero gradient
@@ -71,6 +80,15 @@ def _check_recompute(granularity: Optional[str], modules: Optional[Sequence[str]
         raise ValueError(f"recompute_modules={list(modules)!r} needs recompute_granularity='selective'; "
                          f"got {granularity!r}")
     return list(modules)
+
+
+class _SavedParamView:
+    """A saved tensor that was a view of param ``index``'s gathered storage, rebuilt on unpack."""
+
+    __slots__ = ("index", "size", "stride", "offset")
+
+    def __init__(self, index: int, size, stride, offset: int):
+        self.index, self.size, self.stride, self.offset = index, size, stride, offset
 
 
 class FullyShardedDataParallel(torch.nn.Module):
@@ -137,6 +155,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._unit_pending = [len(u) for u in self.units.units]
         self._unit_backward_started = [False] * len(self.units.units)
         self._backward_seen = False
+        self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
         owners = mxfp8.eligible_modules(module)
         with torch.no_grad():
             for i, p in enumerate(self._params):
@@ -161,7 +180,9 @@ class FullyShardedDataParallel(torch.nn.Module):
         if self._shards_params:
             for i in indices:
                 if not self._mxfp8[i]:
-                    self._params[i].data = self._cpp.param(i)
+                    p = self._params[i]
+                    p.data = self._cpp.param(i)
+                    self._gathered_storage[p.untyped_storage().data_ptr()] = i
 
     def _stand_in(self, indices) -> None:
         """The torch params of these indices let go of the storage the C++ FSDP is about to free."""
@@ -169,7 +190,23 @@ class FullyShardedDataParallel(torch.nn.Module):
             for i in indices:
                 if not self._mxfp8[i]:
                     p = self._params[i]
+                    self._gathered_storage.pop(p.untyped_storage().data_ptr(), None)
                     p.data = mxfp8.stand_in(p.shape, p.dtype)
+
+    def _pack(self, t: torch.Tensor):
+        if not self._gathered_storage or t.layout != torch.strided or t.device.type != "cpu":
+            return t
+        index = self._gathered_storage.get(t.untyped_storage().data_ptr())
+        if index is None or t is self._params[index]:
+            return t  # an activation, or the param itself (whose storage backward swaps in)
+        p = self._params[index]
+        return _SavedParamView(index, t.size(), t.stride(), t.storage_offset() - p.storage_offset())
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _SavedParamView):
+            return saved
+        base = self._params[saved.index].detach()  # its storage now: the backward's gather
+        return base.as_strided(saved.size, saved.stride, base.storage_offset() + saved.offset)
 
     def _make_pre_forward(self, indices: tuple[int, ...]):
         params = list(indices)
@@ -260,7 +297,11 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._complete_backward()
-        out = self.module(*args, **kwargs)
+        if self._shards_params:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                out = self.module(*args, **kwargs)
+        else:
+            out = self.module(*args, **kwargs)
         if not torch.is_grad_enabled():  # a forward-only pass: no backward will release the non-unit params
             self._stand_in(self.units.non_unit_params)
             self._cpp.release_gathered_params()
@@ -337,6 +378,25 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._cpp.release_gathered_params()
         return values
 
+    def _close_at_exit(self) -> None:
+        # Not collective: the ranks close their open models in no agreed order at exit, so the
+        # params get stand-ins instead of gathered values.
+        if self._cpp.closed:
+            return
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                p.data = mxfp8.stand_in(p.shape, p.dtype)
+        self._remove_hooks()
+        self._cpp.close()
+
+    def _remove_hooks(self) -> None:
+        for linear in self._mxfp8_linears:
+            mxfp8.uninstall(linear)
+        self._mxfp8_linears = []
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
     def close(self) -> None:
         """Collective. Frees mxddp's buffers: every param gets storage of its own holding its
         current values (MXFP8 weights their row-wise values, and their Linear its own forward
@@ -349,10 +409,5 @@ class FullyShardedDataParallel(torch.nn.Module):
         with torch.no_grad():
             for p, v in zip(self._params, self._full_values()):
                 p.data = v
-        for linear in self._mxfp8_linears:
-            mxfp8.uninstall(linear)
-        self._mxfp8_linears = []
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._remove_hooks()
         self._cpp.close()
