@@ -6,8 +6,10 @@ params, the units and the initial values to the C++ ``FullyShardedDataParallel``
 each rank what ``data_parallel_sharding_strategy`` keeps (docs/fsdp.md has the table).
 
 The C++ hooks are driven by torch module hooks (docs/python.md says why these):
-  - forward pre-hook of each hooked module: ``before_forward`` (gathers the unit, or the non-unit
-    params at their first use), then the torch params become views of the gathered storage;
+  - the wrapper's forward gathers the non-unit params first (``before_forward``), kept until the
+    gradients are synchronized: a model may read them outside their module (a tied head);
+  - forward pre-hook of each unit module: ``before_forward`` gathers the unit, then the torch
+    params become views of the gathered storage;
   - forward post-hook: the params go back to stand-ins (a NaN broadcast to their shape, no
     storage), then ``after_forward`` releases the unit; a recompute keeps them for its backward;
     with grad enabled it also registers the unit's pre-backward on its outputs
@@ -169,9 +171,13 @@ class FullyShardedDataParallel(torch.nn.Module):
                 else:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
+        # Units only: the non-unit params are gathered when the wrapper's forward starts, since a
+        # model may read them outside their module's forward (a tied LM head reading the embedding).
         for h in self.units.hooked:
-            self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
-            self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
+            if h.unit >= 0:
+                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
+                self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
+        self._non_unit_params = self.units.non_unit_params
 
     # ---- the hooks ----
 
@@ -221,8 +227,6 @@ class FullyShardedDataParallel(torch.nn.Module):
         params = list(indices)
 
         def hook(_module, _args, output):
-            if unit < 0:
-                return None  # non-unit params stay gathered until the gradients are synchronized
             if self._cpp.phase != "recompute":  # a recompute's backward reads the values next
                 self._stand_in(params)
             self._cpp.after_forward(params)
@@ -297,13 +301,16 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._complete_backward()
+        if self._non_unit_params:  # gathered now, kept until the gradients are synchronized
+            self._cpp.before_forward(self._non_unit_params)
+            self._view(self._non_unit_params)
         if self._shards_params:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 out = self.module(*args, **kwargs)
         else:
             out = self.module(*args, **kwargs)
         if not torch.is_grad_enabled():  # a forward-only pass: no backward will release the non-unit params
-            self._stand_in(self.units.non_unit_params)
+            self._stand_in(self._non_unit_params)
             self._cpp.release_gathered_params()
         return out
 
@@ -322,7 +329,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
         reduced gradients. Releases the non-unit params."""
         self._complete_backward()
-        self._stand_in(self.units.non_unit_params)
+        self._stand_in(self._non_unit_params)
         self._cpp.finish_grad_sync()
         self._grads_pending_sync = False
 
