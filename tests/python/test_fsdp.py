@@ -258,10 +258,13 @@ def test_a_unit_param_shared_outside_the_unit_is_refused(ranks):
 
 # ---- MXFP8 params (fp8_param_gather) under optim_grads_params ----
 
-def bf16_mlp():
+def bf16_mlp(head_mxfp8=None):
+    """head_mxfp8: what the head (a Linear outside every unit) is marked; unmarked it stays BF16
+    under FSDP, and DDP is told to keep it BF16 too, so the two train the same model."""
     torch.manual_seed(0)
     module = make_mlp().to(torch.bfloat16)
-    module.head.weight.mxfp8 = False  # a non-unit Linear: kept BF16
+    if head_mxfp8 is not None:
+        module.head.weight.mxfp8 = head_mxfp8
     return module
 
 
@@ -286,7 +289,7 @@ def test_mxfp8_params_train_as_ddp_s(ranks, fine_grained, recompute):
     forward reads the row-wise copy, backward's dgrad the column-wise one, each gathered per unit;
     the first step's loss is DDP's bit for bit (the same quantized weights), the rest track it."""
     rank, world = ranks
-    module = bf16_mlp()
+    module = bf16_mlp(head_mxfp8=False)
     ddp = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
         use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
     opt = optimizer(ddp)
@@ -338,3 +341,6 @@ def test_the_recompute_aware_policy_forces_fine_grained_where_needed(ranks):
         fine("recompute-aware", False, recompute_granularity="selective", recompute_modules=["layernorm"])
     with pytest.raises(ValueError, match="requires the fine-grained param gather"):
         fine("megatron", False)
+    with pytest.raises(ValueError, match="'head.weight' is marked mxfp8=True but is in no FSDP unit"):
+        mxt.FullyShardedDataParallel(bf16_mlp(head_mxfp8=True), fsdp_config("optim_grads_params", False, False,
+                                     fp8_param_gather=True), fsdp_unit_modules=[Block])

@@ -129,7 +129,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.param_dtype = params[0][1].dtype
         self._names = [n for n, _ in params]
         self._params = [p for _, p in params]
-        flags = _mxfp8_flags(module, params, config)
+        flags = self._unit_mxfp8_flags(params, config, fsdp_unit_modules)
         self.fine_grained_param_gather = decide_fine_grained(config, any(flags), recompute_granularity, modules)
         self.units: FsdpUnits = fsdp_units(module, self._names, self._params, fsdp_unit_modules,
                                            self.fine_grained_param_gather)
@@ -137,11 +137,6 @@ class FullyShardedDataParallel(torch.nn.Module):
         for u, members in enumerate(self.units.units):
             for i in members:
                 self._unit_of[i] = u
-        for i, flag in enumerate(flags):
-            if flag and self._unit_of[i] < 0:
-                raise ValueError(f"param '{self._names[i]}' is kept as MXFP8 (fp8_param_gather) but is in no FSDP unit: "
-                                 "MXFP8 params are gathered per unit and pass; put its module inside a unit class of "
-                                 "fsdp_unit_modules, or set `mxfp8 = False` on it")
         specs = [(n, list(p.shape), bool(getattr(p, "shared_embedding", False))) for n, p in params]
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
                                                 flags if any(flags) else [], [p.detach() for p in self._params])
@@ -178,6 +173,23 @@ class FullyShardedDataParallel(torch.nn.Module):
                 self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
                 self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
         self._non_unit_params = self.units.non_unit_params
+
+    def _unit_mxfp8_flags(self, params, config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
+        """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear weights), for the
+        params in units only: MXFP8 params are gathered per unit and pass, so a Linear outside every
+        unit (a head) stays BF16, and one marked ``mxfp8 = True`` there is refused. Unit membership
+        does not depend on the fine-grained gather, so the coarse units decide it."""
+        flags = _mxfp8_flags(self.module, params, config)
+        in_units = {i for u in fsdp_units(self.module, self._names, self._params, fsdp_unit_modules, False).units
+                    for i in u}
+        for i, flag in enumerate(flags):
+            if flag and i not in in_units:
+                if getattr(self._params[i], "mxfp8", None) is True:
+                    raise ValueError(f"param '{self._names[i]}' is marked mxfp8=True but is in no FSDP unit: MXFP8 "
+                                     "params are gathered per unit and pass; put its module inside a unit class of "
+                                     "fsdp_unit_modules, or leave it BF16")
+                flags[i] = False
+        return flags
 
     # ---- the hooks ----
 
