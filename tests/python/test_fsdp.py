@@ -198,6 +198,33 @@ def test_views_only_while_gathered(ranks):
     assert torch.equal(module.blocks[1].fc.weight, seen["inside"])  # close() gave it its values back
 
 
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
+def test_state_dict_gathers_the_full_params(ranks, strategy):
+    """state_dict() (collective) holds every param's values, not the stand-ins, and equals what
+    close() gives back; load_state_dict is refused, naming what to use instead."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp()
+    model = mxt.FullyShardedDataParallel(module, fsdp_config(strategy, True, False), fsdp_unit_modules=[Block])
+    opt = optimizer(model)
+    try:
+        opt.zero_grad()
+        mlp_loss(model, mlp_batch(rank, 0, 0)).backward()
+        with pytest.raises(RuntimeError, match="finish_grad_sync"):
+            model.state_dict()
+        model.finish_grad_sync()
+        opt.step()
+        state = model.state_dict()
+        with pytest.raises(RuntimeError, match="load_checkpoint"):
+            model.load_state_dict(state)
+    finally:
+        opt.close()
+        model.close()
+    assert set(state) == {"module." + n for n, _ in module.state_dict().items()}
+    for n, p in module.named_parameters():
+        assert torch.isfinite(state["module." + n]).all() and torch.equal(state["module." + n], p), n
+
+
 def test_a_param_without_gradient_is_reported_with_zero(ranks):
     """A unit whose output is unused in one iteration still finishes: its params report zero
     gradients when the gradients are synchronized, and the run goes on."""

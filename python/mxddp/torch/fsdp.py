@@ -397,6 +397,26 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._cpp.release_gathered_params()
         return values
 
+    def state_dict(self, *args, **kwargs):
+        """Collective (every rank calls it): torch's state dict of the wrapper (keys ``module.<name>``)
+        with every registered param's full values (MXFP8 weights: row-wise dequantized), gathered
+        for the purpose; the sharded params' own tensors hold only stand-ins outside their unit."""
+        if self._grads_pending_sync:
+            raise RuntimeError("state_dict() between backward and finish_grad_sync(): the gathers it needs would "
+                               "interleave with the gradient reductions; call model.finish_grad_sync() first")
+        destination = super().state_dict(*args, **kwargs)
+        values = {id(p): v for p, v in zip(self._params, self._full_values())}
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        for name, p in self.module.named_parameters(prefix=prefix + "module", remove_duplicate=False):
+            if id(p) in values and name in destination:
+                destination[name] = values[id(p)]
+        return destination
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        raise RuntimeError("FullyShardedDataParallel.load_state_dict: mxddp keeps the params as shards of its own "
+                           "buffers (and F32 main params in the optimizer); load a torch state dict into the module "
+                           "before wrapping it, or use mxddp.torch.load_checkpoint")
+
     def _close_at_exit(self) -> None:
         # Not collective: the ranks close their open models in no agreed order at exit, so the
         # params get stand-ins instead of gathered values.
