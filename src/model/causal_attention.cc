@@ -19,6 +19,7 @@
 
 #include "blas.h"
 #include "row_kernels.h"
+#include "step_profile.h"
 
 namespace mxddp::model {
 
@@ -101,6 +102,7 @@ int64_t attention_scratch_numel(int seq, int threads, int block) {
 
 template <typename T>
 void attention_forward(const T* qkv, T* stats, T* y, T* scratch, int batch, int seq, int c, int heads, int block) {
+  const profile::Scope timed(profile::Part::kAttentionOther);
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   if (block <= 0) block = attention_block(seq);
@@ -124,6 +126,7 @@ void attention_forward(const T* qkv, T* stats, T* y, T* scratch, int batch, int 
 template <typename T>
 void attention_backward(const T* dy, const T* qkv, const T* stats, T* dqkv, T* scratch, int batch, int seq, int c,
                         int heads, int block) {
+  const profile::Scope timed(profile::Part::kAttentionOther);
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   if (block <= 0) block = attention_block(seq);

@@ -24,6 +24,7 @@
 #include <mxddp/core.h>
 
 #include "compute_runtime.h"
+#include "step_profile.h"
 
 namespace mxddp::model {
 
@@ -166,10 +167,15 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a, in
     state.b16.resize(std::max(state.b16.size(), static_cast<size_t>(k) * n));
     plan.a16.set_data_handle(state.a16.data());
     plan.b16.set_data_handle(state.b16.data());
-    plan.round_a.execute(state.stream, plan.a, plan.a16);
-    plan.round_b.execute(state.stream, plan.b, plan.b16);
+    {
+      const profile::Scope casts(profile::Part::kCasts);
+      plan.round_a.execute(state.stream, plan.a, plan.a16);
+      plan.round_b.execute(state.stream, plan.b, plan.b16);
+    }
+    const profile::Scope products(profile::Part::kProducts);
     plan.matmul.execute(state.stream, {{DNNL_ARG_SRC, plan.a16}, {DNNL_ARG_WEIGHTS, plan.b16}, {DNNL_ARG_DST, plan.c}});
   } else {
+    const profile::Scope products(profile::Part::kProducts);
     plan.matmul.execute(state.stream, {{DNNL_ARG_SRC, plan.a}, {DNNL_ARG_WEIGHTS, plan.b}, {DNNL_ARG_DST, plan.c}});
   }
   state.stream.wait();

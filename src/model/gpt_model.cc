@@ -10,6 +10,7 @@
 
 #include "gpt_graph.h"
 #include "gpt_scratch.h"
+#include "step_profile.h"
 
 namespace mxddp {
 
@@ -98,6 +99,7 @@ struct GptModel::Impl {
   Impl(DataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
 
   const float* weight(int i, model::WeightUse use) {
+    const model::profile::Scope timed(model::profile::Part::kWeights);
     const ParamSpec& spec = specs[static_cast<size_t>(i)];
     const bool dgrad = is_mxfp8[static_cast<size_t>(i)] && use == model::WeightUse::kDataGrad;
     TensorView out = pool.get_tensor(spec.shape, DType::kF32, (dgrad ? weight_key_dgrad : weight_key)[static_cast<size_t>(i)]);
@@ -171,6 +173,7 @@ double GptModel::forward_backward(const int32_t* tokens, int micro_batch, float 
   Impl& m = *impl_;
   const int n = micro_batch * m.config.seq_length;
   const model::ScopedGemmDType compute_dtype(m.gemm_dtype);
+  model::profile::begin_micro_batch();
   const double wait0 = m.timings.param_wait_ms;
   auto t0 = Clock::now();
   const double loss = m.graph->forward(tokens, micro_batch, loss_scale / static_cast<float>(n));

@@ -16,6 +16,7 @@
 #include "blas.h"
 #include "causal_attention.h"
 #include "row_kernels.h"
+#include "step_profile.h"
 
 namespace mxddp::model {
 
@@ -31,6 +32,7 @@ void add_column_sums(const T* x, int rows, int cols, T* out) {
 // y [count] = 0
 template <typename T>
 void fill_zero(T* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kElementwise);
   std::fill(y, y + count, T(0));
 }
 
@@ -46,7 +48,10 @@ void add_in_place(T* y, const T* x, int64_t count) {
 // x [n, in], w [out, in], b [out] -> y [n, out]
 template <typename T>
 void linear_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int out) {
-  for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
+  {
+    const profile::Scope timed(profile::Part::kElementwise);
+    for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
+  }
   gemm(Op::kN, Op::kT, n, out, in, T(1), x, in, w, in, T(1), y, out);
 }
 
@@ -139,6 +144,7 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t count) {
 
 template <typename T>
 void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int batch, int seq, int c) {
+  const profile::Scope timed(profile::Part::kElementwise);
   for (int b = 0; b < batch; ++b)
     for (int t = 0; t < seq; ++t) {
       const int64_t n = static_cast<int64_t>(b) * seq + t;
@@ -151,6 +157,7 @@ void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, 
 
 template <typename T>
 void embedding_backward(const int32_t* tokens, const T* dx, T* dwte, T* dwpe, int batch, int seq, int c) {
+  const profile::Scope timed(profile::Part::kElementwise);
   for (int b = 0; b < batch; ++b)
     for (int t = 0; t < seq; ++t) {
       const int64_t n = static_cast<int64_t>(b) * seq + t;
