@@ -40,6 +40,11 @@ template <typename Real>
 struct GptAccess {
   // The values of param i, valid until the next weight() call for a param of the same role.
   std::function<const Real*(int param, WeightUse use)> weight;
+  // The BF16 bits of a matrix param for its products, read in place, or null where the products
+  // need weight() (f32 compute, f32 or MXFP8 params, the f64 graph). Valid as weight()'s.
+  std::function<const uint16_t*(int param, WeightUse use)> weight_bf16 = [](int, WeightUse) -> const uint16_t* {
+    return nullptr;
+  };
   std::function<Real*(int param)> grad;  // where param i's gradient accumulates (+=)
   std::function<void(int param)> grad_ready = [](int) {};
   // The module hooks of DataParallel (data_parallel.h), each with the module's params.
@@ -99,6 +104,11 @@ class GptGraph {
   Real* scratch(const std::string& name, int64_t numel) { return access_.scratch(name, numel); }
   Real* res(int layer) { return scratch(fmt::format("res/{}", layer), int64_t{rows()} * cfg_.hidden_size); }
   const Real* w(int param, WeightUse use = WeightUse::kForward) { return access_.weight(param, use); }
+  // A matrix param as its products read it: in place in BF16 where weight_bf16 gives it.
+  LinearWeight<Real> lw(int param, WeightUse use = WeightUse::kForward) {
+    if (const uint16_t* bits = access_.weight_bf16(param, use)) return {nullptr, bits};
+    return {w(param, use), nullptr};
+  }
   Real* g(int param) { return access_.grad(param); }
   void ready(std::initializer_list<int> params) {
     for (int p : params) access_.grad_ready(p);
@@ -137,11 +147,11 @@ class GptGraph {
     const Real* x = res(l);
     input_layernorm_forward(l, a);
     submodule_before_forward(l, kQkvW);
-    linear_forward(a.ln1, w(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
+    linear_forward(a.ln1, lw(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
     submodule_after_forward(l, kQkvW);
     core_attention_forward(a);
     submodule_before_forward(l, kProjW);
-    linear_forward(a.atty, w(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
+    linear_forward(a.atty, lw(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
     submodule_after_forward(l, kProjW);
     add_in_place(a.xmid, x, int64_t{n} * c);
     pre_mlp_layernorm_forward(l, a);
@@ -207,13 +217,13 @@ class GptGraph {
   void mlp_forward(int l, const LayerActs& a, Run run) {
     const int n = rows(), c = cfg_.hidden_size;
     submodule_before_forward(l, kFc1W);
-    linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
+    linear_forward(a.ln2, lw(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
     submodule_after_forward(l, kFc1W);
     if (run == Run::kRecompute) return;  // fc2 is not gathered either
     Real* gelu = mlp_4c();
     gelu_forward(a.fc1, gelu, int64_t{n} * 4 * c);
     submodule_before_forward(l, kFc2W);
-    linear_forward(gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
+    linear_forward(gelu, lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
     submodule_after_forward(l, kFc2W);
   }
 
@@ -241,7 +251,7 @@ class GptGraph {
                       scratch("lnf_mean", n), scratch("lnf_rstd", n), n, c);
     // The LM head is the token embedding, transposed: logits [N, V] = lnf wte^T.
     Real* logits = scratch("logits", int64_t{n} * v);
-    gemm(Op::kN, Op::kT, n, v, c, Real(1), lnf, c, w(ids_.wte()), c, Real(0), logits, v);
+    gemm_weight(Op::kT, n, v, c, lnf, c, lw(ids_.wte()), c, Real(0), logits, v);
     return cross_entropy(logits, targets_.data(), scratch("row_loss", n), n, v, grad_scale);
   }
 
@@ -252,7 +262,7 @@ class GptGraph {
     Real* dres = scratch("grad/dres", int64_t{n} * c);  // dL/d(residual stream), carried down
     Real* dln = scratch("grad/dc", int64_t{n} * c);
     gemm(Op::kT, Op::kN, v, c, n, Real(1), dlogits, v, lnf, c, Real(1), g(ids_.wte()), c);
-    gemm(Op::kN, Op::kN, n, c, v, Real(1), dlogits, v, w(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
+    gemm_weight(Op::kN, n, c, v, dlogits, v, lw(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
     fill_zero(dres, int64_t{n} * c);
     layernorm_backward(dln, res(L), w(ids_.final_norm_weight()), scratch("lnf_mean", n), scratch("lnf_rstd", n), dres,
                        g(ids_.final_norm_weight()), g(ids_.final_norm_bias()), n, c);
@@ -291,13 +301,13 @@ class GptGraph {
     submodule_before_backward(l, kFc2W);
     linear_backward_weight(dres, d4c, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
     ready({id(kFc2W), id(kFc2B)});
-    linear_backward_data(dres, w(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+    linear_backward_data(dres, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
     submodule_after_backward(l, kFc2W);
     gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
     submodule_before_backward(l, kFc1W);
     linear_backward_weight(d4c, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
-    linear_backward_data(d4c, w(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
+    linear_backward_data(d4c, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
     submodule_after_backward(l, kFc1W);
     // dres becomes dL/dxmid: the residual path plus the pre-MLP norm's path.
     submodule_before_backward(l, kLn2W);
@@ -308,7 +318,7 @@ class GptGraph {
     submodule_before_backward(l, kProjW);
     linear_backward_weight(dres, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
     ready({id(kProjW), id(kProjB)});
-    linear_backward_data(dres, w(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
+    linear_backward_data(dres, lw(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
     submodule_after_backward(l, kProjW);
     // Rewrites atty as well, with the same values; its last reader (proj's weight gradient) is done.
     if (selective(RecomputeModule::kCoreAttn)) core_attention_forward(a);
@@ -318,7 +328,7 @@ class GptGraph {
     submodule_before_backward(l, kQkvW);
     linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
     ready({id(kQkvW), id(kQkvB)});
-    linear_backward_data(d3c, w(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
+    linear_backward_data(d3c, lw(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
     submodule_after_backward(l, kQkvW);
     submodule_before_backward(l, kLn1W);
     layernorm_backward(dln, x, w(id(kLn1W)), a.ln1_mean, a.ln1_rstd, dres, g(id(kLn1W)), g(id(kLn1B)), n, c);

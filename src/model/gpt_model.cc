@@ -94,6 +94,8 @@ struct GptModel::Impl {
   std::vector<bool> is_mxfp8;                 // [param]
   GptTimings timings;
   model::GemmDType gemm_dtype = model::GemmDType::kF32;  // the products' compute dtype (options.bf16)
+  // BF16 compute on a CPU that multiplies BF16 natively: BF16 params are read in place.
+  bool bf16_weights_in_place = false;
   std::unique_ptr<model::GptGraph<float>> graph;
 
   Impl(DataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
@@ -113,6 +115,14 @@ struct GptModel::Impl {
     }
     return out.data_as<const float>();
   }
+
+  // A BF16 param's own bits for a BF16 product (no f32 copy, no rounding): what rounding weight()'s
+  // copy would give back. MXFP8 params and f32 params take weight().
+  const uint16_t* weight_bf16(int i) {
+    if (!bf16_weights_in_place || is_mxfp8[static_cast<size_t>(i)]) return nullptr;
+    const TensorView p = ddp.param(i);
+    return p.dtype == DType::kBF16 ? p.data_as<const bf16_bits>() : nullptr;
+  }
 };
 
 GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
@@ -123,6 +133,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
   Impl& m = *impl_;
   m.specs = ddp.params();
   if (options.bf16) m.gemm_dtype = model::GemmDType::kBF16;
+  m.bf16_weights_in_place = options.bf16 && model::bf16_gemm_supported();
   const std::vector<ParamSpec> expected = gpt_param_specs(config);
   MXDDP_CHECK(m.specs.size() == expected.size(), "the DDP holds {} params but a GPT of {} has {}", m.specs.size(),
               config.describe(), expected.size());
@@ -143,6 +154,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
 
   model::GptAccess<float> access;
   access.weight = [&m](int i, model::WeightUse use) { return m.weight(i, use); };
+  access.weight_bf16 = [&m](int i, model::WeightUse) { return m.weight_bf16(i); };
   access.grad = [&m](int i) { return m.ddp.main_grad(i).data_as<float>(); };
   access.grad_ready = [&m](int i) { m.ddp.grad_ready(i); };
   // The pre-hooks may wait for param gathers: that time is exposed communication.

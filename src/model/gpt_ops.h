@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "blas.h"
 #include "causal_attention.h"
@@ -45,14 +46,36 @@ void add_in_place(T* y, const T* x, int64_t count) {
 // ---- Linear: y = x W^T + b, with W [out, in] (PyTorch's and Megatron's layout; row-wise MXFP8
 // blocks then run along `in`, the forward product's reduction dimension). ----
 
+// A weight as its products read it: its values in T, or, for the f32 GPT computing in BF16 with
+// a BF16 param, the param's BF16 bits in place (bf16 set, values null): no f32 copy of the
+// param and no rounding pass, the same products (the f32 copy would round back to these bits).
+template <typename T>
+struct LinearWeight {
+  const T* values = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
+// C [m, n] = A [m, k] op(W) + beta C, W [n, k] (op_w = kT) or [k, n] (kN), with leading dimension ldw.
+template <typename T>
+void gemm_weight(Op op_w, int m, int n, int k, const T* a, int lda, LinearWeight<T> w, int ldw, T beta, T* c,
+                 int ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (w.bf16 != nullptr) {
+      gemm(Op::kN, op_w, m, n, k, 1.0f, GemmOperand{a, lda, false}, GemmOperand{w.bf16, ldw, true}, beta, c, ldc);
+      return;
+    }
+  }
+  gemm(Op::kN, op_w, m, n, k, T(1), a, lda, w.values, ldw, beta, c, ldc);
+}
+
 // x [n, in], w [out, in], b [out] -> y [n, out]
 template <typename T>
-void linear_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int out) {
+void linear_forward(const T* x, LinearWeight<T> w, const T* b, T* y, int n, int in, int out) {
   {
     const profile::Scope timed(profile::Part::kElementwise);
     for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
   }
-  gemm(Op::kN, Op::kT, n, out, in, T(1), x, in, w, in, T(1), y, out);
+  gemm_weight(Op::kT, n, out, in, x, in, w, in, T(1), y, out);
 }
 
 // dw [out, in] += dy^T x; db [out] += column sums of dy.
@@ -64,8 +87,8 @@ void linear_backward_weight(const T* dy, const T* x, T* dw, T* db, int n, int in
 
 // dx [n, in] = dy w (+ dx when accumulate).
 template <typename T>
-void linear_backward_data(const T* dy, const T* w, T* dx, int n, int in, int out, bool accumulate) {
-  gemm(Op::kN, Op::kN, n, in, out, T(1), dy, out, w, in, accumulate ? T(1) : T(0), dx, in);
+void linear_backward_data(const T* dy, LinearWeight<T> w, T* dx, int n, int in, int out, bool accumulate) {
+  gemm_weight(Op::kN, n, in, out, dy, out, w, in, accumulate ? T(1) : T(0), dx, in);
 }
 
 // ---- LayerNorm over the last dimension: y = (x - mean) * rstd * w + b ----

@@ -21,9 +21,9 @@ struct Traced {
 // The kernels the graph calls, for Traced: no work, no memory touched.
 void fill_zero(Traced*, int64_t) {}
 void add_in_place(Traced*, const Traced*, int64_t) {}
-void linear_forward(const Traced*, const Traced*, const Traced*, Traced*, int, int, int) {}
+void linear_forward(const Traced*, LinearWeight<Traced>, const Traced*, Traced*, int, int, int) {}
 void linear_backward_weight(const Traced*, const Traced*, Traced*, Traced*, int, int, int) {}
-void linear_backward_data(const Traced*, const Traced*, Traced*, int, int, int, bool) {}
+void linear_backward_data(const Traced*, LinearWeight<Traced>, Traced*, int, int, int, bool) {}
 void layernorm_forward(const Traced*, const Traced*, const Traced*, Traced*, Traced*, Traced*, int, int) {}
 void layernorm_backward(const Traced*, const Traced*, const Traced*, const Traced*, const Traced*, Traced*, Traced*,
                         Traced*, int, int) {}
