@@ -39,6 +39,10 @@ void add_column_sums(const float* x, int rows, int cols, float* out);
 // y [count] += x [count] (a residual connection).
 void add_in_place(float* y, const float* x, int64_t count);
 
+// y [rows, cols] (leading dimension ldy) = x [rows, cols] (ldx) rounded to BF16 bits, RNE (core.h's
+// f32_to_bf16), on the calling thread only: attention's operand staging.
+void round_rows_to_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int rows, int cols);
+
 // The causal softmax of attention rows, on the calling thread only (attention parallelizes over
 // heads itself); see RowKernelTable::causal_softmax(_from_stats, _backward).
 void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum);

@@ -50,6 +50,10 @@ struct RowKernelTable {
   // over 0..r, 0 over r+1 .. width-1.
   void (*causal_softmax_backward)(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale);
 
+  // y[i] = x[i] rounded to BF16 (the bits), to nearest even; NaN stays NaN (quiet): core.h's
+  // f32_to_bf16, vectorized (the BF16 products' operand casts).
+  void (*round_to_bf16)(const float* x, uint16_t* y, int64_t count);
+
   // Softmax cross-entropy over `rows` rows of logits [rows, v]: row_loss[i] = logsumexp - logit of
   // target. With grad_scale != 0 the row becomes (softmax - onehot) * grad_scale.
   void (*cross_entropy)(float* logits, const int32_t* targets, float* row_loss, int64_t rows, int v, float grad_scale);

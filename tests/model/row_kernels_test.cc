@@ -13,6 +13,8 @@
 //                  + e rstd |mean(dxhat xhat)|; dw, db: 4 (n + 1) u sum_i |term_i|
 //   cross-entropy  row loss: 16u (1 + |loss64|); gradient: 8u |grad_scale|
 //   causal softmax p: 8u; dS: 16u scale sum_j p |dp| + 8u |dS64| per row
+//   round to BF16  the same bits as core.h's f32_to_bf16 (RNE; ties, Inf, NaN, subnormals)
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -290,6 +292,20 @@ std::string isa_name(const ::testing::TestParamInfo<const row_kernels::RowKernel
   for (char& ch : s)
     if (ch == '-') ch = '_';
   return s;
+}
+
+TEST_P(RowKernels, RoundToBf16GivesTheReferenceBitsIncludingTiesAndSpecials) {
+  std::vector<float> x = random_floats(4099, 3.0f, 21);
+  const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                               0x7f800001u, 0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                               0x3f818000u, 0x3f808001u, 0x3f817fffu, 0x7f7f8000u, 0x00008000u, 0x00018000u};
+  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  for (uint32_t i = 0; i < 70000; ++i) x.push_back(std::bit_cast<float>(i * 61357u));  // every exponent, many mantissas
+  std::vector<uint16_t> y(x.size() + 1, 0xabcd);
+  k().round_to_bf16(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(y[i], f32_to_bf16(x[i])) << "x bits " << std::hex << std::bit_cast<uint32_t>(x[i]);
+  EXPECT_EQ(y.back(), 0xabcd) << "wrote past the end";
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsaThisCpuRuns, RowKernels, ::testing::ValuesIn(row_kernels::supported()), isa_name);
