@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <mxddp/model.h>
@@ -112,6 +113,13 @@ class GptGraph {
   Real* g(int param) { return access_.grad(param); }
   void ready(std::initializer_list<int> params) {
     for (int p : params) access_.grad_ready(p);
+  }
+
+  // GELU's output, which only feeds fc2's products, is kept in BF16 when those run in BF16 (the
+  // f32 graph under --bf16 on a CPU with native BF16): half the bytes, and no rounding pass.
+  bool gelu_in_bf16() const {
+    if constexpr (std::is_same_v<Real, float>) return products_in_bf16();
+    return false;
   }
 
   // Whether a selective recompute re-runs submodule m in backward.
@@ -221,6 +229,16 @@ class GptGraph {
     submodule_after_forward(l, kFc1W);
     if (run == Run::kRecompute) return;  // fc2 is not gathered either
     Real* gelu = mlp_4c();
+    if constexpr (std::is_same_v<Real, float>) {
+      if (gelu_in_bf16()) {  // fc2's operand only: kept in BF16 (the first half of mlp_4c's storage)
+        uint16_t* gelu16 = reinterpret_cast<uint16_t*>(gelu);
+        gelu_forward_bf16(a.fc1, gelu16, int64_t{n} * 4 * c);
+        submodule_before_forward(l, kFc2W);
+        linear_forward_bf16_input(gelu16, lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
+        submodule_after_forward(l, kFc2W);
+        return;
+      }
+    }
     gelu_forward(a.fc1, gelu, int64_t{n} * 4 * c);
     submodule_before_forward(l, kFc2W);
     linear_forward(gelu, lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
@@ -297,9 +315,22 @@ class GptGraph {
     Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
-    gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);  // fc2's input again: forward's was the last layer's
-    submodule_before_backward(l, kFc2W);
-    linear_backward_weight(dres, d4c, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
+    // fc2's input again (forward's was the last layer's), in BF16 where forward kept it so.
+    bool gelu_done = false;
+    if constexpr (std::is_same_v<Real, float>) {
+      if (gelu_in_bf16()) {
+        uint16_t* gelu16 = reinterpret_cast<uint16_t*>(d4c);
+        gelu_forward_bf16(a.fc1, gelu16, int64_t{n} * 4 * c);
+        submodule_before_backward(l, kFc2W);
+        linear_backward_weight_bf16_input(dres, gelu16, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
+        gelu_done = true;
+      }
+    }
+    if (!gelu_done) {
+      gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);
+      submodule_before_backward(l, kFc2W);
+      linear_backward_weight(dres, d4c, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
+    }
     ready({id(kFc2W), id(kFc2B)});
     linear_backward_data(dres, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
     submodule_after_backward(l, kFc2W);

@@ -68,6 +68,28 @@ void gemm_weight(Op op_w, int m, int n, int k, const T* a, int lda, LinearWeight
   gemm(Op::kN, op_w, m, n, k, T(1), a, lda, w.values, ldw, beta, c, ldc);
 }
 
+// The calling thread's products run in BF16 (the f32 GPT under --bf16 on a CPU that has it):
+// activations that only feed products may then be kept in BF16.
+inline bool products_in_bf16() { return gemm_dtype() == GemmDType::kBF16 && bf16_gemm_supported(); }
+
+// y [n, out] = x w^T + b with x [n, in] in BF16 bits (BF16 compute only).
+inline void linear_forward_bf16_input(const uint16_t* x, LinearWeight<float> w, const float* b, float* y, int n, int in,
+                                      int out) {
+  {
+    const profile::Scope timed(profile::Part::kElementwise);
+    for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
+  }
+  const GemmOperand weight = w.bf16 != nullptr ? GemmOperand{w.bf16, in, true} : GemmOperand{w.values, in, false};
+  gemm(Op::kN, Op::kT, n, out, in, 1.0f, GemmOperand{x, in, true}, weight, 1.0f, y, out);
+}
+
+// dw [out, in] += dy^T x with x [n, in] in BF16 bits; db [out] += column sums of dy.
+inline void linear_backward_weight_bf16_input(const float* dy, const uint16_t* x, float* dw, float* db, int n, int in,
+                                              int out) {
+  gemm(Op::kT, Op::kN, out, in, n, 1.0f, GemmOperand{dy, out, false}, GemmOperand{x, in, true}, 1.0f, dw, in);
+  add_column_sums(dy, n, out, db);
+}
+
 // x [n, in], w [out, in], b [out] -> y [n, out]
 template <typename T>
 void linear_forward(const T* x, LinearWeight<T> w, const T* b, T* y, int n, int in, int out) {

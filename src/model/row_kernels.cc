@@ -92,6 +92,12 @@ void gelu_forward(const float* x, float* y, int64_t count) {
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_forward(x + i0, y + i0, i1 - i0); });
 }
 
+void gelu_forward_bf16(const float* x, uint16_t* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kGelu);
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_forward_bf16(x + i0, y + i0, i1 - i0); });
+}
+
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t count) {
   const profile::Scope timed(profile::Part::kGelu);
   const RowKernelTable& k = active();

@@ -27,6 +27,8 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
                         float* dx, float* dw, float* db, int n, int c);
 
 void gelu_forward(const float* x, float* y, int64_t count);
+// gelu_forward rounded to BF16 bits (the BF16 products' operand), in one pass.
+void gelu_forward_bf16(const float* x, uint16_t* y, int64_t count);
 // dx = dy * gelu'(x); dx may alias dy.
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t count);
 

@@ -20,6 +20,9 @@ struct RowKernelTable {
 
   // GELU, tanh form: y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), computed as x * sigmoid(2u).
   void (*gelu_forward)(const float* x, float* y, int64_t count);
+  // gelu_forward's y rounded to BF16 (round_to_bf16's bits) without an f32 pass: the BF16
+  // products' input (fc2's operand).
+  void (*gelu_forward_bf16)(const float* x, uint16_t* y, int64_t count);
   // dx = dy * gelu'(x); dx may alias dy.
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t count);
 

@@ -14,6 +14,7 @@
 //   cross-entropy  row loss: 16u (1 + |loss64|); gradient: 8u |grad_scale|
 //   causal softmax p: 8u; dS: 16u scale sum_j p |dp| + 8u |dS64| per row
 //   round to BF16  the same bits as core.h's f32_to_bf16 (RNE; ties, Inf, NaN, subnormals)
+//   GELU in BF16   the same bits as GELU's f32 result rounded by f32_to_bf16
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -126,6 +127,18 @@ TEST_P(RowKernels, GeluForwardAndSlopeMatchF64) {
   std::vector<float> in_place = dy;
   k().gelu_backward(x.data(), in_place.data(), in_place.data(), static_cast<int64_t>(x.size()));
   EXPECT_EQ(0, std::memcmp(in_place.data(), dx.data(), dx.size() * sizeof(float)));
+}
+
+TEST_P(RowKernels, GeluForwardBf16IsTheF32ResultRounded) {
+  // One pass that computes GELU and rounds it: the same bits as gelu_forward then f32_to_bf16, so
+  // it inherits gelu_forward's bound against f64 plus BF16's one rounding.
+  const std::vector<float> x = wide_inputs();
+  std::vector<float> y(x.size());
+  std::vector<uint16_t> y16(x.size() + 1, 0xabcd);
+  k().gelu_forward(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  k().gelu_forward_bf16(x.data(), y16.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y16[i], f32_to_bf16(y[i])) << "gelu(" << x[i] << ")";
+  EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
 }
 
 struct LayerNormCase {
