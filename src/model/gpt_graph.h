@@ -106,9 +106,21 @@ class GptGraph {
   Real* res(int layer) { return scratch(fmt::format("res/{}", layer), int64_t{rows()} * cfg_.hidden_size); }
   const Real* w(int param, WeightUse use = WeightUse::kForward) { return access_.weight(param, use); }
   // A matrix param as its products read it: in place in BF16 where weight_bf16 gives it.
-  LinearWeight<Real> lw(int param, WeightUse use = WeightUse::kForward) {
+  Operand<Real> lw(int param, WeightUse use = WeightUse::kForward) {
     if (const uint16_t* bits = access_.weight_bf16(param, use)) return {nullptr, bits};
     return {w(param, use), nullptr};
+  }
+  // A gradient dy [numel] that a weight-gradient and a data-gradient product both read: under BF16
+  // compute it is rounded once, here, for both (each product would round it again).
+  Operand<Real> grad_operand(const Real* dy, int64_t numel) {
+    if constexpr (std::is_same_v<Real, float>) {
+      if (products_in_bf16()) {
+        if (dy16_.size() < static_cast<size_t>(numel)) dy16_.resize(static_cast<size_t>(numel));
+        round_to_bf16(dy, dy16_.data(), numel);
+        return {dy, dy16_.data()};
+      }
+    }
+    return {dy, nullptr};
   }
   Real* g(int param) { return access_.grad(param); }
   void ready(std::initializer_list<int> params) {
@@ -234,7 +246,8 @@ class GptGraph {
         uint16_t* gelu16 = reinterpret_cast<uint16_t*>(gelu);
         gelu_forward_bf16(a.fc1, gelu16, int64_t{n} * 4 * c);
         submodule_before_forward(l, kFc2W);
-        linear_forward_bf16_input(gelu16, lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
+        linear_forward(Operand<float>(nullptr, gelu16), lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1),
+                       n, 4 * c, c);
         submodule_after_forward(l, kFc2W);
         return;
       }
@@ -269,7 +282,7 @@ class GptGraph {
                       scratch("lnf_mean", n), scratch("lnf_rstd", n), n, c);
     // The LM head is the token embedding, transposed: logits [N, V] = lnf wte^T.
     Real* logits = scratch("logits", int64_t{n} * v);
-    gemm_weight(Op::kT, n, v, c, lnf, c, lw(ids_.wte()), c, Real(0), logits, v);
+    gemm_operands(Op::kN, Op::kT, n, v, c, Operand<Real>(lnf), c, lw(ids_.wte()), c, Real(0), logits, v);
     return cross_entropy(logits, targets_.data(), scratch("row_loss", n), n, v, grad_scale);
   }
 
@@ -279,8 +292,9 @@ class GptGraph {
     const Real* dlogits = scratch("logits", int64_t{n} * v);
     Real* dres = scratch("grad/dres", int64_t{n} * c);  // dL/d(residual stream), carried down
     Real* dln = scratch("grad/dc", int64_t{n} * c);
-    gemm(Op::kT, Op::kN, v, c, n, Real(1), dlogits, v, lnf, c, Real(1), g(ids_.wte()), c);
-    gemm_weight(Op::kN, n, c, v, dlogits, v, lw(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
+    const Operand<Real> dy_head = grad_operand(dlogits, int64_t{n} * v);
+    gemm_operands(Op::kT, Op::kN, v, c, n, dy_head, v, Operand<Real>(lnf), c, Real(1), g(ids_.wte()), c);
+    gemm_operands(Op::kN, Op::kN, n, c, v, dy_head, v, lw(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
     fill_zero(dres, int64_t{n} * c);
     layernorm_backward(dln, res(L), w(ids_.final_norm_weight()), scratch("lnf_mean", n), scratch("lnf_rstd", n), dres,
                        g(ids_.final_norm_weight()), g(ids_.final_norm_bias()), n, c);
@@ -316,29 +330,26 @@ class GptGraph {
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
     // fc2's input again (forward's was the last layer's), in BF16 where forward kept it so.
-    bool gelu_done = false;
+    Operand<Real> fc2_in(d4c);
     if constexpr (std::is_same_v<Real, float>) {
       if (gelu_in_bf16()) {
-        uint16_t* gelu16 = reinterpret_cast<uint16_t*>(d4c);
-        gelu_forward_bf16(a.fc1, gelu16, int64_t{n} * 4 * c);
-        submodule_before_backward(l, kFc2W);
-        linear_backward_weight_bf16_input(dres, gelu16, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
-        gelu_done = true;
+        fc2_in = Operand<Real>(nullptr, reinterpret_cast<uint16_t*>(d4c));
+        gelu_forward_bf16(a.fc1, reinterpret_cast<uint16_t*>(d4c), int64_t{n} * 4 * c);
       }
     }
-    if (!gelu_done) {
-      gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);
-      submodule_before_backward(l, kFc2W);
-      linear_backward_weight(dres, d4c, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
-    }
+    if (fc2_in.values != nullptr) gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);
+    submodule_before_backward(l, kFc2W);
+    const Operand<Real> dy_fc2 = grad_operand(dres, int64_t{n} * c);
+    linear_backward_weight(dy_fc2, fc2_in, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
     ready({id(kFc2W), id(kFc2B)});
-    linear_backward_data(dres, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+    linear_backward_data(dy_fc2, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
     submodule_after_backward(l, kFc2W);
     gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
     submodule_before_backward(l, kFc1W);
-    linear_backward_weight(d4c, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
+    const Operand<Real> dy_fc1 = grad_operand(d4c, int64_t{n} * 4 * c);
+    linear_backward_weight(dy_fc1, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
-    linear_backward_data(d4c, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
+    linear_backward_data(dy_fc1, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
     submodule_after_backward(l, kFc1W);
     // dres becomes dL/dxmid: the residual path plus the pre-MLP norm's path.
     submodule_before_backward(l, kLn2W);
@@ -347,9 +358,10 @@ class GptGraph {
     submodule_after_backward(l, kLn2W);
 
     submodule_before_backward(l, kProjW);
-    linear_backward_weight(dres, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
+    const Operand<Real> dy_proj = grad_operand(dres, int64_t{n} * c);
+    linear_backward_weight(dy_proj, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
     ready({id(kProjW), id(kProjB)});
-    linear_backward_data(dres, lw(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
+    linear_backward_data(dy_proj, lw(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
     submodule_after_backward(l, kProjW);
     // Rewrites atty as well, with the same values; its last reader (proj's weight gradient) is done.
     if (selective(RecomputeModule::kCoreAttn)) core_attention_forward(a);
@@ -357,9 +369,10 @@ class GptGraph {
                        cfg_.num_attention_heads);
     if (selective(RecomputeModule::kLayernorm)) input_layernorm_forward(l, a);
     submodule_before_backward(l, kQkvW);
-    linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
+    const Operand<Real> dy_qkv = grad_operand(d3c, int64_t{n} * 3 * c);
+    linear_backward_weight(dy_qkv, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
     ready({id(kQkvW), id(kQkvB)});
-    linear_backward_data(d3c, lw(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
+    linear_backward_data(dy_qkv, lw(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
     submodule_after_backward(l, kQkvW);
     submodule_before_backward(l, kLn1W);
     layernorm_backward(dln, x, w(id(kLn1W)), a.ln1_mean, a.ln1_rstd, dres, g(id(kLn1W)), g(id(kLn1B)), n, c);
@@ -380,6 +393,7 @@ class GptGraph {
   int batch_ = 0;
   bool backward_ready_ = false;
   std::vector<int32_t> inputs_, targets_;  // [N]
+  std::vector<uint16_t> dy16_;  // grad_operand's BF16 gradient, [N, max(V, 4C)] at most
 };
 
 }  // namespace mxddp::model

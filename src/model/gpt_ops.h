@@ -46,71 +46,62 @@ void add_in_place(T* y, const T* x, int64_t count) {
 // ---- Linear: y = x W^T + b, with W [out, in] (PyTorch's and Megatron's layout; row-wise MXFP8
 // blocks then run along `in`, the forward product's reduction dimension). ----
 
-// A weight as its products read it: its values in T, or, for the f32 GPT computing in BF16 with
-// a BF16 param, the param's BF16 bits in place (bf16 set, values null): no f32 copy of the
-// param and no rounding pass, the same products (the f32 copy would round back to these bits).
+// An operand of the linear layers' products: its values in T, and/or, for the f32 GPT computing in
+// BF16, its BF16 bits, which the products then read in place. A BF16 param is passed as its own
+// bits (no f32 copy of the param, no rounding pass: the copy would round back to these bits); a
+// gradient that two products read is rounded once for both; GELU's output is only kept in BF16.
 template <typename T>
-struct LinearWeight {
-  const T* values = nullptr;
-  const uint16_t* bf16 = nullptr;
+struct Operand;
+// An Operand parameter whose T comes from the other arguments, so a plain pointer converts.
+template <typename T>
+using OperandOf = std::type_identity_t<Operand<T>>;
+
+template <typename T>
+struct Operand {
+  Operand(const T* v = nullptr, const uint16_t* b = nullptr) : values(v), bf16(b) {}  // NOLINT: a plain pointer is an operand
+  const T* values;
+  const uint16_t* bf16;
 };
 
-// C [m, n] = A [m, k] op(W) + beta C, W [n, k] (op_w = kT) or [k, n] (kN), with leading dimension ldw.
+// C [m, n] = alpha op(A) op(B) + beta C, reading each operand's BF16 bits where it has them.
 template <typename T>
-void gemm_weight(Op op_w, int m, int n, int k, const T* a, int lda, LinearWeight<T> w, int ldw, T beta, T* c,
-                 int ldc) {
+void gemm_operands(Op op_a, Op op_b, int m, int n, int k, OperandOf<T> a, int lda, OperandOf<T> b, int ldb, T beta, T* c,
+                   int ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    if (w.bf16 != nullptr) {
-      gemm(Op::kN, op_w, m, n, k, 1.0f, GemmOperand{a, lda, false}, GemmOperand{w.bf16, ldw, true}, beta, c, ldc);
+    if (a.bf16 != nullptr || b.bf16 != nullptr) {
+      const GemmOperand ga = a.bf16 != nullptr ? GemmOperand{a.bf16, lda, true} : GemmOperand{a.values, lda, false};
+      const GemmOperand gb = b.bf16 != nullptr ? GemmOperand{b.bf16, ldb, true} : GemmOperand{b.values, ldb, false};
+      gemm(op_a, op_b, m, n, k, 1.0f, ga, gb, beta, c, ldc);
       return;
     }
   }
-  gemm(Op::kN, op_w, m, n, k, T(1), a, lda, w.values, ldw, beta, c, ldc);
+  gemm(op_a, op_b, m, n, k, T(1), a.values, lda, b.values, ldb, beta, c, ldc);
 }
 
-// The calling thread's products run in BF16 (the f32 GPT under --bf16 on a CPU that has it):
-// activations that only feed products may then be kept in BF16.
+// The calling thread's products run in BF16 (the f32 GPT under --bf16 on a CPU that has it).
 inline bool products_in_bf16() { return gemm_dtype() == GemmDType::kBF16 && bf16_gemm_supported(); }
-
-// y [n, out] = x w^T + b with x [n, in] in BF16 bits (BF16 compute only).
-inline void linear_forward_bf16_input(const uint16_t* x, LinearWeight<float> w, const float* b, float* y, int n, int in,
-                                      int out) {
-  {
-    const profile::Scope timed(profile::Part::kElementwise);
-    for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
-  }
-  const GemmOperand weight = w.bf16 != nullptr ? GemmOperand{w.bf16, in, true} : GemmOperand{w.values, in, false};
-  gemm(Op::kN, Op::kT, n, out, in, 1.0f, GemmOperand{x, in, true}, weight, 1.0f, y, out);
-}
-
-// dw [out, in] += dy^T x with x [n, in] in BF16 bits; db [out] += column sums of dy.
-inline void linear_backward_weight_bf16_input(const float* dy, const uint16_t* x, float* dw, float* db, int n, int in,
-                                              int out) {
-  gemm(Op::kT, Op::kN, out, in, n, 1.0f, GemmOperand{dy, out, false}, GemmOperand{x, in, true}, 1.0f, dw, in);
-  add_column_sums(dy, n, out, db);
-}
 
 // x [n, in], w [out, in], b [out] -> y [n, out]
 template <typename T>
-void linear_forward(const T* x, LinearWeight<T> w, const T* b, T* y, int n, int in, int out) {
+void linear_forward(OperandOf<T> x, OperandOf<T> w, const T* b, T* y, int n, int in, int out) {
   {
     const profile::Scope timed(profile::Part::kElementwise);
     for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
   }
-  gemm_weight(Op::kT, n, out, in, x, in, w, in, T(1), y, out);
+  gemm_operands(Op::kN, Op::kT, n, out, in, x, in, w, in, T(1), y, out);
 }
 
-// dw [out, in] += dy^T x; db [out] += column sums of dy.
+// dw [out, in] += dy^T x; db [out] += column sums of dy (its values: the bias gradient stays f32).
 template <typename T>
-void linear_backward_weight(const T* dy, const T* x, T* dw, T* db, int n, int in, int out) {
-  gemm(Op::kT, Op::kN, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
-  add_column_sums(dy, n, out, db);
+void linear_backward_weight(OperandOf<T> dy, OperandOf<T> x, T* dw, T* db, int n, int in, int out) {
+  gemm_operands(Op::kT, Op::kN, out, in, n, dy, out, x, in, T(1), dw, in);
+  add_column_sums(dy.values, n, out, db);
 }
 
 // dx [n, in] = dy w (+ dx when accumulate).
 template <typename T>
-void linear_backward_data(const T* dy, LinearWeight<T> w, T* dx, int n, int in, int out, bool accumulate) {
-  gemm_weight(Op::kN, n, in, out, dy, out, w, in, accumulate ? T(1) : T(0), dx, in);
+void linear_backward_data(OperandOf<T> dy, OperandOf<T> w, T* dx, int n, int in, int out, bool accumulate) {
+  gemm_operands(Op::kN, Op::kN, n, in, out, dy, out, w, in, accumulate ? T(1) : T(0), dx, in);
 }
 
 // ---- LayerNorm over the last dimension: y = (x - mean) * rstd * w + b ----

@@ -21,9 +21,9 @@ struct Traced {
 // The kernels the graph calls, for Traced: no work, no memory touched.
 void fill_zero(Traced*, int64_t) {}
 void add_in_place(Traced*, const Traced*, int64_t) {}
-void linear_forward(const Traced*, LinearWeight<Traced>, const Traced*, Traced*, int, int, int) {}
-void linear_backward_weight(const Traced*, const Traced*, Traced*, Traced*, int, int, int) {}
-void linear_backward_data(const Traced*, LinearWeight<Traced>, Traced*, int, int, int, bool) {}
+void linear_forward(Operand<Traced>, Operand<Traced>, const Traced*, Traced*, int, int, int) {}
+void linear_backward_weight(Operand<Traced>, Operand<Traced>, Traced*, Traced*, int, int, int) {}
+void linear_backward_data(Operand<Traced>, Operand<Traced>, Traced*, int, int, int, bool) {}
 void layernorm_forward(const Traced*, const Traced*, const Traced*, Traced*, Traced*, Traced*, int, int) {}
 void layernorm_backward(const Traced*, const Traced*, const Traced*, const Traced*, const Traced*, Traced*, Traced*,
                         Traced*, int, int) {}
@@ -35,6 +35,7 @@ double cross_entropy(Traced*, const int32_t*, Traced*, int, int, Traced) { retur
 void attention_forward(const Traced*, Traced*, Traced*, Traced*, int, int, int, int) {}
 void attention_backward(const Traced*, const Traced*, const Traced*, Traced*, Traced*, int, int, int, int) {}
 void gemm(Op, Op, int, int, int, Traced, const Traced*, int, const Traced*, int, Traced, Traced*, int) {}
+void gemm_operands(Op, Op, int, int, int, Operand<Traced>, int, Operand<Traced>, int, Traced, Traced*, int) {}
 
 }  // namespace mxddp::model
 

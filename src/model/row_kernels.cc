@@ -129,6 +129,12 @@ void add_in_place(float* y, const float* x, int64_t count) {
   });
 }
 
+void round_to_bf16(const float* x, uint16_t* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kCasts);
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.round_to_bf16(x + i0, y + i0, i1 - i0); });
+}
+
 void round_rows_to_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int rows, int cols) {
   const profile::Scope timed(profile::Part::kCasts);
   const RowKernelTable& k = active();
