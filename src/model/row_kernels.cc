@@ -11,9 +11,19 @@ namespace mxddp::model {
 
 namespace row_kernels {
 
+namespace {
+// The avx512 table is compiled for F and BW (BW: 16-bit lanes, for the BF16 casts), every
+// AVX-512 CPU but the Xeon Phi has both; the avx512bf16 table adds VL and BF16.
+bool has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
+bool has_avx512bf16() {
+  return has_avx512() && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+}  // namespace
+
 const RowKernelTable& active() {
   static const RowKernelTable& table = [] () -> const RowKernelTable& {
-    if (__builtin_cpu_supports("avx512f")) return row_kernels_avx512();
+    if (has_avx512bf16()) return row_kernels_avx512bf16();
+    if (has_avx512()) return row_kernels_avx512();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return row_kernels_avx2();
     return row_kernels_base();
   }();
@@ -23,7 +33,8 @@ const RowKernelTable& active() {
 std::vector<const RowKernelTable*> supported() {
   std::vector<const RowKernelTable*> tables{&row_kernels_base()};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) tables.push_back(&row_kernels_avx2());
-  if (__builtin_cpu_supports("avx512f")) tables.push_back(&row_kernels_avx512());
+  if (has_avx512()) tables.push_back(&row_kernels_avx512());
+  if (has_avx512bf16()) tables.push_back(&row_kernels_avx512bf16());
   return tables;
 }
 

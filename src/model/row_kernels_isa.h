@@ -1,5 +1,5 @@
 // The per-ISA f32 row kernels behind row_kernels.h: one source (row_kernels_simd.inc) compiled for
-// x86-64-v2 (the build's baseline), AVX2+FMA and AVX-512F, each exporting a table of the same
+// x86-64-v2 (the build's baseline), AVX2+FMA, AVX-512 (F, BW) and AVX-512 with BF16, each exporting a table of the same
 // functions; row_kernels.cc picks the widest table the CPU runs, once, and spreads rows over the
 // rank's OpenMP threads. Each function here works on a range of rows (or elements) on the calling
 // thread only. The interface uses plain types only, so the ISA translation units include no
@@ -12,7 +12,7 @@
 namespace mxddp::model::row_kernels {
 
 struct RowKernelTable {
-  const char* isa;  // "avx512f", "avx2", "x86-64-v2"
+  const char* isa;  // "avx512bf16", "avx512f", "avx2", "x86-64-v2"
 
   // y[i] = e^x[i]: within 2 ulp relative for x in [-87.3, 88.3]; 0 below -87.3 (the true value is
   // < 1.2e-38 there); e^88.3 above 88.3. Only the tests call it directly.
@@ -65,5 +65,6 @@ struct RowKernelTable {
 const RowKernelTable& row_kernels_base();
 const RowKernelTable& row_kernels_avx2();
 const RowKernelTable& row_kernels_avx512();
+const RowKernelTable& row_kernels_avx512bf16();
 
 }  // namespace mxddp::model::row_kernels
