@@ -39,6 +39,7 @@ struct PlanKey {
   int m, n, k, lda, ldb, ldc, threads;
   bool trans_a, trans_b, bf16;
   bool a_bf16, b_bf16;  // the operand is stored in BF16 already (read in place)
+  bool bias;            // a bias [n] is added to each row
   uint32_t alpha_bits, beta_bits;
   bool operator==(const PlanKey&) const = default;
 };
@@ -49,7 +50,8 @@ struct PlanKeyHash {
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     for (int v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.threads}) mix(static_cast<uint32_t>(v));
     mix(static_cast<uint64_t>(key.trans_a) | static_cast<uint64_t>(key.trans_b) << 1 | static_cast<uint64_t>(key.bf16) << 2 |
-        static_cast<uint64_t>(key.a_bf16) << 3 | static_cast<uint64_t>(key.b_bf16) << 4);
+        static_cast<uint64_t>(key.a_bf16) << 3 | static_cast<uint64_t>(key.b_bf16) << 4 |
+        static_cast<uint64_t>(key.bias) << 5);
     mix(key.alpha_bits);
     mix(key.beta_bits);
     return static_cast<size_t>(h);
@@ -60,6 +62,7 @@ struct PlanKeyHash {
 struct Plan {
   dnnl::matmul matmul;
   dnnl::memory a, b, c;         // the caller's A, B (as stored: f32, or BF16 read in place) and C
+  dnnl::memory bias;            // [1, n] f32, when the key has one
   dnnl::reorder round_a, round_b;  // BF16 compute of an f32 operand only: it -> its staging buffer
   dnnl::memory a16, b16;        // BF16 compute of an f32 operand only: over the staging buffers
 };
@@ -95,6 +98,8 @@ Plan make_plan(const PlanKey& key) {
   plan.a = dnnl::memory(a_f32, engine, nullptr);
   plan.b = dnnl::memory(b_f32, engine, nullptr);
   plan.c = dnnl::memory(c_desc, engine, nullptr);
+  const dnnl::memory::desc bias_desc({1, key.n}, dt::f32, dnnl::memory::dims{key.n, 1});
+  if (key.bias) plan.bias = dnnl::memory(bias_desc, engine, nullptr);
   dnnl::memory::desc a_mm = a_f32, b_mm = b_f32;
   if (key.bf16) {
     // Each f32 operand is staged densely in the caller's orientation (a plain cast, no
@@ -120,7 +125,9 @@ Plan make_plan(const PlanKey& key) {
     post.append_sum(beta);
     attr.set_post_ops(post);
   }
-  plan.matmul = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_mm, b_mm, c_desc), attr, engine));
+  plan.matmul = dnnl::matmul(dnnl::matmul::primitive_desc(
+      key.bias ? dnnl::matmul::desc(a_mm, b_mm, bias_desc, c_desc) : dnnl::matmul::desc(a_mm, b_mm, c_desc), attr,
+      engine));
   return plan;
 }
 
@@ -147,8 +154,9 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a, in
 }
 
 void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, GemmOperand b, float beta, float* c,
-          int ldc) {
+          int ldc, const float* bias) {
   check_operands(op_a, op_b, m, n, k, a.ld, b.ld, ldc);
+  MXDDP_CHECK(bias == nullptr || alpha == 1.0f, "gemm: alpha {} with a bias is not supported; valid: alpha 1", alpha);
   const bool bf16 = t_gemm_dtype == GemmDType::kBF16 && bf16_gemm_supported();
   MXDDP_CHECK(bf16 || (!a.bf16 && !b.bf16),
               "gemm: a BF16 operand (A {}, B {}) needs BF16 compute, and this thread computes in f32 ({}); valid: "
@@ -156,14 +164,17 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, Gem
               a.bf16 ? "bf16" : "f32", b.bf16 ? "bf16" : "f32",
               t_gemm_dtype == GemmDType::kBF16 ? "this CPU has no native BF16" : "the thread's gemm dtype is f32");
   if (m == 0 || n == 0) return;
-  if (k == 0) {  // C = beta C; as in BLAS, beta = 0 does not read C
+  if (k == 0) {  // C = beta C (+ bias); as in BLAS, beta = 0 does not read C
     for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) c[static_cast<int64_t>(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[static_cast<int64_t>(i) * ldc + j];
+      for (int j = 0; j < n; ++j) {
+        float& cij = c[static_cast<int64_t>(i) * ldc + j];
+        cij = (beta == 0.0f ? 0.0f : beta * cij) + (bias != nullptr ? bias[j] : 0.0f);
+      }
     return;
   }
   make_thread_count_exact();
-  const PlanKey key{m,    n,    k,      a.ld, b.ld, ldc, omp_get_max_threads(), op_a == Op::kT, op_b == Op::kT,
-                    bf16, a.bf16, b.bf16, float_bits(alpha), float_bits(beta)};
+  const PlanKey key{m,      n,      k,    a.ld, b.ld, ldc, omp_get_max_threads(), op_a == Op::kT, op_b == Op::kT, bf16,
+                    a.bf16, b.bf16, bias != nullptr, float_bits(alpha), float_bits(beta)};
   ThreadState& state = thread_state();
   auto it = state.plans.find(key);
   if (it == state.plans.end()) {
@@ -180,6 +191,7 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, Gem
   plan.a.set_data_handle(const_cast<void*>(a.data));  // read only: oneDNN's memory handle is not const
   plan.b.set_data_handle(const_cast<void*>(b.data));
   plan.c.set_data_handle(c);
+  if (bias != nullptr) plan.bias.set_data_handle(const_cast<float*>(bias));
   if (bf16) {
     const bool stage_a = !a.bf16, stage_b = !b.bf16;
     if (stage_a) {
@@ -196,12 +208,15 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, Gem
       if (stage_b) plan.round_b.execute(state.stream, plan.b, plan.b16);
     }
     const profile::Scope products(profile::Part::kProducts);
-    plan.matmul.execute(state.stream, {{DNNL_ARG_SRC, stage_a ? plan.a16 : plan.a},
-                                       {DNNL_ARG_WEIGHTS, stage_b ? plan.b16 : plan.b},
-                                       {DNNL_ARG_DST, plan.c}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, stage_a ? plan.a16 : plan.a}, {DNNL_ARG_WEIGHTS, stage_b ? plan.b16 : plan.b}, {DNNL_ARG_DST, plan.c}};
+    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, plan.bias);
+    plan.matmul.execute(state.stream, args);
   } else {
     const profile::Scope products(profile::Part::kProducts);
-    plan.matmul.execute(state.stream, {{DNNL_ARG_SRC, plan.a}, {DNNL_ARG_WEIGHTS, plan.b}, {DNNL_ARG_DST, plan.c}});
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, plan.a}, {DNNL_ARG_WEIGHTS, plan.b}, {DNNL_ARG_DST, plan.c}};
+    if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, plan.bias);
+    plan.matmul.execute(state.stream, args);
   }
   state.stream.wait();
 }

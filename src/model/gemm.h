@@ -56,8 +56,10 @@ struct GemmOperand {
   bool bf16;  // data holds uint16_t BF16 bits, else float
 };
 
+// bias [n] (optional, alpha 1 only) is added to every row of C inside the product: a linear
+// layer's y = x W^T + b without a pass that first fills C with b.
 void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, GemmOperand b, float beta, float* c,
-          int ldc);
+          int ldc, const float* bias = nullptr);
 
 void gemm(Op op_a, Op op_b, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
           double beta, double* c, int ldc);

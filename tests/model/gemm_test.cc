@@ -181,6 +181,38 @@ TEST(Gemm, Bf16StoredOperandsAreReadInPlaceWithF32Accumulation) {
     for (const Case& t : cases()) check_case(t, GemmDType::kBF16, true, (t.k + 2) * kU32, seed++, stored);
 }
 
+TEST(Gemm, BiasIsAddedToEveryRowInF32AndBf16) {
+  // A linear layer's product: C = op(A) op(B) + bias, beta 0 (C starts as NaN: not read), in f32
+  // and BF16 compute, within each one's bound with |bias| added to the magnitude.
+  for (GemmDType dtype : {GemmDType::kF32, GemmDType::kBF16}) {
+    const bool bf16 = dtype == GemmDType::kBF16 && bf16_gemm_supported();
+    const Case t{Op::kN, Op::kT, 37, 29, 70, 1.0f, 0.0f, 3};
+    const Operands o = make_operands(t, 77);
+    std::vector<float> bias(static_cast<size_t>(t.n));
+    for (int j = 0; j < t.n; ++j) bias[static_cast<size_t>(j)] = 0.25f * static_cast<float>(j % 7) - 0.5f;
+    std::vector<float> c(o.c0.size(), std::nanf(""));
+    {
+      const ScopedGemmDType scope(dtype);
+      gemm(t.op_a, t.op_b, t.m, t.n, t.k, 1.0f, GemmOperand{o.a.data(), o.lda, false}, GemmOperand{o.b.data(), o.ldb, false},
+           0.0f, c.data(), o.ldc, bias.data());
+    }
+    std::vector<double> ref, mag;
+    reference(t, o, bf16, ref, mag);
+    for (int i = 0; i < t.m; ++i)
+      for (int j = 0; j < t.n; ++j) {
+        const size_t ij = static_cast<size_t>(i) * t.n + j;
+        const double want = ref[ij] + bias[static_cast<size_t>(j)];
+        const double bound = (t.k + 3) * kU32 * (mag[ij] + std::abs(bias[static_cast<size_t>(j)]));
+        ASSERT_LE(std::abs(c[static_cast<size_t>(i) * o.ldc + j] - want), bound) << (bf16 ? "bf16" : "f32") << " C[" << i
+                                                                                 << ", " << j << "]";
+      }
+  }
+  float one = 1.0f, c = 0.0f;
+  EXPECT_THROW(gemm(Op::kN, Op::kN, 1, 1, 1, 2.0f, GemmOperand{&one, 1, false}, GemmOperand{&one, 1, false}, 0.0f, &c, 1,
+                    &one),
+               Error);
+}
+
 TEST(Gemm, Bf16StoredOperandNeedsBf16Compute) {
   const bf16_bits one = f32_to_bf16(1.0f);
   const float b = 2.0f;
