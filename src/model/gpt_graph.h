@@ -128,10 +128,26 @@ class GptGraph {
   }
 
   // GELU's output, which only feeds fc2's products, is kept in BF16 when those run in BF16 (the
-  // f32 graph under --bf16 on a CPU with native BF16): half the bytes, and no rounding pass.
+  // f32 graph under --bf16 on a CPU with native BF16): half the bytes, and no rounding pass. So
+  // are the layer norms' outputs (layer_norm below).
   bool gelu_in_bf16() const {
     if constexpr (std::is_same_v<Real, float>) return products_in_bf16();
     return false;
+  }
+
+  // A layer's norms (ln1, ln2) only feed its products too: kept in BF16 under BF16 compute, in the
+  // first half of their f32 storage. norm_operand is how the products read them.
+  void layer_norm(const Real* x, const Real* weight, const Real* bias, Real* y, Real* mean, Real* rstd) {
+    if constexpr (std::is_same_v<Real, float>) {
+      if (gelu_in_bf16())
+        return layernorm_forward_bf16(x, weight, bias, reinterpret_cast<uint16_t*>(y), mean, rstd, rows(),
+                                      cfg_.hidden_size);
+    }
+    layernorm_forward(x, weight, bias, y, mean, rstd, rows(), cfg_.hidden_size);
+  }
+  Operand<Real> norm_operand(const Real* y) const {
+    if (gelu_in_bf16()) return {nullptr, reinterpret_cast<const uint16_t*>(y)};
+    return {y, nullptr};
   }
 
   // Whether a selective recompute re-runs submodule m in backward.
@@ -167,7 +183,7 @@ class GptGraph {
     const Real* x = res(l);
     input_layernorm_forward(l, a);
     submodule_before_forward(l, kQkvW);
-    linear_forward(a.ln1, lw(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
+    linear_forward(norm_operand(a.ln1), lw(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
     submodule_after_forward(l, kQkvW);
     core_attention_forward(a);
     submodule_before_forward(l, kProjW);
@@ -208,8 +224,7 @@ class GptGraph {
   // layernorm, the input norm: res/l -> ln1, ln1_mean, ln1_rstd. Reads ln1's weight and bias.
   void input_layernorm_forward(int l, const LayerActs& a) {
     submodule_before_forward(l, kLn1W);
-    layernorm_forward(res(l), w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd, rows(),
-                      cfg_.hidden_size);
+    layer_norm(res(l), w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd);
     submodule_after_forward(l, kLn1W);
   }
 
@@ -225,8 +240,7 @@ class GptGraph {
   // layernorm, the pre-MLP norm: xmid -> ln2, ln2_mean, ln2_rstd. Reads ln2's weight and bias.
   void pre_mlp_layernorm_forward(int l, const LayerActs& a) {
     submodule_before_forward(l, kLn2W);
-    layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, rows(),
-                      cfg_.hidden_size);
+    layer_norm(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd);
     submodule_after_forward(l, kLn2W);
   }
 
@@ -237,7 +251,7 @@ class GptGraph {
   void mlp_forward(int l, const LayerActs& a, Run run) {
     const int n = rows(), c = cfg_.hidden_size;
     submodule_before_forward(l, kFc1W);
-    linear_forward(a.ln2, lw(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
+    linear_forward(norm_operand(a.ln2), lw(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
     submodule_after_forward(l, kFc1W);
     if (run == Run::kRecompute) return;  // fc2 is not gathered either
     Real* gelu = mlp_4c();
@@ -347,7 +361,7 @@ class GptGraph {
     gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
     submodule_before_backward(l, kFc1W);
     const Operand<Real> dy_fc1 = grad_operand(d4c, int64_t{n} * 4 * c);
-    linear_backward_weight(dy_fc1, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
+    linear_backward_weight(dy_fc1, norm_operand(a.ln2), g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
     linear_backward_data(dy_fc1, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
     submodule_after_backward(l, kFc1W);
@@ -370,7 +384,7 @@ class GptGraph {
     if (selective(RecomputeModule::kLayernorm)) input_layernorm_forward(l, a);
     submodule_before_backward(l, kQkvW);
     const Operand<Real> dy_qkv = grad_operand(d3c, int64_t{n} * 3 * c);
-    linear_backward_weight(dy_qkv, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
+    linear_backward_weight(dy_qkv, norm_operand(a.ln1), g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
     ready({id(kQkvW), id(kQkvB)});
     linear_backward_data(dy_qkv, lw(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
     submodule_after_backward(l, kQkvW);

@@ -87,6 +87,16 @@ void layernorm_forward(const float* x, const float* w, const float* b, float* y,
   });
 }
 
+void layernorm_forward_bf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                            int n, int c) {
+  const profile::Scope timed(profile::Part::kLayerNorm);
+  const RowKernelTable& k = active();
+  parallel_ranges(n, c, [&](int64_t r0, int64_t r1) {
+    k.layernorm_forward_bf16(x + r0 * c, w, b, y + r0 * c, mean + r0, rstd + r0, r1 - r0, c,
+                             static_cast<float>(kLayerNormEps));
+  });
+}
+
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, int n, int c) {
   const profile::Scope timed(profile::Part::kLayerNorm);

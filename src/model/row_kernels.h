@@ -22,6 +22,9 @@ inline constexpr double kLayerNormEps = 1e-5;
 // x [n, c] -> y [n, c], mean [n], rstd [n]
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int n,
                        int c);
+// The same with y [n, c] stored as BF16 bits (for the BF16 products that are its only readers).
+void layernorm_forward_bf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                            int n, int c);
 // dx [n, c] += dL/dx; dw, db [c] +=.
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, int n, int c);

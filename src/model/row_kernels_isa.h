@@ -29,6 +29,9 @@ struct RowKernelTable {
   // LayerNorm of `rows` rows of c: y, mean, rstd as gpt_ops.h's layernorm_forward.
   void (*layernorm_forward)(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                             int64_t rows, int c, float eps);
+  // layernorm_forward with y stored as BF16 bits (its f32 values rounded): the products' operand.
+  void (*layernorm_forward_bf16)(const float* x, const float* w, const float* b, uint16_t* y, float* mean,
+                                 float* rstd, int64_t rows, int c, float eps);
   // dx [rows, c] += dL/dx (no weight gradients: see layernorm_param_grads).
   void (*layernorm_backward_data)(const float* dy, const float* x, const float* w, const float* mean,
                                   const float* rstd, float* dx, int64_t rows, int c);

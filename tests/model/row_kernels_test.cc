@@ -14,7 +14,7 @@
 //   cross-entropy  row loss: 16u (1 + |loss64|); gradient: 8u |grad_scale|
 //   causal softmax p: 8u; dS: 16u scale sum_j p |dp| + 8u |dS64| per row
 //   round to BF16  the same bits as core.h's f32_to_bf16 (RNE; ties, Inf, NaN, subnormals)
-//   GELU in BF16   the same bits as GELU's f32 result rounded by f32_to_bf16
+//   GELU, LayerNorm in BF16: the same bits as their f32 results rounded by f32_to_bf16
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -144,6 +144,23 @@ TEST_P(RowKernels, GeluForwardBf16IsTheF32ResultRounded) {
 struct LayerNormCase {
   int n, c;
 };
+
+TEST_P(RowKernels, LayerNormForwardBf16IsTheF32ResultRounded) {
+  // The BF16 output is the f32 output rounded (f32_to_bf16), and mean and rstd are the same bits.
+  for (const LayerNormCase lc : {LayerNormCase{5, 384}, LayerNormCase{3, 37}, LayerNormCase{2, 1}}) {
+    const size_t nc = static_cast<size_t>(lc.n) * lc.c;
+    const std::vector<float> x = random_floats(nc, 2.0f, 41), w = random_floats(lc.c, 1.0f, 42),
+                             b = random_floats(lc.c, 0.5f, 43);
+    std::vector<float> y(nc), mean(lc.n), rstd(lc.n), mean16(lc.n), rstd16(lc.n);
+    std::vector<uint16_t> y16(nc + 1, 0xabcd);
+    k().layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), lc.n, lc.c, 1e-5f);
+    k().layernorm_forward_bf16(x.data(), w.data(), b.data(), y16.data(), mean16.data(), rstd16.data(), lc.n, lc.c, 1e-5f);
+    for (size_t i = 0; i < nc; ++i) ASSERT_EQ(y16[i], f32_to_bf16(y[i])) << "c " << lc.c << " element " << i;
+    EXPECT_EQ(0, std::memcmp(mean.data(), mean16.data(), mean.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(rstd.data(), rstd16.data(), rstd.size() * sizeof(float)));
+    EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
+  }
+}
 
 TEST_P(RowKernels, LayerNormForwardAndBackwardMatchF64) {
   for (const LayerNormCase& lc : {LayerNormCase{37, 45}, LayerNormCase{64, 384}, LayerNormCase{5, 1}}) {
