@@ -16,8 +16,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
-#include <vector>
 
 #include "blas.h"
 #include "row_kernels.h"
@@ -88,101 +86,6 @@ void for_each_head(int batch, int heads, F&& f) {
   }
 }
 
-// ---- BF16 compute (f32 attention under kBF16 on a CPU with native BF16) ----
-// Rounding each product's operands as it runs would round a head's k and v once per query block
-// (T / block times) and dS twice, each through a oneDNN reorder whose fixed cost is a fair part of
-// these small products. Instead each head's q, k, v (and dy) are rounded once into the thread's
-// BF16 staging, and P and dS once per block, and every product reads BF16 in place. The products
-// see the same BF16 values as rounding them one by one would give (RNE both ways), so the result
-// is what the per-product path computes, up to the order oneDNN accumulates in.
-
-bool attention_in_bf16() { return gemm_dtype() == GemmDType::kBF16 && bf16_gemm_supported(); }
-
-// The calling thread's BF16 staging, at least `numel` elements; grows once, then is reused.
-uint16_t* bf16_staging(size_t numel) {
-  thread_local std::vector<uint16_t> staging;
-  if (staging.size() < numel) staging.resize(numel);
-  return staging.data();
-}
-
-GemmOperand in_bf16(const uint16_t* x, int ld) { return GemmOperand{x, ld, true}; }
-
-void attention_forward_bf16(const float* qkv, float* stats, float* y, float* scratch, int batch, int seq, int c,
-                            int heads, int block) {
-  const int d = c / heads, ld = 3 * c;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for_each_head(batch, heads, [&](int b, int h, int thread) {
-    const float* q = qkv + static_cast<int64_t>(b) * seq * ld + h * d;
-    float* row_max = stats + (static_cast<int64_t>(b) * heads + h) * 2 * seq;
-    float* row_inv_sum = row_max + seq;
-    float* yh = y + static_cast<int64_t>(b) * seq * c + h * d;
-    float* p = scratch + static_cast<int64_t>(thread) * 2 * std::min(block, seq) * seq;  // [block, T]
-    // q16, k16, v16 [T, D] each, then p16 [block, T].
-    uint16_t* q16 = bf16_staging(3 * static_cast<size_t>(seq) * d + static_cast<size_t>(std::min(block, seq)) * seq);
-    uint16_t* k16 = q16 + static_cast<int64_t>(seq) * d;
-    uint16_t* v16 = k16 + static_cast<int64_t>(seq) * d;
-    uint16_t* p16 = v16 + static_cast<int64_t>(seq) * d;
-    for (int part = 0; part < 3; ++part) round_rows_to_bf16(q + part * c, ld, q16 + part * seq * d, d, seq, d);
-    for (int i0 = 0; i0 < seq; i0 += block) {
-      const int i1 = std::min(seq, i0 + block), rows = i1 - i0;
-      gemm(Op::kN, Op::kT, rows, i1, d, scale, in_bf16(q16 + static_cast<int64_t>(i0) * d, d), in_bf16(k16, d), 0.0f,
-           p, seq);
-      model::causal_softmax_rows(p, seq, i0, rows, i1, row_max + i0, row_inv_sum + i0);
-      round_rows_to_bf16(p, seq, p16, i1, rows, i1);
-      gemm(Op::kN, Op::kN, rows, d, i1, 1.0f, in_bf16(p16, i1), in_bf16(v16, d), 0.0f,
-           yh + static_cast<int64_t>(i0) * c, c);
-    }
-  });
-}
-
-void attention_backward_bf16(const float* dy, const float* qkv, const float* stats, float* dqkv, float* scratch,
-                             int batch, int seq, int c, int heads, int block) {
-  const int d = c / heads, ld = 3 * c;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for_each_head(batch, heads, [&](int b, int h, int thread) {
-    const int64_t row0 = static_cast<int64_t>(b) * seq;
-    const float* q = qkv + row0 * ld + h * d;
-    float* dq = dqkv + row0 * ld + h * d;
-    float* dk = dq + c;
-    float* dv = dq + 2 * c;
-    const float* dyh = dy + row0 * c + h * d;
-    const float* row_max = stats + (static_cast<int64_t>(b) * heads + h) * 2 * seq;
-    const float* row_inv_sum = row_max + seq;
-    const int tile_rows = std::min(block, seq);
-    float* p = scratch + static_cast<int64_t>(thread) * 2 * tile_rows * seq;  // [block, T]
-    float* ds = p + static_cast<int64_t>(tile_rows) * seq;                     // [block, T]
-    // q16, k16, v16, dy16 [T, D] each, then p16 and ds16 [block, T].
-    uint16_t* q16 = bf16_staging(4 * static_cast<size_t>(seq) * d + 2 * static_cast<size_t>(tile_rows) * seq);
-    uint16_t* k16 = q16 + static_cast<int64_t>(seq) * d;
-    uint16_t* v16 = k16 + static_cast<int64_t>(seq) * d;
-    uint16_t* dy16 = v16 + static_cast<int64_t>(seq) * d;
-    uint16_t* p16 = dy16 + static_cast<int64_t>(seq) * d;
-    uint16_t* ds16 = p16 + static_cast<int64_t>(tile_rows) * seq;
-    for (int part = 0; part < 3; ++part) round_rows_to_bf16(q + part * c, ld, q16 + part * seq * d, d, seq, d);
-    round_rows_to_bf16(dyh, c, dy16, d, seq, d);
-    {
-      const profile::Scope zeroing(profile::Part::kAttentionOther);
-      for (int t = 0; t < seq; ++t)
-        for (int j = 0; j < d; ++j) dk[static_cast<int64_t>(t) * ld + j] = dv[static_cast<int64_t>(t) * ld + j] = 0.0f;
-    }
-    for (int i0 = 0; i0 < seq; i0 += block) {
-      const int i1 = std::min(seq, i0 + block), rows = i1 - i0;
-      const uint16_t* qb = q16 + static_cast<int64_t>(i0) * d;
-      const uint16_t* dyb = dy16 + static_cast<int64_t>(i0) * d;
-      gemm(Op::kN, Op::kT, rows, i1, d, scale, in_bf16(qb, d), in_bf16(k16, d), 0.0f, p, seq);
-      model::causal_softmax_rows_from_stats(p, seq, i0, rows, i1, row_max + i0, row_inv_sum + i0);
-      gemm(Op::kN, Op::kT, rows, i1, d, 1.0f, in_bf16(dyb, d), in_bf16(v16, d), 0.0f, ds, seq);
-      model::causal_softmax_backward_rows(p, ds, seq, i0, rows, i1, scale);
-      round_rows_to_bf16(p, seq, p16, i1, rows, i1);
-      round_rows_to_bf16(ds, seq, ds16, i1, rows, i1);
-      gemm(Op::kN, Op::kN, rows, d, i1, 1.0f, in_bf16(ds16, i1), in_bf16(k16, d), 0.0f,
-           dq + static_cast<int64_t>(i0) * ld, ld);
-      gemm(Op::kT, Op::kN, i1, d, rows, 1.0f, in_bf16(p16, i1), in_bf16(dyb, d), 1.0f, dv, ld);
-      gemm(Op::kT, Op::kN, i1, d, rows, 1.0f, in_bf16(ds16, i1), in_bf16(qb, d), 1.0f, dk, ld);
-    }
-  });
-}
-
 }  // namespace
 
 int attention_block(int seq) { return std::max(1, std::min(64, seq / 2)); }
@@ -200,10 +103,8 @@ int64_t attention_scratch_numel(int seq, int threads, int block) {
 template <typename T>
 void attention_forward(const T* qkv, T* stats, T* y, T* scratch, int batch, int seq, int c, int heads, int block) {
   const profile::Scope timed(profile::Part::kAttentionOther);
+  const ScopedGemmDType f32_products(GemmDType::kF32);  // see causal_attention.h
   if (block <= 0) block = attention_block(seq);
-  if constexpr (std::is_same_v<T, float>) {
-    if (attention_in_bf16()) return attention_forward_bf16(qkv, stats, y, scratch, batch, seq, c, heads, block);
-  }
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   for_each_head(batch, heads, [&](int b, int h, int thread) {
@@ -227,11 +128,8 @@ template <typename T>
 void attention_backward(const T* dy, const T* qkv, const T* stats, T* dqkv, T* scratch, int batch, int seq, int c,
                         int heads, int block) {
   const profile::Scope timed(profile::Part::kAttentionOther);
+  const ScopedGemmDType f32_products(GemmDType::kF32);  // see causal_attention.h
   if (block <= 0) block = attention_block(seq);
-  if constexpr (std::is_same_v<T, float>) {
-    if (attention_in_bf16())
-      return attention_backward_bf16(dy, qkv, stats, dqkv, scratch, batch, seq, c, heads, block);
-  }
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   for_each_head(batch, heads, [&](int b, int h, int thread) {

@@ -156,16 +156,6 @@ void round_to_bf16(const float* x, uint16_t* y, int64_t count) {
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.round_to_bf16(x + i0, y + i0, i1 - i0); });
 }
 
-void round_rows_to_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int rows, int cols) {
-  const profile::Scope timed(profile::Part::kCasts);
-  const RowKernelTable& k = active();
-  if (ldx == cols && ldy == cols) {
-    k.round_to_bf16(x, y, int64_t{rows} * cols);
-    return;
-  }
-  for (int i = 0; i < rows; ++i) k.round_to_bf16(x + i * ldx, y + i * ldy, cols);
-}
-
 void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum) {
   const profile::Scope timed(profile::Part::kAttentionSoftmax);
   active().causal_softmax(p, ld, first_row, rows, width, row_max, row_inv_sum);

@@ -46,9 +46,6 @@ void add_in_place(float* y, const float* x, int64_t count);
 
 // y [count] = x [count] rounded to BF16 bits (RNE, core.h's f32_to_bf16), over the rank's threads.
 void round_to_bf16(const float* x, uint16_t* y, int64_t count);
-// y [rows, cols] (leading dimension ldy) = x [rows, cols] (ldx) rounded to BF16 bits, RNE (core.h's
-// f32_to_bf16), on the calling thread only: attention's operand staging.
-void round_rows_to_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int rows, int cols);
 
 // The causal softmax of attention rows, on the calling thread only (attention parallelizes over
 // heads itself); see RowKernelTable::causal_softmax(_from_stats, _backward).
