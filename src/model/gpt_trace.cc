@@ -65,6 +65,13 @@ void trace_gpt_micro_batch(const GptConfig& config, const GptModelOptions& optio
     trace.scratch(gpt_weight_scratch_name(spec.name, mxfp8 && use == model::WeightUse::kDataGrad), spec.shape.numel());
     return &nowhere;
   };
+  // As GptModel: under BF16 compute a BF16 param (not MXFP8) is read in place, with no scratch copy.
+  const bool weights_in_place = options.bf16 && trace_options.bf16_params && model::bf16_gemm_supported();
+  static const uint16_t in_place_bits = 0;
+  access.weight_bf16 = [&](int i, model::WeightUse) -> const uint16_t* {
+    const bool mxfp8 = !trace_options.mxfp8.empty() && trace_options.mxfp8[static_cast<size_t>(i)];
+    return weights_in_place && !mxfp8 ? &in_place_bits : nullptr;
+  };
   access.grad = [&](int i) {
     trace.main_grad(i);
     return &nowhere;
