@@ -127,10 +127,10 @@ class GptGraph {
     for (int p : params) access_.grad_ready(p);
   }
 
-  // GELU's output, which only feeds fc2's products, is kept in BF16 when those run in BF16 (the
-  // f32 graph under --bf16 on a CPU with native BF16): half the bytes, and no rounding pass. So
-  // are the layer norms' outputs (layer_norm below).
-  bool gelu_in_bf16() const {
+  // Activations whose only readers are products are kept in BF16 when those run in BF16 (the f32
+  // graph under --bf16 on a CPU with native BF16): GELU's output (fc2's input) and the layer
+  // norms' (layer_norm below). Half the bytes, and no rounding pass before each product.
+  bool activations_in_bf16() const {
     if constexpr (std::is_same_v<Real, float>) return products_in_bf16();
     return false;
   }
@@ -139,14 +139,14 @@ class GptGraph {
   // first half of their f32 storage. norm_operand is how the products read them.
   void layer_norm(const Real* x, const Real* weight, const Real* bias, Real* y, Real* mean, Real* rstd) {
     if constexpr (std::is_same_v<Real, float>) {
-      if (gelu_in_bf16())
+      if (activations_in_bf16())
         return layernorm_forward_bf16(x, weight, bias, reinterpret_cast<uint16_t*>(y), mean, rstd, rows(),
                                       cfg_.hidden_size);
     }
     layernorm_forward(x, weight, bias, y, mean, rstd, rows(), cfg_.hidden_size);
   }
   Operand<Real> norm_operand(const Real* y) const {
-    if (gelu_in_bf16()) return {nullptr, reinterpret_cast<const uint16_t*>(y)};
+    if (activations_in_bf16()) return {nullptr, reinterpret_cast<const uint16_t*>(y)};
     return {y, nullptr};
   }
 
@@ -256,7 +256,7 @@ class GptGraph {
     if (run == Run::kRecompute) return;  // fc2 is not gathered either
     Real* gelu = mlp_4c();
     if constexpr (std::is_same_v<Real, float>) {
-      if (gelu_in_bf16()) {  // fc2's operand only: kept in BF16 (the first half of mlp_4c's storage)
+      if (activations_in_bf16()) {  // fc2's operand only: kept in BF16 (the first half of mlp_4c's storage)
         uint16_t* gelu16 = reinterpret_cast<uint16_t*>(gelu);
         gelu_forward_bf16(a.fc1, gelu16, int64_t{n} * 4 * c);
         submodule_before_forward(l, kFc2W);
@@ -346,7 +346,7 @@ class GptGraph {
     // fc2's input again (forward's was the last layer's), in BF16 where forward kept it so.
     Operand<Real> fc2_in(d4c);
     if constexpr (std::is_same_v<Real, float>) {
-      if (gelu_in_bf16()) {
+      if (activations_in_bf16()) {
         fc2_in = Operand<Real>(nullptr, reinterpret_cast<uint16_t*>(d4c));
         gelu_forward_bf16(a.fc1, reinterpret_cast<uint16_t*>(d4c), int64_t{n} * 4 * c);
       }
