@@ -229,6 +229,8 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
                         .compute_threads = effective_compute_threads(rank_compute_threads(
                             config, opts.ranks_on_this_machine > 0 ? opts.ranks_on_this_machine : dp))};
   for (const ParamSpec& s : specs) trace.mxfp8.push_back(s.mxfp8);
+  // The model reads BF16 params in place under --bf16; F32 ones (FSDP's param_dtype f32) it copies.
+  trace.bf16_params = (config.use_megatron_fsdp ? config.fsdp.param_dtype : config.ddp.param_dtype) == DType::kBF16;
   // Micro-batches under no_sync repeat the second one's allocations (each starts where the one
   // before it left the reductions in flight, and from the second on that is the same place): up to
   // three of them and the last, synced one give an iteration's peaks, however many it has.
