@@ -424,6 +424,12 @@ def main() -> None:
         worker(args)
     else:
         if args.smoke:
+            import importlib.util
+            absent = [m for m in ("torch", "transformers", "mxddp") if importlib.util.find_spec(m) is None]
+            if absent or shutil.which("mpirun") is None:
+                print(f"SKIP: {sys.executable} lacks {absent or 'mpirun on PATH'} (scripts/setup.sh, then CTest's "
+                      "python_package_install)")
+                sys.exit(77)
             args.models, args.precisions, args.dp, args.repeats = ["tiny"], ["f32"], [2], 1
             args.steps, args.warmup, args.fine = 1, 0, False
         sweep(args)
