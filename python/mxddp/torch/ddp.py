@@ -266,8 +266,16 @@ class DistributedDataParallel(torch.nn.Module):
         return list(zip(self._names, self._params))
 
     @property
+    def grads_live(self) -> bool:
+        """Whether a gradient has been reported since the grad buffer was last zeroed."""
+        return self._cpp.grads_live
+
+    @property
     def num_buckets(self) -> int:
         return self._cpp.num_buckets
+
+    def _close_at_exit(self) -> None:
+        self.close()
 
     def close(self) -> None:
         """Frees mxddp's buffers: the params get storage of their own (their current values), and
