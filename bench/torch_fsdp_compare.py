@@ -293,12 +293,29 @@ def sweep(args) -> None:
                         if cfg not in wanted:
                             wanted.append(cfg)
     runs: dict[str, list[dict]] = {}
+    if args.reuse:  # runs kept from an earlier sweep count towards --repeats (a sweep resumed or split)
+        with open(args.reuse) as f:
+            runs = json.load(f)["runs"]
+
+    def save() -> None:  # after every run, atomically, so an interrupted sweep keeps what it measured
+        if not args.json_out:
+            return
+        doc = {"machine": machine, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+               "fine_model": args.fine_model, "fine_precision": args.fine_precision, "runs": runs}
+        tmp = args.json_out + ".partial"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.json_out)
+
     for rep in range(args.repeats):
         for cfg in wanted:  # all configurations in each repeat, so a busy spell on the machine hits each alike
+            if len(runs.get(_key(*cfg), [])) > rep:
+                continue
             r = _run_one(args, env, *cfg, steps=args.steps, warmup=args.warmup)
             if args.smoke:
                 _check_fields(r)
             runs.setdefault(_key(*cfg), []).append(r)
+            save()
             impl, model, precision, dp, fine, recompute = cfg
             extra = ""
             if impl == "mxddp":
@@ -341,12 +358,6 @@ def sweep(args) -> None:
                     print(f"{dp:2d} {impl:5} {int(fine):4d} {int(recompute):6d} {gathered} {med(k, 'step_s'):7.3f} "
                           f"{med(k, 'peak_above_baseline_bytes') / 2**20:8.0f}")
     if args.json_out:
-        doc = {"machine": machine, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-               "fine_model": args.fine_model, "fine_precision": args.fine_precision, "runs": runs}
-        tmp = args.json_out + ".partial"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, args.json_out)
         print(f"wrote {args.json_out}")
     if args.smoke:
         print("smoke: every result has its fields")
@@ -413,6 +424,7 @@ def main() -> None:
     p.add_argument("--fine-model", choices=list(MODELS), default="small")
     p.add_argument("--fine-precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--json-out", help="write every run's results here (the input of --plot)")
+    p.add_argument("--reuse", metavar="JSON", help="start from the runs of an earlier --json-out file")
     p.add_argument("--plot", metavar="JSON", help="draw the fine-grained table from a --json-out file")
     p.add_argument("--png", default="docs/torch_fsdp_fine_grained.png")
     p.add_argument("--smoke", action="store_true",
