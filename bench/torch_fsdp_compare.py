@@ -237,6 +237,14 @@ def _machine() -> dict:
             "threads_per_rank": 1}
 
 
+def _non_unit_param_bytes(model: str, precision: str) -> int:
+    """Bytes of the params outside every GPT2Block (the tied embedding, the position embedding and
+    the final LayerNorm): FSDP's non-unit params, gathered at their first use and kept until the
+    grads are synchronized, so every variant's peak gathered bytes hold them."""
+    layers, hidden, heads, seq, micro_batch, vocab = MODELS[model]
+    return ((vocab + seq) * hidden + 2 * hidden) * (2 if precision == "bf16" else 4)
+
+
 def _key(impl: str, model: str, precision: str, dp: int, fine: bool, recompute: bool) -> str:
     return f"{impl}|{model}|{precision}|{dp}|{int(fine)}|{int(recompute)}"
 
@@ -345,8 +353,11 @@ def sweep(args) -> None:
                     s = runs[f][-1]["model_state_bytes"]
                     print(f"{'':18} fsdp2 model state (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in s.items()))
     if args.fine:
-        print(f"\nfine-grained param gather, {args.fine_model} {args.fine_precision}")
-        print(f"{'dp':>2} {'impl':5} {'fine':>4} {'recomp':>6} {'gathered MiB':>12} {'step s':>7} {'peak MiB':>8}")
+        non_unit = _non_unit_param_bytes(args.fine_model, args.fine_precision)
+        print(f"\nfine-grained param gather, {args.fine_model} {args.fine_precision} (gathered: the peak gathered "
+              f"param bytes per rank; less the non-unit params' {non_unit / 2**20:.2f} MiB: the units' part)")
+        print(f"{'dp':>2} {'impl':5} {'fine':>4} {'recomp':>6} {'gathered MiB':>12} {'units MiB':>9} {'step s':>7} "
+              f"{'peak MiB':>8}")
         for dp in args.dp:
             for recompute in (False, True):
                 for impl, fine in (("mxddp", False), ("mxddp", True), ("fsdp2", False)):
@@ -354,7 +365,8 @@ def sweep(args) -> None:
                     if k not in runs:
                         continue
                     g = runs[k][-1].get("peak_gathered_bytes", {}).get("values")
-                    gathered = f"{g / 2**20:12.2f}" if g is not None else f"{'-':>12}"
+                    gathered = f"{g / 2**20:12.2f} {(g - non_unit) / 2**20:9.2f}" if g is not None \
+                        else f"{'-':>12} {'-':>9}"
                     print(f"{dp:2d} {impl:5} {int(fine):4d} {int(recompute):6d} {gathered} {med(k, 'step_s'):7.3f} "
                           f"{med(k, 'peak_above_baseline_bytes') / 2**20:8.0f}")
     if args.json_out:
@@ -377,19 +389,23 @@ def plot(args) -> None:
     variants = [("mxddp", False, False, "mxddp coarse"), ("mxddp", True, False, "mxddp fine"),
                 ("mxddp", False, True, "mxddp coarse + recompute"), ("mxddp", True, True, "mxddp fine + recompute"),
                 ("fsdp2", False, False, "FSDP2"), ("fsdp2", False, True, "FSDP2 + recompute")]
+    non_unit = _non_unit_param_bytes(model, precision)
     fig, (ax_g, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(variants)
     for i, (impl, fine, recompute, label) in enumerate(variants):
         gathered, step = [], []
         for dp in dps:
             rs = runs.get(_key(impl, model, precision, dp, fine, recompute), [])
-            gathered.append(rs[-1]["peak_gathered_bytes"]["values"] / 2**20 if rs and impl == "mxddp" else 0)
+            gathered.append((rs[-1]["peak_gathered_bytes"]["values"] - non_unit) / 2**20 if rs and impl == "mxddp"
+                            else 0)
             step.append(statistics.median(r["step_s"] for r in rs) if rs else 0)
         xs = [j + (i - (len(variants) - 1) / 2) * width for j in range(len(dps))]
         if impl == "mxddp":
             ax_g.bar(xs, gathered, width, label=label)
         ax_t.bar(xs, step, width, label=label)
-    for ax, title in ((ax_g, "peak gathered param bytes per rank (MiB)"), (ax_t, "step time (s, median)")):
+    for ax, title in ((ax_g, f"peak gathered unit params per rank (MiB)\n"
+                             f"(+ the non-unit params' {non_unit / 2**20:.1f} MiB in every case)"),
+                      (ax_t, "step time (s, median)")):
         ax.set_xticks(range(len(dps)), [f"dp {dp}" for dp in dps])
         ax.set_title(title, fontsize=10)
     ax_t.legend(fontsize=7)
