@@ -167,6 +167,7 @@ def worker(args) -> None:
 
     gen = torch.Generator().manual_seed(1 + rank)
     step_s, losses = [], []
+    phases: dict[str, list[float]] = {}
     slowest = torch.zeros(1)
     profiler = None
     for step in range(args.warmup + args.steps + (1 if args.profile else 0)):
@@ -182,13 +183,20 @@ def worker(args) -> None:
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         if args.worker == "mxddp":
             model.finish_grad_sync()
         else:
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        t3 = time.perf_counter()
         opt.step()
         slowest[0] = time.perf_counter() - t0
+        if args.warmup <= step < args.warmup + args.steps:  # this rank's phases (zero_grad counts as forward)
+            for name, s in (("forward", t1 - t0), ("backward", t2 - t1), ("sync_or_clip", t3 - t2),
+                            ("optimizer", t0 + float(slowest[0]) - t3)):
+                phases.setdefault(name, []).append(s)
         all_max(slowest)
         losses.append(float(loss.detach().float()))
         if args.warmup <= step < args.warmup + args.steps:
@@ -204,7 +212,8 @@ def worker(args) -> None:
     result = {"impl": args.worker, "world": world, "model": args.model, "layers": layers, "hidden": hidden,
               "seq": seq, "micro_batch": micro_batch, "vocab": vocab, "precision": args.precision,
               "fine_grained": bool(args.fine_grained), "recompute": bool(args.recompute), "params": n_params,
-              "step_s": statistics.median(step_s), "steps_s": step_s, "losses": losses,
+              "step_s": statistics.median(step_s), "steps_s": step_s,
+              "phases_s": {k: statistics.median(v) for k, v in phases.items()}, "losses": losses,
               "peak_above_baseline_bytes": int(peak.item()) * 1024, "loadavg_1m": _loadavg_1m(),
               "torch": torch.__version__}
     if args.worker == "mxddp":
@@ -352,6 +361,11 @@ def sweep(args) -> None:
                           ", ".join(f"{k} {v / 2**20:.1f}" for k, v in t.items() if v))
                     s = runs[f][-1]["model_state_bytes"]
                     print(f"{'':18} fsdp2 model state (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in s.items()))
+                    for impl, k in (("fsdp2", f), ("mxddp", m)):
+                        with_phases = [r["phases_s"] for r in runs[k] if "phases_s" in r]
+                        if with_phases:  # rank 0's phases, the median over the runs of each run's median
+                            print(f"{'':18} {impl} phases (s): " + ", ".join(
+                                f"{p} {statistics.median(ph[p] for ph in with_phases):.3f}" for p in with_phases[0]))
     if args.fine:
         non_unit = _non_unit_param_bytes(args.fine_model, args.fine_precision)
         print(f"\nfine-grained param gather, {args.fine_model} {args.fine_precision} (gathered: the peak gathered "
