@@ -198,6 +198,33 @@ def test_views_only_while_gathered(ranks):
     assert torch.equal(module.blocks[1].fc.weight, seen["inside"])  # close() gave it its values back
 
 
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
+def test_state_dict_gathers_the_full_params(ranks, strategy):
+    """state_dict() (collective) holds every param's values, not the stand-ins, and equals what
+    close() gives back; load_state_dict is refused, naming what to use instead."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp()
+    model = mxt.FullyShardedDataParallel(module, fsdp_config(strategy, True, False), fsdp_unit_modules=[Block])
+    opt = optimizer(model)
+    try:
+        opt.zero_grad()
+        mlp_loss(model, mlp_batch(rank, 0, 0)).backward()
+        with pytest.raises(RuntimeError, match="finish_grad_sync"):
+            model.state_dict()
+        model.finish_grad_sync()
+        opt.step()
+        state = model.state_dict()
+        with pytest.raises(RuntimeError, match="load_checkpoint"):
+            model.load_state_dict(state)
+    finally:
+        opt.close()
+        model.close()
+    assert set(state) == {"module." + n for n, _ in module.state_dict().items()}
+    for n, p in module.named_parameters():
+        assert torch.isfinite(state["module." + n]).all() and torch.equal(state["module." + n], p), n
+
+
 def test_a_param_without_gradient_is_reported_with_zero(ranks):
     """A unit whose output is unused in one iteration still finishes: its params report zero
     gradients when the gradients are synchronized, and the run goes on."""
@@ -254,3 +281,93 @@ def test_a_unit_param_shared_outside_the_unit_is_refused(ranks):
     module.extra.weight = module.blocks[1].fc.weight  # a unit's weight, also read outside the unit
     with pytest.raises(ValueError, match="must be a non-unit param"):
         mxt.FullyShardedDataParallel(module, fsdp_config("optim", False, False), fsdp_unit_modules=[Block])
+
+
+# ---- MXFP8 params (fp8_param_gather) under optim_grads_params ----
+
+def bf16_mlp(head_mxfp8=None):
+    """head_mxfp8: what the head (a Linear outside every unit) is marked; unmarked it stays BF16
+    under FSDP, and DDP is told to keep it BF16 too, so the two train the same model."""
+    torch.manual_seed(0)
+    module = make_mlp().to(torch.bfloat16)
+    if head_mxfp8 is not None:
+        module.head.weight.mxfp8 = head_mxfp8
+    return module
+
+
+def bf16_batch(rank, step, micro):
+    x, y = mlp_batch(rank, step, micro)
+    return x.to(torch.bfloat16), y
+
+
+def mxfp8_losses(model, opt, rank):
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        losses.append(backward_micro_batches(model, mlp_loss, bf16_batch, rank, step, 2))
+        model.finish_grad_sync()
+        assert opt.step()[0]
+    return losses
+
+
+@pytest.mark.parametrize("fine_grained,recompute", [(False, False), (True, False), (False, True), (True, True)])
+def test_mxfp8_params_train_as_ddp_s(ranks, fine_grained, recompute):
+    """The Block Linears' weights are MXFP8 under FSDP as under DDP with the distributed optimizer:
+    forward reads the row-wise copy, backward's dgrad the column-wise one, each gathered per unit;
+    the first step's loss is DDP's bit for bit (the same quantized weights), the rest track it."""
+    rank, world = ranks
+    module = bf16_mlp(head_mxfp8=False)
+    ddp = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
+    opt = optimizer(ddp)
+    try:
+        expected = mxfp8_losses(ddp, opt, rank)
+    finally:
+        opt.close()
+        ddp.close()
+    module = bf16_mlp()
+    module.recompute = recompute
+    model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, fine_grained,
+                                                             fp8_param_gather=True), fsdp_unit_modules=[Block])
+    assert [model._cpp.is_mxfp8(i) for i in range(len(model.registered_params()))] == \
+        [n.endswith("fc.weight") for n, _ in model.registered_params()]
+    opt = optimizer(model)
+    try:
+        got = mxfp8_losses(model, opt, rank)
+        peak = model.peak_gathered_bytes()
+        assert model._cpp.gathers_started == model._cpp.releases_done
+    finally:
+        opt.close()
+        model.close()
+    assert peak["rowwise"] > 0 and peak["colwise"] > 0, peak
+    assert got[0] == expected[0], (got, expected)
+    for e, g in zip(expected, got):
+        assert abs(g - e) <= 2e-2 * abs(e), (got, expected)
+
+
+def test_the_recompute_aware_policy_forces_fine_grained_where_needed(ranks):
+    """MXFP8 params with a selective recompute of weighted submodules need the fine-grained gather
+    (a submodule re-run in backward reads row-wise weights): recompute-aware forces it there and only
+    there; megatron forces it for any MXFP8 params; an explicit False where it is forced is refused."""
+    def fine(policy, flag, **recompute):
+        config = fsdp_config("optim_grads_params", False, False, fp8_param_gather=True,
+                             fine_grained_param_gather_policy=policy)
+        config.megatron_fsdp_enable_fine_grained_param_gather = flag
+        model = mxt.FullyShardedDataParallel(bf16_mlp(), config, fsdp_unit_modules=[Block], **recompute)
+        on, units = model.fine_grained_param_gather, model.num_units
+        model.close()
+        return on, units
+
+    assert fine("recompute-aware", None) == (False, 3)
+    assert fine("recompute-aware", None, recompute_granularity="full") == (False, 3)
+    assert fine("recompute-aware", None, recompute_granularity="selective") == (False, 3)  # core_attn: no weights
+    assert fine("recompute-aware", None, recompute_granularity="selective", recompute_modules=["mlp"]) == (True, 3)
+    assert fine("megatron", None) == (True, 3)  # each Block has one weighted submodule: the same 3 units
+    assert fine("recompute-aware", True) == (True, 3)
+    with pytest.raises(ValueError, match="requires the fine-grained param gather"):
+        fine("recompute-aware", False, recompute_granularity="selective", recompute_modules=["layernorm"])
+    with pytest.raises(ValueError, match="requires the fine-grained param gather"):
+        fine("megatron", False)
+    with pytest.raises(ValueError, match="'head.weight' is marked mxfp8=True but is in no FSDP unit"):
+        mxt.FullyShardedDataParallel(bf16_mlp(head_mxfp8=True), fsdp_config("optim_grads_params", False, False,
+                                     fp8_param_gather=True), fsdp_unit_modules=[Block])
