@@ -341,6 +341,8 @@ def sweep(args) -> None:
                   f"{int(recompute)}: step {r['step_s']:.3f} s  peak +{r['peak_above_baseline_bytes'] / 2**20:.0f} MiB"
                   f"{extra}  loss {r['losses'][0]:.5f}  load {r['loadavg_1m_before']:.2f}", flush=True)
 
+    save()  # also where every run was reused: the file then says this sweep's --repeats
+
     def med(key: str, field: str) -> float:
         return statistics.median(r[field] for r in runs[key])
 
@@ -404,6 +406,8 @@ def plot(args) -> None:
                 ("mxddp", False, True, "mxddp coarse + recompute"), ("mxddp", True, True, "mxddp fine + recompute"),
                 ("fsdp2", False, False, "FSDP2"), ("fsdp2", False, True, "FSDP2 + recompute")]
     non_unit = _non_unit_param_bytes(model, precision)
+    n_runs = min(len(rs) for k, rs in runs.items() if k.split("|")[1] == model and k.split("|")[2] == precision)
+    loads = [r["loadavg_1m_before"] for rs in runs.values() for r in rs if "loadavg_1m_before" in r] or [0.0]
     fig, (ax_g, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(variants)
     for i, (impl, fine, recompute, label) in enumerate(variants):
@@ -426,7 +430,8 @@ def plot(args) -> None:
     m = doc["machine"]
     fig.suptitle(f"GPT-2 {model} {precision}: fine-grained param gather, with and without recompute\n"
                  f"{m['cpu']}, {m['cores']} cores, {m['threads_per_rank']} thread per rank, "
-                 f"median of {doc['repeats']} runs x {doc['steps']} steps", fontsize=9)
+                 f"median of {n_runs} runs x {doc['steps']} steps; 1-min load average {min(loads):.0f} to "
+                 f"{max(loads):.0f} during the runs", fontsize=9)
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
     print(f"wrote {args.png}")
