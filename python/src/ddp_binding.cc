@@ -120,7 +120,14 @@ void bind_data_parallel(nb::module_& m) {
         return to_torch(nb::cast<PyDataParallel&>(self).data_parallel().param(i), self);
       }, "Param i's values: a torch view of the param buffer (FSDP: of its gathered storage, valid while gathered).")
       .def("main_grad", [](nb::handle_t<PyDataParallel> self, int i) {
-        return to_torch(nb::cast<PyDataParallel&>(self).data_parallel().main_grad(i), self);
+        DataParallel& dp = nb::cast<PyDataParallel&>(self).data_parallel();
+        TensorView grad;
+        {
+          // FSDP may wait here for a reduce-scatter still reading the bucket (several micro-batches).
+          nb::gil_scoped_release release;
+          grad = dp.main_grad(i);
+        }
+        return to_torch(grad, self);
       }, "Param i's gradient: a torch view of the grad buffer (FSDP: valid until grad_ready(i)).")
       .def("grad_ready", [](PyDataParallel& s, int i) {
         DataParallel& dp = s.data_parallel();
