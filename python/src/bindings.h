@@ -3,34 +3,41 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <nanobind/nanobind.h>
 
 #include <mxddp/ddp.h>
+#include <mxddp/fsdp.h>
 #include <mxddp/optim.h>
 
 namespace mxddp::python {
 
 void bind_runtime(nanobind::module_& m);    // init_mpi, finalize, memory figures, small collectives
-void bind_ddp(nanobind::module_& m);        // DdpConfig, DistributedDataParallel
+void bind_ddp(nanobind::module_& m);        // DataParallel (the handles' base), DdpConfig, DistributedDataParallel
+void bind_fsdp(nanobind::module_& m);       // FsdpConfig, FullyShardedDataParallel
 void bind_optimizer(nanobind::module_& m);  // DistributedOptimizer
 void bind_plan(nanobind::module_& m);       // plan_ddp_memory (the memory planner)
 void bind_checkpoint(nanobind::module_& m);  // save_checkpoint, load_checkpoint (the history layout)
 
-// Python's handle on a DistributedDataParallel: the DDP itself (on the process's communicator and
-// tracker), the no_sync scopes Python has open, and how many optimizers step on it. close()
-// destroys the DDP (its buffers with it); the handle then refuses every call.
-class PyDdp {
- public:
-  // initial_values: as for DistributedDataParallel (one per param, or none: zeros).
-  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values = {});
-  ~PyDdp();
-  PyDdp(const PyDdp&) = delete;
-  PyDdp& operator=(const PyDdp&) = delete;
+// A param as Python names it: (name, shape, shared_embedding).
+using PyParam = std::tuple<std::string, std::vector<int64_t>, bool>;
+// The specs of params; mxfp8: empty (no param is MXFP8) or one flag per param.
+std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8);
 
-  DistributedDataParallel& ddp();  // throws once closed
-  bool closed() const { return ddp_ == nullptr; }
+// Python's handle on a DataParallel (DDP or FSDP): the object itself (on the process's
+// communicator and tracker), the no_sync scopes Python has open, and how many optimizers step on
+// it. close() destroys it (its buffers with it); the handle then refuses every call.
+class PyDataParallel {
+ public:
+  virtual ~PyDataParallel();
+  PyDataParallel(const PyDataParallel&) = delete;
+  PyDataParallel& operator=(const PyDataParallel&) = delete;
+
+  DataParallel& data_parallel();  // throws once closed
+  bool closed() const { return dp_ == nullptr; }
   void close();
   void enter_no_sync();
   void exit_no_sync();
@@ -39,17 +46,35 @@ class PyDdp {
   void remove_optimizer() { --optimizers_; }
   int open_optimizers() const { return optimizers_; }
 
+ protected:
+  // Registers with the runtime as a user of its communicator.
+  explicit PyDataParallel(std::unique_ptr<DataParallel> dp);
+
  private:
-  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<DataParallel> dp_;
   std::vector<std::unique_ptr<DataParallel::NoSyncScope>> no_sync_scopes_;
   int optimizers_ = 0;
 };
 
-// Python's handle on a DistributedOptimizer: the optimizer and the DDP handle it steps on (kept
-// alive by nb::keep_alive). close() destroys the optimizer; the handle then refuses every call.
+class PyDdp final : public PyDataParallel {
+ public:
+  // initial_values: as for DistributedDataParallel (one per param, or none: zeros).
+  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values = {});
+  DistributedDataParallel& ddp() { return static_cast<DistributedDataParallel&>(data_parallel()); }
+};
+
+class PyFsdp final : public PyDataParallel {
+ public:
+  PyFsdp(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units, const FsdpConfig& config,
+         const std::vector<TensorView>& initial_values);
+  FullyShardedDataParallel& fsdp() { return static_cast<FullyShardedDataParallel&>(data_parallel()); }
+};
+
+// Python's handle on a DistributedOptimizer: the optimizer and the DDP or FSDP handle it steps on
+// (kept alive by nb::keep_alive). close() destroys the optimizer; the handle then refuses every call.
 class PyOptimizer {
  public:
-  PyOptimizer(PyDdp& ddp, const OptimizerConfig& config);
+  PyOptimizer(PyDataParallel& dp, const OptimizerConfig& config);
   ~PyOptimizer() { close(); }
   PyOptimizer(const PyOptimizer&) = delete;
   PyOptimizer& operator=(const PyOptimizer&) = delete;
@@ -59,7 +84,7 @@ class PyOptimizer {
   void close();
 
  private:
-  PyDdp& ddp_;
+  PyDataParallel& dp_;
   std::unique_ptr<DistributedOptimizer> optimizer_;
 };
 

@@ -19,50 +19,52 @@ namespace nb = nanobind;
 
 namespace mxddp::python {
 
-PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values) {
-  Runtime& runtime = Runtime::get();
-  {
-    nb::gil_scoped_release release;
-    ddp_ = std::make_unique<DistributedDataParallel>(runtime.comm(), params, config, runtime.tracker(), initial_values);
-  }
-  runtime.add_user();
+PyDataParallel::PyDataParallel(std::unique_ptr<DataParallel> dp) : dp_(std::move(dp)) { Runtime::get().add_user(); }
+
+PyDataParallel::~PyDataParallel() {
+  if (dp_) close();
 }
 
-PyDdp::~PyDdp() {
-  if (ddp_) close();
+DataParallel& PyDataParallel::data_parallel() {
+  MXDDP_CHECK(dp_ != nullptr, "this model was closed (close() freed its buffers)");
+  return *dp_;
 }
 
-DistributedDataParallel& PyDdp::ddp() {
-  MXDDP_CHECK(ddp_ != nullptr, "this DistributedDataParallel was closed");
-  return *ddp_;
-}
-
-void PyDdp::close() {
-  if (!ddp_) return;
-  MXDDP_CHECK(optimizers_ == 0, "close the DistributedOptimizer ({} open) before its DistributedDataParallel",
-              optimizers_);
+void PyDataParallel::close() {
+  if (!dp_) return;
+  MXDDP_CHECK(optimizers_ == 0, "close the DistributedOptimizer ({} open) before its model", optimizers_);
   no_sync_scopes_.clear();
   {
     nb::gil_scoped_release release;
-    ddp_.reset();  // waits for collectives still in flight
+    dp_.reset();  // waits for collectives still in flight
   }
   Runtime::get().remove_user();
 }
 
-void PyDdp::enter_no_sync() {
-  no_sync_scopes_.push_back(std::make_unique<DataParallel::NoSyncScope>(ddp()));
+void PyDataParallel::enter_no_sync() {
+  no_sync_scopes_.push_back(std::make_unique<DataParallel::NoSyncScope>(data_parallel()));
 }
 
-void PyDdp::exit_no_sync() {
+void PyDataParallel::exit_no_sync() {
   MXDDP_CHECK(!no_sync_scopes_.empty(), "no_sync exit without a matching enter");
   no_sync_scopes_.pop_back();
 }
 
 namespace {
 
-// mxfp8: empty (no param is MXFP8) or one flag per param.
-std::vector<ParamSpec> to_specs(const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
-                                const std::vector<bool>& mxfp8) {
+std::unique_ptr<DataParallel> make_ddp(const std::vector<ParamSpec>& params, const DdpConfig& config,
+                                       const std::vector<TensorView>& initial_values) {
+  Runtime& runtime = Runtime::get();
+  nb::gil_scoped_release release;
+  return std::make_unique<DistributedDataParallel>(runtime.comm(), params, config, runtime.tracker(), initial_values);
+}
+
+}  // namespace
+
+PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values)
+    : PyDataParallel(make_ddp(params, config, initial_values)) {}
+
+std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8) {
   MXDDP_CHECK(mxfp8.empty() || mxfp8.size() == params.size(), "got {} mxfp8 flags for {} params; give one per param or none",
               mxfp8.size(), params.size());
   std::vector<ParamSpec> specs;
@@ -71,6 +73,8 @@ std::vector<ParamSpec> to_specs(const std::vector<std::tuple<std::string, std::v
                               .mxfp8 = !mxfp8.empty() && mxfp8[specs.size()]});
   return specs;
 }
+
+namespace {
 
 // A u8 torch view of an MXFP8 payload (element bytes or E8M0 scales); `owner` is kept alive.
 nb::ndarray<nb::pytorch, nb::device::cpu> to_torch_u8(const TensorView& view, nb::handle owner) {
@@ -103,59 +107,93 @@ void bind_ddp_config(nb::module_& m) {
           [](DdpConfig& c, const std::string& name) { c.param_dtype = parse_param_dtype(name); });
 }
 
+// The calls every DataParallel answers alike, bound once on the handles' base class.
+void bind_data_parallel(nb::module_& m) {
+  nb::class_<PyDataParallel>(m, "DataParallel", "What DistributedDataParallel and FullyShardedDataParallel share.")
+      .def_prop_ro("num_params", [](PyDataParallel& s) { return s.data_parallel().num_params(); })
+      .def_prop_ro("closed", &PyDataParallel::closed)
+      .def_prop_ro("open_optimizers", &PyDataParallel::open_optimizers)
+      .def("param_name", [](PyDataParallel& s, int i) { return s.data_parallel().params().at(static_cast<size_t>(i)).name; })
+      // The views keep this handle alive (their DLPack owner), so the buffers outlive every tensor
+      // over them unless close() is called explicitly.
+      .def("param", [](nb::handle_t<PyDataParallel> self, int i) {
+        return to_torch(nb::cast<PyDataParallel&>(self).data_parallel().param(i), self);
+      }, "Param i's values: a torch view of the param buffer (FSDP: of its gathered storage, valid while gathered).")
+      .def("main_grad", [](nb::handle_t<PyDataParallel> self, int i) {
+        return to_torch(nb::cast<PyDataParallel&>(self).data_parallel().main_grad(i), self);
+      }, "Param i's gradient: a torch view of the grad buffer (FSDP: valid until grad_ready(i)).")
+      .def("grad_ready", [](PyDataParallel& s, int i) {
+        DataParallel& dp = s.data_parallel();
+        nb::gil_scoped_release release;
+        dp.grad_ready(i);
+      }, nb::arg("index"))
+      .def("finish_grad_sync", [](PyDataParallel& s) {
+        DataParallel& dp = s.data_parallel();
+        nb::gil_scoped_release release;
+        dp.finish_grad_sync();
+      })
+      .def("zero_grad_buffer", [](PyDataParallel& s) {
+        DataParallel& dp = s.data_parallel();
+        nb::gil_scoped_release release;
+        dp.zero_grad_buffer();
+      })
+      .def("enter_no_sync", &PyDataParallel::enter_no_sync)
+      .def("exit_no_sync", &PyDataParallel::exit_no_sync)
+      .def_prop_ro("no_sync_depth", &PyDataParallel::no_sync_depth)
+      .def_prop_ro("param_dtype", [](PyDataParallel& s) { return std::string(dtype_name(s.data_parallel().param_dtype())); })
+      .def_prop_ro("grad_dtype", [](PyDataParallel& s) { return std::string(dtype_name(s.data_parallel().grad_dtype())); })
+      .def("before_forward", [](PyDataParallel& s, const std::vector<int>& params) {
+        DataParallel& dp = s.data_parallel();
+        nb::gil_scoped_release release;
+        dp.before_forward(params);
+      }, nb::arg("params"),
+           "The forward pre-hook of the module holding these params (registration indices): DDP waits for their "
+           "param gathers (overlap_param_gather); FSDP gathers them (its unit, or the non-unit params).")
+      // MXFP8 params (fp8_param_gather).
+      .def("is_mxfp8", [](PyDataParallel& s, int i) { return s.data_parallel().is_mxfp8(i); })
+      .def("mxfp8_param", [](nb::handle_t<PyDataParallel> self, int i, const std::string& axis) {
+        const Mxfp8View q = nb::cast<PyDataParallel&>(self).data_parallel().mxfp8_param(i, parse_quant_axis(axis));
+        return std::make_pair(to_torch_u8(q.data, self), to_torch_u8(q.scales, self));
+      }, nb::arg("index"), nb::arg("axis"),
+           "Param i's MXFP8 storage in one orientation ('row' or 'col'): (element bytes u8 [M, N], E8M0 scales u8).")
+      .def("dequantize_param", [](PyDataParallel& s, int i, const std::string& axis, HostArray out) {
+        DataParallel& dp = s.data_parallel();
+        const Mxfp8View q = dp.mxfp8_param(i, parse_quant_axis(axis));
+        const TensorView target = from_array(out, "dequantize_param's out");
+        MXDDP_CHECK(target.shape == q.data.shape, "dequantize_param: out has shape {} but param '{}' is {}",
+                    target.shape.to_string(), dp.params().at(static_cast<size_t>(i)).name, q.data.shape.to_string());
+        nb::gil_scoped_release release;
+        mx_dequantize(q.data, q.scales, target, q.options);
+      }, nb::arg("index"), nb::arg("axis"), nb::arg("out"),
+           "Writes param i's MXFP8 values, row- or column-wise, into out (f32 or bf16 [M, N], contiguous).")
+      .def("close", &PyDataParallel::close,
+           "Waits for collectives in flight and frees the buffers; every view of them is invalid after.");
+}
+
 }  // namespace
 
 void bind_ddp(nb::module_& m) {
   bind_ddp_config(m);
-  nb::class_<PyDdp>(m, "DistributedDataParallel",
+  bind_data_parallel(m);
+  nb::class_<PyDdp, PyDataParallel>(m, "DistributedDataParallel",
                     "The C++ DistributedDataParallel: params laid out in one padded, bucketed buffer; buckets "
                     "reduced as their grads are reported.")
       .def("__init__",
-           [](PyDdp* self, const std::vector<std::tuple<std::string, std::vector<int64_t>, bool>>& params,
+           [](PyDdp* self, const std::vector<PyParam>& params,
               const DdpConfig& config, const std::vector<bool>& mxfp8, const std::vector<HostArray>& initial_values) {
              std::vector<ParamSpec> specs = to_specs(params, mxfp8);
-             std::vector<TensorView> values;
-             for (size_t i = 0; i < initial_values.size(); ++i)
-               values.push_back(from_array(initial_values[i], "initial value " + std::to_string(i)));
-             new (self) PyDdp(specs, config, values);
+             new (self) PyDdp(specs, config, to_views(initial_values));
            },
            nb::arg("params"), nb::arg("config"), nb::arg("mxfp8") = std::vector<bool>{},
            nb::arg("initial_values") = std::vector<HostArray>{},
            "params: [(name, shape, shared_embedding)] in registration order; mxfp8: [] or a flag per param (kept "
            "as MXFP8 with fp8_param_gather: 2-D only); initial_values: [] (zeros) or each param's values (f32 or "
            "bf16, contiguous), copied in before the MXFP8 and BF16 copies are taken from them.")
-      .def_prop_ro("num_params", [](PyDdp& s) { return s.ddp().num_params(); })
-      .def_prop_ro("closed", &PyDdp::closed)
-      .def_prop_ro("open_optimizers", &PyDdp::open_optimizers)
-      .def("param_name", [](PyDdp& s, int i) { return s.ddp().params().at(static_cast<size_t>(i)).name; })
-      // The views keep this handle alive (their DLPack owner), so the buffers outlive every tensor
-      // over them unless close() is called explicitly.
-      .def("param", [](nb::handle_t<PyDdp> self, int i) {
-        return to_torch(nb::cast<PyDdp&>(self).ddp().param(i), self);
-      }, "Param i's values: a torch view of the param buffer.")
-      .def("main_grad", [](nb::handle_t<PyDdp> self, int i) {
-        return to_torch(nb::cast<PyDdp&>(self).ddp().main_grad(i), self);
-      }, "Param i's gradient: a torch view of the grad buffer.")
       .def("param_buffer", [](nb::handle_t<PyDdp> self) {
         return to_torch(nb::cast<PyDdp&>(self).ddp().buffer().param_buffer(), self);
       })
       .def("grad_buffer", [](nb::handle_t<PyDdp> self) {
         return to_torch(nb::cast<PyDdp&>(self).ddp().buffer().grad_buffer(), self);
-      })
-      .def("grad_ready", [](PyDdp& s, int i) {
-        DistributedDataParallel& ddp = s.ddp();
-        nb::gil_scoped_release release;
-        ddp.grad_ready(i);
-      }, nb::arg("index"))
-      .def("finish_grad_sync", [](PyDdp& s) {
-        DistributedDataParallel& ddp = s.ddp();
-        nb::gil_scoped_release release;
-        ddp.finish_grad_sync();
-      })
-      .def("zero_grad_buffer", [](PyDdp& s) {
-        DistributedDataParallel& ddp = s.ddp();
-        nb::gil_scoped_release release;
-        ddp.zero_grad_buffer();
       })
       .def("broadcast_params", [](PyDdp& s) {
         DistributedDataParallel& ddp = s.ddp();
@@ -163,11 +201,6 @@ void bind_ddp(nb::module_& m) {
         ddp.broadcast_params();
       }, "Copies rank 0's param buffer to every rank.")
       .def_prop_ro("grads_live", [](PyDdp& s) { return s.ddp().grads_live(); })
-      .def("enter_no_sync", &PyDdp::enter_no_sync)
-      .def("exit_no_sync", &PyDdp::exit_no_sync)
-      .def_prop_ro("no_sync_depth", &PyDdp::no_sync_depth)
-      .def_prop_ro("param_dtype", [](PyDdp& s) { return std::string(dtype_name(s.ddp().param_dtype())); })
-      .def_prop_ro("grad_dtype", [](PyDdp& s) { return std::string(dtype_name(s.ddp().grad_dtype())); })
       // The layout, for tests and for users who want to see where their params went (elements).
       .def_prop_ro("numel", [](PyDdp& s) { return s.ddp().layout().numel; })
       .def_prop_ro("num_buckets", [](PyDdp& s) { return static_cast<int>(s.ddp().layout().buckets.size()); })
@@ -178,39 +211,13 @@ void bind_ddp(nb::module_& m) {
       .def("bucket_range", [](PyDdp& s, int b) {
         return range_pair(s.ddp().layout().buckets.at(static_cast<size_t>(b)).range);
       })
-      // The param all-gather (distributed optimizer): the forward pre-hook and what tests observe of it.
-      .def("before_forward", [](PyDdp& s, const std::vector<int>& params) {
-        DistributedDataParallel& ddp = s.ddp();
-        nb::gil_scoped_release release;
-        ddp.before_forward(params);
-      }, nb::arg("params"),
-           "The forward pre-hook: waits for the param gathers these params (registration indices) need and "
-           "dispatches the next group's (overlap_param_gather); returns at once when no gather is pending.")
+      // The param all-gather (distributed optimizer): what tests observe of it.
       .def_prop_ro("param_sync_pending", [](PyDdp& s) { return s.ddp().param_sync_pending(); })
       .def_prop_ro("next_param_gather_group", [](PyDdp& s) { return s.ddp().next_param_gather_group(); },
                    "The bucket group whose gather is dispatched next; -1 when none is left.")
       .def("group_of_param", [](PyDdp& s, int i) { return s.ddp().group_of_param(i); })
-      // MXFP8 params (fp8_param_gather).
-      .def("is_mxfp8", [](PyDdp& s, int i) { return s.ddp().is_mxfp8(i); })
-      .def("mxfp8_param", [](nb::handle_t<PyDdp> self, int i, const std::string& axis) {
-        const Mxfp8View q = nb::cast<PyDdp&>(self).ddp().mxfp8_param(i, parse_quant_axis(axis));
-        return std::make_pair(to_torch_u8(q.data, self), to_torch_u8(q.scales, self));
-      }, nb::arg("index"), nb::arg("axis"),
-           "Param i's MXFP8 storage in one orientation ('row' or 'col'): (element bytes u8 [M, N], E8M0 scales u8).")
-      .def("dequantize_param", [](PyDdp& s, int i, const std::string& axis, HostArray out) {
-        const Mxfp8View q = s.ddp().mxfp8_param(i, parse_quant_axis(axis));
-        const TensorView target = from_array(out, "dequantize_param's out");
-        MXDDP_CHECK(target.shape == q.data.shape, "dequantize_param: out has shape {} but param '{}' is {}",
-                    target.shape.to_string(), s.ddp().params().at(static_cast<size_t>(i)).name,
-                    q.data.shape.to_string());
-        nb::gil_scoped_release release;
-        mx_dequantize(q.data, q.scales, target, q.options);
-      }, nb::arg("index"), nb::arg("axis"), nb::arg("out"),
-           "Writes param i's MXFP8 values, row- or column-wise, into out (f32 or bf16 [M, N], contiguous).")
       .def_prop_ro("num_bucket_groups", [](PyDdp& s) { return s.ddp().num_bucket_groups(); })
-      .def("bucket_group_issued", [](PyDdp& s, int g) { return s.ddp().bucket_group_issued(g); })
-      .def("close", &PyDdp::close,
-           "Waits for collectives in flight and frees the buffers; every view of them is invalid after.");
+      .def("bucket_group_issued", [](PyDdp& s, int g) { return s.ddp().bucket_group_issued(g); });
 }
 
 }  // namespace mxddp::python

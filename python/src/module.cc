@@ -23,6 +23,7 @@ NB_MODULE(_C, m) {
   });
   mxddp::python::bind_runtime(m);
   mxddp::python::bind_ddp(m);
+  mxddp::python::bind_fsdp(m);
   mxddp::python::bind_optimizer(m);
   mxddp::python::bind_plan(m);
   mxddp::python::bind_checkpoint(m);

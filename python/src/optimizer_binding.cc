@@ -14,15 +14,17 @@ namespace nb = nanobind;
 namespace mxddp::python {
 
 // PyOptimizer (bindings.h).
-PyOptimizer::PyOptimizer(PyDdp& ddp, const OptimizerConfig& config) : ddp_(ddp) {
-  MXDDP_CHECK(ddp.ddp().config().use_distributed_optimizer,
+PyOptimizer::PyOptimizer(PyDataParallel& dp, const OptimizerConfig& config) : dp_(dp) {
+  // FSDP always shards the optimizer; a DDP only with the distributed optimizer.
+  const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&dp.data_parallel());
+  MXDDP_CHECK(ddp == nullptr || ddp->config().use_distributed_optimizer,
               "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer=True");
   Runtime& runtime = Runtime::get();
   {
     nb::gil_scoped_release release;
-    optimizer_ = std::make_unique<DistributedOptimizer>(ddp.ddp(), config, runtime.tracker());
+    optimizer_ = std::make_unique<DistributedOptimizer>(dp.data_parallel(), config, runtime.tracker());
   }
-  ddp.add_optimizer();
+  dp.add_optimizer();
   runtime.add_user();
 }
 
@@ -34,7 +36,7 @@ DistributedOptimizer& PyOptimizer::optimizer() {
 void PyOptimizer::close() {
   if (!optimizer_) return;
   optimizer_.reset();
-  ddp_.remove_optimizer();
+  dp_.remove_optimizer();
   Runtime::get().remove_user();
 }
 
@@ -53,8 +55,8 @@ void bind_optimizer(nb::module_& m) {
       .def_rw("clip_grad", &OptimizerConfig::clip_grad);
 
   nb::class_<PyOptimizer>(m, "DistributedOptimizer",
-                          "The C++ distributed optimizer over a DistributedDataParallel's buffers.")
-      .def(nb::init<PyDdp&, const OptimizerConfig&>(), nb::arg("ddp"), nb::arg("config"), nb::keep_alive<1, 2>())
+                          "The C++ distributed optimizer over a DistributedDataParallel's or FullyShardedDataParallel's buffers.")
+      .def(nb::init<PyDataParallel&, const OptimizerConfig&>(), nb::arg("ddp"), nb::arg("config"), nb::keep_alive<1, 2>())
       .def("step",
            [](PyOptimizer& s) {
              DistributedOptimizer& opt = s.optimizer();

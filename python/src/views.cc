@@ -51,4 +51,10 @@ DType parse_param_dtype(const std::string& name) {
   MXDDP_FAIL("param dtype '{}' is not taken; valid: float32, bfloat16", name);
 }
 
+std::vector<TensorView> to_views(const std::vector<HostArray>& arrays) {
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < arrays.size(); ++i) views.push_back(from_array(arrays[i], "initial value " + std::to_string(i)));
+  return views;
+}
+
 }  // namespace mxddp::python

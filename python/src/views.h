@@ -20,6 +20,8 @@ using HostArray = nanobind::ndarray<nanobind::device::cpu, nanobind::c_contig>;
 TorchView to_torch(const TensorView& view, nanobind::handle owner);
 // The array as a view (f32 or bf16, C-contiguous, on the CPU); `what` names it in errors.
 TensorView from_array(const HostArray& array, const std::string& what);
+// Each array as from_array, named "initial value <i>" in errors.
+std::vector<TensorView> to_views(const std::vector<HostArray>& arrays);
 // A Shape from a dimension list (at most Shape::kMaxDims); `what` names it in errors.
 Shape to_shape(const std::vector<int64_t>& dims, const std::string& what);
 // "f32" / "float32" -> kF32, "bf16" / "bfloat16" -> kBF16; anything else is an Error.

@@ -88,6 +88,7 @@ class FsdpEngine final : private FsdpHookActions {
   int64_t gathers_started() const { return gathers_; }   // unit or non-unit gathers (optim_grads_params)
   int64_t releases_done() const { return releases_; }
   bool anything_gathered() const;
+  FsdpPhase phase() const { return schedule_.phase(); }  // the pass the last hook was in
   int units_gathered() const override;  // units gathered or in flight (the non-unit params not counted)
   // The most bytes gathered (or in flight) at once in each slot since construction or the last
   // reset; the sum over slots at any moment is the tracker's kGathered.

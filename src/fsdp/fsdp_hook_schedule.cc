@@ -110,7 +110,14 @@ void FsdpHookSchedule::end_micro_batch_if_done() {
   // Clearing at the last grad_ready alone would forget a unit's reports before its post-backward
   // checks them, wherever a unit reports last (every param in units, or the non-unit params all
   // after the first unit).
-  if (ready_count_ == static_cast<int>(ready_.size()) && units_done_ == num_units_) clear_ready();
+  if (ready_count_ != static_cast<int>(ready_.size()) || units_done_ != num_units_) return;
+  clear_ready();
+  // The backward pass is over, so the next pre-forward opens a forward pass. Without this, a model
+  // with no non-unit module before its first unit (whose pre-forward resets the phase) would take
+  // the next micro-batch's first units for recomputes: gathered without prefetch, and kept.
+  in_backward_ = false;
+  recomputing_ = false;
+  forward_unit_ = -1;
 }
 
 void FsdpHookSchedule::clear_ready() {

@@ -12,6 +12,7 @@ See docs/python.md for what is supported and what is not yet.
 """
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import DistributedDataParallel
+from mxddp.torch.fsdp import FullyShardedDataParallel
 from mxddp.torch.launch import init, is_initialized, rank, shutdown, world_size
 from mxddp.torch.optimizer import DistributedOptimizer
 from mxddp.torch.plan import MemoryPlan, plan
@@ -37,4 +38,4 @@ def broadcast(tensor, root: int = 0) -> None:
 __all__ = ["init", "is_initialized", "rank", "world_size", "shutdown", "DistributedDataParallelConfig",
            "DistributedDataParallel", "OptimizerConfig", "DistributedOptimizer", "memory_usage", "all_reduce",
            "broadcast", "save_checkpoint", "load_checkpoint"]
-__all__ += ["plan", "MemoryPlan"]
+__all__ += ["plan", "MemoryPlan", "FullyShardedDataParallel"]

@@ -1,4 +1,5 @@
-"""Checkpoints of a ``DistributedDataParallel`` and its ``DistributedOptimizer`` in mxddp's format.
+"""Checkpoints of a ``DistributedDataParallel`` or ``FullyShardedDataParallel`` and its
+``DistributedOptimizer`` in mxddp's format (the two interchange: slices are unpadded and resharded).
 
 The C++ checkpoint layer does all of it (include/mxddp/checkpoint.h, checkpoint_history.h): each
 rank writes its shard of the F32 main params, the optimizer state and the model params as
@@ -18,6 +19,7 @@ from typing import Optional, Union
 from mxddp import _C
 from mxddp.torch import launch
 from mxddp.torch.ddp import DistributedDataParallel
+from mxddp.torch.fsdp import FullyShardedDataParallel
 from mxddp.torch.optimizer import DistributedOptimizer
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -29,13 +31,14 @@ _ITERATION_KEY = "iteration"
 def _check_pair(model, optimizer, what: str) -> None:
     if not launch.is_initialized():
         raise RuntimeError(f"mxddp is not initialized: call mxddp.torch.init() first (before {what})")
-    if not isinstance(model, DistributedDataParallel):
-        raise TypeError(f"{what}: model must be a mxddp.torch.DistributedDataParallel; got {type(model).__name__}")
+    if not isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
+        raise TypeError(f"{what}: model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; "
+                        f"got {type(model).__name__}")
     if not isinstance(optimizer, DistributedOptimizer):
         raise TypeError(f"{what}: optimizer must be a mxddp.torch.DistributedOptimizer; got {type(optimizer).__name__}")
     if optimizer.model is not model:
         raise ValueError(f"{what}: the optimizer steps on another model than the one given; pass the "
-                         "DistributedDataParallel the optimizer was built on")
+                         "model the optimizer was built on")
 
 
 def _path(value, name: str) -> str:
@@ -70,7 +73,7 @@ def _model_config_fields(model_config: Optional[Mapping]) -> list[tuple[str, str
     return fields
 
 
-def save_checkpoint(save_dir: PathLike, model: DistributedDataParallel, optimizer: DistributedOptimizer,
+def save_checkpoint(save_dir: PathLike, model: "DistributedDataParallel | FullyShardedDataParallel", optimizer: DistributedOptimizer,
                     iteration: int, *, metadata: Optional[Mapping[str, str]] = None,
                     model_config: Optional[Mapping] = None, keep_last: int = 0) -> str:
     """Collective: every rank calls it with the same arguments. Saves the model's params (those
@@ -115,7 +118,8 @@ def save_checkpoint(save_dir: PathLike, model: DistributedDataParallel, optimize
     return _C.save_checkpoint(path, optimizer._cpp, iteration, meta, _model_config_fields(model_config), keep_last)
 
 
-def load_checkpoint(load_dir: PathLike, model: DistributedDataParallel, optimizer: DistributedOptimizer, *,
+def load_checkpoint(load_dir: PathLike, model: "DistributedDataParallel | FullyShardedDataParallel",
+                    optimizer: DistributedOptimizer, *,
                     model_config: Optional[Mapping] = None) -> tuple[int, dict[str, str]]:
     """Collective. Loads a checkpoint history's newest save (``load_dir`` holds
     ``latest_checkpointed_iteration.txt``), or one ``iter_`` directory, into the model's params and

@@ -12,6 +12,10 @@ from typing import Any, Optional
 from mxddp import _C
 
 
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+FINE_GRAINED_POLICIES = ("megatron", "recompute-aware")
+
+
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool; got {value!r}")
@@ -33,6 +37,14 @@ class DistributedDataParallelConfig:
     fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (nn.Linear weights kept as MXFP8), and
     mxddp's own buckets_per_group and force_all_reduce. The other fields take their Megatron default
     only.
+
+    For ``FullyShardedDataParallel`` (``use_megatron_fsdp=True``, which needs
+    use_distributed_optimizer=True): data_parallel_sharding_strategy, overlap_param_gather,
+    overlap_grad_reduce, grad_reduce_in_fp32, suggested_communication_unit_size (elements; None:
+    twice the average unit), fsdp_double_buffer, fp8_param_gather (optim_grads_params only),
+    megatron_fsdp_enable_fine_grained_param_gather (None: the policy decides; True: on; False:
+    explicitly off, an error where the policy requires it) and fine_grained_param_gather_policy
+    ("megatron" or "recompute-aware"; see docs/fsdp.md). DDP's bucketing fields are refused there.
     """
 
     grad_reduce_in_fp32: bool = False
@@ -58,6 +70,8 @@ class DistributedDataParallelConfig:
     nccl_ub: bool = False
     fsdp_double_buffer: bool = False
     delay_wgrad_compute: bool = False
+    megatron_fsdp_enable_fine_grained_param_gather: Optional[bool] = None
+    fine_grained_param_gather_policy: str = "recompute-aware"
     # mxddp's own: buckets per collective call, and all-reduce even with the distributed optimizer.
     buckets_per_group: int = 1
     force_all_reduce: bool = False
@@ -72,7 +86,6 @@ class DistributedDataParallelConfig:
         if isinstance(self.buckets_per_group, bool) or not isinstance(self.buckets_per_group, int) \
                 or self.buckets_per_group < 1:
             raise ValueError(f"buckets_per_group must be an int >= 1; got {self.buckets_per_group!r}")
-        later = "not available in the Python package yet"
         # The param all-gather and the MXFP8 params it feeds exist only with the distributed optimizer.
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ValueError("overlap_param_gather=True needs use_distributed_optimizer=True: without it there is no "
@@ -89,20 +102,74 @@ class DistributedDataParallelConfig:
         _refuse_unless("num_distributed_optimizer_instances", self.num_distributed_optimizer_instances, 1,
                        "mxddp has one distributed optimizer instance over the whole data-parallel group")
         _refuse_unless("check_for_large_grads", self.check_for_large_grads, False, "mxddp has no large-grad check")
-        _refuse_unless("use_megatron_fsdp", self.use_megatron_fsdp, False, f"FSDP for torch modules is {later}")
-        _refuse_unless("use_custom_fsdp", self.use_custom_fsdp, False, f"FSDP for torch modules is {later}")
-        _refuse_unless("data_parallel_sharding_strategy", self.data_parallel_sharding_strategy, "no_shard",
-                       f"the other strategies are FSDP's, which is {later}")
-        _refuse_unless("suggested_communication_unit_size", self.suggested_communication_unit_size, None,
-                       f"it sizes FSDP's gathers, and FSDP is {later}")
+        _refuse_unless("use_custom_fsdp", self.use_custom_fsdp, False,
+                       "it is Megatron's former name of use_megatron_fsdp; set use_megatron_fsdp=True instead")
+        if self.data_parallel_sharding_strategy not in SHARDING_STRATEGIES:
+            raise ValueError(f"data_parallel_sharding_strategy={self.data_parallel_sharding_strategy!r} is not valid; "
+                             f"valid: {', '.join(map(repr, SHARDING_STRATEGIES))}")
+        if not (self.megatron_fsdp_enable_fine_grained_param_gather is None
+                or isinstance(self.megatron_fsdp_enable_fine_grained_param_gather, bool)):
+            raise TypeError("megatron_fsdp_enable_fine_grained_param_gather must be None, True or False; got "
+                            f"{self.megatron_fsdp_enable_fine_grained_param_gather!r}")
+        if self.fine_grained_param_gather_policy not in FINE_GRAINED_POLICIES:
+            raise ValueError(f"fine_grained_param_gather_policy={self.fine_grained_param_gather_policy!r} is not "
+                             f"valid; valid: {', '.join(map(repr, FINE_GRAINED_POLICIES))}")
+        size = self.suggested_communication_unit_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"suggested_communication_unit_size must be None or an int >= 1 (elements); got {size!r}")
+        if self.use_megatron_fsdp:
+            self._check_fsdp()
+        else:
+            self._check_ddp()
         _refuse_unless("gradient_reduce_div_fusion", self.gradient_reduce_div_fusion, True,
                        "mxddp always fuses the 1/dp scaling into the collective")
         _refuse_unless("preserve_fp32_weights", self.preserve_fp32_weights, True,
                        "the distributed optimizer always keeps F32 main params")
-        _refuse_unless("keep_fp8_transpose_cache", self.keep_fp8_transpose_cache, False, "it applies to FSDP MXFP8")
+        _refuse_unless("keep_fp8_transpose_cache", self.keep_fp8_transpose_cache, False,
+                       "mxddp's FSDP gathers the column-wise MXFP8 copy for each backward and keeps none between")
         _refuse_unless("nccl_ub", self.nccl_ub, False, "mxddp's collectives run over MPI, not NCCL")
-        _refuse_unless("fsdp_double_buffer", self.fsdp_double_buffer, False, f"FSDP is {later}")
         _refuse_unless("delay_wgrad_compute", self.delay_wgrad_compute, False, "mxddp does not split wgrad")
+
+    def _check_ddp(self) -> None:
+        why = "it is an FSDP field: set use_megatron_fsdp=True and wrap with mxddp.torch.FullyShardedDataParallel"
+        _refuse_unless("data_parallel_sharding_strategy", self.data_parallel_sharding_strategy, "no_shard", why)
+        _refuse_unless("suggested_communication_unit_size", self.suggested_communication_unit_size, None, why)
+        _refuse_unless("fsdp_double_buffer", self.fsdp_double_buffer, False, why)
+        _refuse_unless("megatron_fsdp_enable_fine_grained_param_gather",
+                       self.megatron_fsdp_enable_fine_grained_param_gather, None, why)
+
+    def _check_fsdp(self) -> None:
+        if not self.use_distributed_optimizer:
+            raise ValueError("use_megatron_fsdp=True needs use_distributed_optimizer=True: FSDP's optimizer always "
+                             "keeps each rank's shard of the main params and state, as Megatron-FSDP's")
+        why = "it is DDP's bucketing; FSDP has a bucket per unit"
+        _refuse_unless("bucket_size", self.bucket_size, None, why)
+        _refuse_unless("pad_buckets_for_high_nccl_busbw", self.pad_buckets_for_high_nccl_busbw, False,
+                       "FSDP pads every bucket to divide into dp equal shards anyway")
+        _refuse_unless("buckets_per_group", self.buckets_per_group, 1, why)
+        _refuse_unless("force_all_reduce", self.force_all_reduce, False,
+                       "FSDP reduces by its sharding strategy (no_shard all-reduces)")
+        _refuse_unless("average_in_collective", self.average_in_collective, False,
+                       "FSDP always scales by 1/dp before the collective")
+        _refuse_unless("check_for_nan_in_grad", self.check_for_nan_in_grad, False,
+                       "FSDP has no NaN check of its own (the optimizer skips a step whose grad norm is not finite)")
+        _refuse_unless("reuse_grad_buf_for_mxfp8_param_ag", self.reuse_grad_buf_for_mxfp8_param_ag, False,
+                       "FSDP has no param buffer to stage in (its MXFP8 params are gathered per unit)")
+        if self.fp8_param_gather and self.data_parallel_sharding_strategy != "optim_grads_params":
+            raise ValueError("fp8_param_gather=True under FSDP needs data_parallel_sharding_strategy="
+                             f"'optim_grads_params' (MXFP8 shards gathered per unit); got "
+                             f"{self.data_parallel_sharding_strategy!r}")
+
+    def to_fsdp_cpp(self, param_dtype: str) -> "_C.FsdpConfig":
+        c = _C.FsdpConfig()
+        c.data_parallel_sharding_strategy = self.data_parallel_sharding_strategy
+        c.overlap_param_gather = self.overlap_param_gather
+        c.overlap_grad_reduce = self.overlap_grad_reduce
+        c.suggested_communication_unit_size = self.suggested_communication_unit_size
+        c.fsdp_double_buffer = self.fsdp_double_buffer
+        c.grad_reduce_in_fp32 = self.grad_reduce_in_fp32
+        c.param_dtype = param_dtype
+        return c
 
     def to_cpp(self, param_dtype: str) -> "_C.DdpConfig":
         c = _C.DdpConfig()

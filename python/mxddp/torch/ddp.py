@@ -266,6 +266,11 @@ class DistributedDataParallel(torch.nn.Module):
         return list(zip(self._names, self._params))
 
     @property
+    def grads_live(self) -> bool:
+        """Whether a gradient has been reported since the grad buffer was last zeroed."""
+        return self._cpp.grads_live
+
+    @property
     def num_buckets(self) -> int:
         return self._cpp.num_buckets
 

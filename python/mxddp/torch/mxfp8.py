@@ -30,7 +30,7 @@ import torch
 from mxddp import _C
 
 
-def dequantize(cpp: "_C.DistributedDataParallel", index: int, axis: str, shape: torch.Size,
+def dequantize(cpp: "_C.DataParallel", index: int, axis: str, shape: torch.Size,
                dtype: torch.dtype) -> torch.Tensor:
     """Param ``index``'s MXFP8 values in one orientation ('row' or 'col'), as a new [M, N] tensor."""
     out = torch.empty(shape, dtype=dtype)
@@ -69,7 +69,7 @@ class _Mxfp8LinearFunction(torch.autograd.Function):
             grad_x = grad_y.matmul(w_col)
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
         xs = x.reshape(-1, in_features)        # [tokens, in]
-        main_grad = weight.main_grad           # [out, in], F32 or the params' dtype
+        main_grad = ctx.cpp.main_grad(ctx.index)  # [out, in], F32 or the params' dtype (FSDP: transient)
         if main_grad.dtype == dy.dtype:
             main_grad.addmm_(dy.t(), xs)
         else:
@@ -79,7 +79,7 @@ class _Mxfp8LinearFunction(torch.autograd.Function):
         return grad_x, torch.zeros((), dtype=torch.float32), grad_bias, None, None, None
 
 
-def install(linear: torch.nn.Linear, cpp: "_C.DistributedDataParallel", index: int,
+def install(linear: torch.nn.Linear, cpp: "_C.DataParallel", index: int,
             ready_token: torch.Tensor) -> Callable:
     """Replaces ``linear.forward`` (an instance attribute over the class's method) with the MXFP8
     Function; returns it. ``uninstall`` restores the class's forward."""

@@ -12,15 +12,18 @@ from mxddp import _C
 from mxddp.torch import launch
 from mxddp.torch.config import OptimizerConfig
 from mxddp.torch.ddp import DistributedDataParallel
+from mxddp.torch.fsdp import FullyShardedDataParallel
 
 
 class DistributedOptimizer:
     """Megatron-core's distributed optimizer for a ``mxddp.torch.DistributedDataParallel`` built
-    with ``use_distributed_optimizer=True``."""
+    with ``use_distributed_optimizer=True``, or a ``mxddp.torch.FullyShardedDataParallel`` (whose
+    shards it steps on, whatever the strategy: no_shard keeps a replicated optimizer)."""
 
-    def __init__(self, model: DistributedDataParallel, config: OptimizerConfig):
-        if not isinstance(model, DistributedDataParallel):
-            raise TypeError(f"model must be a mxddp.torch.DistributedDataParallel; got {type(model).__name__}")
+    def __init__(self, model: "DistributedDataParallel | FullyShardedDataParallel", config: OptimizerConfig):
+        if not isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
+            raise TypeError("model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; got "
+                            f"{type(model).__name__}")
         if not isinstance(config, OptimizerConfig):
             raise TypeError(f"config must be a mxddp.torch.OptimizerConfig; got {type(config).__name__}")
         if not model.ddp_config.use_distributed_optimizer:
@@ -36,7 +39,7 @@ class DistributedOptimizer:
         update_successful is False when the global grad norm is NaN or Inf (nothing changes, as
         ``mxddp train`` skips such a step); grad_norm is before clipping; num_zeros_in_grad is
         None (not counted, as Megatron without log_num_zeros_in_grad)."""
-        if not self.model._cpp.grads_live:
+        if not self.model.grads_live:
             raise RuntimeError("DistributedOptimizer.step() was called before any backward since the last "
                                "zero_grad(): run loss.backward() and model.finish_grad_sync() first")
         if self.model._grads_pending_sync:
@@ -55,8 +58,13 @@ class DistributedOptimizer:
         the torch params' .grad is already None after each hook. With
         reuse_grad_buf_for_mxfp8_param_ag it then stages the main params in the grad buffer and starts
         the param all-gather (the first group only with overlap_param_gather)."""
+        fsdp = isinstance(self.model, FullyShardedDataParallel)
+        if fsdp:
+            self.model._complete_backward()  # a backward's unused params are reported before the zeroing
         self._cpp.zero_grad()
         self.model._grads_pending_sync = False
+        if fsdp:
+            self.model._grads_live = False
         self.model._awaiting_zero_grad = False
 
     def force_param_sync(self) -> None:

@@ -1,0 +1,358 @@
+"""``FullyShardedDataParallel`` for any PyTorch module, on mxddp's C++ FSDP (Megatron-FSDP).
+
+Construction finds the units (``fsdp_units.py``: every module of a class in ``fsdp_unit_modules``,
+or with the fine-grained param gather each weighted submodule of one) and hands the trainable
+params, the units and the initial values to the C++ ``FullyShardedDataParallel``, which keeps on
+each rank what ``data_parallel_sharding_strategy`` keeps (docs/fsdp.md has the table).
+
+The C++ hooks are driven by torch module hooks (docs/python.md says why these):
+  - forward pre-hook of each hooked module: ``before_forward`` (gathers the unit, or the non-unit
+    params at their first use), then the torch params become views of the gathered storage;
+  - forward post-hook: the params go back to stand-ins (a NaN broadcast to their shape, no
+    storage), then ``after_forward`` releases the unit; a recompute keeps them for its backward;
+    with grad enabled it also registers the unit's pre-backward on its outputs
+    (``register_multi_grad_hook``, mode "any": when the first output's gradient is computed);
+  - pre-backward: ``before_backward`` re-gathers the unit and the params view it again;
+  - a param's post-accumulate-grad hook adds ``param.grad`` into its ``main_grad`` (FSDP's
+    transient unsharded grads) and reports it ready; a unit's post-backward (``after_backward``:
+    release, reduce-scatter) runs when its last param has reported.
+With params that are not sharded (``no_shard``, ``optim``, ``optim_grads``) the torch params view
+the resident param storage for the model's whole life, and only the hooks' waits and reductions
+remain. A param that took no gradient in a backward (unused) is reported with a zero gradient
+when the gradients are synchronized or the next forward starts.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from mxddp import _C
+from mxddp.torch import launch, mxfp8
+from mxddp.torch.config import DistributedDataParallelConfig
+from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
+from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units
+
+RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+
+
+def decide_fine_grained(config: DistributedDataParallelConfig, mxfp8_params: bool,
+                        recompute_granularity: Optional[str], recompute_modules: Sequence[str]) -> bool:
+    """Whether the fine-grained param gather is on: Megatron's rule (``megatron``: required for
+    MXFP8 params with fp8_param_gather) or the recompute-aware one (required only where MXFP8 params
+    meet a selective recompute that re-runs weighted submodules, mlp or layernorm, alone: their
+    re-run reads row-wise weights, which in backward only a fine-grained gather brings), otherwise
+    as the flag says. The same rule as the C++ trainer's (include/mxddp/fsdp_fine_grained.h)."""
+    flag = config.megatron_fsdp_enable_fine_grained_param_gather
+    if config.fine_grained_param_gather_policy == "megatron":
+        required, why = mxfp8_params, "MXFP8 params with fp8_param_gather"
+    else:
+        reruns = recompute_granularity == "selective" and bool({"mlp", "layernorm"} & set(recompute_modules))
+        required = mxfp8_params and reruns
+        why = f"MXFP8 params with fp8_param_gather and selective recompute of {', '.join(recompute_modules)}"
+    if required and flag is False:
+        raise ValueError("megatron_fsdp_enable_fine_grained_param_gather=False is not valid here: the "
+                         f"{config.fine_grained_param_gather_policy} policy requires the fine-grained param gather "
+                         f"for {why}; valid: None or True")
+    return required or flag is True
+
+
+def _check_recompute(granularity: Optional[str], modules: Optional[Sequence[str]]) -> list[str]:
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise ValueError(f"recompute_granularity={granularity!r} is not valid; valid: None, 'full', 'selective'")
+    if modules is None:
+        return ["core_attn"] if granularity == "selective" else []
+    if isinstance(modules, str) or not all(m in RECOMPUTE_MODULES for m in modules):
+        raise ValueError(f"recompute_modules={modules!r} is not valid; valid: a list of {', '.join(RECOMPUTE_MODULES)}")
+    if modules and granularity != "selective":
+        raise ValueError(f"recompute_modules={list(modules)!r} needs recompute_granularity='selective'; "
+                         f"got {granularity!r}")
+    return list(modules)
+
+
+class FullyShardedDataParallel(torch.nn.Module):
+    """Megatron-core's ``FullyShardedDataParallel(config, ddp_config, module, fsdp_unit_modules)``
+    on mxddp's C++ FSDP, for a module on the CPU.
+
+    ``config`` is a ``DistributedDataParallelConfig`` with ``use_megatron_fsdp=True`` and
+    ``use_distributed_optimizer=True``. ``fsdp_unit_modules``: the classes whose instances are
+    units (e.g. ``[GPT2Block]``); None makes no units (every param gathered at its first use and
+    kept through backward). ``recompute_granularity`` / ``recompute_modules`` (Megatron's
+    TransformerConfig fields) say what the caller recomputes, for the recompute-aware policy only:
+    the recompute itself is the caller's (``torch.utils.checkpoint`` with ``use_reentrant=False``).
+
+    The training loop is DDP's: ``opt.zero_grad()``; micro-batches under ``no_sync()`` and the last
+    one outside; ``model.finish_grad_sync()``; ``opt.step()``. With ``optim_grads_params`` a
+    param's torch tensor holds values only while its unit is gathered (in its module's forward and
+    backward); outside, it is a NaN stand-in of the right shape. ``close()`` (collective) gives
+    every param its values back.
+    """
+
+    def __init__(self, module: torch.nn.Module, config: Optional[DistributedDataParallelConfig] = None,
+                 fsdp_unit_modules: Optional[Sequence[type]] = None, *, recompute_granularity: Optional[str] = None,
+                 recompute_modules: Optional[Sequence[str]] = None):
+        super().__init__()
+        config = DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True) \
+            if config is None else config
+        if not isinstance(config, DistributedDataParallelConfig):
+            raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(config).__name__}")
+        if not config.use_megatron_fsdp:
+            raise ValueError("FullyShardedDataParallel needs a config with use_megatron_fsdp=True (and "
+                             "use_distributed_optimizer=True); for DDP use mxddp.torch.DistributedDataParallel")
+        modules = _check_recompute(recompute_granularity, recompute_modules)
+        params = _trainable_params(module)
+        self.module = module
+        self.ddp_config = config
+        self.param_dtype = params[0][1].dtype
+        self._names = [n for n, _ in params]
+        self._params = [p for _, p in params]
+        flags = _mxfp8_flags(module, params, config)
+        self.fine_grained_param_gather = decide_fine_grained(config, any(flags), recompute_granularity, modules)
+        self.units: FsdpUnits = fsdp_units(module, self._names, self._params, fsdp_unit_modules,
+                                           self.fine_grained_param_gather)
+        self._unit_of = [-1] * len(self._params)
+        for u, members in enumerate(self.units.units):
+            for i in members:
+                self._unit_of[i] = u
+        for i, flag in enumerate(flags):
+            if flag and self._unit_of[i] < 0:
+                raise ValueError(f"param '{self._names[i]}' is kept as MXFP8 (fp8_param_gather) but is in no FSDP unit: "
+                                 "MXFP8 params are gathered per unit and pass; put its module inside a unit class of "
+                                 "fsdp_unit_modules, or set `mxfp8 = False` on it")
+        specs = [(n, list(p.shape), bool(getattr(p, "shared_embedding", False))) for n, p in params]
+        self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
+                                                flags if any(flags) else [], [p.detach() for p in self._params])
+        launch._track_model(self)
+        self._mxfp8 = flags
+        self._shards_params = self._cpp.shards_params
+        self._hooks: list = []
+        self._mxfp8_linears: list[torch.nn.Module] = []
+        self._awaiting_zero_grad = False  # the optimizer's flag (DDP's MXFP8 reuse); never set under FSDP
+        self._grads_pending_sync = False
+        self._grads_live = False
+        self._reported = [False] * len(self._params)
+        self._unit_pending = [len(u) for u in self.units.units]
+        self._unit_backward_started = [False] * len(self.units.units)
+        self._backward_seen = False
+        owners = mxfp8.eligible_modules(module)
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                if flags[i]:
+                    p.data = mxfp8.stand_in(p.shape, p.dtype)
+                    token = torch.zeros((), requires_grad=True)
+                    self._hooks.append(token.register_post_accumulate_grad_hook(self._make_token_hook(i)))
+                    for linear in owners[id(p)]:
+                        mxfp8.install(linear, self._cpp, i, token)
+                        self._mxfp8_linears.append(linear)
+                else:
+                    p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
+        for h in self.units.hooked:
+            self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
+            self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
+
+    # ---- the hooks ----
+
+    def _view(self, indices) -> None:
+        """The torch params of these indices view their gathered storage."""
+        if self._shards_params:
+            for i in indices:
+                if not self._mxfp8[i]:
+                    self._params[i].data = self._cpp.param(i)
+
+    def _stand_in(self, indices) -> None:
+        """The torch params of these indices let go of the storage the C++ FSDP is about to free."""
+        if self._shards_params:
+            for i in indices:
+                if not self._mxfp8[i]:
+                    p = self._params[i]
+                    p.data = mxfp8.stand_in(p.shape, p.dtype)
+
+    def _make_pre_forward(self, indices: tuple[int, ...]):
+        params = list(indices)
+
+        def hook(_module, _args) -> None:
+            self._cpp.before_forward(params)
+            self._view(params)
+
+        return hook
+
+    def _make_post_forward(self, indices: tuple[int, ...], unit: int):
+        params = list(indices)
+
+        def hook(_module, _args, output):
+            if unit < 0:
+                return None  # non-unit params stay gathered until the gradients are synchronized
+            if self._cpp.phase != "recompute":  # a recompute's backward reads the values next
+                self._stand_in(params)
+            self._cpp.after_forward(params)
+            if torch.is_grad_enabled() and not self._unit_backward_started[unit]:
+                tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                if tensors:
+                    torch.autograd.graph.register_multi_grad_hook(tensors, self._make_pre_backward(params, unit),
+                                                                  mode="any")
+            return None
+
+        return hook
+
+    def _make_pre_backward(self, params: list[int], unit: int):
+        def hook(_grad) -> None:
+            if self._unit_backward_started[unit]:
+                return  # a recompute's outputs, or a second output of the unit
+            self._unit_backward_started[unit] = True
+            self._backward_seen = True
+            self._cpp.before_backward(params)
+            self._view(params)
+
+        return hook
+
+    def _make_grad_hook(self, index: int):
+        def hook(param: torch.Tensor) -> None:
+            if param.grad is not None:
+                self._cpp.main_grad(index).add_(param.grad)
+                param.grad = None
+            self._report(index)
+
+        return hook
+
+    def _make_token_hook(self, index: int):
+        def hook(token: torch.Tensor) -> None:
+            token.grad = None  # the MXFP8 Function added dW into main_grad itself
+            self._report(index)
+
+        return hook
+
+    def _report(self, index: int) -> None:
+        self._backward_seen = True
+        self._grads_pending_sync = True
+        self._grads_live = True
+        self._cpp.grad_ready(index)
+        self._reported[index] = True
+        unit = self._unit_of[index]
+        if unit >= 0:
+            self._unit_pending[unit] -= 1
+            if self._unit_pending[unit] == 0:
+                self._post_backward(unit)
+
+    def _post_backward(self, unit: int) -> None:
+        params = self.units.units[unit]
+        self._stand_in(params)
+        self._cpp.after_backward(params)
+        self._unit_backward_started[unit] = False
+
+    def _complete_backward(self) -> None:
+        """Reports every param that took no gradient in the last backward (a zero one), so that
+        its unit's post-backward runs and the micro-batch ends, then starts the next."""
+        if not self._backward_seen:
+            return
+        for i, done in enumerate(self._reported):
+            if not done:
+                self._cpp.main_grad(i)  # the zero gradient this rank adds
+                self._report(i)
+        self._reported = [False] * len(self._params)
+        self._unit_pending = [len(u) for u in self.units.units]
+        self._backward_seen = False
+
+    # ---- the module and the training loop ----
+
+    def forward(self, *args, **kwargs):
+        self._complete_backward()
+        out = self.module(*args, **kwargs)
+        if not torch.is_grad_enabled():  # a forward-only pass: no backward will release the non-unit params
+            self._stand_in(self.units.non_unit_params)
+            self._cpp.release_gathered_params()
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients accumulate and are not reduced while inside, where the strategy allows it
+        (no_shard, optim); optim_grads* reduce-scatter every micro-batch, since they keep only a
+        shard of the gradients."""
+        self._cpp.enter_no_sync()
+        try:
+            yield
+        finally:
+            self._cpp.exit_no_sync()
+
+    def finish_grad_sync(self) -> None:
+        """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
+        reduced gradients. Releases the non-unit params."""
+        self._complete_backward()
+        self._stand_in(self.units.non_unit_params)
+        self._cpp.finish_grad_sync()
+        self._grads_pending_sync = False
+
+    def zero_grad_buffer(self) -> None:
+        self._complete_backward()
+        self._cpp.zero_grad_buffer()
+        self._grads_pending_sync = False
+        self._grads_live = False
+
+    def finish_param_sync(self) -> None:
+        """Nothing to wait for outside forward: the C++ FSDP finishes a pending param gather before
+        the optimizer updates the shards it reads."""
+
+    @property
+    def grads_live(self) -> bool:
+        """Whether a gradient has been reported since the last zero_grad."""
+        return self._grads_live
+
+    def peak_gathered_bytes(self) -> dict[str, int]:
+        """This rank's most bytes gathered at once per slot since construction or the last reset:
+        values (BF16/F32 params), rowwise and colwise (MXFP8 payloads and scales)."""
+        return {slot: self._cpp.peak_gathered_bytes(slot) for slot in ("values", "rowwise", "colwise")}
+
+    def reset_peak_gathered_bytes(self) -> None:
+        self._cpp.reset_peak_gathered_bytes()
+
+    def registered_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The params mxddp holds, in registration order."""
+        return list(zip(self._names, self._params))
+
+    @property
+    def num_units(self) -> int:
+        return self._cpp.num_units
+
+    def _full_values(self) -> list[torch.Tensor]:
+        """Collective: every param's values (MXFP8: row-wise dequantized), by a forward-like pass
+        of pre- and post-forward hooks over the hooked modules."""
+        values: list[Optional[torch.Tensor]] = [None] * len(self._params)
+
+        def take(indices) -> None:
+            for i in indices:
+                if values[i] is None:
+                    p = self._params[i]
+                    values[i] = mxfp8.dequantize(self._cpp, i, "row", p.shape, p.dtype) if self._mxfp8[i] \
+                        else self._cpp.param(i).clone()
+
+        # The pre-forward hooks gather the units (optim_grads_params) or wait for the all-gather of
+        # the updated params that the last step started (optim, optim_grads with overlap).
+        for h in self.units.hooked:
+            self._cpp.before_forward(list(h.params))
+            take(h.params)
+            self._cpp.after_forward(list(h.params))
+        self._cpp.release_gathered_params()
+        return values
+
+    def close(self) -> None:
+        """Collective. Frees mxddp's buffers: every param gets storage of its own holding its
+        current values (MXFP8 weights their row-wise values, and their Linear its own forward
+        back); the hooks are removed. Close the optimizer first."""
+        if self._cpp.closed:
+            return
+        if self._cpp.open_optimizers:
+            raise RuntimeError("close the DistributedOptimizer before its FullyShardedDataParallel")
+        self._complete_backward()
+        with torch.no_grad():
+            for p, v in zip(self._params, self._full_values()):
+                p.data = v
+        for linear in self._mxfp8_linears:
+            mxfp8.uninstall(linear)
+        self._mxfp8_linears = []
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._cpp.close()
