@@ -1,7 +1,7 @@
 // mxddp._C.plan_ddp_memory and plan_fsdp_memory: the C++ memory planner (plan.h) over the params a
-// torch module would register, for mxddp.torch.plan, and _C.FsdpConfig (the C++ FSDP's options,
-// Megatron's names), which the FSDP binding takes too. It needs no MPI and no ranks: the plan is
-// arithmetic over the layout, and every rank holds the same bytes.
+// torch module would register, for mxddp.torch.plan (plan_fsdp_memory takes the _C.FsdpConfig that
+// fsdp_binding.cc binds). It needs no MPI and no ranks: the plan is arithmetic over the layout, and
+// every rank holds the same bytes.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
@@ -82,30 +82,6 @@ std::optional<OptimizerType> to_optimizer(const std::optional<std::string>& opti
 }  // namespace
 
 void bind_plan(nb::module_& m) {
-  nb::class_<FsdpConfig>(m, "FsdpConfig",
-                         "mxddp::FsdpConfig: the C++ FSDP's options, as Megatron names them (include/mxddp/fsdp.h).")
-      .def(nb::init<>())
-      .def_prop_rw(
-          "data_parallel_sharding_strategy",
-          [](const FsdpConfig& c) { return std::string(sharding_strategy_name(c.data_parallel_sharding_strategy)); },
-          [](FsdpConfig& c, const std::string& name) { c.data_parallel_sharding_strategy = parse_sharding_strategy(name); },
-          "'no_shard', 'optim', 'optim_grads' or 'optim_grads_params'")
-      .def_rw("overlap_grad_reduce", &FsdpConfig::overlap_grad_reduce)
-      .def_rw("overlap_param_gather", &FsdpConfig::overlap_param_gather)
-      .def_prop_rw(
-          "suggested_communication_unit_size", [](const FsdpConfig& c) { return c.suggested_communication_unit_size; },
-          [](FsdpConfig& c, std::optional<int64_t> n) {
-            MXDDP_CHECK(!n || *n >= 1, "suggested_communication_unit_size {} is not valid: None or at least 1 element",
-                        n.value_or(0));
-            c.suggested_communication_unit_size = n;
-          },
-          nb::for_setter(nb::arg("value").none()), "elements, or None: twice the average unit's")
-      .def_rw("fsdp_double_buffer", &FsdpConfig::fsdp_double_buffer)
-      .def_rw("grad_reduce_in_fp32", &FsdpConfig::grad_reduce_in_fp32)
-      .def_prop_rw(
-          "param_dtype", [](const FsdpConfig& c) { return std::string(dtype_name(c.param_dtype)); },
-          [](FsdpConfig& c, const std::string& name) { c.param_dtype = parse_param_dtype(name); }, "'f32' or 'bf16'");
-
   m.def(
       "plan_ddp_memory",
       [](const std::vector<PlanParam>& params, const DdpConfig& config, const std::optional<std::string>& optimizer,

@@ -4,7 +4,9 @@ optimizer; several bucket sizes); a plan for 64 ranks of a meta-device module ru
 bad input is refused naming the value. FSDP (use_megatron_fsdp), plans only: every strategy of a
 block MLP and an HF GPT2 on the meta device at world 2, 4 and 8 keeps exactly 1/world of what it
 shards, only optim_grads_params gathers, the fine-grained gather gathers less and the policies
-decide it as Megatron's do; bad FSDP input is refused naming the value."""
+decide it as Megatron's do; bad FSDP input is refused naming the value. And the FSDP plan equals
+what FullyShardedDataParallel and its optimizer hold after three iterations (every strategy,
+overlap, 1-3 micro-batches, fine-grained, MXFP8 weights), per category and per gather slot."""
 import gc
 import json
 import os
@@ -273,13 +275,7 @@ class BlockMlp(torch.nn.Module):
 
 
 def fsdp_config(**kw):
-    """A config with use_megatron_fsdp and the given FSDP fields. They are set after construction:
-    config.py refuses use_megatron_fsdp until the FSDP for torch modules lands there, and the plan
-    reads the fields either way."""
-    cfg = mxt.DistributedDataParallelConfig()
-    for k, v in dict(use_megatron_fsdp=True, use_distributed_optimizer=True, **kw).items():
-        setattr(cfg, k, v)
-    return cfg
+    return mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True, **kw)
 
 
 STRATEGIES = ["no_shard", "optim", "optim_grads", "optim_grads_params"]
@@ -361,6 +357,8 @@ def test_fsdp_fine_grained_gathers_less_and_policies_decide_it():
     params; 'recompute-aware' leaves it to the flag."""
     with torch.device("meta"):
         module = BlockMlp().to(torch.bfloat16)
+    # MXFP8 params are gathered per unit: the non-unit Linears' weights stay BF16.
+    module.inp.weight.mxfp8 = module.out.weight.mxfp8 = False
 
     def at(**kw):
         return mxt.plan(module, 4, fsdp_config(data_parallel_sharding_strategy="optim_grads_params", **kw), ADAM,
@@ -370,14 +368,14 @@ def test_fsdp_fine_grained_gathers_less_and_policies_decide_it():
     assert (coarse.num_units, fine.num_units) == (3, 6)
     assert fine.largest_unit_numel < coarse.largest_unit_numel
     assert fine.peak_gathered_bytes["values"] < coarse.peak_gathered_bytes["values"]
-    # MXFP8 weights (the blocks' Linear weights and the non-unit ones): row- and column-wise gathers.
+    # MXFP8 weights (the blocks' Linear weights): row- and column-wise gathers.
     mx = at(fp8_param_gather=True)
     assert mx.live_bytes["mxfp8"] > 0 and mx.peak_gathered_bytes["rowwise"] > 0 and mx.peak_gathered_bytes["colwise"] > 0
     assert mx.num_units == 3, "recompute-aware: the flag decides, and it is None"
     mx_megatron = at(fp8_param_gather=True, fine_grained_param_gather_policy="megatron")
     # Each block's one MXFP8 weight is a bucket of its own either way; its bias and norm are gathered apart.
     assert mx_megatron.num_units == 6 and mx_megatron.peak_gathered_bytes["values"] < mx.peak_gathered_bytes["values"]
-    with pytest.raises(ValueError, match="the 'megatron' policy requires the fine-grained param gather"):
+    with pytest.raises(ValueError, match="the megatron policy requires the fine-grained param gather"):
         at(fp8_param_gather=True, fine_grained_param_gather_policy="megatron",
            megatron_fsdp_enable_fine_grained_param_gather=False)
 
@@ -417,6 +415,68 @@ def test_fsdp_plan_refuses_bad_input_naming_the_value():
     with pytest.raises(TypeError, match="not a torch.nn.Module subclass"):
         mxt.plan(module, 2, fsdp_config(), ADAM, fsdp_unit_modules=["Block"])
     bf16 = BlockMlp().to(torch.bfloat16)
-    with pytest.raises(ValueError, match="fp8_param_gather=True under FSDP needs data_parallel_sharding_strategy"):
-        mxt.plan(bf16, 2, fsdp_config(fp8_param_gather=True, data_parallel_sharding_strategy="optim"), ADAM,
-                 fsdp_unit_modules=[Block])
+    with pytest.raises(ValueError, match="param 'inp.weight' is kept as MXFP8 .fp8_param_gather. but is in no FSDP unit"):
+        mxt.plan(bf16, 2, fsdp_config(fp8_param_gather=True, data_parallel_sharding_strategy="optim_grads_params"),
+                 ADAM, fsdp_unit_modules=[Block])
+
+
+def block_mlp_loss(model, rank, dtype):
+    x = torch.randn(8, 24, generator=torch.Generator().manual_seed(rank)).to(dtype)
+    return model(x).float().square().mean()
+
+
+def gpt2_fsdp_loss(model, rank, dtype):
+    return gpt2_loss(model, rank)
+
+
+# (id, model, loss, strategy, overlap, micro-batches, fine-grained, MXFP8 weights)
+FSDP_RUN_CASES = [(f"{m}-{s}-{'overlap-mb3' if ov else 'serial-mb1'}", m, s, ov, 3 if ov else 1, False, False)
+                  for m in ("mlp", "gpt2") for s in STRATEGIES for ov in (False, True)] + [
+    ("gpt2-optim_grads_params-fine-mb3", "gpt2", "optim_grads_params", True, 3, True, False),
+    ("mlp-mxfp8-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, True),
+    ("mlp-mxfp8-fine-serial-mb2", "mlp", "optim_grads_params", False, 2, True, True),
+]
+
+
+@pytest.mark.parametrize("name,model_name,strategy,overlap,micro_batches,fine,mx", FSDP_RUN_CASES,
+                         ids=[c[0] for c in FSDP_RUN_CASES])
+def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, strategy, overlap, micro_batches,
+                                                       fine, mx):
+    """The FSDP plan is what FullyShardedDataParallel and its optimizer hold after three iterations of
+    micro_batches micro-batches (the first ones under no_sync), per category, live and peak, and the
+    most it gathered at once per slot, to the byte."""
+    rank, world = ranks
+    gc.collect()
+    assert set(live_bytes().values()) == {0}, live_bytes()
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if mx else torch.float32
+    module = (BlockMlp() if model_name == "mlp" else gpt2()).to(dtype)
+    if mx:
+        module.inp.weight.mxfp8 = module.out.weight.mxfp8 = False  # MXFP8 params are in units
+    units = [Block] if model_name == "mlp" else [gpt2_block()]
+    loss_fn = block_mlp_loss if model_name == "mlp" else gpt2_fsdp_loss
+    cfg = fsdp_config(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=overlap,
+                      overlap_param_gather=overlap, megatron_fsdp_enable_fine_grained_param_gather=fine or None,
+                      fp8_param_gather=mx)
+    planned = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches)
+    _C.reset_memory_peaks()
+    model = mxt.FullyShardedDataParallel(module, cfg, units)
+    opt = mxt.DistributedOptimizer(model, ADAM)
+    try:
+        assert model.num_units == planned.num_units
+        for _ in range(3):
+            opt.zero_grad()
+            for m in range(micro_batches):
+                if m + 1 < micro_batches:
+                    with model.no_sync():
+                        loss_fn(model, rank, dtype).backward()
+                else:
+                    loss_fn(model, rank, dtype).backward()
+            model.finish_grad_sync()
+            opt.step()
+        assert mxt.memory_usage() == planned.memory_usage(), (mxt.memory_usage(), planned)
+        assert model.peak_gathered_bytes() == planned.peak_gathered_bytes
+    finally:
+        opt.close()
+        model.close()
+    assert set(live_bytes().values()) == {0}, live_bytes()

@@ -26,10 +26,9 @@ import torch
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
+from mxddp.torch.fsdp import decide_fine_grained
 from mxddp.torch.fsdp_units import fsdp_units
 
-_SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-_FINE_GRAINED_POLICIES = ("megatron", "recompute-aware")
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
 # only keeps the count an int the C++ side takes.
 _MICRO_BATCHES_MAX = (1 << 31) - 1
@@ -91,49 +90,6 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
     return _trainable_params(module, meta_ok=True)
 
 
-def fine_grained_param_gather(cfg: DistributedDataParallelConfig, mxfp8_params: bool) -> bool:
-    """Whether FSDP gathers each submodule of a unit module as a unit of its own, from
-    ``cfg.megatron_fsdp_enable_fine_grained_param_gather`` (None: the policy decides; False:
-    explicitly off) and ``cfg.fine_grained_param_gather_policy``, as fsdp_fine_grained.h decides:
-    "megatron" requires it with MXFP8 params; "recompute-aware" only where a *selective* recompute
-    re-runs a weighted submodule of MXFP8 params, which a torch module's ``torch.utils.checkpoint``
-    around a whole unit is not (the unit's gather covers its re-run), so there it is the flag."""
-    flag = getattr(cfg, "megatron_fsdp_enable_fine_grained_param_gather", None)
-    policy = getattr(cfg, "fine_grained_param_gather_policy", "recompute-aware")
-    if flag not in (None, True, False):
-        raise ValueError(f"megatron_fsdp_enable_fine_grained_param_gather={flag!r} is not valid; valid: None, True, "
-                         "False")
-    if policy not in _FINE_GRAINED_POLICIES:
-        raise ValueError(f"fine_grained_param_gather_policy={policy!r} is not valid; valid: "
-                         f"{', '.join(_FINE_GRAINED_POLICIES)}")
-    required = policy == "megatron" and mxfp8_params
-    if required and flag is False:
-        raise ValueError("megatron_fsdp_enable_fine_grained_param_gather=False, but the 'megatron' policy requires the "
-                         "fine-grained param gather with MXFP8 params (fp8_param_gather); use the 'recompute-aware' "
-                         "policy or leave the flag None")
-    return required or flag is True
-
-
-def fsdp_cpp_config(cfg: DistributedDataParallelConfig, param_dtype: str) -> "_C.FsdpConfig":
-    """The C++ FSDP's options (``_C.FsdpConfig``) from the config's Megatron fields, checked."""
-    strategy = cfg.data_parallel_sharding_strategy
-    if strategy not in _SHARDING_STRATEGIES:
-        raise ValueError(f"data_parallel_sharding_strategy={strategy!r} is not valid; valid: "
-                         f"{', '.join(_SHARDING_STRATEGIES)}")
-    unit_size = cfg.suggested_communication_unit_size
-    if unit_size is not None and (isinstance(unit_size, bool) or not isinstance(unit_size, int) or unit_size < 1):
-        raise ValueError(f"suggested_communication_unit_size must be None or an int >= 1 (elements); got {unit_size!r}")
-    c = _C.FsdpConfig()
-    c.data_parallel_sharding_strategy = strategy
-    c.overlap_grad_reduce = bool(cfg.overlap_grad_reduce)
-    c.overlap_param_gather = bool(cfg.overlap_param_gather)
-    c.suggested_communication_unit_size = unit_size
-    c.fsdp_double_buffer = bool(cfg.fsdp_double_buffer)
-    c.grad_reduce_in_fp32 = bool(cfg.grad_reduce_in_fp32)
-    c.param_dtype = param_dtype
-    return c
-
-
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
          opt_cfg: OptimizerConfig | None = None, fsdp_unit_modules: Optional[Sequence] = None,
          micro_batches: int = 1) -> MemoryPlan:
@@ -151,7 +107,9 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     or None to plan the DDP alone (its optimizer then holds nothing); for DDP it needs
     ``cfg.use_distributed_optimizer``. fsdp_unit_modules (FSDP only): the module classes that form
     units, e.g. ``[GPT2Block]``. micro_batches (FSDP only; DDP's bytes do not depend on it): per
-    iteration, the first ones under ``no_sync``. Needs no ``init()`` and no ranks; allocates nothing.
+    iteration, the first ones under ``no_sync``. The FSDP plan is of a training loop without
+    activation recompute (``torch.utils.checkpoint`` re-gathers a unit inside its backward, which
+    it does not replay). Needs no ``init()`` and no ranks; allocates nothing.
     """
     if isinstance(world, bool) or not isinstance(world, int):
         raise TypeError(f"world must be an int (the data-parallel size); got {world!r}")
@@ -191,16 +149,20 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     dtype = params[0][1].dtype
     # The same rule as DDP for which params are MXFP8 (plain nn.Linear weights, the mxfp8 attribute).
     mxfp8_flags = _mxfp8_flags(module, params, cfg)
-    if any(mxfp8_flags) and cfg.data_parallel_sharding_strategy != "optim_grads_params":
-        raise ValueError(f"fp8_param_gather=True under FSDP needs data_parallel_sharding_strategy="
-                         f"'optim_grads_params' (its row- and column-wise shards are what a gather moves); got "
-                         f"{cfg.data_parallel_sharding_strategy!r}")
-    fsdp_cfg = fsdp_cpp_config(cfg, _DTYPES[dtype])
-    fine = fine_grained_param_gather(cfg, any(mxfp8_flags))
+    # FullyShardedDataParallel's own decision of the fine-grained gather (without a recompute: the
+    # plan replays none), and its units.
+    fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
     units = fsdp_units(module, [n for n, _ in params], [p for _, p in params], fsdp_unit_modules, fine)
     if not units.units:
         raise ValueError("use_megatron_fsdp=True needs units, and fsdp_unit_modules=None makes none: pass the classes "
                          "of the module's repeated blocks (e.g. fsdp_unit_modules=[GPT2Block])")
+    unit_params = {i for u in units.units for i in u}
+    for i, ((name, _), flag) in enumerate(zip(params, mxfp8_flags)):
+        if flag and i not in unit_params:
+            raise ValueError(f"param '{name}' is kept as MXFP8 (fp8_param_gather) but is in no FSDP unit: MXFP8 params "
+                             "are gathered per unit and pass; put its module inside a unit class of fsdp_unit_modules, "
+                             "or set `mxfp8 = False` on it")
+    fsdp_cfg = cfg.to_fsdp_cpp(_DTYPES[dtype])
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
     hooked = [(list(h.params), h.unit) for h in units.hooked]
