@@ -17,8 +17,9 @@ namespace mxddp::python {
 class Runtime {
  public:
   // Initializes MPI (MPI_THREAD_MULTIPLE) and the world communicator; returns (rank, world).
-  // Called again while alive: returns the same pair (timeout_ms must then be the same).
-  static std::pair<int, int> init_mpi(int64_t timeout_ms);
+  // Called again while alive: returns the same pair (timeout_ms and delay must then be the same).
+  // delay: the latency injection of the parity tests (comm.h's CollectiveDelay), off by default.
+  static std::pair<int, int> init_mpi(int64_t timeout_ms, const CollectiveDelay& delay = {});
   static bool initialized();
   // The live runtime; throws Error telling to call mxddp.torch.init() first.
   static Runtime& get();
@@ -36,7 +37,7 @@ class Runtime {
   // model built next holds what its own plan says (mxddp.torch.plan), not an earlier model's staging.
   void remove_user();
 
-  Runtime(std::unique_ptr<MpiRuntime> mpi, int64_t timeout_ms);
+  Runtime(std::unique_ptr<MpiRuntime> mpi, int64_t timeout_ms, const CollectiveDelay& delay);
   ~Runtime();
 
  private:
@@ -44,6 +45,7 @@ class Runtime {
   MemoryTracker tracker_;
   std::unique_ptr<Communicator> comm_;
   int64_t timeout_ms_;
+  CollectiveDelay delay_;
   int users_ = 0;
 };
 

@@ -26,8 +26,16 @@ ReduceOp parse_reduce_op(const std::string& name) {
 
 void bind_runtime(nb::module_& m) {
   m.def(
-      "init_mpi", [](int64_t timeout_ms) { return Runtime::init_mpi(timeout_ms); }, nb::arg("timeout_ms"),
-      "Initializes MPI and the world communicator once per process; returns (rank, world_size).");
+      "init_mpi",
+      [](int64_t timeout_ms, int64_t delay_min_us, int64_t delay_max_us) {
+        // The parity tests' straggler: every gradient reduction and param gather starts late.
+        const CollectiveDelay delay{.min_us = delay_min_us, .max_us = delay_max_us, .all_reduce = true,
+                                    .reduce_scatter = true, .all_gather = true};
+        return Runtime::init_mpi(timeout_ms, delay);
+      },
+      nb::arg("timeout_ms"), nb::arg("delay_min_us") = 0, nb::arg("delay_max_us") = 0,
+      "Initializes MPI and the world communicator once per process; returns (rank, world_size). delay_*_us: each "
+      "all-reduce, reduce-scatter and all-gather starts after a uniform random delay in [min, max] (0, 0: none).");
   m.def("is_initialized", &Runtime::initialized);
   m.def("finalize", &Runtime::finalize, "Destroys the communicator and finalizes MPI (every DDP closed first).");
   m.def("rank", [] { return Runtime::get().comm().rank(); });

@@ -193,6 +193,40 @@ TEST(AllParamsInUnits, MisreportedGradsAreStillRefused) {
   });
 }
 
+// A micro-batch's backward ends the backward pass: with no non-unit module before the first unit
+// (whose pre-forward used to be the only thing that reset the phase), the next micro-batch's units
+// must be gathered as a forward gathers them, not taken for recomputes (which gather without
+// prefetch and keep the values until the post-backward).
+TEST(AllParamsInUnits, TheNextMicroBatchOpensAForwardPass) {
+  const GenericModel model = make_generic_model(StructureClass::kAllInUnits, 3, /*fine_grained=*/false, false);
+  std::vector<std::vector<float>> init;
+  std::vector<TensorView> views;
+  for (int p : model.param_of_spec) init.push_back(model.params[static_cast<size_t>(p)].init);
+  for (size_t i = 0; i < init.size(); ++i) views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    FsdpConfig config;
+    config.param_dtype = DType::kF32;
+    config.overlap_param_gather = true;
+    FullyShardedDataParallel fsdp(comm, model.specs, model.units, config, tracker, views);
+    DistributedOptimizer opt(fsdp, generic_optimizer_config(), tracker);
+    DataParallelModelAccess access(fsdp);
+    opt.zero_grad();
+    {
+      auto scope = fsdp.no_sync();
+      generic_forward_backward(model, access, 0, 0, 2, 0.5f, false);
+    }
+    generic_forward_backward(model, access, 0, 2, 2, 0.5f, false);
+    fsdp.finish_grad_sync();
+    int gathers = 0;
+    for (const FsdpGatherEvent& e : fsdp_engine(fsdp).gather_events()) {
+      gathers += e.kind == FsdpGatherEvent::Kind::kGather;
+      EXPECT_NE(e.phase, FsdpPhase::kRecompute) << "group " << e.group << ": nothing recomputes here";
+    }
+    EXPECT_EQ(gathers, 4 * static_cast<int>(model.units.size()));  // each unit: forward and backward, twice
+  });
+}
+
 // ---- The matrix ----
 
 class AnyStructure : public ::testing::TestWithParam<std::tuple<StructureClass, ModeVariant>> {};

@@ -21,12 +21,19 @@ LR, WD, BETAS, EPS = 3e-3, 0.1, (0.9, 0.95), 1e-8
 
 
 def make_model(rank, world, bucket_size):
+    """bucket_size: DDP's (None or elements), or "fsdp:<strategy>" for FSDP with a unit per Linear."""
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.GELU(), torch.nn.LayerNorm(48),
                                  torch.nn.Linear(48, 5))
-    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
-        use_distributed_optimizer=True, overlap_grad_reduce=True, average_in_collective=True,
-        bucket_size=bucket_size))
+    if isinstance(bucket_size, str) and bucket_size.startswith("fsdp:"):
+        model = mxt.FullyShardedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_megatron_fsdp=True, use_distributed_optimizer=True, overlap_grad_reduce=True,
+            overlap_param_gather=True, data_parallel_sharding_strategy=bucket_size[len("fsdp:"):]),
+            fsdp_unit_modules=[torch.nn.Linear])
+    else:
+        model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_distributed_optimizer=True, overlap_grad_reduce=True, average_in_collective=True,
+            bucket_size=bucket_size))
     # clip_grad 0: no clipping, so the update does not depend on how the grad norm's f64 sum is split
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(optimizer="adam", lr=LR, weight_decay=WD,
                                                               adam_beta1=BETAS[0], adam_beta2=BETAS[1],
@@ -72,5 +79,6 @@ def resume(load_dir, bucket_size, out):
 
 if __name__ == "__main__":
     if len(sys.argv) != 5 or sys.argv[1] != "resume":
-        sys.exit("usage: checkpoint_reshard.py resume DIR BUCKET_SIZE|none OUT.json")
-    resume(sys.argv[2], None if sys.argv[3] == "none" else int(sys.argv[3]), sys.argv[4])
+        sys.exit("usage: checkpoint_reshard.py resume DIR BUCKET_SIZE|none|fsdp:STRATEGY OUT.json")
+    kind = sys.argv[3]
+    resume(sys.argv[2], None if kind == "none" else kind if kind.startswith("fsdp:") else int(kind), sys.argv[4])

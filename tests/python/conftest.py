@@ -26,7 +26,10 @@ def ranks():
     if "OMPI_COMM_WORLD_SIZE" not in os.environ:
         pytest.skip("run under mpirun: mpirun -np 2 python -m pytest tests/python")
     torch.set_num_threads(1)
-    rank, world = mxt.init(timeout_s=120)
+    # MXDDP_TEST_COLLECTIVE_DELAY_US="min,max": every collective starts late by a random delay (the
+    # injected-delay runs of the FSDP parity tests).
+    delay = os.environ.get("MXDDP_TEST_COLLECTIVE_DELAY_US")
+    rank, world = mxt.init(timeout_s=120, collective_delay_us=tuple(int(v) for v in delay.split(",")) if delay else None)
     port = torch.tensor([float(_free_port() if rank == 0 else 0)])
     mxt.broadcast(port, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank, world_size=world)

@@ -8,5 +8,7 @@ if ! "$venv/bin/python" -c "import torch, transformers, pytest, mxddp.torch" 2>/
   echo "SKIP: $venv has no torch, transformers, pytest or mxddp (scripts/setup.sh installs the first three from PyPI; CTest's python_package_install the package)"
   exit 77
 fi
+# MXDDP_TEST_COLLECTIVE_DELAY_US (conftest.py) reaches every rank.
 exec "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+  ${MXDDP_TEST_COLLECTIVE_DELAY_US:+-x MXDDP_TEST_COLLECTIVE_DELAY_US} \
   "$venv/bin/python" -m pytest -p no:cacheprovider --color=no -q "$@"

@@ -147,6 +147,26 @@ def test_a_load_at_another_bucket_size_continues_bitwise(ranks, saved_run, bucke
     close(model, opt)
 
 
+@pytest.mark.parametrize("strategy", ["no_shard", "optim", "optim_grads", "optim_grads_params"])
+def test_ddp_and_fsdp_checkpoints_interchange(ranks, saved_run, shared_dir, strategy):
+    """The DDP save loads into FSDP, which continues the run; FSDP's own save of it loads back into
+    DDP, which continues it too (another reduction grouping: f32 rounding only)."""
+    rank, world = ranks
+    ckpt, reference = saved_run
+    expected = torch.tensor(reference[reshard.SAVE_AT:], dtype=torch.float64)
+    model, opt = reshard.make_model(rank, world, "fsdp:" + strategy)
+    assert mxt.load_checkpoint(ckpt, model, opt)[0] == reshard.SAVE_AT
+    mxt.save_checkpoint(shared_dir / f"fsdp_{strategy}", model, opt, reshard.SAVE_AT)
+    losses = reshard.train_steps(model, opt, reshard.SAVE_AT, reshard.STEPS, rank, world)
+    close(model, opt)
+    torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64), expected, rtol=1e-6, atol=0)
+    model, opt = reshard.make_model(rank, world, 300)
+    assert mxt.load_checkpoint(shared_dir / f"fsdp_{strategy}", model, opt)[0] == reshard.SAVE_AT
+    losses = reshard.train_steps(model, opt, reshard.SAVE_AT, reshard.STEPS, rank, world)
+    close(model, opt)
+    torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64), expected, rtol=1e-6, atol=0)
+
+
 def test_a_save_at_dp2_continues_at_dp1_and_dp4(ranks, saved_run):
     rank, world = ranks
     if world != 2:
@@ -163,13 +183,14 @@ def test_a_save_at_dp2_continues_at_dp1_and_dp4(ranks, saved_run):
         assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(out.read_text())
 
-    results = on_rank0(ranks, lambda: [continue_at(1, "none"), continue_at(4, "200")])
+    results = on_rank0(ranks, lambda: [continue_at(1, "none"), continue_at(4, "200"),
+                                       continue_at(1, "fsdp:optim_grads_params"), continue_at(4, "fsdp:optim_grads")])
     for r in results:
         assert r["iteration"] == reshard.SAVE_AT and r["step_count"] == reshard.STEPS, r
         # Another dp sums the batch and the gradients in another order: f32 rounding only.
         torch.testing.assert_close(torch.tensor(r["losses"], dtype=torch.float64),
                                    torch.tensor(reference[reshard.SAVE_AT:], dtype=torch.float64), rtol=1e-6, atol=0)
-    assert [r["world"] for r in results] == [1, 4]
+    assert [r["world"] for r in results] == [1, 4, 1, 4]
 
 
 # ---- mxddp ckpt inspect / export read the package's saves ----
@@ -324,13 +345,20 @@ def gpt_data(ranks, shared_dir):
     return path, seq[:65], seq[65:]
 
 
-def wrapped_gpt(bf16=True):
+def wrapped_gpt(bf16=True, kind="ddp"):
+    """kind: "ddp" (the distributed optimizer) or "fsdp" (optim_grads_params, a unit per decoder layer)."""
     torch.manual_seed(0)
     module = GPT(GPTConfig.preset("tiny"))
     if bf16:
         module = module.to(torch.bfloat16)  # what mxddp train keeps its params as (BF16, F32 math)
-    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
-        use_distributed_optimizer=True, grad_reduce_in_fp32=True, average_in_collective=True))
+    if kind == "fsdp":
+        model = mxt.FullyShardedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_megatron_fsdp=True, use_distributed_optimizer=True, grad_reduce_in_fp32=True,
+            data_parallel_sharding_strategy="optim_grads_params", overlap_grad_reduce=True, overlap_param_gather=True),
+            fsdp_unit_modules=[type(module.decoder.layers[0])])
+    else:
+        model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_distributed_optimizer=True, grad_reduce_in_fp32=True, average_in_collective=True))
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(optimizer="adam", lr=0.002, weight_decay=0.01,
                                                               adam_beta1=0.9, adam_beta2=0.999, clip_grad=1.0))
     return model, opt
@@ -348,7 +376,8 @@ def test_the_torch_gpt_has_mxddp_s_param_list():
                                   "seq_length": 64}
 
 
-def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ranks, shared_dir):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ranks, shared_dir, kind):
     data, _, valid = gpt_data(ranks, shared_dir)
     save = shared_dir / "train_save"
 
@@ -361,7 +390,7 @@ def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ra
 
     report = on_rank0(ranks, train)
     assert [e["iteration"] for e in report["validation"]] == [3]
-    model, opt = wrapped_gpt(bf16=True)
+    model, opt = wrapped_gpt(bf16=True, kind=kind)
     iteration, meta = mxt.load_checkpoint(save, model, opt, model_config=model.module.model_config())
     assert iteration == 3 and opt.step_count == 3 and meta["consumed_train_samples"] == "12"
     with torch.no_grad():
@@ -371,10 +400,11 @@ def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ra
     close(model, opt)
 
 
-def test_the_torch_gpt_s_save_continues_in_mxddp_train(ranks, shared_dir):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_the_torch_gpt_s_save_continues_in_mxddp_train(ranks, shared_dir, kind):
     rank, world = ranks
     data, train_seq, _ = gpt_data(ranks, shared_dir)
-    model, opt = wrapped_gpt(bf16=True)
+    model, opt = wrapped_gpt(bf16=True, kind=kind)
     batch = train_seq[None, :].repeat(4 // world, 1)  # every sequence mxddp train samples is this one
     for _ in range(3):
         opt.zero_grad()
@@ -386,8 +416,8 @@ def test_the_torch_gpt_s_save_continues_in_mxddp_train(ranks, shared_dir):
                         metadata={"consumed_train_samples": "12"})
     with torch.no_grad():
         next_loss = model(train_seq[None, :]).item()
+    close(model, opt)  # the params get their values back (FSDP's were shards until now)
     exported = {name: p.detach().clone() for name, p in model.registered_params()}
-    close(model, opt)
 
     def resume():
         r = run_cli("train", *TINY, "--ranks", "1", "--backend", "local", "--train-iters", "4", "--data", data,

@@ -274,6 +274,9 @@ class DistributedDataParallel(torch.nn.Module):
     def num_buckets(self) -> int:
         return self._cpp.num_buckets
 
+    def _close_at_exit(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """Frees mxddp's buffers: the params get storage of their own (their current values), and
         main_grad and the hooks are removed (MXFP8 weights get their row-wise values and their

@@ -6,8 +6,10 @@ params, the units and the initial values to the C++ ``FullyShardedDataParallel``
 each rank what ``data_parallel_sharding_strategy`` keeps (docs/fsdp.md has the table).
 
 The C++ hooks are driven by torch module hooks (docs/python.md says why these):
-  - forward pre-hook of each hooked module: ``before_forward`` (gathers the unit, or the non-unit
-    params at their first use), then the torch params become views of the gathered storage;
+  - the wrapper's forward gathers the non-unit params first (``before_forward``), kept until the
+    gradients are synchronized: a model may read them outside their module (a tied head);
+  - forward pre-hook of each unit module: ``before_forward`` gathers the unit, then the torch
+    params become views of the gathered storage;
   - forward post-hook: the params go back to stand-ins (a NaN broadcast to their shape, no
     storage), then ``after_forward`` releases the unit; a recompute keeps them for its backward;
     with grad enabled it also registers the unit's pre-backward on its outputs
@@ -16,6 +18,15 @@ The C++ hooks are driven by torch module hooks (docs/python.md says why these):
   - a param's post-accumulate-grad hook adds ``param.grad`` into its ``main_grad`` (FSDP's
     transient unsharded grads) and reports it ready; a unit's post-backward (``after_backward``:
     release, reduce-scatter) runs when its last param has reported.
+Saved views. An op may save for backward not the param but a view of it (``F.linear`` saves
+``weight.t()``), which points at the storage of the gather in forward, released after the unit's
+forward; the re-gather in backward lands elsewhere. So while ``model(...)`` runs, a
+``saved_tensors_hooks`` pair replaces a saved view of gathered param storage by (param, size,
+stride, offset) and rebuilds it in backward from the param's storage then. Inside
+``torch.utils.checkpoint`` (non-reentrant) its own hooks take precedence, and the recompute's views
+are of the backward's gather, which is still held when they are read. Call the wrapper, not the
+inner module, so the hooks are on.
+
 With params that are not sharded (``no_shard``, ``optim``, ``optim_grads``) the torch params view
 the resident param storage for the model's whole life, and only the hooks' waits and reductions
 remain. A param that took no gradient in a backward (unused) is reported with a zero gradient
@@ -73,6 +84,15 @@ def _check_recompute(granularity: Optional[str], modules: Optional[Sequence[str]
     return list(modules)
 
 
+class _SavedParamView:
+    """A saved tensor that was a view of param ``index``'s gathered storage, rebuilt on unpack."""
+
+    __slots__ = ("index", "size", "stride", "offset")
+
+    def __init__(self, index: int, size, stride, offset: int):
+        self.index, self.size, self.stride, self.offset = index, size, stride, offset
+
+
 class FullyShardedDataParallel(torch.nn.Module):
     """Megatron-core's ``FullyShardedDataParallel(config, ddp_config, module, fsdp_unit_modules)``
     on mxddp's C++ FSDP, for a module on the CPU.
@@ -109,7 +129,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.param_dtype = params[0][1].dtype
         self._names = [n for n, _ in params]
         self._params = [p for _, p in params]
-        flags = _mxfp8_flags(module, params, config)
+        flags = self._unit_mxfp8_flags(params, config, fsdp_unit_modules)
         self.fine_grained_param_gather = decide_fine_grained(config, any(flags), recompute_granularity, modules)
         self.units: FsdpUnits = fsdp_units(module, self._names, self._params, fsdp_unit_modules,
                                            self.fine_grained_param_gather)
@@ -117,11 +137,6 @@ class FullyShardedDataParallel(torch.nn.Module):
         for u, members in enumerate(self.units.units):
             for i in members:
                 self._unit_of[i] = u
-        for i, flag in enumerate(flags):
-            if flag and self._unit_of[i] < 0:
-                raise ValueError(f"param '{self._names[i]}' is kept as MXFP8 (fp8_param_gather) but is in no FSDP unit: "
-                                 "MXFP8 params are gathered per unit and pass; put its module inside a unit class of "
-                                 "fsdp_unit_modules, or set `mxfp8 = False` on it")
         specs = [(n, list(p.shape), bool(getattr(p, "shared_embedding", False))) for n, p in params]
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
                                                 flags if any(flags) else [], [p.detach() for p in self._params])
@@ -137,6 +152,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._unit_pending = [len(u) for u in self.units.units]
         self._unit_backward_started = [False] * len(self.units.units)
         self._backward_seen = False
+        self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
         owners = mxfp8.eligible_modules(module)
         with torch.no_grad():
             for i, p in enumerate(self._params):
@@ -150,9 +166,30 @@ class FullyShardedDataParallel(torch.nn.Module):
                 else:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
+        # Units only: the non-unit params are gathered when the wrapper's forward starts, since a
+        # model may read them outside their module's forward (a tied LM head reading the embedding).
         for h in self.units.hooked:
-            self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
-            self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
+            if h.unit >= 0:
+                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
+                self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
+        self._non_unit_params = self.units.non_unit_params
+
+    def _unit_mxfp8_flags(self, params, config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
+        """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear weights), for the
+        params in units only: MXFP8 params are gathered per unit and pass, so a Linear outside every
+        unit (a head) stays BF16, and one marked ``mxfp8 = True`` there is refused. Unit membership
+        does not depend on the fine-grained gather, so the coarse units decide it."""
+        flags = _mxfp8_flags(self.module, params, config)
+        in_units = {i for u in fsdp_units(self.module, self._names, self._params, fsdp_unit_modules, False).units
+                    for i in u}
+        for i, flag in enumerate(flags):
+            if flag and i not in in_units:
+                if getattr(self._params[i], "mxfp8", None) is True:
+                    raise ValueError(f"param '{self._names[i]}' is marked mxfp8=True but is in no FSDP unit: MXFP8 "
+                                     "params are gathered per unit and pass; put its module inside a unit class of "
+                                     "fsdp_unit_modules, or leave it BF16")
+                flags[i] = False
+        return flags
 
     # ---- the hooks ----
 
@@ -161,7 +198,9 @@ class FullyShardedDataParallel(torch.nn.Module):
         if self._shards_params:
             for i in indices:
                 if not self._mxfp8[i]:
-                    self._params[i].data = self._cpp.param(i)
+                    p = self._params[i]
+                    p.data = self._cpp.param(i)
+                    self._gathered_storage[p.untyped_storage().data_ptr()] = i
 
     def _stand_in(self, indices) -> None:
         """The torch params of these indices let go of the storage the C++ FSDP is about to free."""
@@ -169,7 +208,23 @@ class FullyShardedDataParallel(torch.nn.Module):
             for i in indices:
                 if not self._mxfp8[i]:
                     p = self._params[i]
+                    self._gathered_storage.pop(p.untyped_storage().data_ptr(), None)
                     p.data = mxfp8.stand_in(p.shape, p.dtype)
+
+    def _pack(self, t: torch.Tensor):
+        if not self._gathered_storage or t.layout != torch.strided or t.device.type != "cpu":
+            return t
+        index = self._gathered_storage.get(t.untyped_storage().data_ptr())
+        if index is None or t is self._params[index]:
+            return t  # an activation, or the param itself (whose storage backward swaps in)
+        p = self._params[index]
+        return _SavedParamView(index, t.size(), t.stride(), t.storage_offset() - p.storage_offset())
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _SavedParamView):
+            return saved
+        base = self._params[saved.index].detach()  # its storage now: the backward's gather
+        return base.as_strided(saved.size, saved.stride, base.storage_offset() + saved.offset)
 
     def _make_pre_forward(self, indices: tuple[int, ...]):
         params = list(indices)
@@ -184,8 +239,6 @@ class FullyShardedDataParallel(torch.nn.Module):
         params = list(indices)
 
         def hook(_module, _args, output):
-            if unit < 0:
-                return None  # non-unit params stay gathered until the gradients are synchronized
             if self._cpp.phase != "recompute":  # a recompute's backward reads the values next
                 self._stand_in(params)
             self._cpp.after_forward(params)
@@ -260,9 +313,16 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         self._complete_backward()
-        out = self.module(*args, **kwargs)
+        if self._non_unit_params:  # gathered now, kept until the gradients are synchronized
+            self._cpp.before_forward(self._non_unit_params)
+            self._view(self._non_unit_params)
+        if self._shards_params:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                out = self.module(*args, **kwargs)
+        else:
+            out = self.module(*args, **kwargs)
         if not torch.is_grad_enabled():  # a forward-only pass: no backward will release the non-unit params
-            self._stand_in(self.units.non_unit_params)
+            self._stand_in(self._non_unit_params)
             self._cpp.release_gathered_params()
         return out
 
@@ -281,7 +341,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
         reduced gradients. Releases the non-unit params."""
         self._complete_backward()
-        self._stand_in(self.units.non_unit_params)
+        self._stand_in(self._non_unit_params)
         self._cpp.finish_grad_sync()
         self._grads_pending_sync = False
 
@@ -337,6 +397,45 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._cpp.release_gathered_params()
         return values
 
+    def state_dict(self, *args, **kwargs):
+        """Collective (every rank calls it): torch's state dict of the wrapper (keys ``module.<name>``)
+        with every registered param's full values (MXFP8 weights: row-wise dequantized), gathered
+        for the purpose; the sharded params' own tensors hold only stand-ins outside their unit."""
+        if self._grads_pending_sync:
+            raise RuntimeError("state_dict() between backward and finish_grad_sync(): the gathers it needs would "
+                               "interleave with the gradient reductions; call model.finish_grad_sync() first")
+        destination = super().state_dict(*args, **kwargs)
+        values = {id(p): v for p, v in zip(self._params, self._full_values())}
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        for name, p in self.module.named_parameters(prefix=prefix + "module", remove_duplicate=False):
+            if id(p) in values and name in destination:
+                destination[name] = values[id(p)]
+        return destination
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        raise RuntimeError("FullyShardedDataParallel.load_state_dict: mxddp keeps the params as shards of its own "
+                           "buffers (and F32 main params in the optimizer); load a torch state dict into the module "
+                           "before wrapping it, or use mxddp.torch.load_checkpoint")
+
+    def _close_at_exit(self) -> None:
+        # Not collective: the ranks close their open models in no agreed order at exit, so the
+        # params get stand-ins instead of gathered values.
+        if self._cpp.closed:
+            return
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                p.data = mxfp8.stand_in(p.shape, p.dtype)
+        self._remove_hooks()
+        self._cpp.close()
+
+    def _remove_hooks(self) -> None:
+        for linear in self._mxfp8_linears:
+            mxfp8.uninstall(linear)
+        self._mxfp8_linears = []
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
     def close(self) -> None:
         """Collective. Frees mxddp's buffers: every param gets storage of its own holding its
         current values (MXFP8 weights their row-wise values, and their Linear its own forward
@@ -349,10 +448,5 @@ class FullyShardedDataParallel(torch.nn.Module):
         with torch.no_grad():
             for p, v in zip(self._params, self._full_values()):
                 p.data = v
-        for linear in self._mxfp8_linears:
-            mxfp8.uninstall(linear)
-        self._mxfp8_linears = []
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._remove_hooks()
         self._cpp.close()

@@ -26,11 +26,14 @@ def _launched_by_mpi() -> bool:
     return any(name in os.environ for name in _MPI_LAUNCHER_ENV)
 
 
-def init(timeout_s: float = 300.0) -> tuple[int, int]:
+def init(timeout_s: float = 300.0, *, collective_delay_us: tuple[int, int] | None = None) -> tuple[int, int]:
     """Starts MPI (once per process) and returns ``(rank, world_size)``.
 
     timeout_s: how long a collective may make no progress before the watchdog names it and the
     ranks it waits on and ends the job (MPI cannot cancel a stalled collective).
+    collective_delay_us: ``(min, max)`` for tests of overlap: every all-reduce, reduce-scatter and
+    all-gather starts after a delay drawn uniformly from [min, max] microseconds on each rank (as
+    a straggler or a slow link would make it), so ranks reach collectives in varying order.
 
     Under ``torchrun`` (RANK and WORLD_SIZE set, no MPI launcher) this raises: mxddp's ranks are
     MPI processes. A plain ``python script.py`` is one rank (world size 1).
@@ -44,7 +47,12 @@ def init(timeout_s: float = 300.0) -> tuple[int, int]:
             "(as root add --allow-run-as-root; on a machine with fewer cores than N add --oversubscribe)")
     if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a number > 0; got {timeout_s!r}")
-    rank, world = _C.init_mpi(int(timeout_s * 1000))
+    delay = (0, 0) if collective_delay_us is None else collective_delay_us
+    if not (isinstance(delay, tuple) and len(delay) == 2 and all(isinstance(d, int) and not isinstance(d, bool)
+                                                                  for d in delay) and 0 <= delay[0] <= delay[1]):
+        raise ValueError(f"collective_delay_us must be None or (min, max) ints with 0 <= min <= max; got "
+                         f"{collective_delay_us!r}")
+    rank, world = _C.init_mpi(int(timeout_s * 1000), delay[0], delay[1])
     if not _atexit_registered:
         atexit.register(shutdown)
         _install_abort_on_uncaught_exception()
@@ -87,7 +95,7 @@ def shutdown() -> None:
     for opt in list(_open_optimizers):
         opt.close()
     for model in list(_open_models):
-        model.close()
+        model._close_at_exit()
     _C.finalize()
 
 

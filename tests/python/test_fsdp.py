@@ -1,0 +1,373 @@
+"""mxddp.torch.FullyShardedDataParallel against PyTorch DDP + AdamW, and its gathers.
+
+Parity: an HF GPT2LMHeadModel (units: GPT2Block; the tied embedding, wpe and ln_f non-unit) and a
+plain MLP (units: its Block class; a LayerNorm and the head after them, non-unit), every sharding
+strategy x overlap (grad reduce and param gather) on/off x micro-batches 1 and 3 x fine-grained
+gather on/off x recompute (torch.utils.checkpoint around each unit, non-reentrant) on/off, at the
+dp of the launch (CTest runs 2 and 4, and a subset under injected collective delays): every
+step's loss within 1e-5 (relative, F32) of the reference's, the trained params alike, every gather
+released after each step and nothing left gathered.
+"""
+import copy
+
+import pytest
+import torch
+import torch.utils.checkpoint
+
+import mxddp.torch as mxt
+from micro_batches import backward_micro_batches
+from test_parity import BETAS, CLIP, EPS, LR, WD, make_gpt2, gpt2_batch, gpt2_loss, reference_optimizer
+
+STEPS = 4
+STRATEGIES = ["no_shard", "optim", "optim_grads", "optim_grads_params"]
+
+
+class Block(torch.nn.Module):
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.fc = torch.nn.Linear(n_in, n_out)
+        self.act = torch.nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class Mlp(torch.nn.Module):
+    """Units: the Blocks. recompute: each Block re-runs its forward in backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(32, 64), Block(64, 64), Block(64, 64)])
+        self.norm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 10)
+        self.recompute = False
+        self.skip_last_block = False  # it still runs, but takes no part in the output
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.recompute else block(x)
+            x = x if self.skip_last_block and i == len(self.blocks) - 1 else y
+        return self.head(self.norm(x))
+
+
+def mlp_batch(rank, step, micro):
+    g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+    return torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+def mlp_loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def make_mlp():
+    return Mlp()
+
+
+def gpt2_block_class():
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    return GPT2Block
+
+
+def set_recompute(name, module, on):
+    if name == "mlp":
+        module.recompute = on
+    elif on:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module.train()
+
+
+MODELS = {"mlp": (make_mlp, mlp_batch, mlp_loss, lambda: [Block]),
+          "gpt2": (make_gpt2, gpt2_batch, gpt2_loss, lambda: [gpt2_block_class()])}
+
+_reference_cache = {}
+
+
+def reference(name, rank, world, micro_batches):
+    """Every step's loss and the trained params of torch DDP + AdamW (same clipping, Megatron's
+    param groups), once per model and micro-batch count."""
+    key = (name, world, micro_batches)
+    if key not in _reference_cache:
+        make, batch_fn, loss_fn, _ = MODELS[name]
+        torch.manual_seed(0)
+        module = make()
+        initial = copy.deepcopy(module)
+        ddp = torch.nn.parallel.DistributedDataParallel(module)
+        opt = reference_optimizer(module)
+        losses = []
+        for step in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            losses.append(backward_micro_batches(ddp, loss_fn, batch_fn, rank, step, micro_batches))
+            torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
+            opt.step()
+        _reference_cache[key] = (initial, losses, {n: p.detach().clone() for n, p in module.named_parameters()})
+    return _reference_cache[key]
+
+
+def fsdp_config(strategy, overlap, fine_grained, **kw):
+    return mxt.DistributedDataParallelConfig(
+        use_megatron_fsdp=True, use_distributed_optimizer=True, data_parallel_sharding_strategy=strategy,
+        overlap_grad_reduce=overlap, overlap_param_gather=overlap, grad_reduce_in_fp32=True,
+        megatron_fsdp_enable_fine_grained_param_gather=True if fine_grained else None, **kw)
+
+
+def optimizer(model):
+    return mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=LR, weight_decay=WD, adam_beta1=BETAS[0],
+                                                               adam_beta2=BETAS[1], adam_eps=EPS, clip_grad=CLIP))
+
+
+def train_fsdp(name, module, rank, micro_batches, config):
+    _, batch_fn, loss_fn, units = MODELS[name]
+    model = mxt.FullyShardedDataParallel(module, config, fsdp_unit_modules=units())
+    opt = optimizer(model)
+    losses, gathered = [], []
+    try:
+        for step in range(STEPS):
+            opt.zero_grad()
+            losses.append(backward_micro_batches(model, loss_fn, batch_fn, rank, step, micro_batches))
+            model.finish_grad_sync()
+            assert not model._cpp.anything_gathered, f"step {step}: a gather outlived finish_grad_sync"
+            update_successful, grad_norm, _ = opt.step()
+            assert update_successful and grad_norm > 0
+        gathered = (model._cpp.gathers_started, model._cpp.releases_done, model.peak_gathered_bytes())
+    finally:
+        opt.close()
+        model.close()
+    return losses, gathered
+
+
+CASES = [(name, strategy, overlap, micro_batches, fine_grained, recompute)
+         for name in ("mlp", "gpt2") for strategy in STRATEGIES for overlap in (False, True)
+         for micro_batches in (1, 3) for fine_grained in (False, True) for recompute in (False, True)]
+
+
+@pytest.mark.parametrize("name,strategy,overlap,micro_batches,fine_grained,recompute", CASES)
+def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batches, fine_grained, recompute):
+    rank, world = ranks
+    initial, expected, trained = reference(name, rank, world, micro_batches)
+    module = copy.deepcopy(initial)
+    set_recompute(name, module, recompute)
+    config = fsdp_config(strategy, overlap, fine_grained)
+    got, (gathers, releases, peak) = train_fsdp(name, module, rank, micro_batches, config)
+    # Training moves the params, or matching them proves nothing.
+    assert max((p - trained[n]).abs().max().item() for n, p in initial.named_parameters()) > 1e-3
+    for step, (e, g) in enumerate(zip(expected, got)):
+        assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
+    # Every gather released; params gathered per unit only when the strategy shards them.
+    assert gathers == releases
+    assert (gathers > 0) == (strategy == "optim_grads_params") and (peak["values"] > 0) == (gathers > 0)
+    for n, p in module.named_parameters():
+        torch.testing.assert_close(p, trained[n], rtol=1e-4, atol=1e-4, msg=lambda m: f"param {n}: {m}")
+
+
+def test_fine_grained_lowers_the_peak_gathered_bytes(ranks):
+    """Each GPT2Block submodule is a unit: the most gathered at once is below the block-unit run's."""
+    rank, world = ranks
+    peaks = {}
+    for fine in (False, True):
+        initial, _, _ = reference("gpt2", rank, world, 1)
+        _, (_, _, peak) = train_fsdp("gpt2", copy.deepcopy(initial), rank, 1,
+                                     fsdp_config("optim_grads_params", False, fine))
+        peaks[fine] = peak["values"]
+    assert 0 < peaks[True] < peaks[False], peaks
+
+
+def test_views_only_while_gathered(ranks):
+    """optim_grads_params: a unit's params view gathered storage inside its forward and hold NaN
+    stand-ins (no storage) outside; the other strategies keep views of resident storage."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp()
+    seen = {}
+
+    def probe(mod, _args, _out):
+        seen["inside"] = mod.fc.weight.detach().clone()
+
+    module.blocks[1].register_forward_hook(probe)  # registered first: runs before FSDP's post-hook
+    model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", False, False),
+                                         fsdp_unit_modules=[Block])
+    try:
+        weight = module.blocks[1].fc.weight
+        assert weight.shape == (64, 64) and torch.isnan(weight).all() and weight.untyped_storage().nbytes() <= 4
+        mlp_loss(model, mlp_batch(rank, 0, 0)).backward()
+        model.finish_grad_sync()
+        assert torch.isfinite(seen["inside"]).all()
+        assert torch.isnan(weight).all()
+    finally:
+        model.close()
+    assert torch.equal(module.blocks[1].fc.weight, seen["inside"])  # close() gave it its values back
+
+
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
+def test_state_dict_gathers_the_full_params(ranks, strategy):
+    """state_dict() (collective) holds every param's values, not the stand-ins, and equals what
+    close() gives back; load_state_dict is refused, naming what to use instead."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp()
+    model = mxt.FullyShardedDataParallel(module, fsdp_config(strategy, True, False), fsdp_unit_modules=[Block])
+    opt = optimizer(model)
+    try:
+        opt.zero_grad()
+        mlp_loss(model, mlp_batch(rank, 0, 0)).backward()
+        with pytest.raises(RuntimeError, match="finish_grad_sync"):
+            model.state_dict()
+        model.finish_grad_sync()
+        opt.step()
+        state = model.state_dict()
+        with pytest.raises(RuntimeError, match="load_checkpoint"):
+            model.load_state_dict(state)
+    finally:
+        opt.close()
+        model.close()
+    assert set(state) == {"module." + n for n, _ in module.state_dict().items()}
+    for n, p in module.named_parameters():
+        assert torch.isfinite(state["module." + n]).all() and torch.equal(state["module." + n], p), n
+
+
+def test_a_param_without_gradient_is_reported_with_zero(ranks):
+    """A unit whose output is unused in one iteration still finishes: its params report zero
+    gradients when the gradients are synchronized, and the run goes on."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp()
+    model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, False),
+                                         fsdp_unit_modules=[Block])
+    opt = optimizer(model)
+    module.skip_last_block = True
+    try:
+        for step in range(2):
+            opt.zero_grad()
+            mlp_loss(model, mlp_batch(rank, step, 0)).backward()
+            model.finish_grad_sync()
+            assert opt.step()[0]
+            assert not model._cpp.anything_gathered
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_refusals_name_the_field(ranks):
+    with pytest.raises(ValueError, match="use_megatron_fsdp=True"):
+        mxt.FullyShardedDataParallel(make_mlp(), mxt.DistributedDataParallelConfig(use_distributed_optimizer=True))
+    with pytest.raises(ValueError, match="use_distributed_optimizer=True"):
+        mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim")
+    with pytest.raises(ValueError, match="data_parallel_sharding_strategy='zero3'"):
+        mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True,
+                                          data_parallel_sharding_strategy="zero3")
+    with pytest.raises(ValueError, match="data_parallel_sharding_strategy"):
+        mxt.DistributedDataParallelConfig(data_parallel_sharding_strategy="optim")  # DDP
+    with pytest.raises(ValueError, match="bucket_size"):
+        mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True, bucket_size=100)
+    with pytest.raises(ValueError, match="suggested_communication_unit_size"):
+        mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True,
+                                          suggested_communication_unit_size=-1)
+    with pytest.raises(ValueError, match="fp8_param_gather"):
+        mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True,
+                                          data_parallel_sharding_strategy="optim", fp8_param_gather=True)
+    with pytest.raises(TypeError, match="fsdp_unit_modules"):
+        mxt.FullyShardedDataParallel(make_mlp(), fsdp_config("optim", False, False), fsdp_unit_modules=["Block"])
+    with pytest.raises(ValueError, match="no submodule of those classes"):
+        mxt.FullyShardedDataParallel(make_mlp(), fsdp_config("optim", False, False),
+                                     fsdp_unit_modules=[torch.nn.Conv2d])
+    with pytest.raises(ValueError, match="recompute_granularity='some'"):
+        mxt.FullyShardedDataParallel(make_mlp(), fsdp_config("optim", False, False), fsdp_unit_modules=[Block],
+                                     recompute_granularity="some")
+
+
+def test_a_unit_param_shared_outside_the_unit_is_refused(ranks):
+    module = make_mlp()
+    module.extra = torch.nn.Linear(64, 64)
+    module.extra.weight = module.blocks[1].fc.weight  # a unit's weight, also read outside the unit
+    with pytest.raises(ValueError, match="must be a non-unit param"):
+        mxt.FullyShardedDataParallel(module, fsdp_config("optim", False, False), fsdp_unit_modules=[Block])
+
+
+# ---- MXFP8 params (fp8_param_gather) under optim_grads_params ----
+
+def bf16_mlp(head_mxfp8=None):
+    """head_mxfp8: what the head (a Linear outside every unit) is marked; unmarked it stays BF16
+    under FSDP, and DDP is told to keep it BF16 too, so the two train the same model."""
+    torch.manual_seed(0)
+    module = make_mlp().to(torch.bfloat16)
+    if head_mxfp8 is not None:
+        module.head.weight.mxfp8 = head_mxfp8
+    return module
+
+
+def bf16_batch(rank, step, micro):
+    x, y = mlp_batch(rank, step, micro)
+    return x.to(torch.bfloat16), y
+
+
+def mxfp8_losses(model, opt, rank):
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        losses.append(backward_micro_batches(model, mlp_loss, bf16_batch, rank, step, 2))
+        model.finish_grad_sync()
+        assert opt.step()[0]
+    return losses
+
+
+@pytest.mark.parametrize("fine_grained,recompute", [(False, False), (True, False), (False, True), (True, True)])
+def test_mxfp8_params_train_as_ddp_s(ranks, fine_grained, recompute):
+    """The Block Linears' weights are MXFP8 under FSDP as under DDP with the distributed optimizer:
+    forward reads the row-wise copy, backward's dgrad the column-wise one, each gathered per unit;
+    the first step's loss is DDP's bit for bit (the same quantized weights), the rest track it."""
+    rank, world = ranks
+    module = bf16_mlp(head_mxfp8=False)
+    ddp = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
+    opt = optimizer(ddp)
+    try:
+        expected = mxfp8_losses(ddp, opt, rank)
+    finally:
+        opt.close()
+        ddp.close()
+    module = bf16_mlp()
+    module.recompute = recompute
+    model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, fine_grained,
+                                                             fp8_param_gather=True), fsdp_unit_modules=[Block])
+    assert [model._cpp.is_mxfp8(i) for i in range(len(model.registered_params()))] == \
+        [n.endswith("fc.weight") for n, _ in model.registered_params()]
+    opt = optimizer(model)
+    try:
+        got = mxfp8_losses(model, opt, rank)
+        peak = model.peak_gathered_bytes()
+        assert model._cpp.gathers_started == model._cpp.releases_done
+    finally:
+        opt.close()
+        model.close()
+    assert peak["rowwise"] > 0 and peak["colwise"] > 0, peak
+    assert got[0] == expected[0], (got, expected)
+    for e, g in zip(expected, got):
+        assert abs(g - e) <= 2e-2 * abs(e), (got, expected)
+
+
+def test_the_recompute_aware_policy_forces_fine_grained_where_needed(ranks):
+    """MXFP8 params with a selective recompute of weighted submodules need the fine-grained gather
+    (a submodule re-run in backward reads row-wise weights): recompute-aware forces it there and only
+    there; megatron forces it for any MXFP8 params; an explicit False where it is forced is refused."""
+    def fine(policy, flag, **recompute):
+        config = fsdp_config("optim_grads_params", False, False, fp8_param_gather=True,
+                             fine_grained_param_gather_policy=policy)
+        config.megatron_fsdp_enable_fine_grained_param_gather = flag
+        model = mxt.FullyShardedDataParallel(bf16_mlp(), config, fsdp_unit_modules=[Block], **recompute)
+        on, units = model.fine_grained_param_gather, model.num_units
+        model.close()
+        return on, units
+
+    assert fine("recompute-aware", None) == (False, 3)
+    assert fine("recompute-aware", None, recompute_granularity="full") == (False, 3)
+    assert fine("recompute-aware", None, recompute_granularity="selective") == (False, 3)  # core_attn: no weights
+    assert fine("recompute-aware", None, recompute_granularity="selective", recompute_modules=["mlp"]) == (True, 3)
+    assert fine("megatron", None) == (True, 3)  # each Block has one weighted submodule: the same 3 units
+    assert fine("recompute-aware", True) == (True, 3)
+    with pytest.raises(ValueError, match="requires the fine-grained param gather"):
+        fine("recompute-aware", False, recompute_granularity="selective", recompute_modules=["layernorm"])
+    with pytest.raises(ValueError, match="requires the fine-grained param gather"):
+        fine("megatron", False)
+    with pytest.raises(ValueError, match="'head.weight' is marked mxfp8=True but is in no FSDP unit"):
+        mxt.FullyShardedDataParallel(bf16_mlp(head_mxfp8=True), fsdp_config("optim_grads_params", False, False,
+                                     fp8_param_gather=True), fsdp_unit_modules=[Block])
