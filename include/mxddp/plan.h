@@ -114,12 +114,14 @@ struct FsdpHookedModule {
 // it, through iterations driven as the Python package's FullyShardedDataParallel drives them (the
 // objects mxddp.torch.plan plans). `hooked`: the modules with hooks in forward order; each unit is
 // one of them, with exactly its unit's params, and the units come in order. Per micro-batch:
-//   forward: for each hooked module, before_forward(params), then after_forward(params);
+//   forward: before_forward(every non-unit param, in registration order) once, as the wrapper's
+//     forward starts (where there are any); then for each unit's module in order,
+//     before_forward(params) and after_forward(params); a non-unit module has no hooks;
 //   backward: walking the hooked modules in reverse: at a unit's module, before_backward(unit
 //     params), main_grad(p) + grad_ready(p) for each of its params in decreasing registration
-//     index, after_backward(unit params); at a non-unit module (no backward hooks), main_grad(p)
-//     + grad_ready(p) for each of its params, in reverse order of its list, whose first use in
-//     forward is this module (a param read by several modules reports once, at its first reader).
+//     index, after_backward(unit params); at a non-unit module, main_grad(p) + grad_ready(p) for
+//     each of its params, in reverse order of its list, whose first use in forward is this module
+//     (a param read by several modules reports once, at its first reader: torch accumulates it).
 // An iteration: optimizer->zero_grad() (start_iteration), opts.micro_batches micro-batches (all
 // but the last under no_sync), finish_grad_sync, optimizer->step() (step_and_sync_params); with
 // no optimizer, zero_grad_buffer, the micro-batches and finish_grad_sync. overall: from

@@ -151,16 +151,6 @@ class DistributedOptimizer:
 def plan_ddp_memory(params: list[tuple[str, list[int], bool, bool]], config: DdpConfig, optimizer: Optional[str],
                     dp: int) -> dict[str, Any]:
     """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}: the planner's bytes per rank."""
-class FsdpConfig:
-    data_parallel_sharding_strategy: str  # 'no_shard', 'optim', 'optim_grads', 'optim_grads_params'
-    overlap_grad_reduce: bool
-    overlap_param_gather: bool
-    suggested_communication_unit_size: Optional[int]
-    fsdp_double_buffer: bool
-    grad_reduce_in_fp32: bool
-    param_dtype: str  # 'f32' or 'bf16'
-    def __init__(self) -> None: ...
-
 def plan_fsdp_memory(params: list[tuple[str, list[int], bool, bool]], units: list[list[int]],
                      hooked: list[tuple[list[int], int]], config: FsdpConfig, optimizer: Optional[str], dp: int,
                      micro_batches: int) -> dict[str, Any]:

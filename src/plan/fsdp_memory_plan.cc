@@ -90,8 +90,16 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
       if (h.unit >= 0 || first_use[static_cast<size_t>(*it)] == static_cast<int>(j)) r.push_back(*it);
     if (h.unit >= 0) std::sort(r.begin(), r.end(), std::greater<>());
   }
+  // The non-unit params, gathered together as a forward starts (a module may read them outside
+  // its own forward: a tied head reads the embedding's weight).
+  std::vector<int> non_unit_params;
+  for (size_t p = 0; p < params.size(); ++p)
+    if (first_use[p] >= 0 && hooked[static_cast<size_t>(first_use[p])].unit < 0)
+      non_unit_params.push_back(static_cast<int>(p));
   auto micro_batch = [&] {
+    if (!non_unit_params.empty()) dpsim.before_forward(non_unit_params);
     for (const FsdpHookedModule& h : hooked) {
+      if (h.unit < 0) continue;  // a non-unit module has no hooks
       dpsim.before_forward(h.params);
       dpsim.after_forward(h.params);
     }

@@ -40,17 +40,23 @@ std::vector<FsdpHookedModule> hooked_modules_of(const GenericModel& m) {
   return hooked;
 }
 
-// The calls of one micro-batch, as plan.h states them: forward, each hooked module's pre- and
-// post-forward; backward, the hooked modules in reverse, a unit with its backward hooks around its
-// params' reports (highest registration index first), a non-unit module with the reports of the
-// params it is the first reader of (in reverse list order) and no hooks.
+// The calls of one micro-batch, as plan.h states them: forward, the non-unit params' pre-forward
+// (all of them at once), then each unit module's pre- and post-forward; backward, the hooked
+// modules in reverse, a unit with its backward hooks around its params' reports (highest
+// registration index first), a non-unit module with the reports of the params it is the first
+// reader of (in reverse list order) and no hooks.
 void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHookedModule>& hooked,
                        int num_params) {
   std::vector<int> first_reader(static_cast<size_t>(num_params), -1);
   for (size_t j = 0; j < hooked.size(); ++j)
     for (int p : hooked[j].params)
       if (first_reader[static_cast<size_t>(p)] < 0) first_reader[static_cast<size_t>(p)] = static_cast<int>(j);
+  std::vector<int> non_unit;
+  for (int p = 0; p < num_params; ++p)
+    if (hooked[static_cast<size_t>(first_reader[static_cast<size_t>(p)])].unit < 0) non_unit.push_back(p);
+  if (!non_unit.empty()) fsdp.before_forward(non_unit);
   for (const FsdpHookedModule& h : hooked) {
+    if (h.unit < 0) continue;
     fsdp.before_forward(h.params);
     fsdp.after_forward(h.params);
   }

@@ -357,8 +357,6 @@ def test_fsdp_fine_grained_gathers_less_and_policies_decide_it():
     params; 'recompute-aware' leaves it to the flag."""
     with torch.device("meta"):
         module = BlockMlp().to(torch.bfloat16)
-    # MXFP8 params are gathered per unit: the non-unit Linears' weights stay BF16.
-    module.inp.weight.mxfp8 = module.out.weight.mxfp8 = False
 
     def at(**kw):
         return mxt.plan(module, 4, fsdp_config(data_parallel_sharding_strategy="optim_grads_params", **kw), ADAM,
@@ -368,7 +366,8 @@ def test_fsdp_fine_grained_gathers_less_and_policies_decide_it():
     assert (coarse.num_units, fine.num_units) == (3, 6)
     assert fine.largest_unit_numel < coarse.largest_unit_numel
     assert fine.peak_gathered_bytes["values"] < coarse.peak_gathered_bytes["values"]
-    # MXFP8 weights (the blocks' Linear weights): row- and column-wise gathers.
+    # MXFP8 weights (the blocks' Linear weights; the non-unit Linears stay BF16, as the FSDP keeps
+    # them): row- and column-wise gathers.
     mx = at(fp8_param_gather=True)
     assert mx.live_bytes["mxfp8"] > 0 and mx.peak_gathered_bytes["rowwise"] > 0 and mx.peak_gathered_bytes["colwise"] > 0
     assert mx.num_units == 3, "recompute-aware: the flag decides, and it is None"
@@ -415,7 +414,8 @@ def test_fsdp_plan_refuses_bad_input_naming_the_value():
     with pytest.raises(TypeError, match="not a torch.nn.Module subclass"):
         mxt.plan(module, 2, fsdp_config(), ADAM, fsdp_unit_modules=["Block"])
     bf16 = BlockMlp().to(torch.bfloat16)
-    with pytest.raises(ValueError, match="param 'inp.weight' is kept as MXFP8 .fp8_param_gather. but is in no FSDP unit"):
+    bf16.inp.weight.mxfp8 = True
+    with pytest.raises(ValueError, match="param 'inp.weight' is marked mxfp8=True but is in no FSDP unit"):
         mxt.plan(bf16, 2, fsdp_config(fp8_param_gather=True, data_parallel_sharding_strategy="optim_grads_params"),
                  ADAM, fsdp_unit_modules=[Block])
 
@@ -451,8 +451,6 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
     torch.manual_seed(0)
     dtype = torch.bfloat16 if mx else torch.float32
     module = (BlockMlp() if model_name == "mlp" else gpt2()).to(dtype)
-    if mx:
-        module.inp.weight.mxfp8 = module.out.weight.mxfp8 = False  # MXFP8 params are in units
     units = [Block] if model_name == "mlp" else [gpt2_block()]
     loss_fn = block_mlp_loss if model_name == "mlp" else gpt2_fsdp_loss
     cfg = fsdp_config(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=overlap,
@@ -473,7 +471,8 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
                 else:
                     loss_fn(model, rank, dtype).backward()
             model.finish_grad_sync()
-            opt.step()
+            ok, _, _ = opt.step()
+            assert ok
         assert mxt.memory_usage() == planned.memory_usage(), (mxt.memory_usage(), planned)
         assert model.peak_gathered_bytes() == planned.peak_gathered_bytes
     finally:

@@ -19,6 +19,7 @@ size (a plan for 64 ranks from one laptop process). The module may live on the m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Optional, Sequence
 
 import torch
@@ -26,7 +27,7 @@ import torch
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
-from mxddp.torch.fsdp import decide_fine_grained
+from mxddp.torch.fsdp import FullyShardedDataParallel, decide_fine_grained
 from mxddp.torch.fsdp_units import fsdp_units
 
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
@@ -147,21 +148,20 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
                micro_batches: int) -> MemoryPlan:
     params = _planned_params(module)
     dtype = params[0][1].dtype
-    # The same rule as DDP for which params are MXFP8 (plain nn.Linear weights, the mxfp8 attribute).
-    mxfp8_flags = _mxfp8_flags(module, params, cfg)
-    # FullyShardedDataParallel's own decision of the fine-grained gather (without a recompute: the
-    # plan replays none), and its units.
-    fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
-    units = fsdp_units(module, [n for n, _ in params], [p for _, p in params], fsdp_unit_modules, fine)
-    if not units.units:
+    names, tensors = [n for n, _ in params], [p for _, p in params]
+    if fsdp_unit_modules is None:
         raise ValueError("use_megatron_fsdp=True needs units, and fsdp_unit_modules=None makes none: pass the classes "
                          "of the module's repeated blocks (e.g. fsdp_unit_modules=[GPT2Block])")
-    unit_params = {i for u in units.units for i in u}
-    for i, ((name, _), flag) in enumerate(zip(params, mxfp8_flags)):
-        if flag and i not in unit_params:
-            raise ValueError(f"param '{name}' is kept as MXFP8 (fp8_param_gather) but is in no FSDP unit: MXFP8 params "
-                             "are gathered per unit and pass; put its module inside a unit class of fsdp_unit_modules, "
-                             "or set `mxfp8 = False` on it")
+    # FullyShardedDataParallel's own rules, called as it calls them: which params are MXFP8 (the
+    # DDP's plain nn.Linear weights, those in units only), the fine-grained gather (without a
+    # recompute: the plan replays none), and the units.
+    mxfp8_flags = FullyShardedDataParallel._unit_mxfp8_flags(
+        SimpleNamespace(module=module, _names=names, _params=tensors), params, cfg, fsdp_unit_modules)
+    fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
+    units = fsdp_units(module, names, tensors, fsdp_unit_modules, fine)
+    if not units.units:
+        raise ValueError("use_megatron_fsdp=True needs units, and fsdp_unit_modules makes none here: pass the classes "
+                         "of the module's repeated blocks (e.g. fsdp_unit_modules=[GPT2Block])")
     fsdp_cfg = cfg.to_fsdp_cpp(_DTYPES[dtype])
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
