@@ -27,7 +27,7 @@ def test_module_without_trainable_params(ranks):
     ("reuse_grad_buf_for_mxfp8_param_ag", True, "reuse_grad_buf_for_mxfp8_param_ag=True needs fp8_param_gather=True"),
     ("overlap_param_gather", True, "overlap_param_gather=True needs use_distributed_optimizer=True"),
     ("align_param_gather", True, "align_param_gather=True is not supported.*pipeline"),
-    ("use_megatron_fsdp", True, "FSDP for torch modules"),
+    ("use_megatron_fsdp", True, "use_megatron_fsdp=True needs use_distributed_optimizer=True"),
     ("data_parallel_sharding_strategy", "optim_grads", "data_parallel_sharding_strategy='optim_grads'"),
     ("num_distributed_optimizer_instances", 2, "num_distributed_optimizer_instances=2"),
     ("nccl_ub", True, "nccl_ub=True"),
