@@ -33,7 +33,8 @@ class Block(torch.nn.Module):
 
 
 class Mlp(torch.nn.Module):
-    """Units: the Blocks. recompute: each Block re-runs its forward in backward."""
+    """Units: the Blocks. recompute: True (or "reentrant": torch's other form) re-runs each Block's
+    forward in backward."""
 
     def __init__(self):
         super().__init__()
@@ -45,7 +46,12 @@ class Mlp(torch.nn.Module):
 
     def forward(self, x):
         for i, block in enumerate(self.blocks):
-            y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.recompute else block(x)
+            # The reentrant form gives no gradient to a block whose input needs none (the first).
+            reentrant = self.recompute == "reentrant"
+            if self.recompute and not (reentrant and i == 0):
+                y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=reentrant)
+            else:
+                y = block(x)
             x = x if self.skip_last_block and i == len(self.blocks) - 1 else y
         return self.head(self.norm(x))
 
@@ -73,7 +79,7 @@ def set_recompute(name, module, on):
     if name == "mlp":
         module.recompute = on
     elif on:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         module.train()
 
 
@@ -158,6 +164,20 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
     assert (gathers > 0) == (strategy == "optim_grads_params") and (peak["values"] > 0) == (gathers > 0)
     for n, p in module.named_parameters():
         torch.testing.assert_close(p, trained[n], rtol=1e-4, atol=1e-4, msg=lambda m: f"param {n}: {m}")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_reentrant_recompute_matches_too(ranks, strategy):
+    """torch.utils.checkpoint's reentrant form (its backward re-runs the unit inside a nested
+    backward) gathers and releases as the non-reentrant one does."""
+    rank, world = ranks
+    initial, expected, trained = reference("mlp", rank, world, 3)
+    module = copy.deepcopy(initial)
+    module.recompute = "reentrant"
+    got, (gathers, releases, _) = train_fsdp("mlp", module, rank, 3, fsdp_config(strategy, True, False))
+    assert gathers == releases
+    for step, (e, g) in enumerate(zip(expected, got)):
+        assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
 
 
 def test_fine_grained_lowers_the_peak_gathered_bytes(ranks):
