@@ -1,4 +1,4 @@
-// Block-causal attention (src/model/causal_attention.h) forward + backward, f32, on the presets'
+// Block-causal attention (src/model/causal_attention.h) forward + backward, f32 or BF16 (--bf16), on the presets'
 // shapes, for several block sizes: block = T is one product per head over all T x T scores (what
 // the model did before, minus the old serial loop over heads), smaller blocks skip the scores
 // above the diagonal block at the price of more, smaller products. Prints ms per call (median)
@@ -14,6 +14,7 @@
 #include <mxddp/model.h>
 
 #include "model/causal_attention.h"
+#include "model/gemm.h"
 
 namespace {
 
@@ -32,12 +33,16 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"Block-causal attention forward + backward, f32, per block size"};
   int threads = 1, runs = 5;
+  bool bf16 = false;
+  app.add_flag("--bf16", bf16, "BF16 products (kBF16; f32 where the CPU has no native BF16)");
   app.add_option("--threads", threads, "OpenMP threads (the rank's compute threads)")->check(CLI::PositiveNumber);
   app.add_option("--runs", runs, "Timed runs per case")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   mxddp::set_compute_threads(threads);
+  const mxddp::model::ScopedGemmDType dtype(bf16 ? mxddp::model::GemmDType::kBF16 : mxddp::model::GemmDType::kF32);
   const Case cases[] = {{"tiny", 8, 64, 64, 4}, {"small", 8, 256, 384, 6}};
-  std::printf("threads %d; ms per forward + backward (median of %d)\n", threads, runs);
+  std::printf("%s products; threads %d; ms per forward + backward (median of %d)\n",
+              bf16 && mxddp::model::bf16_gemm_supported() ? "bf16" : "f32", threads, runs);
   std::printf("%-6s %5s %6s %12s %10s\n", "preset", "T", "block", "fraction", "ms");
   for (const Case& cs : cases) {
     const size_t n = size_t(cs.batch) * cs.seq;

@@ -10,6 +10,10 @@
 // dp on the local backend, in F32 and BF16 compute, with cores / dp threads per rank, as `mxddp
 // train` gives them; figures are medians over the iterations after the first. The CPU model, the
 // library, ISA and kernels are printed first.
+//
+// --breakdown adds, per run, where rank 0's step time went (model/step_profile.h's parts, then
+// the optimizer, the exposed communication and the rest of the step), medians over the same
+// iterations; the products' and casts' lines are oneDNN's time, the rest this library's.
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -21,6 +25,7 @@
 
 #include "bench_util.h"
 #include "model/gemm.h"
+#include "model/step_profile.h"
 
 extern "C" char* openblas_get_corename();
 extern "C" void openblas_set_num_threads(int threads);
@@ -68,6 +73,36 @@ Peaks single_thread_peaks(int m, int n, int k, int runs) {
   return p;
 }
 
+// Rank 0's step, part by part: medians over iterations 2.. of each part on its own (so the parts
+// need not add up to the median step exactly; "rest of step" is the median of what is left).
+void print_breakdown(const std::vector<model::profile::MicroBatch>& records, const std::vector<StepRecord>& steps) {
+  namespace prof = model::profile;
+  std::vector<std::pair<std::string, std::vector<double>>> rows;
+  for (int p = 0; p < prof::kPartCount; ++p) rows.emplace_back(prof::part_name(static_cast<prof::Part>(p)), std::vector<double>{});
+  rows.emplace_back("model other (embedding sums, hooks)", std::vector<double>{});
+  rows.emplace_back("optimizer", std::vector<double>{});
+  rows.emplace_back("exposed communication", std::vector<double>{});
+  rows.emplace_back("rest of step (staging, loop)", std::vector<double>{});
+  std::vector<double> step_ms;
+  for (size_t i = 1; i < steps.size() && i < records.size(); ++i) {
+    const StepRecord& s = steps[i];
+    double parts = 0;
+    for (int p = 0; p < prof::kPartCount; ++p) {
+      rows[static_cast<size_t>(p)].second.push_back(records[i][static_cast<size_t>(p)]);
+      parts += records[i][static_cast<size_t>(p)];
+    }
+    rows[prof::kPartCount].second.push_back(s.forward_ms + s.backward_ms - parts);
+    rows[prof::kPartCount + 1].second.push_back(s.optimizer_ms);
+    rows[prof::kPartCount + 2].second.push_back(s.comm_ms);
+    rows[prof::kPartCount + 3].second.push_back(s.step_ms - s.forward_ms - s.backward_ms - s.optimizer_ms - s.comm_ms);
+    step_ms.push_back(s.step_ms);
+  }
+  if (step_ms.empty()) return;
+  const double step = median(step_ms);
+  for (const auto& [name, ms] : rows)
+    std::printf("    %-36s %9.1f ms %5.1f%%\n", name.c_str(), median(ms), 100.0 * median(ms) / step);
+}
+
 double mfu_flops_per_token(const GptConfig& m) {
   return 6.0 * static_cast<double>(m.num_params()) + 12.0 * m.num_layers * m.hidden_size * m.seq_length;
 }
@@ -88,6 +123,8 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "Iterations per run; the first is not timed")->check(CLI::Range(2, 1000));
   app.add_option("--micro-batch-small", micro_small, "Micro-batch of small (and tiny)")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch-gpt2", micro_gpt2, "Micro-batch of gpt2-124m")->check(CLI::PositiveNumber);
+  bool breakdown = false;
+  app.add_flag("--breakdown", breakdown, "Print where rank 0's step time goes (products, casts, row kernels, ...)");
   app.add_option("--peak-runs", peak_runs, "Timed runs of the single-thread sgemm peak")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
@@ -118,12 +155,18 @@ int main(int argc, char** argv) {
         c.bf16 = dtype == "bf16";
         c.compute_threads = 0;  // cores / dp, set by train() in each rank's thread
         std::vector<double> step_ms;
+        std::vector<StepRecord> rank0_steps;
+        std::vector<model::profile::MicroBatch> rank0_profile;
         int threads = 0;
         std::mutex mutex;
         run_local(dp, [&](Communicator& comm) {
+          model::profile::set_enabled(breakdown && comm.rank() == 0);
           const TrainResult r = train(comm, c);
           if (comm.rank() != 0) return;
           std::lock_guard lock(mutex);
+          rank0_profile = model::profile::records();
+          model::profile::set_enabled(false);
+          rank0_steps = r.steps;
           threads = compute_threads();  // what train() gave this rank
           for (size_t i = 1; i < r.steps.size(); ++i) step_ms.push_back(r.steps[i].step_ms);
         });
@@ -136,6 +179,7 @@ int main(int argc, char** argv) {
         std::printf("%-10s %3d %5d %4d %7s %10.1f %11.0f %10.2f %6.3f %9s\n", preset.c_str(), dp, c.micro_batch_size,
                     threads, c.bf16 ? (bf16_ran ? "bf16" : "bf16->f32") : "f32", ms, tokens_per_s, model_flops / 1e9,
                     model_flops / machine_peak, mfu_bf16);
+        if (breakdown) print_breakdown(rank0_profile, rank0_steps);
         std::fflush(stdout);
       }
     }

@@ -225,6 +225,9 @@ struct GptTraceOptions {
   bool backward = true;      // forward_backward; false: evaluate's forward only
   int compute_threads = 1;   // the rank's threads (attention's scratch is two [64, T] tiles per thread)
   std::vector<bool> mxfp8;   // [num params]: DataParallel::is_mxfp8 (the column-wise weight copies)
+  // The params are stored in BF16 (DDPConfig's default param dtype): with options.bf16 on a CPU
+  // with native BF16 the products read them in place and take no f32 weight copies.
+  bool bf16_params = true;
 };
 
 // Runs the GPT's forward (and backward) control flow, computing nothing and touching no

@@ -19,6 +19,7 @@
 
 #include "blas.h"
 #include "row_kernels.h"
+#include "step_profile.h"
 
 namespace mxddp::model {
 
@@ -101,9 +102,11 @@ int64_t attention_scratch_numel(int seq, int threads, int block) {
 
 template <typename T>
 void attention_forward(const T* qkv, T* stats, T* y, T* scratch, int batch, int seq, int c, int heads, int block) {
+  const profile::Scope timed(profile::Part::kAttentionOther);
+  const ScopedGemmDType f32_products(GemmDType::kF32);  // see causal_attention.h
+  if (block <= 0) block = attention_block(seq);
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  if (block <= 0) block = attention_block(seq);
   for_each_head(batch, heads, [&](int b, int h, int thread) {
     const T* q = qkv + static_cast<int64_t>(b) * seq * ld + h * d;
     const T* k = q + c;
@@ -124,9 +127,11 @@ void attention_forward(const T* qkv, T* stats, T* y, T* scratch, int batch, int 
 template <typename T>
 void attention_backward(const T* dy, const T* qkv, const T* stats, T* dqkv, T* scratch, int batch, int seq, int c,
                         int heads, int block) {
+  const profile::Scope timed(profile::Part::kAttentionOther);
+  const ScopedGemmDType f32_products(GemmDType::kF32);  // see causal_attention.h
+  if (block <= 0) block = attention_block(seq);
   const int d = c / heads, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  if (block <= 0) block = attention_block(seq);
   for_each_head(batch, heads, [&](int b, int h, int thread) {
     const int64_t row0 = static_cast<int64_t>(b) * seq;
     const T* q = qkv + row0 * ld + h * d;

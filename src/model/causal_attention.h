@@ -12,6 +12,14 @@
 // instead of T x T; the price is one more score product and exp per block in backward. Both
 // passes work in a per-thread scratch of two [block, T] tiles.
 //
+// Products in f32 even under BF16 compute (--bf16): these are small (a block of 64 query rows
+// times D = 64 times up to T keys), where oneDNN 2.6's BF16 kernels are not its AMX ones (it
+// picks gemm:jit) and each call's operand rounding and fixed cost weigh most. Measured on the AMX
+// Xeon of docs/compute.md, the small preset: attention forward + backward in BF16 products, each
+// head's q, k, v and each block's P and dS rounded once, cost as much as f32 at best (one block
+// of T) and 30% more at the f32 path's block of 64; in a --bf16 training step f32 attention
+// was 20% less attention time. So the one BF16 path that would pay no longer exists.
+//
 // f32 trains; f64 (the same code) is what tests/model/gpt_grad_test.cc checks against finite
 // differences, and tests/model/causal_attention_test.cc checks f32 against a full-matrix f64
 // reference.

@@ -46,6 +46,21 @@ bool bf16_gemm_supported();
 void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc);
 
+// An operand of an f32-output product whose storage may already be BF16 (a BF16 param, say):
+// such an operand is read in place, with no rounding pass. BF16 storage needs BF16 compute
+// (kBF16 on a CPU where bf16_gemm_supported()); f32 storage is rounded as above when the thread
+// computes in BF16.
+struct GemmOperand {
+  const void* data;
+  int ld;
+  bool bf16;  // data holds uint16_t BF16 bits, else float
+};
+
+// bias [n] (optional, alpha 1 only) is added to every row of C inside the product: a linear
+// layer's y = x W^T + b without a pass that first fills C with b.
+void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, GemmOperand b, float beta, float* c,
+          int ldc, const float* bias = nullptr);
+
 void gemm(Op op_a, Op op_b, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
           double beta, double* c, int ldc);
 

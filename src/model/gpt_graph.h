@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <mxddp/model.h>
@@ -40,6 +41,11 @@ template <typename Real>
 struct GptAccess {
   // The values of param i, valid until the next weight() call for a param of the same role.
   std::function<const Real*(int param, WeightUse use)> weight;
+  // The BF16 bits of a matrix param for its products, read in place, or null where the products
+  // need weight() (f32 compute, f32 or MXFP8 params, the f64 graph). Valid as weight()'s.
+  std::function<const uint16_t*(int param, WeightUse use)> weight_bf16 = [](int, WeightUse) -> const uint16_t* {
+    return nullptr;
+  };
   std::function<Real*(int param)> grad;  // where param i's gradient accumulates (+=)
   std::function<void(int param)> grad_ready = [](int) {};
   // The module hooks of DataParallel (data_parallel.h), each with the module's params.
@@ -99,9 +105,49 @@ class GptGraph {
   Real* scratch(const std::string& name, int64_t numel) { return access_.scratch(name, numel); }
   Real* res(int layer) { return scratch(fmt::format("res/{}", layer), int64_t{rows()} * cfg_.hidden_size); }
   const Real* w(int param, WeightUse use = WeightUse::kForward) { return access_.weight(param, use); }
+  // A matrix param as its products read it: in place in BF16 where weight_bf16 gives it.
+  Operand<Real> lw(int param, WeightUse use = WeightUse::kForward) {
+    if (const uint16_t* bits = access_.weight_bf16(param, use)) return {nullptr, bits};
+    return {w(param, use), nullptr};
+  }
+  // A gradient dy [numel] that a weight-gradient and a data-gradient product both read: under BF16
+  // compute it is rounded once, here, for both (each product would round it again).
+  Operand<Real> grad_operand(const Real* dy, int64_t numel) {
+    if constexpr (std::is_same_v<Real, float>) {
+      if (products_in_bf16()) {
+        if (dy16_.size() < static_cast<size_t>(numel)) dy16_.resize(static_cast<size_t>(numel));
+        round_to_bf16(dy, dy16_.data(), numel);
+        return {dy, dy16_.data()};
+      }
+    }
+    return {dy, nullptr};
+  }
   Real* g(int param) { return access_.grad(param); }
   void ready(std::initializer_list<int> params) {
     for (int p : params) access_.grad_ready(p);
+  }
+
+  // Activations whose only readers are products are kept in BF16 when those run in BF16 (the f32
+  // graph under --bf16 on a CPU with native BF16): GELU's output (fc2's input) and the layer
+  // norms' (layer_norm below). Half the bytes, and no rounding pass before each product.
+  bool activations_in_bf16() const {
+    if constexpr (std::is_same_v<Real, float>) return products_in_bf16();
+    return false;
+  }
+
+  // A layer's norms (ln1, ln2) only feed its products too: kept in BF16 under BF16 compute, in the
+  // first half of their f32 storage. norm_operand is how the products read them.
+  void layer_norm(const Real* x, const Real* weight, const Real* bias, Real* y, Real* mean, Real* rstd) {
+    if constexpr (std::is_same_v<Real, float>) {
+      if (activations_in_bf16())
+        return layernorm_forward_bf16(x, weight, bias, reinterpret_cast<uint16_t*>(y), mean, rstd, rows(),
+                                      cfg_.hidden_size);
+    }
+    layernorm_forward(x, weight, bias, y, mean, rstd, rows(), cfg_.hidden_size);
+  }
+  Operand<Real> norm_operand(const Real* y) const {
+    if (activations_in_bf16()) return {nullptr, reinterpret_cast<const uint16_t*>(y)};
+    return {y, nullptr};
   }
 
   // Whether a selective recompute re-runs submodule m in backward.
@@ -137,11 +183,11 @@ class GptGraph {
     const Real* x = res(l);
     input_layernorm_forward(l, a);
     submodule_before_forward(l, kQkvW);
-    linear_forward(a.ln1, w(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
+    linear_forward(norm_operand(a.ln1), lw(ids_.layer(l, kQkvW)), w(ids_.layer(l, kQkvB)), a.qkv, n, c, 3 * c);
     submodule_after_forward(l, kQkvW);
     core_attention_forward(a);
     submodule_before_forward(l, kProjW);
-    linear_forward(a.atty, w(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
+    linear_forward(a.atty, lw(ids_.layer(l, kProjW)), w(ids_.layer(l, kProjB)), a.xmid, n, c, c);
     submodule_after_forward(l, kProjW);
     add_in_place(a.xmid, x, int64_t{n} * c);
     pre_mlp_layernorm_forward(l, a);
@@ -178,8 +224,7 @@ class GptGraph {
   // layernorm, the input norm: res/l -> ln1, ln1_mean, ln1_rstd. Reads ln1's weight and bias.
   void input_layernorm_forward(int l, const LayerActs& a) {
     submodule_before_forward(l, kLn1W);
-    layernorm_forward(res(l), w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd, rows(),
-                      cfg_.hidden_size);
+    layer_norm(res(l), w(ids_.layer(l, kLn1W)), w(ids_.layer(l, kLn1B)), a.ln1, a.ln1_mean, a.ln1_rstd);
     submodule_after_forward(l, kLn1W);
   }
 
@@ -195,8 +240,7 @@ class GptGraph {
   // layernorm, the pre-MLP norm: xmid -> ln2, ln2_mean, ln2_rstd. Reads ln2's weight and bias.
   void pre_mlp_layernorm_forward(int l, const LayerActs& a) {
     submodule_before_forward(l, kLn2W);
-    layernorm_forward(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd, rows(),
-                      cfg_.hidden_size);
+    layer_norm(a.xmid, w(ids_.layer(l, kLn2W)), w(ids_.layer(l, kLn2B)), a.ln2, a.ln2_mean, a.ln2_rstd);
     submodule_after_forward(l, kLn2W);
   }
 
@@ -207,13 +251,24 @@ class GptGraph {
   void mlp_forward(int l, const LayerActs& a, Run run) {
     const int n = rows(), c = cfg_.hidden_size;
     submodule_before_forward(l, kFc1W);
-    linear_forward(a.ln2, w(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
+    linear_forward(norm_operand(a.ln2), lw(ids_.layer(l, kFc1W)), w(ids_.layer(l, kFc1B)), a.fc1, n, c, 4 * c);
     submodule_after_forward(l, kFc1W);
     if (run == Run::kRecompute) return;  // fc2 is not gathered either
     Real* gelu = mlp_4c();
+    if constexpr (std::is_same_v<Real, float>) {
+      if (activations_in_bf16()) {  // fc2's operand only: kept in BF16 (the first half of mlp_4c's storage)
+        uint16_t* gelu16 = reinterpret_cast<uint16_t*>(gelu);
+        gelu_forward_bf16(a.fc1, gelu16, int64_t{n} * 4 * c);
+        submodule_before_forward(l, kFc2W);
+        linear_forward(Operand<float>(nullptr, gelu16), lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1),
+                       n, 4 * c, c);
+        submodule_after_forward(l, kFc2W);
+        return;
+      }
+    }
     gelu_forward(a.fc1, gelu, int64_t{n} * 4 * c);
     submodule_before_forward(l, kFc2W);
-    linear_forward(gelu, w(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
+    linear_forward(gelu, lw(ids_.layer(l, kFc2W)), w(ids_.layer(l, kFc2B)), res(l + 1), n, 4 * c, c);
     submodule_after_forward(l, kFc2W);
   }
 
@@ -241,7 +296,7 @@ class GptGraph {
                       scratch("lnf_mean", n), scratch("lnf_rstd", n), n, c);
     // The LM head is the token embedding, transposed: logits [N, V] = lnf wte^T.
     Real* logits = scratch("logits", int64_t{n} * v);
-    gemm(Op::kN, Op::kT, n, v, c, Real(1), lnf, c, w(ids_.wte()), c, Real(0), logits, v);
+    gemm_operands(Op::kN, Op::kT, n, v, c, Operand<Real>(lnf), c, lw(ids_.wte()), c, Real(0), logits, v);
     return cross_entropy(logits, targets_.data(), scratch("row_loss", n), n, v, grad_scale);
   }
 
@@ -251,8 +306,9 @@ class GptGraph {
     const Real* dlogits = scratch("logits", int64_t{n} * v);
     Real* dres = scratch("grad/dres", int64_t{n} * c);  // dL/d(residual stream), carried down
     Real* dln = scratch("grad/dc", int64_t{n} * c);
-    gemm(Op::kT, Op::kN, v, c, n, Real(1), dlogits, v, lnf, c, Real(1), g(ids_.wte()), c);
-    gemm(Op::kN, Op::kN, n, c, v, Real(1), dlogits, v, w(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
+    const Operand<Real> dy_head = grad_operand(dlogits, int64_t{n} * v);
+    gemm_operands(Op::kT, Op::kN, v, c, n, dy_head, v, Operand<Real>(lnf), c, Real(1), g(ids_.wte()), c);
+    gemm_operands(Op::kN, Op::kN, n, c, v, dy_head, v, lw(ids_.wte(), WeightUse::kDataGrad), c, Real(0), dln, c);
     fill_zero(dres, int64_t{n} * c);
     layernorm_backward(dln, res(L), w(ids_.final_norm_weight()), scratch("lnf_mean", n), scratch("lnf_rstd", n), dres,
                        g(ids_.final_norm_weight()), g(ids_.final_norm_bias()), n, c);
@@ -287,17 +343,27 @@ class GptGraph {
     Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
-    gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);  // fc2's input again: forward's was the last layer's
+    // fc2's input again (forward's was the last layer's), in BF16 where forward kept it so.
+    Operand<Real> fc2_in(d4c);
+    if constexpr (std::is_same_v<Real, float>) {
+      if (activations_in_bf16()) {
+        fc2_in = Operand<Real>(nullptr, reinterpret_cast<uint16_t*>(d4c));
+        gelu_forward_bf16(a.fc1, reinterpret_cast<uint16_t*>(d4c), int64_t{n} * 4 * c);
+      }
+    }
+    if (fc2_in.values != nullptr) gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);
     submodule_before_backward(l, kFc2W);
-    linear_backward_weight(dres, d4c, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
+    const Operand<Real> dy_fc2 = grad_operand(dres, int64_t{n} * c);
+    linear_backward_weight(dy_fc2, fc2_in, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
     ready({id(kFc2W), id(kFc2B)});
-    linear_backward_data(dres, w(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+    linear_backward_data(dy_fc2, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
     submodule_after_backward(l, kFc2W);
     gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
     submodule_before_backward(l, kFc1W);
-    linear_backward_weight(d4c, a.ln2, g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
+    const Operand<Real> dy_fc1 = grad_operand(d4c, int64_t{n} * 4 * c);
+    linear_backward_weight(dy_fc1, norm_operand(a.ln2), g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
-    linear_backward_data(d4c, w(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
+    linear_backward_data(dy_fc1, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);
     submodule_after_backward(l, kFc1W);
     // dres becomes dL/dxmid: the residual path plus the pre-MLP norm's path.
     submodule_before_backward(l, kLn2W);
@@ -306,9 +372,10 @@ class GptGraph {
     submodule_after_backward(l, kLn2W);
 
     submodule_before_backward(l, kProjW);
-    linear_backward_weight(dres, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
+    const Operand<Real> dy_proj = grad_operand(dres, int64_t{n} * c);
+    linear_backward_weight(dy_proj, a.atty, g(id(kProjW)), g(id(kProjB)), n, c, c);
     ready({id(kProjW), id(kProjB)});
-    linear_backward_data(dres, w(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
+    linear_backward_data(dy_proj, lw(id(kProjW), WeightUse::kDataGrad), dln, n, c, c, false);
     submodule_after_backward(l, kProjW);
     // Rewrites atty as well, with the same values; its last reader (proj's weight gradient) is done.
     if (selective(RecomputeModule::kCoreAttn)) core_attention_forward(a);
@@ -316,9 +383,10 @@ class GptGraph {
                        cfg_.num_attention_heads);
     if (selective(RecomputeModule::kLayernorm)) input_layernorm_forward(l, a);
     submodule_before_backward(l, kQkvW);
-    linear_backward_weight(d3c, a.ln1, g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
+    const Operand<Real> dy_qkv = grad_operand(d3c, int64_t{n} * 3 * c);
+    linear_backward_weight(dy_qkv, norm_operand(a.ln1), g(id(kQkvW)), g(id(kQkvB)), n, c, 3 * c);
     ready({id(kQkvW), id(kQkvB)});
-    linear_backward_data(d3c, w(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
+    linear_backward_data(dy_qkv, lw(id(kQkvW), WeightUse::kDataGrad), dln, n, c, 3 * c, false);
     submodule_after_backward(l, kQkvW);
     submodule_before_backward(l, kLn1W);
     layernorm_backward(dln, x, w(id(kLn1W)), a.ln1_mean, a.ln1_rstd, dres, g(id(kLn1W)), g(id(kLn1B)), n, c);
@@ -339,6 +407,7 @@ class GptGraph {
   int batch_ = 0;
   bool backward_ready_ = false;
   std::vector<int32_t> inputs_, targets_;  // [N]
+  std::vector<uint16_t> dy16_;  // grad_operand's BF16 gradient, [N, max(V, 4C)] at most
 };
 
 }  // namespace mxddp::model

@@ -10,6 +10,7 @@
 
 #include "gpt_graph.h"
 #include "gpt_scratch.h"
+#include "step_profile.h"
 
 namespace mxddp {
 
@@ -93,11 +94,14 @@ struct GptModel::Impl {
   std::vector<bool> is_mxfp8;                 // [param]
   GptTimings timings;
   model::GemmDType gemm_dtype = model::GemmDType::kF32;  // the products' compute dtype (options.bf16)
+  // BF16 compute on a CPU that multiplies BF16 natively: BF16 params are read in place.
+  bool bf16_weights_in_place = false;
   std::unique_ptr<model::GptGraph<float>> graph;
 
   Impl(DataParallel& d, GlobalMemoryBuffer& p, const GptConfig& c) : ddp(d), pool(p), config(c) {}
 
   const float* weight(int i, model::WeightUse use) {
+    const model::profile::Scope timed(model::profile::Part::kWeights);
     const ParamSpec& spec = specs[static_cast<size_t>(i)];
     const bool dgrad = is_mxfp8[static_cast<size_t>(i)] && use == model::WeightUse::kDataGrad;
     TensorView out = pool.get_tensor(spec.shape, DType::kF32, (dgrad ? weight_key_dgrad : weight_key)[static_cast<size_t>(i)]);
@@ -111,6 +115,14 @@ struct GptModel::Impl {
     }
     return out.data_as<const float>();
   }
+
+  // A BF16 param's own bits for a BF16 product (no f32 copy, no rounding): what rounding weight()'s
+  // copy would give back. MXFP8 params and f32 params take weight().
+  const uint16_t* weight_bf16(int i) {
+    if (!bf16_weights_in_place || is_mxfp8[static_cast<size_t>(i)]) return nullptr;
+    const TensorView p = ddp.param(i);
+    return p.dtype == DType::kBF16 ? p.data_as<const bf16_bits>() : nullptr;
+  }
 };
 
 GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConfig& config,
@@ -121,6 +133,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
   Impl& m = *impl_;
   m.specs = ddp.params();
   if (options.bf16) m.gemm_dtype = model::GemmDType::kBF16;
+  m.bf16_weights_in_place = options.bf16 && model::bf16_gemm_supported();
   const std::vector<ParamSpec> expected = gpt_param_specs(config);
   MXDDP_CHECK(m.specs.size() == expected.size(), "the DDP holds {} params but a GPT of {} has {}", m.specs.size(),
               config.describe(), expected.size());
@@ -141,6 +154,7 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
 
   model::GptAccess<float> access;
   access.weight = [&m](int i, model::WeightUse use) { return m.weight(i, use); };
+  access.weight_bf16 = [&m](int i, model::WeightUse) { return m.weight_bf16(i); };
   access.grad = [&m](int i) { return m.ddp.main_grad(i).data_as<float>(); };
   access.grad_ready = [&m](int i) { m.ddp.grad_ready(i); };
   // The pre-hooks may wait for param gathers: that time is exposed communication.
@@ -171,6 +185,7 @@ double GptModel::forward_backward(const int32_t* tokens, int micro_batch, float 
   Impl& m = *impl_;
   const int n = micro_batch * m.config.seq_length;
   const model::ScopedGemmDType compute_dtype(m.gemm_dtype);
+  model::profile::begin_micro_batch();
   const double wait0 = m.timings.param_wait_ms;
   auto t0 = Clock::now();
   const double loss = m.graph->forward(tokens, micro_batch, loss_scale / static_cast<float>(n));

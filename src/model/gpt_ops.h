@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "blas.h"
 #include "causal_attention.h"
 #include "row_kernels.h"
+#include "step_profile.h"
 
 namespace mxddp::model {
 
@@ -31,6 +33,7 @@ void add_column_sums(const T* x, int rows, int cols, T* out) {
 // y [count] = 0
 template <typename T>
 void fill_zero(T* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kElementwise);
   std::fill(y, y + count, T(0));
 }
 
@@ -43,24 +46,68 @@ void add_in_place(T* y, const T* x, int64_t count) {
 // ---- Linear: y = x W^T + b, with W [out, in] (PyTorch's and Megatron's layout; row-wise MXFP8
 // blocks then run along `in`, the forward product's reduction dimension). ----
 
-// x [n, in], w [out, in], b [out] -> y [n, out]
+// An operand of the linear layers' products: its values in T, and/or, for the f32 GPT computing in
+// BF16, its BF16 bits, which the products then read in place. A BF16 param is passed as its own
+// bits (no f32 copy of the param, no rounding pass: the copy would round back to these bits); a
+// gradient that two products read is rounded once for both; GELU's output is only kept in BF16.
 template <typename T>
-void linear_forward(const T* x, const T* w, const T* b, T* y, int n, int in, int out) {
-  for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
-  gemm(Op::kN, Op::kT, n, out, in, T(1), x, in, w, in, T(1), y, out);
+struct Operand;
+// An Operand parameter whose T comes from the other arguments, so a plain pointer converts.
+template <typename T>
+using OperandOf = std::type_identity_t<Operand<T>>;
+
+template <typename T>
+struct Operand {
+  Operand(const T* v = nullptr, const uint16_t* b = nullptr) : values(v), bf16(b) {}  // NOLINT: a plain pointer is an operand
+  const T* values;
+  const uint16_t* bf16;
+};
+
+// C [m, n] = alpha op(A) op(B) + beta C, reading each operand's BF16 bits where it has them.
+template <typename T>
+void gemm_operands(Op op_a, Op op_b, int m, int n, int k, OperandOf<T> a, int lda, OperandOf<T> b, int ldb, T beta, T* c,
+                   int ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.bf16 != nullptr || b.bf16 != nullptr) {
+      const GemmOperand ga = a.bf16 != nullptr ? GemmOperand{a.bf16, lda, true} : GemmOperand{a.values, lda, false};
+      const GemmOperand gb = b.bf16 != nullptr ? GemmOperand{b.bf16, ldb, true} : GemmOperand{b.values, ldb, false};
+      gemm(op_a, op_b, m, n, k, 1.0f, ga, gb, beta, c, ldc);
+      return;
+    }
+  }
+  gemm(op_a, op_b, m, n, k, T(1), a.values, lda, b.values, ldb, beta, c, ldc);
 }
 
-// dw [out, in] += dy^T x; db [out] += column sums of dy.
+// The calling thread's products run in BF16 (the f32 GPT under --bf16 on a CPU that has it).
+inline bool products_in_bf16() { return gemm_dtype() == GemmDType::kBF16 && bf16_gemm_supported(); }
+
+// x [n, in], w [out, in], b [out] -> y [n, out]
 template <typename T>
-void linear_backward_weight(const T* dy, const T* x, T* dw, T* db, int n, int in, int out) {
-  gemm(Op::kT, Op::kN, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
-  add_column_sums(dy, n, out, db);
+void linear_forward(OperandOf<T> x, OperandOf<T> w, const T* b, T* y, int n, int in, int out) {
+  if constexpr (std::is_same_v<T, float>) {  // the bias is added inside the product
+    const GemmOperand gx = x.bf16 != nullptr ? GemmOperand{x.bf16, in, true} : GemmOperand{x.values, in, false};
+    const GemmOperand gw = w.bf16 != nullptr ? GemmOperand{w.bf16, in, true} : GemmOperand{w.values, in, false};
+    gemm(Op::kN, Op::kT, n, out, in, 1.0f, gx, gw, 0.0f, y, out, b);
+    return;
+  }
+  {
+    const profile::Scope timed(profile::Part::kElementwise);
+    for (int i = 0; i < n; ++i) std::copy(b, b + out, y + static_cast<int64_t>(i) * out);
+  }
+  gemm_operands(Op::kN, Op::kT, n, out, in, x, in, w, in, T(1), y, out);
+}
+
+// dw [out, in] += dy^T x; db [out] += column sums of dy (its values: the bias gradient stays f32).
+template <typename T>
+void linear_backward_weight(OperandOf<T> dy, OperandOf<T> x, T* dw, T* db, int n, int in, int out) {
+  gemm_operands(Op::kT, Op::kN, out, in, n, dy, out, x, in, T(1), dw, in);
+  add_column_sums(dy.values, n, out, db);
 }
 
 // dx [n, in] = dy w (+ dx when accumulate).
 template <typename T>
-void linear_backward_data(const T* dy, const T* w, T* dx, int n, int in, int out, bool accumulate) {
-  gemm(Op::kN, Op::kN, n, in, out, T(1), dy, out, w, in, accumulate ? T(1) : T(0), dx, in);
+void linear_backward_data(OperandOf<T> dy, OperandOf<T> w, T* dx, int n, int in, int out, bool accumulate) {
+  gemm_operands(Op::kN, Op::kN, n, in, out, dy, out, w, in, accumulate ? T(1) : T(0), dx, in);
 }
 
 // ---- LayerNorm over the last dimension: y = (x - mean) * rstd * w + b ----
@@ -139,6 +186,7 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t count) {
 
 template <typename T>
 void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, int batch, int seq, int c) {
+  const profile::Scope timed(profile::Part::kElementwise);
   for (int b = 0; b < batch; ++b)
     for (int t = 0; t < seq; ++t) {
       const int64_t n = static_cast<int64_t>(b) * seq + t;
@@ -151,6 +199,7 @@ void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* x, 
 
 template <typename T>
 void embedding_backward(const int32_t* tokens, const T* dx, T* dwte, T* dwpe, int batch, int seq, int c) {
+  const profile::Scope timed(profile::Part::kElementwise);
   for (int b = 0; b < batch; ++b)
     for (int t = 0; t < seq; ++t) {
       const int64_t n = static_cast<int64_t>(b) * seq + t;

@@ -21,9 +21,9 @@ struct Traced {
 // The kernels the graph calls, for Traced: no work, no memory touched.
 void fill_zero(Traced*, int64_t) {}
 void add_in_place(Traced*, const Traced*, int64_t) {}
-void linear_forward(const Traced*, const Traced*, const Traced*, Traced*, int, int, int) {}
-void linear_backward_weight(const Traced*, const Traced*, Traced*, Traced*, int, int, int) {}
-void linear_backward_data(const Traced*, const Traced*, Traced*, int, int, int, bool) {}
+void linear_forward(Operand<Traced>, Operand<Traced>, const Traced*, Traced*, int, int, int) {}
+void linear_backward_weight(Operand<Traced>, Operand<Traced>, Traced*, Traced*, int, int, int) {}
+void linear_backward_data(Operand<Traced>, Operand<Traced>, Traced*, int, int, int, bool) {}
 void layernorm_forward(const Traced*, const Traced*, const Traced*, Traced*, Traced*, Traced*, int, int) {}
 void layernorm_backward(const Traced*, const Traced*, const Traced*, const Traced*, const Traced*, Traced*, Traced*,
                         Traced*, int, int) {}
@@ -35,6 +35,7 @@ double cross_entropy(Traced*, const int32_t*, Traced*, int, int, Traced) { retur
 void attention_forward(const Traced*, Traced*, Traced*, Traced*, int, int, int, int) {}
 void attention_backward(const Traced*, const Traced*, const Traced*, Traced*, Traced*, int, int, int, int) {}
 void gemm(Op, Op, int, int, int, Traced, const Traced*, int, const Traced*, int, Traced, Traced*, int) {}
+void gemm_operands(Op, Op, int, int, int, Operand<Traced>, int, Operand<Traced>, int, Traced, Traced*, int) {}
 
 }  // namespace mxddp::model
 
@@ -63,6 +64,13 @@ void trace_gpt_micro_batch(const GptConfig& config, const GptModelOptions& optio
     const bool mxfp8 = !trace_options.mxfp8.empty() && trace_options.mxfp8[static_cast<size_t>(i)];
     trace.scratch(gpt_weight_scratch_name(spec.name, mxfp8 && use == model::WeightUse::kDataGrad), spec.shape.numel());
     return &nowhere;
+  };
+  // As GptModel: under BF16 compute a BF16 param (not MXFP8) is read in place, with no scratch copy.
+  const bool weights_in_place = options.bf16 && trace_options.bf16_params && model::bf16_gemm_supported();
+  static const uint16_t in_place_bits = 0;
+  access.weight_bf16 = [&](int i, model::WeightUse) -> const uint16_t* {
+    const bool mxfp8 = !trace_options.mxfp8.empty() && trace_options.mxfp8[static_cast<size_t>(i)];
+    return weights_in_place && !mxfp8 ? &in_place_bits : nullptr;
   };
   access.grad = [&](int i) {
     trace.main_grad(i);

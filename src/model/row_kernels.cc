@@ -1,6 +1,7 @@
 // row_kernels.h: picks the widest ISA table once and splits rows (or elements, or columns) over
 // the calling thread's OpenMP threads. The arithmetic is all in row_kernels_simd.inc.
 #include "row_kernels.h"
+#include "step_profile.h"
 
 #include <omp.h>
 
@@ -10,9 +11,19 @@ namespace mxddp::model {
 
 namespace row_kernels {
 
+namespace {
+// The avx512 table is compiled for F and BW (BW: 16-bit lanes, for the BF16 casts), every
+// AVX-512 CPU but the Xeon Phi has both; the avx512bf16 table adds VL and BF16.
+bool has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
+bool has_avx512bf16() {
+  return has_avx512() && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+}  // namespace
+
 const RowKernelTable& active() {
   static const RowKernelTable& table = [] () -> const RowKernelTable& {
-    if (__builtin_cpu_supports("avx512f")) return row_kernels_avx512();
+    if (has_avx512bf16()) return row_kernels_avx512bf16();
+    if (has_avx512()) return row_kernels_avx512();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return row_kernels_avx2();
     return row_kernels_base();
   }();
@@ -22,7 +33,8 @@ const RowKernelTable& active() {
 std::vector<const RowKernelTable*> supported() {
   std::vector<const RowKernelTable*> tables{&row_kernels_base()};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) tables.push_back(&row_kernels_avx2());
-  if (__builtin_cpu_supports("avx512f")) tables.push_back(&row_kernels_avx512());
+  if (has_avx512()) tables.push_back(&row_kernels_avx512());
+  if (has_avx512bf16()) tables.push_back(&row_kernels_avx512bf16());
   return tables;
 }
 
@@ -68,14 +80,26 @@ void parallel_column_blocks(int rows, int cols, F&& f) {
 
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int n,
                        int c) {
+  const profile::Scope timed(profile::Part::kLayerNorm);
   const RowKernelTable& k = active();
   parallel_ranges(n, c, [&](int64_t r0, int64_t r1) {
     k.layernorm_forward(x + r0 * c, w, b, y + r0 * c, mean + r0, rstd + r0, r1 - r0, c, static_cast<float>(kLayerNormEps));
   });
 }
 
+void layernorm_forward_bf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                            int n, int c) {
+  const profile::Scope timed(profile::Part::kLayerNorm);
+  const RowKernelTable& k = active();
+  parallel_ranges(n, c, [&](int64_t r0, int64_t r1) {
+    k.layernorm_forward_bf16(x + r0 * c, w, b, y + r0 * c, mean + r0, rstd + r0, r1 - r0, c,
+                             static_cast<float>(kLayerNormEps));
+  });
+}
+
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, int n, int c) {
+  const profile::Scope timed(profile::Part::kLayerNorm);
   const RowKernelTable& k = active();
   parallel_ranges(n, c, [&](int64_t r0, int64_t r1) {
     k.layernorm_backward_data(dy + r0 * c, x + r0 * c, w, mean + r0, rstd + r0, dx + r0 * c, r1 - r0, c);
@@ -84,16 +108,25 @@ void layernorm_backward(const float* dy, const float* x, const float* w, const f
 }
 
 void gelu_forward(const float* x, float* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kGelu);
   const RowKernelTable& k = active();
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_forward(x + i0, y + i0, i1 - i0); });
 }
 
+void gelu_forward_bf16(const float* x, uint16_t* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kGelu);
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_forward_bf16(x + i0, y + i0, i1 - i0); });
+}
+
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t count) {
+  const profile::Scope timed(profile::Part::kGelu);
   const RowKernelTable& k = active();
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_backward(x + i0, dy + i0, dx + i0, i1 - i0); });
 }
 
 double cross_entropy(float* logits, const int32_t* targets, float* row_loss, int n, int v, float grad_scale) {
+  const profile::Scope timed(profile::Part::kCrossEntropy);
   const RowKernelTable& k = active();
   parallel_ranges(n, v, [&](int64_t r0, int64_t r1) {
     k.cross_entropy(logits + r0 * v, targets + r0, row_loss + r0, r1 - r0, v, grad_scale);
@@ -104,27 +137,38 @@ double cross_entropy(float* logits, const int32_t* targets, float* row_loss, int
 }
 
 void add_column_sums(const float* x, int rows, int cols, float* out) {
+  const profile::Scope timed(profile::Part::kElementwise);
   const RowKernelTable& k = active();
   parallel_column_blocks(rows, cols, [&](int j0, int j1) { k.column_sums(x, rows, cols, j0, j1, out); });
 }
 
 void add_in_place(float* y, const float* x, int64_t count) {
+  const profile::Scope timed(profile::Part::kElementwise);
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) y[i] += x[i];
   });
 }
 
+void round_to_bf16(const float* x, uint16_t* y, int64_t count) {
+  const profile::Scope timed(profile::Part::kCasts);
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.round_to_bf16(x + i0, y + i0, i1 - i0); });
+}
+
 void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum) {
+  const profile::Scope timed(profile::Part::kAttentionSoftmax);
   active().causal_softmax(p, ld, first_row, rows, width, row_max, row_inv_sum);
 }
 
 void causal_softmax_rows_from_stats(float* p, int ld, int first_row, int rows, int width, const float* row_max,
                                     const float* row_inv_sum) {
+  const profile::Scope timed(profile::Part::kAttentionSoftmax);
   active().causal_softmax_from_stats(p, ld, first_row, rows, width, row_max, row_inv_sum);
 }
 
 void causal_softmax_backward_rows(const float* p, float* ds, int ld, int first_row, int rows, int width, float scale) {
+  const profile::Scope timed(profile::Part::kAttentionSoftmax);
   active().causal_softmax_backward(p, ds, ld, first_row, rows, width, scale);
 }
 

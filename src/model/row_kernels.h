@@ -22,11 +22,16 @@ inline constexpr double kLayerNormEps = 1e-5;
 // x [n, c] -> y [n, c], mean [n], rstd [n]
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int n,
                        int c);
+// The same with y [n, c] stored as BF16 bits (for the BF16 products that are its only readers).
+void layernorm_forward_bf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                            int n, int c);
 // dx [n, c] += dL/dx; dw, db [c] +=.
 void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                         float* dx, float* dw, float* db, int n, int c);
 
 void gelu_forward(const float* x, float* y, int64_t count);
+// gelu_forward rounded to BF16 bits (the BF16 products' operand), in one pass.
+void gelu_forward_bf16(const float* x, uint16_t* y, int64_t count);
 // dx = dy * gelu'(x); dx may alias dy.
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t count);
 
@@ -38,6 +43,9 @@ double cross_entropy(float* logits, const int32_t* targets, float* row_loss, int
 void add_column_sums(const float* x, int rows, int cols, float* out);
 // y [count] += x [count] (a residual connection).
 void add_in_place(float* y, const float* x, int64_t count);
+
+// y [count] = x [count] rounded to BF16 bits (RNE, core.h's f32_to_bf16), over the rank's threads.
+void round_to_bf16(const float* x, uint16_t* y, int64_t count);
 
 // The causal softmax of attention rows, on the calling thread only (attention parallelizes over
 // heads itself); see RowKernelTable::causal_softmax(_from_stats, _backward).

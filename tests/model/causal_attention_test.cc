@@ -6,6 +6,7 @@
 // which would reach the outputs), and the result is the same bits at 1 and 2 threads.
 //
 // f32 bound: |out - out64| <= 64 u (1 + |out64|) with u = 2^-24; the inputs are O(1), T <= 130.
+// Under BF16 compute the products stay f32: the same bits as f32 (causal_attention.h says why).
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 #include <mxddp/model.h>
 
 #include "model/causal_attention.h"
+#include "model/gemm.h"
 
 namespace mxddp::model {
 namespace {
@@ -156,6 +158,28 @@ TEST(CausalAttention, F32WithinBoundOfTheF64Reference) {
       }
     }
   std::printf("attention f32: worst |out - out64| / (1 + |out64|) = %.2f u\n", worst / kU);
+}
+
+TEST(CausalAttention, ProductsStayF32UnderBf16Compute) {
+  // Under --bf16 (the thread's gemm dtype kBF16) attention's products run in f32 (causal_attention.h
+  // says why): the same bits as under kF32, at 1 and 2 threads (the OpenMP workers included).
+  const Shape s{2, 70, 32, 4};
+  const size_t n = static_cast<size_t>(s.batch) * s.seq;
+  const auto qkv = random_values<float>(n * 3 * s.c, 15), dy = random_values<float>(n * s.c, 16);
+  for (int threads : {1, 2}) {
+    set_compute_threads(threads);
+    std::vector<float> y32, d32, s32, y16, d16, s16;
+    blocked_attention(s, 32, qkv, dy, y32, d32, s32);
+    {
+      const ScopedGemmDType bf16(GemmDType::kBF16);
+      blocked_attention(s, 32, qkv, dy, y16, d16, s16);
+      EXPECT_EQ(gemm_dtype(), GemmDType::kBF16) << "the caller's dtype is restored";
+    }
+    EXPECT_EQ(0, std::memcmp(y32.data(), y16.data(), y32.size() * sizeof(float))) << threads << " thread(s)";
+    EXPECT_EQ(0, std::memcmp(d32.data(), d16.data(), d32.size() * sizeof(float))) << threads << " thread(s)";
+    EXPECT_EQ(0, std::memcmp(s32.data(), s16.data(), s32.size() * sizeof(float))) << threads << " thread(s)";
+  }
+  set_compute_threads(0);
 }
 
 TEST(CausalAttention, SameBitsAtOneAndTwoThreads) {

@@ -86,15 +86,26 @@ void reference(const Case& t, const Operands& o, bool round, std::vector<double>
 
 // Runs the case in `dtype`; checks C against the f64 reference (on rounded operands when
 // round_ref) within rel_bound x mag, and that the padding columns of C were not written.
-void check_case(const Case& t, GemmDType dtype, bool round_ref, double rel_bound, uint64_t seed) {
+// stored_bf16: 1 stores A in BF16 (the rounded values), 2 stores B, 3 both; such operands are
+// passed as GemmOperand{.., bf16 = true} and read in place.
+void check_case(const Case& t, GemmDType dtype, bool round_ref, double rel_bound, uint64_t seed, int stored_bf16 = 0) {
   const Operands o = make_operands(t, seed);
+  std::vector<bf16_bits> a16(o.a.size()), b16(o.b.size());
+  for (size_t i = 0; i < o.a.size(); ++i) a16[i] = f32_to_bf16(o.a[i]);
+  for (size_t i = 0; i < o.b.size(); ++i) b16[i] = f32_to_bf16(o.b[i]);
   std::vector<float> c = o.c0;
   if (t.beta == 0.0f)  // beta = 0 must not read C: NaN there would show through
     for (int i = 0; i < t.m; ++i)
       for (int j = 0; j < t.n; ++j) c[static_cast<size_t>(i) * o.ldc + j] = std::nanf("");
   {
     const ScopedGemmDType scope(dtype);
-    gemm(t.op_a, t.op_b, t.m, t.n, t.k, t.alpha, o.a.data(), o.lda, o.b.data(), o.ldb, t.beta, c.data(), o.ldc);
+    if (stored_bf16 == 0) {
+      gemm(t.op_a, t.op_b, t.m, t.n, t.k, t.alpha, o.a.data(), o.lda, o.b.data(), o.ldb, t.beta, c.data(), o.ldc);
+    } else {
+      const GemmOperand a = (stored_bf16 & 1) ? GemmOperand{a16.data(), o.lda, true} : GemmOperand{o.a.data(), o.lda, false};
+      const GemmOperand b = (stored_bf16 & 2) ? GemmOperand{b16.data(), o.ldb, true} : GemmOperand{o.b.data(), o.ldb, false};
+      gemm(t.op_a, t.op_b, t.m, t.n, t.k, t.alpha, a, b, t.beta, c.data(), o.ldc);
+    }
   }
   std::vector<double> ref, mag;
   reference(t, o, round_ref, ref, mag);
@@ -152,6 +163,62 @@ TEST(Gemm, Bf16AccumulatesInF32) {
   }
   uint64_t seed = 200;
   for (const Case& t : cases()) check_case(t, GemmDType::kBF16, true, (t.k + 2) * kU32, seed++);
+}
+
+TEST(Gemm, Bf16StoredOperandsAreReadInPlaceWithF32Accumulation) {
+  // A BF16 param is read as stored: A, B or both in BF16 storage give the f64 product of the
+  // rounded values within the F32 bound, in every layout (transposes, padded leading dimensions).
+  if (!bf16_gemm_supported()) {
+    const ScopedGemmDType scope(GemmDType::kBF16);
+    const bf16_bits one = f32_to_bf16(1.0f);
+    float c = 0;
+    EXPECT_THROW(gemm(Op::kN, Op::kN, 1, 1, 1, 1.0f, GemmOperand{&one, 1, true}, GemmOperand{&c, 1, false}, 0.0f, &c, 1),
+                 Error);
+    return;
+  }
+  uint64_t seed = 300;
+  for (int stored = 1; stored <= 3; ++stored)
+    for (const Case& t : cases()) check_case(t, GemmDType::kBF16, true, (t.k + 2) * kU32, seed++, stored);
+}
+
+TEST(Gemm, BiasIsAddedToEveryRowInF32AndBf16) {
+  // A linear layer's product: C = op(A) op(B) + bias, beta 0 (C starts as NaN: not read), in f32
+  // and BF16 compute, within each one's bound with |bias| added to the magnitude.
+  for (GemmDType dtype : {GemmDType::kF32, GemmDType::kBF16}) {
+    const bool bf16 = dtype == GemmDType::kBF16 && bf16_gemm_supported();
+    const Case t{Op::kN, Op::kT, 37, 29, 70, 1.0f, 0.0f, 3};
+    const Operands o = make_operands(t, 77);
+    std::vector<float> bias(static_cast<size_t>(t.n));
+    for (int j = 0; j < t.n; ++j) bias[static_cast<size_t>(j)] = 0.25f * static_cast<float>(j % 7) - 0.5f;
+    std::vector<float> c(o.c0.size(), std::nanf(""));
+    {
+      const ScopedGemmDType scope(dtype);
+      gemm(t.op_a, t.op_b, t.m, t.n, t.k, 1.0f, GemmOperand{o.a.data(), o.lda, false}, GemmOperand{o.b.data(), o.ldb, false},
+           0.0f, c.data(), o.ldc, bias.data());
+    }
+    std::vector<double> ref, mag;
+    reference(t, o, bf16, ref, mag);
+    for (int i = 0; i < t.m; ++i)
+      for (int j = 0; j < t.n; ++j) {
+        const size_t ij = static_cast<size_t>(i) * t.n + j;
+        const double want = ref[ij] + bias[static_cast<size_t>(j)];
+        const double bound = (t.k + 3) * kU32 * (mag[ij] + std::abs(bias[static_cast<size_t>(j)]));
+        ASSERT_LE(std::abs(c[static_cast<size_t>(i) * o.ldc + j] - want), bound) << (bf16 ? "bf16" : "f32") << " C[" << i
+                                                                                 << ", " << j << "]";
+      }
+  }
+  float one = 1.0f, c = 0.0f;
+  EXPECT_THROW(gemm(Op::kN, Op::kN, 1, 1, 1, 2.0f, GemmOperand{&one, 1, false}, GemmOperand{&one, 1, false}, 0.0f, &c, 1,
+                    &one),
+               Error);
+}
+
+TEST(Gemm, Bf16StoredOperandNeedsBf16Compute) {
+  const bf16_bits one = f32_to_bf16(1.0f);
+  const float b = 2.0f;
+  float c = 0;
+  EXPECT_THROW(gemm(Op::kN, Op::kN, 1, 1, 1, 1.0f, GemmOperand{&one, 1, true}, GemmOperand{&b, 1, false}, 0.0f, &c, 1),
+               Error);
 }
 
 TEST(Gemm, Bf16ReallyRoundsOperandsWhereSupported) {

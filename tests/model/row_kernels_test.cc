@@ -13,6 +13,9 @@
 //                  + e rstd |mean(dxhat xhat)|; dw, db: 4 (n + 1) u sum_i |term_i|
 //   cross-entropy  row loss: 16u (1 + |loss64|); gradient: 8u |grad_scale|
 //   causal softmax p: 8u; dS: 16u scale sum_j p |dp| + 8u |dS64| per row
+//   round to BF16  the same bits as core.h's f32_to_bf16 (RNE; ties, Inf, NaN, subnormals)
+//   GELU, LayerNorm in BF16: the same bits as their f32 results rounded by f32_to_bf16
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -126,9 +129,38 @@ TEST_P(RowKernels, GeluForwardAndSlopeMatchF64) {
   EXPECT_EQ(0, std::memcmp(in_place.data(), dx.data(), dx.size() * sizeof(float)));
 }
 
+TEST_P(RowKernels, GeluForwardBf16IsTheF32ResultRounded) {
+  // One pass that computes GELU and rounds it: the same bits as gelu_forward then f32_to_bf16, so
+  // it inherits gelu_forward's bound against f64 plus BF16's one rounding.
+  const std::vector<float> x = wide_inputs();
+  std::vector<float> y(x.size());
+  std::vector<uint16_t> y16(x.size() + 1, 0xabcd);
+  k().gelu_forward(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  k().gelu_forward_bf16(x.data(), y16.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y16[i], f32_to_bf16(y[i])) << "gelu(" << x[i] << ")";
+  EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
+}
+
 struct LayerNormCase {
   int n, c;
 };
+
+TEST_P(RowKernels, LayerNormForwardBf16IsTheF32ResultRounded) {
+  // The BF16 output is the f32 output rounded (f32_to_bf16), and mean and rstd are the same bits.
+  for (const LayerNormCase lc : {LayerNormCase{5, 384}, LayerNormCase{3, 37}, LayerNormCase{2, 1}}) {
+    const size_t nc = static_cast<size_t>(lc.n) * lc.c;
+    const std::vector<float> x = random_floats(nc, 2.0f, 41), w = random_floats(lc.c, 1.0f, 42),
+                             b = random_floats(lc.c, 0.5f, 43);
+    std::vector<float> y(nc), mean(lc.n), rstd(lc.n), mean16(lc.n), rstd16(lc.n);
+    std::vector<uint16_t> y16(nc + 1, 0xabcd);
+    k().layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), lc.n, lc.c, 1e-5f);
+    k().layernorm_forward_bf16(x.data(), w.data(), b.data(), y16.data(), mean16.data(), rstd16.data(), lc.n, lc.c, 1e-5f);
+    for (size_t i = 0; i < nc; ++i) ASSERT_EQ(y16[i], f32_to_bf16(y[i])) << "c " << lc.c << " element " << i;
+    EXPECT_EQ(0, std::memcmp(mean.data(), mean16.data(), mean.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(rstd.data(), rstd16.data(), rstd.size() * sizeof(float)));
+    EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
+  }
+}
 
 TEST_P(RowKernels, LayerNormForwardAndBackwardMatchF64) {
   for (const LayerNormCase& lc : {LayerNormCase{37, 45}, LayerNormCase{64, 384}, LayerNormCase{5, 1}}) {
@@ -290,6 +322,20 @@ std::string isa_name(const ::testing::TestParamInfo<const row_kernels::RowKernel
   for (char& ch : s)
     if (ch == '-') ch = '_';
   return s;
+}
+
+TEST_P(RowKernels, RoundToBf16GivesTheReferenceBitsIncludingTiesAndSpecials) {
+  std::vector<float> x = random_floats(4099, 3.0f, 21);
+  const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                               0x7f800001u, 0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                               0x3f818000u, 0x3f808001u, 0x3f817fffu, 0x7f7f8000u, 0x00008000u, 0x00018000u};
+  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  for (uint32_t i = 0; i < 70000; ++i) x.push_back(std::bit_cast<float>(i * 61357u));  // every exponent, many mantissas
+  std::vector<uint16_t> y(x.size() + 1, 0xabcd);
+  k().round_to_bf16(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(y[i], f32_to_bf16(x[i])) << "x bits " << std::hex << std::bit_cast<uint32_t>(x[i]);
+  EXPECT_EQ(y.back(), 0xabcd) << "wrote past the end";
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsaThisCpuRuns, RowKernels, ::testing::ValuesIn(row_kernels::supported()), isa_name);

@@ -173,6 +173,8 @@ class FullyShardedDataParallel(torch.nn.Module):
                 self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
                 self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
         self._non_unit_params = self.units.non_unit_params
+        self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
+        self._deferred: list[tuple[int, Optional[torch.Tensor]]] = []  # non-unit grads not yet handed over
 
     def _unit_mxfp8_flags(self, params, config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
         """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear weights), for the
@@ -264,12 +266,31 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def _make_grad_hook(self, index: int):
         def hook(param: torch.Tensor) -> None:
-            if param.grad is not None:
-                self._cpp.main_grad(index).add_(param.grad)
-                param.grad = None
+            grad, param.grad = param.grad, None
+            if self._defer_non_unit and self._unit_of[index] < 0:
+                self._backward_seen = True
+                self._deferred.append((index, grad))
+                if len(self._deferred) == len(self._non_unit_params):
+                    self._flush_deferred()
+                return
+            if grad is not None:
+                self._cpp.main_grad(index).add_(grad)
             self._report(index)
 
         return hook
+
+    def _flush_deferred(self) -> None:
+        """Hands the non-unit params' gradients over together. With sharded grads the C++ FSDP
+        allocates a bucket's unsharded grads at its first main_grad and frees them after its
+        reduce-scatter, which waits for its last param; the non-unit bucket's last is the
+        embedding, at the very end of backward, so taking a final norm's gradient at once would
+        hold an embedding-sized buffer through the whole backward, at the activations' peak."""
+        deferred, self._deferred = self._deferred, []
+        for index, grad in deferred:
+            if grad is not None:
+                self._cpp.main_grad(index).add_(grad)
+        for index, _ in deferred:
+            self._report(index)
 
     def _make_token_hook(self, index: int):
         def hook(token: torch.Tensor) -> None:
@@ -299,6 +320,8 @@ class FullyShardedDataParallel(torch.nn.Module):
     def _complete_backward(self) -> None:
         """Reports every param that took no gradient in the last backward (a zero one), so that
         its unit's post-backward runs and the micro-batch ends, then starts the next."""
+        if self._deferred:
+            self._flush_deferred()
         if not self._backward_seen:
             return
         for i, done in enumerate(self._reported):
