@@ -121,7 +121,10 @@ struct FsdpHookedModule {
 //     params), main_grad(p) + grad_ready(p) for each of its params in decreasing registration
 //     index, after_backward(unit params); at a non-unit module, main_grad(p) + grad_ready(p) for
 //     each of its params, in reverse order of its list, whose first use in forward is this module
-//     (a param read by several modules reports once, at its first reader: torch accumulates it).
+//     (a param read by several modules reports once, at its first reader: torch accumulates it);
+//     with sharded grads (optim_grads, optim_grads_params) the non-unit params' reports are held
+//     back until the last of them arrives, then main_grad of each and grad_ready of each, in
+//     arrival order.
 // An iteration: optimizer->zero_grad() (start_iteration), opts.micro_batches micro-batches (all
 // but the last under no_sync), finish_grad_sync, optimizer->step() (step_and_sync_params); with
 // no optimizer, zero_grad_buffer, the micro-batches and finish_grad_sync. overall: from

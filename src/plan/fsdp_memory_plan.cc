@@ -96,6 +96,10 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
   for (size_t p = 0; p < params.size(); ++p)
     if (first_use[p] >= 0 && hooked[static_cast<size_t>(first_use[p])].unit < 0)
       non_unit_params.push_back(static_cast<int>(p));
+  // With sharded grads the non-unit params' grads are handed over together once the last arrives
+  // (all main_grad, then all grad_ready): taking a final norm's at once would allocate the
+  // non-unit bucket's unsharded grads at the start of backward.
+  const bool defer_non_unit = fsdp_shards_grads(config.data_parallel_sharding_strategy);
   auto micro_batch = [&] {
     if (!non_unit_params.empty()) dpsim.before_forward(non_unit_params);
     for (const FsdpHookedModule& h : hooked) {
@@ -103,10 +107,19 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
       dpsim.before_forward(h.params);
       dpsim.after_forward(h.params);
     }
+    std::vector<int> deferred;  // non-unit params whose grads are held back, in arrival order
     for (size_t j = hooked.size(); j-- > 0;) {
       const FsdpHookedModule& h = hooked[j];
       if (h.unit >= 0) dpsim.before_backward(h.params);
       for (int p : backward_reports[j]) {
+        if (h.unit < 0 && defer_non_unit) {
+          deferred.push_back(p);
+          if (deferred.size() < non_unit_params.size()) continue;
+          for (int d : deferred) dpsim.main_grad(d);
+          for (int d : deferred) dpsim.grad_ready(d);
+          deferred.clear();
+          continue;
+        }
         dpsim.main_grad(p);
         dpsim.grad_ready(p);
       }

@@ -44,7 +44,7 @@ std::vector<FsdpHookedModule> hooked_modules_of(const GenericModel& m) {
 // (all of them at once), then each unit module's pre- and post-forward; backward, the hooked
 // modules in reverse, a unit with its backward hooks around its params' reports (highest
 // registration index first), a non-unit module with the reports of the params it is the first
-// reader of (in reverse list order) and no hooks.
+// reader of (in reverse list order; with sharded grads held back until the last) and no hooks.
 void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHookedModule>& hooked,
                        int num_params) {
   std::vector<int> first_reader(static_cast<size_t>(num_params), -1);
@@ -60,6 +60,9 @@ void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHoo
     fsdp.before_forward(h.params);
     fsdp.after_forward(h.params);
   }
+  // Sharded grads: the non-unit reports held back until the last arrives, then handed over together.
+  const bool defer = fsdp_shards_grads(fsdp.config().data_parallel_sharding_strategy);
+  std::vector<int> held;
   for (size_t j = hooked.size(); j-- > 0;) {
     const FsdpHookedModule& h = hooked[j];
     if (h.unit >= 0) {
@@ -75,8 +78,15 @@ void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHoo
     }
     for (auto it = h.params.rbegin(); it != h.params.rend(); ++it) {
       if (first_reader[static_cast<size_t>(*it)] != static_cast<int>(j)) continue;
-      fsdp.main_grad(*it);
-      fsdp.grad_ready(*it);
+      if (!defer) {
+        fsdp.main_grad(*it);
+        fsdp.grad_ready(*it);
+        continue;
+      }
+      held.push_back(*it);
+      if (held.size() < non_unit.size()) continue;
+      for (int p : held) fsdp.main_grad(p);
+      for (int p : held) fsdp.grad_ready(p);
     }
   }
 }
