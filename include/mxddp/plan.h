@@ -3,7 +3,8 @@
 // Owns: plan_train_memory (what `mxddp train` will hold, per category, at its steady state and
 // overall peak: the same figures as its report), plan_param_memory (the same for a bare param
 // list: buffers and optimizer, no model), plan_ddp_memory (a DDP and optional optimizer as the
-// Python package builds them), the closed-form estimates users know (Megatron's
+// Python package builds them), plan_fsdp_memory (an FSDP over a torch module's params, driven as
+// the Python package drives it), the closed-form estimates users know (Megatron's
 // theoretical_memory_usage, DeepSpeed's estimate_zero2/3_model_states_mem_needs) and what the
 // difference is made of.
 //
@@ -47,6 +48,9 @@ struct MemoryPlanOptions {
   // the largest bucket's) is charged as comm from the first iteration's gradient sync on, as train()
   // has the communicator charge it (Communicator::set_memory_tracker). The local backend has none.
   bool mpi_backend = false;
+  // plan_fsdp_memory: the micro-batches of each iteration (the first micro_batches - 1 under
+  // no_sync). The trainer's plans take theirs from the config.
+  int micro_batches = 1;
 };
 
 // What the bytes are made of, for the comparison with the closed forms.
@@ -97,6 +101,41 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
 // without use_distributed_optimizer is an Error, as DistributedOptimizer refuses it.
 MemoryPlan plan_ddp_memory(const std::vector<ParamSpec>& params, const DdpConfig& config,
                            std::optional<OptimizerType> optimizer, const MemoryPlanOptions& opts);
+
+// A module whose forward runs FSDP's hooks (mxddp.torch's fsdp_units): the params its hooks name
+// (registration indices) and its unit, -1 for a non-unit module.
+struct FsdpHookedModule {
+  std::vector<int> params;
+  int unit = -1;
+};
+
+// What one rank holds for a FullyShardedDataParallel over `params` with `units` (as its
+// constructor takes them) and `config`, and, when `optimizer` is set, a DistributedOptimizer on
+// it, through iterations driven as the Python package's FullyShardedDataParallel drives them (the
+// objects mxddp.torch.plan plans). `hooked`: the modules with hooks in forward order; each unit is
+// one of them, with exactly its unit's params, and the units come in order. Per micro-batch:
+//   forward: before_forward(every non-unit param, in registration order) once, as the wrapper's
+//     forward starts (where there are any); then for each unit's module in order,
+//     before_forward(params) and after_forward(params); a non-unit module has no hooks;
+//   backward: walking the hooked modules in reverse: at a unit's module, before_backward(unit
+//     params), main_grad(p) + grad_ready(p) for each of its params in decreasing registration
+//     index, after_backward(unit params); at a non-unit module, main_grad(p) + grad_ready(p) for
+//     each of its params, in reverse order of its list, whose first use in forward is this module
+//     (a param read by several modules reports once, at its first reader: torch accumulates it);
+//     with sharded grads (optim_grads, optim_grads_params) the non-unit params' reports are held
+//     back until the last of them arrives, then main_grad of each and grad_ready of each, in
+//     arrival order.
+// An iteration: optimizer->zero_grad() (start_iteration), opts.micro_batches micro-batches (all
+// but the last under no_sync), finish_grad_sync, optimizer->step() (step_and_sync_params); with
+// no optimizer, zero_grad_buffer, the micro-batches and finish_grad_sync. overall: from
+// construction through any number of iterations; steady: an iteration after the first; live: at
+// the end of an iteration. With opts.mpi_backend the backend's staging of the gradient
+// reductions (the largest bucket's) is charged as comm from the first reduction on. No model:
+// activations and scratch 0. Throws Error naming what FullyShardedDataParallel refuses, or a
+// hooked module that breaks the rules above.
+MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
+                            const std::vector<FsdpHookedModule>& hooked, const FsdpConfig& config,
+                            std::optional<OptimizerType> optimizer, const MemoryPlanOptions& opts);
 
 // Bytes per buffer element each rank keeps at rest of params, grads, main params and optimizer
 // state: what one element of padding costs. FSDP's come from its per-strategy storage table

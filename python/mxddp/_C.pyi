@@ -151,6 +151,11 @@ class DistributedOptimizer:
 def plan_ddp_memory(params: list[tuple[str, list[int], bool, bool]], config: DdpConfig, optimizer: Optional[str],
                     dp: int) -> dict[str, Any]:
     """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}: the planner's bytes per rank."""
+def plan_fsdp_memory(params: list[tuple[str, list[int], bool, bool]], units: list[list[int]],
+                     hooked: list[tuple[list[int], int]], config: FsdpConfig, optimizer: Optional[str], dp: int,
+                     micro_batches: int) -> dict[str, Any]:
+    """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, steady_peak_bytes, steady_total_peak_bytes,
+    peak_gathered_bytes, layout}: the planner's bytes per rank of an FSDP driven as mxddp.torch drives it."""
 def save_checkpoint(save_dir: str, optimizer: DistributedOptimizer, iteration: int, metadata: dict[str, str],
                     model_config: list[tuple[str, str]], keep_last: int) -> str:
     """Collective. Saves into save_dir/iter_NNNNNNN and points the history's tracker at it."""

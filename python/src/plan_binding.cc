@@ -1,12 +1,16 @@
-// mxddp._C.plan_ddp_memory: the C++ memory planner (plan.h's plan_ddp_memory) over the params a
-// torch module would register, for mxddp.torch.plan. It needs no MPI and no ranks: the plan is
-// arithmetic over the layout, and every rank holds the same bytes.
+// mxddp._C.plan_ddp_memory and plan_fsdp_memory: the C++ memory planner (plan.h) over the params a
+// torch module would register, for mxddp.torch.plan (plan_fsdp_memory takes the _C.FsdpConfig that
+// fsdp_binding.cc binds). It needs no MPI and no ranks: the plan is arithmetic over the layout, and
+// every rank holds the same bytes.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <mxddp/fsdp.h>
 #include <mxddp/plan.h>
 
 #include "bindings.h"
@@ -38,6 +42,15 @@ nb::dict plan_to_dict(const MemoryPlan& plan) {
   out["peak_bytes"] = per_category(plan.overall.peak_bytes);
   out["total_live_bytes"] = plan.overall.total_live_bytes;
   out["total_peak_bytes"] = plan.overall.total_peak_bytes;
+  // After the first iteration (the tracker's peaks reset then): what every later one reaches.
+  out["steady_peak_bytes"] = per_category(plan.steady.peak_bytes);
+  out["steady_total_peak_bytes"] = plan.steady.total_peak_bytes;
+  nb::dict gathered;  // FSDP: the most bytes gathered at once per slot (0 where nothing is)
+  for (int s = 0; s < kGatherSlots; ++s) {
+    const auto name = gather_slot_name(static_cast<GatherSlot>(s));
+    gathered[nb::str(name.data(), name.size())] = plan.peak_gathered_bytes_by_slot[static_cast<size_t>(s)];
+  }
+  out["peak_gathered_bytes"] = gathered;
   const MemoryPlanLayout& l = plan.layout;
   nb::list buckets;
   for (const auto& [numel, end_padding] : l.bucket_numel_and_end_padding) buckets.append(nb::make_tuple(numel, end_padding));
@@ -48,8 +61,22 @@ nb::dict plan_to_dict(const MemoryPlan& plan) {
   layout["param_start_padding_numel"] = l.param_start_padding_numel;
   layout["bucket_end_padding_numel"] = l.bucket_end_padding_numel;
   layout["buckets"] = buckets;
+  layout["largest_unit_numel"] = l.largest_unit_numel;
   out["layout"] = layout;
   return out;
+}
+
+std::vector<ParamSpec> to_specs(const std::vector<PlanParam>& params) {
+  std::vector<ParamSpec> specs;
+  for (const auto& [name, shape, shared, mxfp8] : params)
+    specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"),
+                              .shared_embedding = shared, .mxfp8 = mxfp8});
+  return specs;
+}
+
+std::optional<OptimizerType> to_optimizer(const std::optional<std::string>& optimizer) {
+  if (!optimizer) return std::nullopt;
+  return parse_optimizer(*optimizer);
 }
 
 }  // namespace
@@ -59,19 +86,33 @@ void bind_plan(nb::module_& m) {
       "plan_ddp_memory",
       [](const std::vector<PlanParam>& params, const DdpConfig& config, const std::optional<std::string>& optimizer,
          int dp) {
-        std::vector<ParamSpec> specs;
-        for (const auto& [name, shape, shared, mxfp8] : params)
-          specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"),
-                                    .shared_embedding = shared, .mxfp8 = mxfp8});
-        std::optional<OptimizerType> type;
-        if (optimizer) type = parse_optimizer(*optimizer);
         // The package's ranks run on the mpi backend, whose gradient-sync staging the tracker counts.
-        return plan_to_dict(plan_ddp_memory(specs, config, type, {.dp = dp, .mpi_backend = true}));
+        return plan_to_dict(plan_ddp_memory(to_specs(params), config, to_optimizer(optimizer),
+                                            {.dp = dp, .mpi_backend = true}));
       },
       nb::arg("params"), nb::arg("config"), nb::arg("optimizer").none(), nb::arg("dp"),
       "Bytes per rank per category of a DistributedDataParallel over params (name, shape, shared_embedding, "
       "mxfp8) at dp ranks and, when optimizer ('adam' or 'sgd') is given, its DistributedOptimizer, after a "
-      "gradient sync and a step: {dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}.");
+      "gradient sync and a step: {dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, "
+      "steady_peak_bytes, steady_total_peak_bytes, peak_gathered_bytes, layout}.");
+  m.def(
+      "plan_fsdp_memory",
+      [](const std::vector<PlanParam>& params, const std::vector<std::vector<int>>& units,
+         const std::vector<std::pair<std::vector<int>, int>>& hooked, const FsdpConfig& config,
+         const std::optional<std::string>& optimizer, int dp, int micro_batches) {
+        std::vector<FsdpHookedModule> modules;
+        for (const auto& [module_params, unit] : hooked) modules.push_back({module_params, unit});
+        return plan_to_dict(plan_fsdp_memory(to_specs(params), units, modules, config, to_optimizer(optimizer),
+                                             {.dp = dp, .mpi_backend = true, .micro_batches = micro_batches}));
+      },
+      nb::arg("params"), nb::arg("units"), nb::arg("hooked"), nb::arg("config"), nb::arg("optimizer").none(),
+      nb::arg("dp"), nb::arg("micro_batches"),
+      "Bytes per rank per category of a FullyShardedDataParallel over params (name, shape, shared_embedding, "
+      "mxfp8) with units (param indices per unit, forward order), driven through hooked ((params, unit) per "
+      "hooked module in forward order, unit -1 for a non-unit module) as mxddp.torch drives it, at dp ranks and "
+      "micro_batches per iteration, and, when optimizer ('adam' or 'sgd') is given, its DistributedOptimizer: "
+      "overall from construction through any number of iterations, steady after the first; the dict of "
+      "plan_ddp_memory.");
 }
 
 }  // namespace mxddp::python

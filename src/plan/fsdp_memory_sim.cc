@@ -171,6 +171,7 @@ void FsdpMemorySim::issue_reduction(int bucket) {
   if (shards_grads())
     while (!reductions_.empty() && reductions_numel_ + b.numel > rs_queue_numel_) complete_oldest_reduction();
   b.reduction_in_flight = true;
+  ++reductions_issued_;
   reduced_[static_cast<size_t>(bucket)] = true;
   reductions_.push_back(bucket);
   reductions_numel_ += b.numel;

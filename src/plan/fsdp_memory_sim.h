@@ -51,6 +51,9 @@ class FsdpMemorySim final : private FsdpHookActions {
   void step_and_sync_params();
   void force_param_sync();
   void release_gathered_params();
+  void zero_grad_buffer();  // FullyShardedDataParallel::zero_grad_buffer (start_iteration's first step)
+  // Reductions issued since construction: the mpi backend's staging comes with the first.
+  int64_t reductions_issued() const { return reductions_issued_; }
 
   const std::array<int64_t, kGatherSlots>& peak_gathered_bytes() const { return gathered_bytes_peak_; }
 
@@ -88,7 +91,6 @@ class FsdpMemorySim final : private FsdpHookActions {
   void issue_reduction(int bucket) override;
   void complete_oldest_reduction();
   void complete_reductions() override;
-  void zero_grad_buffer();
   void allocate_staging(int bucket);
   void free_staging(int bucket);
   // An MXFP8 bucket's whole scales, from its partial scales to its encoded shards (fsdp_mxfp8.cc).
@@ -110,6 +112,7 @@ class FsdpMemorySim final : private FsdpHookActions {
   std::array<int64_t, kGatherSlots> gathered_bytes_peak_{};
   std::vector<int> reductions_;  // buckets, oldest first
   int64_t reductions_numel_ = 0;
+  int64_t reductions_issued_ = 0;
   std::vector<bool> reduced_;
   bool no_sync_ = false;
   FsdpHookSchedule schedule_;

@@ -1,7 +1,12 @@
 """mxddp.torch.plan: the planner's bytes per rank per category equal the tracker's after a step, to
 the byte (an MLP and an HF GPT2LMHeadModel; F32 and BF16; DDP alone and with the distributed
 optimizer; several bucket sizes); a plan for 64 ranks of a meta-device module runs without ranks;
-bad input is refused naming the value."""
+bad input is refused naming the value. FSDP (use_megatron_fsdp), plans only: every strategy of a
+block MLP and an HF GPT2 on the meta device at world 2, 4 and 8 keeps exactly 1/world of what it
+shards, only optim_grads_params gathers, the fine-grained gather gathers less and the policies
+decide it as Megatron's do; bad FSDP input is refused naming the value. And the FSDP plan equals
+what FullyShardedDataParallel and its optimizer hold after three iterations (every strategy,
+overlap, 1-3 micro-batches, fine-grained, MXFP8 weights), per category and per gather slot."""
 import gc
 import json
 import os
@@ -240,3 +245,237 @@ def test_plan_refuses_bad_input_naming_the_value(ranks):
         mxt.plan(f64, 2)
     with pytest.raises(TypeError, match="param 'weight' has dtype torch.float64"):
         mxt.plan(torch.nn.Linear(4, 4).double(), 2)
+
+
+# ---- FSDP (cfg.use_megatron_fsdp): plans only; the plan-vs-measured test comes with the FSDP ----
+
+class Block(torch.nn.Module):
+    """A unit: a Linear and a LayerNorm."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.fc(x)))
+
+
+class BlockMlp(torch.nn.Module):
+    """Non-unit modules first and last around three Block units."""
+
+    def __init__(self, width=40):
+        super().__init__()
+        self.inp = torch.nn.Linear(24, width)
+        self.blocks = torch.nn.Sequential(*[Block(width) for _ in range(3)])
+        self.out = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.out(self.blocks(self.inp(x)))
+
+
+def fsdp_config(**kw):
+    return mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True, **kw)
+
+
+STRATEGIES = ["no_shard", "optim", "optim_grads", "optim_grads_params"]
+
+
+def gpt2_block():
+    return transformers.models.gpt2.modeling_gpt2.GPT2Block
+
+
+def fsdp_plans(make, unit_modules, world, dtype=torch.float32, opt=ADAM, micro_batches=1, **kw):
+    """{strategy: plan} of a module built by make() on the meta device."""
+    with torch.device("meta"):
+        module = make().to(dtype)
+    return {s: mxt.plan(module, world, fsdp_config(data_parallel_sharding_strategy=s, **kw), opt,
+                        fsdp_unit_modules=unit_modules, micro_batches=micro_batches) for s in STRATEGIES}
+
+
+FSDP_MODELS = [("mlp", BlockMlp, lambda: [Block]), ("gpt2", gpt2, lambda: [gpt2_block()])]
+
+
+@pytest.mark.parametrize("name,make,units", FSDP_MODELS, ids=[m[0] for m in FSDP_MODELS])
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_fsdp_plans_of_every_strategy_relate_as_their_sharding(name, make, units, world, overlap, micro_batches):
+    """Each strategy keeps 1/world of what it shards: params (optim_grads_params), grads
+    (optim_grads, optim_grads_params), main params and optimizer state (all but no_shard), exactly,
+    since every bucket divides into world equal shards; only optim_grads_params gathers, and the
+    sharded-grad strategies hold a unit's unsharded grads while it reduces."""
+    plans = fsdp_plans(make, units(), world, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
+                       micro_batches=micro_batches)
+    full, optim, grads, params = (plans[s] for s in STRATEGIES)
+    with torch.device("meta"):
+        module = make()
+    numel = sum(p.numel() for p in module.parameters())  # a tied param once
+    for s, p in plans.items():
+        assert p.strategy == s and p.world == world and p.params_numel == numel
+        assert p.buffer_numel == full.buffer_numel and p.num_units == (3 if name == "mlp" else 2)
+        assert p.live_bytes["scratch"] == 0
+    n = full.buffer_numel
+    # f32 params and grads (grad_reduce_in_fp32 default False: the param dtype), Adam's two moments.
+    assert full.live_bytes["params"] == optim.live_bytes["params"] == grads.live_bytes["params"] == 4 * n
+    assert params.live_bytes["params"] == 4 * n // world
+    assert full.live_bytes["grads"] == optim.live_bytes["grads"] == 4 * n
+    assert grads.live_bytes["grads"] == params.live_bytes["grads"] == 4 * n // world
+    assert full.live_bytes["main_params"] == 4 * n and full.live_bytes["optimizer_state"] == 8 * n
+    for p in (optim, grads, params):
+        assert p.live_bytes["main_params"] == 4 * n // world and p.live_bytes["optimizer_state"] == 8 * n // world
+    # Gathers: optim_grads_params only, of at most the whole buffer; nothing stays gathered.
+    assert params.peak_gathered_bytes["values"] > 0 and params.peak_bytes["gathered"] > 0
+    assert params.peak_gathered_bytes["values"] <= 4 * n and params.live_bytes["gathered"] == 0
+    assert all(v == 0 for p in (full, optim, grads) for v in p.peak_gathered_bytes.values())
+    # The sharded-grad strategies' transient unsharded grads: at least the largest unit's, then freed.
+    for p in (grads, params):
+        assert p.peak_bytes["grads"] >= p.live_bytes["grads"] + 4 * p.largest_unit_numel
+    # The mpi backend's staging of the in-place f32 reduce-scatters (none for no_shard's f32
+    # all-reduce): the largest bucket's shard.
+    assert full.live_bytes["comm"] == 0
+    largest = max(b for b, _ in full.buckets)
+    assert optim.live_bytes["comm"] == grads.live_bytes["comm"] == params.live_bytes["comm"] == 4 * largest // world
+    # ZeRO-3's bytes at rest: every category sharded, 20 bytes per element (f32 params, grads and main
+    # params, two moments) / world, and the staging.
+    assert params.total_live_bytes == (20 * n + 4 * largest) // world
+    assert params.total_peak_bytes < full.total_peak_bytes
+
+
+def test_fsdp_plan_of_a_meta_module_equals_the_cpu_ones():
+    with torch.device("meta"):
+        meta = gpt2()
+    cfg = fsdp_config(data_parallel_sharding_strategy="optim_grads_params", overlap_param_gather=True)
+    a = mxt.plan(meta, 4, cfg, ADAM, fsdp_unit_modules=[gpt2_block()], micro_batches=3)
+    b = mxt.plan(gpt2(), 4, cfg, ADAM, fsdp_unit_modules=[gpt2_block()], micro_batches=3)
+    assert a == b
+
+
+def test_fsdp_fine_grained_gathers_less_and_policies_decide_it():
+    """With the fine-grained gather each Linear and LayerNorm of a block is a unit: more units, a
+    smaller largest unit, less gathered at once. The 'megatron' policy turns it on for MXFP8
+    params; 'recompute-aware' leaves it to the flag."""
+    with torch.device("meta"):
+        module = BlockMlp().to(torch.bfloat16)
+
+    def at(**kw):
+        return mxt.plan(module, 4, fsdp_config(data_parallel_sharding_strategy="optim_grads_params", **kw), ADAM,
+                        fsdp_unit_modules=[Block])
+
+    coarse, fine = at(), at(megatron_fsdp_enable_fine_grained_param_gather=True)
+    assert (coarse.num_units, fine.num_units) == (3, 6)
+    assert fine.largest_unit_numel < coarse.largest_unit_numel
+    assert fine.peak_gathered_bytes["values"] < coarse.peak_gathered_bytes["values"]
+    # MXFP8 weights (the blocks' Linear weights; the non-unit Linears stay BF16, as the FSDP keeps
+    # them): row- and column-wise gathers.
+    mx = at(fp8_param_gather=True)
+    assert mx.live_bytes["mxfp8"] > 0 and mx.peak_gathered_bytes["rowwise"] > 0 and mx.peak_gathered_bytes["colwise"] > 0
+    assert mx.num_units == 3, "recompute-aware: the flag decides, and it is None"
+    mx_megatron = at(fp8_param_gather=True, fine_grained_param_gather_policy="megatron")
+    # Each block's one MXFP8 weight is a bucket of its own either way; its bias and norm are gathered apart.
+    assert mx_megatron.num_units == 6 and mx_megatron.peak_gathered_bytes["values"] < mx.peak_gathered_bytes["values"]
+    with pytest.raises(ValueError, match="the megatron policy requires the fine-grained param gather"):
+        at(fp8_param_gather=True, fine_grained_param_gather_policy="megatron",
+           megatron_fsdp_enable_fine_grained_param_gather=False)
+
+
+def test_fsdp_plan_of_gpt2_keeps_the_tied_embedding_a_non_unit_param():
+    with torch.device("meta"):
+        module = gpt2()
+    p = mxt.plan(module, 2, fsdp_config(data_parallel_sharding_strategy="optim_grads_params"), ADAM,
+                 fsdp_unit_modules=[gpt2_block()])
+    assert p.params_numel == sum(q.numel() for q in module.parameters())
+    # A bucket holds consecutive params of one unit, or non-unit ones: the two blocks', and the
+    # non-unit params on either side of them (wte, read by the embedding and the head, with wpe; ln_f).
+    assert p.num_units == 2 and p.num_buckets == 4
+    no_opt = mxt.plan(module, 2, fsdp_config(data_parallel_sharding_strategy="optim_grads_params"), None,
+                      fsdp_unit_modules=[gpt2_block()])
+    assert no_opt.live_bytes["main_params"] == no_opt.live_bytes["optimizer_state"] == 0
+    assert no_opt.live_bytes["params"] == p.live_bytes["params"]
+    s = str(p)
+    assert "FSDP optim_grads_params, 2 unit(s)" in s and "gathered values" in s
+
+
+def test_fsdp_plan_refuses_bad_input_naming_the_value():
+    module = BlockMlp()
+    with pytest.raises(ValueError, match="fsdp_unit_modules=None makes none"):
+        mxt.plan(module, 2, fsdp_config(), ADAM)
+    with pytest.raises(ValueError, match="data_parallel_sharding_strategy='full' is not valid"):
+        mxt.plan(module, 2, fsdp_config(data_parallel_sharding_strategy="full"), ADAM, fsdp_unit_modules=[Block])
+    with pytest.raises(ValueError, match="suggested_communication_unit_size must be None or an int >= 1"):
+        mxt.plan(module, 2, fsdp_config(suggested_communication_unit_size=0), ADAM, fsdp_unit_modules=[Block])
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="micro_batches="):
+            mxt.plan(module, 2, fsdp_config(), ADAM, fsdp_unit_modules=[Block], micro_batches=bad)
+    with pytest.raises(ValueError, match="fsdp_unit_modules is given but cfg.use_megatron_fsdp is False"):
+        mxt.plan(module, 2, ddp_config(), None, fsdp_unit_modules=[Block])
+    with pytest.raises(ValueError, match="fine_grained_param_gather_policy='eager' is not valid"):
+        mxt.plan(module, 2, fsdp_config(fine_grained_param_gather_policy="eager"), ADAM, fsdp_unit_modules=[Block])
+    with pytest.raises(TypeError, match="not a torch.nn.Module subclass"):
+        mxt.plan(module, 2, fsdp_config(), ADAM, fsdp_unit_modules=["Block"])
+    bf16 = BlockMlp().to(torch.bfloat16)
+    bf16.inp.weight.mxfp8 = True
+    with pytest.raises(ValueError, match="param 'inp.weight' is marked mxfp8=True but is in no FSDP unit"):
+        mxt.plan(bf16, 2, fsdp_config(fp8_param_gather=True, data_parallel_sharding_strategy="optim_grads_params"),
+                 ADAM, fsdp_unit_modules=[Block])
+
+
+def block_mlp_loss(model, rank, dtype):
+    x = torch.randn(8, 24, generator=torch.Generator().manual_seed(rank)).to(dtype)
+    return model(x).float().square().mean()
+
+
+def gpt2_fsdp_loss(model, rank, dtype):
+    return gpt2_loss(model, rank)
+
+
+# (id, model, loss, strategy, overlap, micro-batches, fine-grained, MXFP8 weights)
+FSDP_RUN_CASES = [(f"{m}-{s}-{'overlap-mb3' if ov else 'serial-mb1'}", m, s, ov, 3 if ov else 1, False, False)
+                  for m in ("mlp", "gpt2") for s in STRATEGIES for ov in (False, True)] + [
+    ("gpt2-optim_grads_params-fine-mb3", "gpt2", "optim_grads_params", True, 3, True, False),
+    ("mlp-mxfp8-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, True),
+    ("mlp-mxfp8-fine-serial-mb2", "mlp", "optim_grads_params", False, 2, True, True),
+]
+
+
+@pytest.mark.parametrize("name,model_name,strategy,overlap,micro_batches,fine,mx", FSDP_RUN_CASES,
+                         ids=[c[0] for c in FSDP_RUN_CASES])
+def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, strategy, overlap, micro_batches,
+                                                       fine, mx):
+    """The FSDP plan is what FullyShardedDataParallel and its optimizer hold after three iterations of
+    micro_batches micro-batches (the first ones under no_sync), per category, live and peak, and the
+    most it gathered at once per slot, to the byte."""
+    rank, world = ranks
+    gc.collect()
+    assert set(live_bytes().values()) == {0}, live_bytes()
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if mx else torch.float32
+    module = (BlockMlp() if model_name == "mlp" else gpt2()).to(dtype)
+    units = [Block] if model_name == "mlp" else [gpt2_block()]
+    loss_fn = block_mlp_loss if model_name == "mlp" else gpt2_fsdp_loss
+    cfg = fsdp_config(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=overlap,
+                      overlap_param_gather=overlap, megatron_fsdp_enable_fine_grained_param_gather=fine or None,
+                      fp8_param_gather=mx)
+    planned = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches)
+    _C.reset_memory_peaks()
+    model = mxt.FullyShardedDataParallel(module, cfg, units)
+    opt = mxt.DistributedOptimizer(model, ADAM)
+    try:
+        assert model.num_units == planned.num_units
+        for _ in range(3):
+            opt.zero_grad()
+            for m in range(micro_batches):
+                if m + 1 < micro_batches:
+                    with model.no_sync():
+                        loss_fn(model, rank, dtype).backward()
+                else:
+                    loss_fn(model, rank, dtype).backward()
+            model.finish_grad_sync()
+            ok, _, _ = opt.step()
+            assert ok
+        assert mxt.memory_usage() == planned.memory_usage(), (mxt.memory_usage(), planned)
+        assert model.peak_gathered_bytes() == planned.peak_gathered_bytes
+    finally:
+        opt.close()
+        model.close()
+    assert set(live_bytes().values()) == {0}, live_bytes()

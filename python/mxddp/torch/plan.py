@@ -1,10 +1,16 @@
 """``mxddp.torch.plan``: the model-state bytes each rank will hold, before anything is allocated.
 
-The figures come from mxddp's C++ memory planner (plan.h's ``plan_ddp_memory``), which replays the
-allocations of the DDP's buffers, the distributed optimizer's shards and the MPI backend's
-gradient-sync staging against a memory tracker without making them. They are per rank (every rank
-holds the same bytes) and equal, category by category and to the byte, what ``memory_usage()``
-reports once the model has synchronized its gradients and the optimizer has stepped.
+The figures come from mxddp's C++ memory planner (plan.h's ``plan_ddp_memory``, and
+``plan_fsdp_memory`` when ``cfg.use_megatron_fsdp``), which replays the allocations of the DDP's or
+FSDP's buffers, the gathers and transient gradients of FSDP's iterations, the distributed
+optimizer's shards and the MPI backend's gradient-sync staging against a memory tracker without
+making them. They are per rank (every rank holds the same bytes) and equal, category by category
+and to the byte, what ``memory_usage()`` reports once the model has synchronized its gradients and
+the optimizer has stepped (FSDP: after two iterations or more; the peaks from its construction).
+
+FSDP's units come from ``fsdp_units`` (the function FullyShardedDataParallel forms them with), from
+``fsdp_unit_modules`` and the fine-grained param gather; the plan drives the hooked modules in the
+order the FSDP's hooks run (docs/plan.md, "FSDP for torch modules").
 
 Planning needs no ranks: ``mxddp.torch.init()`` need not have been called, and ``world`` may be any
 size (a plan for 64 ranks from one laptop process). The module may live on the meta device
@@ -12,13 +18,21 @@ size (a plan for 64 ranks from one laptop process). The module may live on the m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Optional, Sequence
 
 import torch
 
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
+from mxddp.torch.fsdp import FullyShardedDataParallel, decide_fine_grained
+from mxddp.torch.fsdp_units import fsdp_units
+
+# Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
+# only keeps the count an int the C++ side takes.
+_MICRO_BATCHES_MAX = (1 << 31) - 1
 
 # The planner's bound: 2^20 ranks (docs/plan.md), far beyond any machine, small enough that no
 # figure overflows.
@@ -41,18 +55,31 @@ class MemoryPlan:
     param_start_padding_numel: int
     bucket_end_padding_numel: int
     buckets: list[tuple[int, int]]  # per bucket in buffer order: (elements, padding at its end)
+    # The iterations after the first (peaks from then on): what every later iteration reaches.
+    steady_peak_bytes: dict[str, int] = field(default_factory=dict)
+    steady_total_peak_bytes: int = 0
+    # FSDP: the most bytes gathered at once per slot ("values", "rowwise", "colwise"; MXFP8 params
+    # gather a row-wise copy for forward and a column-wise one for backward); DDP: zeros.
+    peak_gathered_bytes: dict[str, int] = field(default_factory=dict)
+    strategy: str = "ddp"          # "ddp", or the FSDP's data_parallel_sharding_strategy
+    num_units: int = 0             # FSDP: the units gathered and released together
+    largest_unit_numel: int = 0    # FSDP: the largest unit's padded elements
 
     def memory_usage(self) -> dict[str, tuple[int, int]]:
         """The plan in ``mxddp.torch.memory_usage()``'s form: {category: (live_bytes, peak_bytes)}."""
         return {k: (self.live_bytes[k], self.peak_bytes[k]) for k in self.live_bytes}
 
     def __str__(self) -> str:
-        rows = [f"mxddp plan per rank at world {self.world}: {self.params_numel} params in "
+        what = "DDP" if self.strategy == "ddp" else f"FSDP {self.strategy}, {self.num_units} unit(s)"
+        rows = [f"mxddp plan per rank at world {self.world} ({what}): {self.params_numel} params in "
                 f"{self.buffer_numel} buffer elements, {self.num_buckets} bucket(s)"]
         for k, v in self.peak_bytes.items():
             if v:
                 rows.append(f"  {k:16} {v:>16,} B")
         rows.append(f"  {'total':16} {self.total_peak_bytes:>16,} B")
+        for k, v in self.peak_gathered_bytes.items():
+            if v:
+                rows.append(f"  gathered {k:7} {v:>16,} B at most at once")
         return "\n".join(rows)
 
 
@@ -65,16 +92,25 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 
 
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
-         opt_cfg: OptimizerConfig | None = None) -> MemoryPlan:
+         opt_cfg: OptimizerConfig | None = None, fsdp_unit_modules: Optional[Sequence] = None,
+         micro_batches: int = 1) -> MemoryPlan:
     """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
     ``opt_cfg``, a ``DistributedOptimizer`` on it) hold at ``world`` ranks after a gradient sync and a
-    step: the same figures ``memory_usage()`` reports then, to the byte.
+    step: the same figures ``memory_usage()`` reports then, to the byte. With
+    ``cfg.use_megatron_fsdp``, the same for ``FullyShardedDataParallel(module, cfg,
+    fsdp_unit_modules)`` trained with ``micro_batches`` micro-batches per iteration, after two
+    iterations or more: its shards, its gathers and transient gradients at their peak, and the most
+    bytes gathered at once per slot (``peak_gathered_bytes``).
 
     module: a torch.nn.Module on the CPU or the meta device, whose trainable params (a tied param
     once, frozen ones left out) are what the DDP would register. world: the data-parallel size,
     1..2^20. cfg: the DDP's config (default: the default config). opt_cfg: the optimizer's config,
-    or None to plan the DDP alone (its optimizer then holds nothing); it needs
-    ``cfg.use_distributed_optimizer``. Needs no ``init()`` and no ranks; allocates nothing.
+    or None to plan the DDP alone (its optimizer then holds nothing); for DDP it needs
+    ``cfg.use_distributed_optimizer``. fsdp_unit_modules (FSDP only): the module classes that form
+    units, e.g. ``[GPT2Block]``. micro_batches (FSDP only; DDP's bytes do not depend on it): per
+    iteration, the first ones under ``no_sync``. The FSDP plan is of a training loop without
+    activation recompute (``torch.utils.checkpoint`` re-gathers a unit inside its backward, which
+    it does not replay). Needs no ``init()`` and no ranks; allocates nothing.
     """
     if isinstance(world, bool) or not isinstance(world, int):
         raise TypeError(f"world must be an int (the data-parallel size); got {world!r}")
@@ -85,6 +121,14 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
         raise TypeError(f"cfg must be a mxddp.torch.DistributedDataParallelConfig; got {type(cfg).__name__}")
     if opt_cfg is not None and not isinstance(opt_cfg, OptimizerConfig):
         raise TypeError(f"opt_cfg must be a mxddp.torch.OptimizerConfig or None; got {type(opt_cfg).__name__}")
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
+            or not 1 <= micro_batches <= _MICRO_BATCHES_MAX:
+        raise ValueError(f"micro_batches={micro_batches!r} is not valid: an int, 1..{_MICRO_BATCHES_MAX}")
+    if cfg.use_megatron_fsdp:
+        return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches)
+    if fsdp_unit_modules is not None:
+        raise ValueError("fsdp_unit_modules is given but cfg.use_megatron_fsdp is False: units are FSDP's (set "
+                         "use_megatron_fsdp=True, or pass fsdp_unit_modules=None to plan the DDP)")
     if opt_cfg is not None and not cfg.use_distributed_optimizer:
         raise ValueError("opt_cfg is given but cfg.use_distributed_optimizer is False: the DistributedOptimizer "
                          "needs use_distributed_optimizer=True (pass opt_cfg=None to plan the DDP alone)")
@@ -96,10 +140,47 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
              for (name, p), flag in zip(params, mxfp8_flags)]
     # cfg.to_cpp carries every field the config accepts, so the plan follows whatever it says.
     out = _C.plan_ddp_memory(specs, cfg.to_cpp(_DTYPES[dtype]), None if opt_cfg is None else opt_cfg.optimizer, world)
+    return _memory_plan(out)
+
+
+def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig,
+               opt_cfg: OptimizerConfig | None, fsdp_unit_modules: Optional[Sequence],
+               micro_batches: int) -> MemoryPlan:
+    params = _planned_params(module)
+    dtype = params[0][1].dtype
+    names, tensors = [n for n, _ in params], [p for _, p in params]
+    if fsdp_unit_modules is None:
+        raise ValueError("use_megatron_fsdp=True needs units, and fsdp_unit_modules=None makes none: pass the classes "
+                         "of the module's repeated blocks (e.g. fsdp_unit_modules=[GPT2Block])")
+    # FullyShardedDataParallel's own rules, called as it calls them: which params are MXFP8 (the
+    # DDP's plain nn.Linear weights, those in units only), the fine-grained gather (without a
+    # recompute: the plan replays none), and the units.
+    mxfp8_flags = FullyShardedDataParallel._unit_mxfp8_flags(
+        SimpleNamespace(module=module, _names=names, _params=tensors), params, cfg, fsdp_unit_modules)
+    fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
+    units = fsdp_units(module, names, tensors, fsdp_unit_modules, fine)
+    if not units.units:
+        raise ValueError("use_megatron_fsdp=True needs units, and fsdp_unit_modules makes none here: pass the classes "
+                         "of the module's repeated blocks (e.g. fsdp_unit_modules=[GPT2Block])")
+    fsdp_cfg = cfg.to_fsdp_cpp(_DTYPES[dtype])
+    specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
+             for (name, p), flag in zip(params, mxfp8_flags)]
+    hooked = [(list(h.params), h.unit) for h in units.hooked]
+    out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
+                              None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches)
+    return _memory_plan(out, strategy=cfg.data_parallel_sharding_strategy, num_units=len(units.units))
+
+
+def _memory_plan(out: dict, strategy: str = "ddp", num_units: int = 0) -> MemoryPlan:
+    """A MemoryPlan from the planner's dict."""
     layout = out["layout"]
     return MemoryPlan(world=out["dp"], live_bytes=dict(out["live_bytes"]), peak_bytes=dict(out["peak_bytes"]),
                       total_live_bytes=out["total_live_bytes"], total_peak_bytes=out["total_peak_bytes"],
                       params_numel=layout["params_numel"], buffer_numel=layout["buffer_numel"],
                       num_buckets=layout["num_buckets"], param_start_padding_numel=layout["param_start_padding_numel"],
                       bucket_end_padding_numel=layout["bucket_end_padding_numel"],
-                      buckets=[tuple(b) for b in layout["buckets"]])
+                      buckets=[tuple(b) for b in layout["buckets"]],
+                      steady_peak_bytes=dict(out["steady_peak_bytes"]),
+                      steady_total_peak_bytes=out["steady_total_peak_bytes"],
+                      peak_gathered_bytes=dict(out["peak_gathered_bytes"]), strategy=strategy, num_units=num_units,
+                      largest_unit_numel=layout["largest_unit_numel"])
