@@ -180,6 +180,31 @@ def test_reentrant_recompute_matches_too(ranks, strategy):
         assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
 
 
+@pytest.mark.parametrize("name", ["mlp", "gpt2"])
+def test_no_unit_classes_make_the_whole_module_one_unit(ranks, name):
+    """fsdp_unit_modules=None: one unit of every param, gathered for the forward and again for the
+    backward (FSDP2's fully_shard on the root alone); still torch DDP's losses."""
+    rank, world = ranks
+    initial, expected, _ = reference(name, rank, world, 1)
+    _, batch_fn, loss_fn, _ = MODELS[name]
+    model = mxt.FullyShardedDataParallel(copy.deepcopy(initial), fsdp_config("optim_grads_params", True, False))
+    opt = optimizer(model)
+    try:
+        assert model.num_units == 1 and model.units.non_unit_params == []
+        got = []
+        for step in range(STEPS):
+            opt.zero_grad()
+            got.append(backward_micro_batches(model, loss_fn, batch_fn, rank, step, 1))
+            model.finish_grad_sync()
+            assert opt.step()[0]
+        assert model._cpp.gathers_started == model._cpp.releases_done == 2 * STEPS
+    finally:
+        opt.close()
+        model.close()
+    for step, (e, g) in enumerate(zip(expected, got)):
+        assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
+
+
 def test_fine_grained_lowers_the_peak_gathered_bytes(ranks):
     """Each GPT2Block submodule is a unit: the most gathered at once is below the block-unit run's."""
     rank, world = ranks

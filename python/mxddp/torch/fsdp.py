@@ -84,6 +84,25 @@ def _check_recompute(granularity: Optional[str], modules: Optional[Sequence[str]
     return list(modules)
 
 
+def unit_mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],
+                     config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
+    """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear weights), for the params
+    in units only: MXFP8 params are gathered per unit and pass, so a Linear outside every unit (a
+    head) stays BF16, and one marked ``mxfp8 = True`` there is refused. Unit membership does not
+    depend on the fine-grained gather, so the coarse units decide it. (The memory plan calls it.)"""
+    flags = _mxfp8_flags(module, params, config)
+    names, tensors = [n for n, _ in params], [p for _, p in params]
+    in_units = {i for u in fsdp_units(module, names, tensors, fsdp_unit_modules, False).units for i in u}
+    for i, flag in enumerate(flags):
+        if flag and i not in in_units:
+            if getattr(tensors[i], "mxfp8", None) is True:
+                raise ValueError(f"param '{names[i]}' is marked mxfp8=True but is in no FSDP unit: MXFP8 params are "
+                                 "gathered per unit and pass; put its module inside a unit class of "
+                                 "fsdp_unit_modules, or leave it BF16")
+            flags[i] = False
+    return flags
+
+
 class _SavedParamView:
     """A saved tensor that was a view of param ``index``'s gathered storage, rebuilt on unpack."""
 
@@ -99,10 +118,10 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     ``config`` is a ``DistributedDataParallelConfig`` with ``use_megatron_fsdp=True`` and
     ``use_distributed_optimizer=True``. ``fsdp_unit_modules``: the classes whose instances are
-    units (e.g. ``[GPT2Block]``); None makes no units (every param gathered at its first use and
-    kept through backward). ``recompute_granularity`` / ``recompute_modules`` (Megatron's
+    units (e.g. ``[GPT2Block]``); None makes the whole module one unit (gathered for its forward
+    and again for its backward, as FSDP2's ``fully_shard`` on the root alone). ``recompute_granularity`` / ``recompute_modules`` (Megatron's
     TransformerConfig fields) say what the caller recomputes, for the recompute-aware policy only:
-    the recompute itself is the caller's (``torch.utils.checkpoint`` with ``use_reentrant=False``).
+    the recompute itself is the caller's (``torch.utils.checkpoint``).
 
     The training loop is DDP's: ``opt.zero_grad()``; micro-batches under ``no_sync()`` and the last
     one outside; ``model.finish_grad_sync()``; ``opt.step()``. With ``optim_grads_params`` a
@@ -129,7 +148,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.param_dtype = params[0][1].dtype
         self._names = [n for n, _ in params]
         self._params = [p for _, p in params]
-        flags = self._unit_mxfp8_flags(params, config, fsdp_unit_modules)
+        flags = unit_mxfp8_flags(module, params, config, fsdp_unit_modules)
         self.fine_grained_param_gather = decide_fine_grained(config, any(flags), recompute_granularity, modules)
         self.units: FsdpUnits = fsdp_units(module, self._names, self._params, fsdp_unit_modules,
                                            self.fine_grained_param_gather)
@@ -175,23 +194,6 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._non_unit_params = self.units.non_unit_params
         self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
         self._deferred: list[tuple[int, Optional[torch.Tensor]]] = []  # non-unit grads not yet handed over
-
-    def _unit_mxfp8_flags(self, params, config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
-        """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear weights), for the
-        params in units only: MXFP8 params are gathered per unit and pass, so a Linear outside every
-        unit (a head) stays BF16, and one marked ``mxfp8 = True`` there is refused. Unit membership
-        does not depend on the fine-grained gather, so the coarse units decide it."""
-        flags = _mxfp8_flags(self.module, params, config)
-        in_units = {i for u in fsdp_units(self.module, self._names, self._params, fsdp_unit_modules, False).units
-                    for i in u}
-        for i, flag in enumerate(flags):
-            if flag and i not in in_units:
-                if getattr(self._params[i], "mxfp8", None) is True:
-                    raise ValueError(f"param '{self._names[i]}' is marked mxfp8=True but is in no FSDP unit: MXFP8 "
-                                     "params are gathered per unit and pass; put its module inside a unit class of "
-                                     "fsdp_unit_modules, or leave it BF16")
-                flags[i] = False
-        return flags
 
     # ---- the hooks ----
 

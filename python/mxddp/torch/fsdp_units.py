@@ -2,7 +2,8 @@
 
 A *unit* is the set of params gathered and released together. Every module whose class is one of
 ``fsdp_unit_modules`` (the outermost one, where such modules nest) forms a unit of all the
-trainable params below it; the params of no unit (embeddings, a final norm, a head) are
+trainable params below it; with ``fsdp_unit_modules=None`` the whole module is one unit (as
+FSDP2's ``fully_shard`` on the root alone). The params of no unit (embeddings, a final norm, a head) are
 *non-unit* params, gathered at their first use in an iteration and kept until the gradients are
 synchronized. With the fine-grained param gather each submodule inside a unit module that owns
 trainable params directly (``nn.Linear``, ``nn.LayerNorm``, ...) is a unit of its own instead.
@@ -72,8 +73,8 @@ def fsdp_units(module: torch.nn.Module, param_names: list[str], params: list[tor
                 seen.append(index_of[id(p)])
         return tuple(seen)
 
-    # The outermost module of a unit class above each module, by name prefix.
-    unit_roots: list[tuple[str, torch.nn.Module]] = []
+    # The outermost module of a unit class above each module, by name prefix; no classes: the root.
+    unit_roots: list[tuple[str, torch.nn.Module]] = [] if classes else [("", module)]
     for name, sub in module.named_modules(remove_duplicate=True):
         if classes and isinstance(sub, classes) and not any(_is_below(name, r) for r, _ in unit_roots):
             unit_roots.append((name, sub))

@@ -19,7 +19,6 @@ size (a plan for 64 ranks from one laptop process). The module may live on the m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Optional, Sequence
 
 import torch
@@ -27,7 +26,7 @@ import torch
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
-from mxddp.torch.fsdp import FullyShardedDataParallel, decide_fine_grained
+from mxddp.torch.fsdp import decide_fine_grained, unit_mxfp8_flags
 from mxddp.torch.fsdp_units import fsdp_units
 
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
@@ -149,14 +148,10 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     params = _planned_params(module)
     dtype = params[0][1].dtype
     names, tensors = [n for n, _ in params], [p for _, p in params]
-    if fsdp_unit_modules is None:
-        raise ValueError("use_megatron_fsdp=True needs units, and fsdp_unit_modules=None makes none: pass the classes "
-                         "of the module's repeated blocks (e.g. fsdp_unit_modules=[GPT2Block])")
     # FullyShardedDataParallel's own rules, called as it calls them: which params are MXFP8 (the
     # DDP's plain nn.Linear weights, those in units only), the fine-grained gather (without a
     # recompute: the plan replays none), and the units.
-    mxfp8_flags = FullyShardedDataParallel._unit_mxfp8_flags(
-        SimpleNamespace(module=module, _names=names, _params=tensors), params, cfg, fsdp_unit_modules)
+    mxfp8_flags = unit_mxfp8_flags(module, params, cfg, fsdp_unit_modules)
     fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
     units = fsdp_units(module, names, tensors, fsdp_unit_modules, fine)
     if not units.units:
