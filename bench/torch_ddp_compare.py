@@ -63,25 +63,14 @@ import subprocess
 import sys
 import time
 
+from proc_stats import cpu_model, loadavg_1m, reset_hwm, status_kib  # this folder
+
 MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
     "small": (6, 384, 6, 256, 2),
     "gpt2-124m": (12, 768, 12, 128, 1),
 }
 BUCKET_NUMEL = 25 * 1024 * 1024 // 4  # torch DDP's default bucket_cap_mb=25, in f32 elements
 IMPLS = ("mxddp", "ddp", "zero")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_hwm() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
 def worker(args) -> None:
@@ -103,7 +92,7 @@ def worker(args) -> None:
         mxt.broadcast(port, root=0)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank,
                                 world_size=world)
-    baseline_kib = _status_kib("VmRSS")
+    baseline_kib = status_kib("VmRSS")
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64,
@@ -134,7 +123,7 @@ def worker(args) -> None:
     slowest = torch.zeros(1)
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
-            _reset_hwm()
+            reset_hwm()
             if args.worker == "mxddp":
                 mxt._C.reset_memory_peaks()
         ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), generator=gen)
@@ -152,7 +141,7 @@ def worker(args) -> None:
         mxt.all_reduce(slowest, "max")
         if step >= args.warmup:
             step_s.append(float(slowest[0]))
-    peak = torch.tensor([float(_status_kib("VmHWM") - baseline_kib)])
+    peak = torch.tensor([float(status_kib("VmHWM") - baseline_kib)])
     mxt.all_reduce(peak, "max")
 
     result = {"impl": args.worker, "world": world, "layers": args.layers, "hidden": args.hidden, "seq": args.seq,
@@ -178,12 +167,7 @@ def worker(args) -> None:
 
 
 def _machine() -> str:
-    cpu = "?"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        cpu = next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
-    except Exception:
-        pass
+    cpu = cpu_model()
     return f"{cpu}, {os.cpu_count()} cores ({platform.machine()})"
 
 

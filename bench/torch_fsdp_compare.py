@@ -60,6 +60,8 @@ import sys
 import tempfile
 import time
 
+from proc_stats import cpu_model, loadavg_1m, reset_hwm, status_kib  # this folder
+
 MODELS = {  # name: (layers, hidden, heads, seq, micro-batch per rank, vocabulary)
     "tiny": (2, 64, 2, 32, 1, 256),          # the CTest smoke case only
     "small": (4, 256, 4, 128, 2, 50257),
@@ -71,24 +73,6 @@ PRECISIONS = ("f32", "bf16")
 RESULT_FIELDS = ("impl", "world", "model", "precision", "fine_grained", "recompute", "params", "step_s",
                  "steps_s", "losses", "peak_above_baseline_bytes", "loadavg_1m", "torch")
 IMPL_FIELDS = {"mxddp": ("tracked_peak_bytes", "peak_gathered_bytes"), "fsdp2": ("model_state_bytes",)}
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_hwm() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-
-
-def _loadavg_1m() -> float:
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
 
 
 def _mpi_rank_world() -> tuple[int, int]:
@@ -127,7 +111,7 @@ def worker(args) -> None:
 
         def all_max(t):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    baseline_kib = _status_kib("VmRSS")
+    baseline_kib = status_kib("VmRSS")
 
     layers, hidden, heads, seq, micro_batch, vocab = MODELS[args.model]
     micro_batch = args.micro_batch or micro_batch
@@ -172,7 +156,7 @@ def worker(args) -> None:
     profiler = None
     for step in range(args.warmup + args.steps + (1 if args.profile else 0)):
         if step == args.warmup:
-            _reset_hwm()
+            reset_hwm()
             if args.worker == "mxddp":
                 mxt._C.reset_memory_peaks()
                 model.reset_peak_gathered_bytes()
@@ -206,7 +190,7 @@ def worker(args) -> None:
         if rank == 0:
             table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile)
             print("\n".join("PROFILE " + line for line in table.splitlines()), flush=True)
-    peak = torch.tensor([float(_status_kib("VmHWM") - baseline_kib)])
+    peak = torch.tensor([float(status_kib("VmHWM") - baseline_kib)])
     all_max(peak)
 
     result = {"impl": args.worker, "world": world, "model": args.model, "layers": layers, "hidden": hidden,
@@ -214,7 +198,7 @@ def worker(args) -> None:
               "fine_grained": bool(args.fine_grained), "recompute": bool(args.recompute), "params": n_params,
               "step_s": statistics.median(step_s), "steps_s": step_s,
               "phases_s": {k: statistics.median(v) for k, v in phases.items()}, "losses": losses,
-              "peak_above_baseline_bytes": int(peak.item()) * 1024, "loadavg_1m": _loadavg_1m(),
+              "peak_above_baseline_bytes": int(peak.item()) * 1024, "loadavg_1m": loadavg_1m(),
               "torch": torch.__version__}
     if args.worker == "mxddp":
         result["tracked_peak_bytes"] = {k: v[1] for k, v in mxt.memory_usage().items()}
@@ -236,12 +220,7 @@ def worker(args) -> None:
 
 
 def _machine() -> dict:
-    cpu = "?"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        cpu = next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
-    except Exception:
-        pass
+    cpu = cpu_model()
     return {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(), "kernel": platform.release(),
             "threads_per_rank": 1}
 
@@ -268,7 +247,7 @@ def _run_one(args, env, impl, model, precision, dp, fine, recompute, steps, warm
             cmd += ["--micro-batch", str(args.micro_batch)]
         cmd += ["--fine-grained"] if fine else []
         cmd += ["--recompute"] if recompute else []
-        load_before = _loadavg_1m()
+        load_before = loadavg_1m()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
     if out.returncode != 0 or line is None:
@@ -292,7 +271,7 @@ def sweep(args) -> None:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     machine = _machine()
     print(f"# {machine['cpu']}, {machine['cores']} cores ({machine['arch']}), kernel {machine['kernel']}; "
-          f"one thread per rank; {sys.executable}; load average {_loadavg_1m():.2f}", flush=True)
+          f"one thread per rank; {sys.executable}; load average {loadavg_1m():.2f}", flush=True)
     # Each configuration once per repeat; the compare part (both impls, coarse, no recompute) and the
     # fine part (mxddp coarse/fine x recompute off/on, FSDP2 with recompute for reference) share runs.
     wanted: list[tuple] = []

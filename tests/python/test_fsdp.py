@@ -16,7 +16,8 @@ import torch.utils.checkpoint
 
 import mxddp.torch as mxt
 from micro_batches import backward_micro_batches
-from test_parity import BETAS, CLIP, EPS, LR, WD, make_gpt2, gpt2_batch, gpt2_loss, reference_optimizer
+from test_parity import (BETAS, CLIP, EPS, LR, WD, gpt2_batch, gpt2_loss, make_gpt2, mlp_batch, mlp_loss,
+                         reference_optimizer)
 
 STEPS = 4
 STRATEGIES = ["no_shard", "optim", "optim_grads", "optim_grads_params"]
@@ -54,16 +55,6 @@ class Mlp(torch.nn.Module):
                 y = block(x)
             x = x if self.skip_last_block and i == len(self.blocks) - 1 else y
         return self.head(self.norm(x))
-
-
-def mlp_batch(rank, step, micro):
-    g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
-    return torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
-
-
-def mlp_loss(model, batch):
-    x, y = batch
-    return torch.nn.functional.cross_entropy(model(x), y)
 
 
 def make_mlp():
