@@ -26,6 +26,7 @@
 #include <mxddp/plan.h>
 
 #include "fsdp/generic_model.h"
+#include "plan/expect_same_usage.h"
 
 namespace mxddp::testing {
 namespace {
@@ -132,16 +133,6 @@ Measured measure(Communicator& comm, const GenericModel& model, const FsdpConfig
   out.steady = tracker.usage();
   for (int s = 0; s < kGatherSlots; ++s) out.peak_gathered_bytes[static_cast<size_t>(s)] = fsdp.peak_gathered_bytes(static_cast<GatherSlot>(s));
   return out;
-}
-
-void expect_same_usage(const MemoryUsage& planned, const MemoryUsage& measured, const std::string& what) {
-  for (int k = 0; k < kNumMemoryCategories; ++k) {
-    const auto c = static_cast<MemoryCategory>(k);
-    EXPECT_EQ(planned.live(c), measured.live(c)) << what << ": live " << memory_category_name(c);
-    EXPECT_EQ(planned.peak(c), measured.peak(c)) << what << ": peak " << memory_category_name(c);
-  }
-  EXPECT_EQ(planned.total_live_bytes, measured.total_live_bytes) << what << ": live total";
-  EXPECT_EQ(planned.total_peak_bytes, measured.total_peak_bytes) << what << ": peak total";
 }
 
 // Plans, runs on dp local ranks, and compares every rank with the plan. Returns whether all agreed.

@@ -113,19 +113,26 @@ def optimizer(model):
                                                                adam_beta2=BETAS[1], adam_eps=EPS, clip_grad=CLIP))
 
 
+def train_steps(model, opt, loss_fn, batch_fn, rank, micro_batches):
+    """STEPS iterations; each step succeeds and (FSDP) leaves nothing gathered. Returns the losses."""
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        losses.append(backward_micro_batches(model, loss_fn, batch_fn, rank, step, micro_batches))
+        model.finish_grad_sync()
+        if isinstance(model, mxt.FullyShardedDataParallel):
+            assert not model._cpp.anything_gathered, f"step {step}: a gather outlived finish_grad_sync"
+        update_successful, grad_norm, _ = opt.step()
+        assert update_successful and grad_norm > 0
+    return losses
+
+
 def train_fsdp(name, module, rank, micro_batches, config):
     _, batch_fn, loss_fn, units = MODELS[name]
     model = mxt.FullyShardedDataParallel(module, config, fsdp_unit_modules=units())
     opt = optimizer(model)
-    losses, gathered = [], []
     try:
-        for step in range(STEPS):
-            opt.zero_grad()
-            losses.append(backward_micro_batches(model, loss_fn, batch_fn, rank, step, micro_batches))
-            model.finish_grad_sync()
-            assert not model._cpp.anything_gathered, f"step {step}: a gather outlived finish_grad_sync"
-            update_successful, grad_norm, _ = opt.step()
-            assert update_successful and grad_norm > 0
+        losses = train_steps(model, opt, loss_fn, batch_fn, rank, micro_batches)
         gathered = (model._cpp.gathers_started, model._cpp.releases_done, model.peak_gathered_bytes())
     finally:
         opt.close()
@@ -187,12 +194,7 @@ def test_no_unit_classes_make_the_whole_module_one_unit(ranks, name):
     opt = optimizer(model)
     try:
         assert model.num_units == 1 and model.units.non_unit_params == []
-        got = []
-        for step in range(STEPS):
-            opt.zero_grad()
-            got.append(backward_micro_batches(model, loss_fn, batch_fn, rank, step, 1))
-            model.finish_grad_sync()
-            assert opt.step()[0]
+        got = train_steps(model, opt, loss_fn, batch_fn, rank, 1)
         assert model._cpp.gathers_started == model._cpp.releases_done == 2 * STEPS
     finally:
         opt.close()
@@ -342,13 +344,7 @@ def bf16_batch(rank, step, micro):
 
 
 def mxfp8_losses(model, opt, rank):
-    losses = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        losses.append(backward_micro_batches(model, mlp_loss, bf16_batch, rank, step, 2))
-        model.finish_grad_sync()
-        assert opt.step()[0]
-    return losses
+    return train_steps(model, opt, mlp_loss, bf16_batch, rank, 2)
 
 
 @pytest.mark.parametrize("fine_grained,recompute", [(False, False), (True, False), (False, True), (True, True)])

@@ -12,6 +12,7 @@
 #include <mxddp/plan.h>
 
 #include "model/train_util.h"
+#include "plan/expect_same_usage.h"
 
 namespace mxddp::testing {
 namespace {
@@ -88,17 +89,6 @@ std::string describe(const TrainConfig& c, int dp) {
                      c.fsdp.megatron_fsdp_enable_fine_grained_param_gather
                          ? (*c.fsdp.megatron_fsdp_enable_fine_grained_param_gather ? "on" : "off")
                          : "policy");
-}
-
-// Every figure of one MemoryUsage, named, so a mismatch says which.
-void expect_same_usage(const MemoryUsage& planned, const MemoryUsage& measured, const std::string& what) {
-  for (int k = 0; k < kNumMemoryCategories; ++k) {
-    const auto c = static_cast<MemoryCategory>(k);
-    EXPECT_EQ(planned.live(c), measured.live(c)) << what << ": live " << memory_category_name(c);
-    EXPECT_EQ(planned.peak(c), measured.peak(c)) << what << ": peak " << memory_category_name(c);
-  }
-  EXPECT_EQ(planned.total_live_bytes, measured.total_live_bytes) << what << ": live total";
-  EXPECT_EQ(planned.total_peak_bytes, measured.total_peak_bytes) << what << ": peak total";
 }
 
 TEST(MemoryPlan, EqualsTheMeasuredMemoryOfEveryRankForGeneratedConfigs) {

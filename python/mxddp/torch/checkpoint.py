@@ -18,8 +18,7 @@ from typing import Optional, Union
 
 from mxddp import _C
 from mxddp.torch import launch
-from mxddp.torch.ddp import DistributedDataParallel
-from mxddp.torch.fsdp import FullyShardedDataParallel
+from mxddp.torch.wrapper import DataParallelModule
 from mxddp.torch.optimizer import DistributedOptimizer
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -31,7 +30,7 @@ _ITERATION_KEY = "iteration"
 def _check_pair(model, optimizer, what: str) -> None:
     if not launch.is_initialized():
         raise RuntimeError(f"mxddp is not initialized: call mxddp.torch.init() first (before {what})")
-    if not isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
+    if not isinstance(model, DataParallelModule):
         raise TypeError(f"{what}: model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; "
                         f"got {type(model).__name__}")
     if not isinstance(optimizer, DistributedOptimizer):
@@ -73,7 +72,7 @@ def _model_config_fields(model_config: Optional[Mapping]) -> list[tuple[str, str
     return fields
 
 
-def save_checkpoint(save_dir: PathLike, model: "DistributedDataParallel | FullyShardedDataParallel", optimizer: DistributedOptimizer,
+def save_checkpoint(save_dir: PathLike, model: DataParallelModule, optimizer: DistributedOptimizer,
                     iteration: int, *, metadata: Optional[Mapping[str, str]] = None,
                     model_config: Optional[Mapping] = None, keep_last: int = 0) -> str:
     """Collective: every rank calls it with the same arguments. Saves the model's params (those
@@ -118,7 +117,7 @@ def save_checkpoint(save_dir: PathLike, model: "DistributedDataParallel | FullyS
     return _C.save_checkpoint(path, optimizer._cpp, iteration, meta, _model_config_fields(model_config), keep_last)
 
 
-def load_checkpoint(load_dir: PathLike, model: "DistributedDataParallel | FullyShardedDataParallel",
+def load_checkpoint(load_dir: PathLike, model: DataParallelModule,
                     optimizer: DistributedOptimizer, *,
                     model_config: Optional[Mapping] = None) -> tuple[int, dict[str, str]]:
     """Collective. Loads a checkpoint history's newest save (``load_dir`` holds

@@ -16,14 +16,12 @@ views of the C++ DDP's BF16 copies.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import torch
 
 from mxddp import _C
 from mxddp.torch import launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
+from mxddp.torch.wrapper import DataParallelModule
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -88,7 +86,7 @@ def _mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Param
     return flags
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(DataParallelModule):
     """Megatron-core's ``DistributedDataParallel(module, ddp_config)`` on mxddp's buffers.
 
     Call ``mxddp.torch.init()`` first. ``model(...)`` runs the module. Per iteration::
@@ -124,12 +122,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._names = [name for name, _ in params]
         self._hooks = []
         self._mxfp8_linears: list[torch.nn.Module] = []
-        # Set when a grad is reported, cleared by finish_grad_sync: the optimizer refuses to step on
-        # grads that were not synchronized.
-        self._grads_pending_sync = False
-        # With reuse_grad_buf_for_mxfp8_param_ag a step only updates the main params; the model's
-        # copies are brought up to date by opt.zero_grad(), which the next forward must follow.
-        self._awaiting_zero_grad = False
+        self._init_sync_state()
         owners = mxfp8.eligible_modules(module)
         with torch.no_grad():
             for i, p in enumerate(self._params):
@@ -206,15 +199,6 @@ class DistributedDataParallel(torch.nn.Module):
                                "opt.zero_grad() (or opt.force_param_sync()) stages and gathers them into the model")
         return self.module(*args, **kwargs)
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Gradients accumulate in the grad buffer and nothing is reduced while inside."""
-        self._cpp.enter_no_sync()
-        try:
-            yield
-        finally:
-            self._cpp.exit_no_sync()
-
     def finish_grad_sync(self) -> None:
         """Issues what has not been issued, waits for every collective: main_grad then holds the
         reduced grads (this rank's shard of them with the distributed optimizer)."""
@@ -260,10 +244,6 @@ class DistributedDataParallel(torch.nn.Module):
     def grad_buffer(self) -> torch.Tensor:
         """The whole grad buffer, [numel]; every param's main_grad is a view into it."""
         return self._cpp.grad_buffer()
-
-    def registered_params(self) -> list[tuple[str, torch.nn.Parameter]]:
-        """The params mxddp holds, in registration order."""
-        return list(zip(self._names, self._params))
 
     @property
     def grads_live(self) -> bool:

@@ -34,8 +34,7 @@ when the gradients are synchronized or the next forward starts.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -45,6 +44,7 @@ from mxddp.torch import launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units
+from mxddp.torch.wrapper import DataParallelModule
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
@@ -112,7 +112,7 @@ class _SavedParamView:
         self.index, self.size, self.stride, self.offset = index, size, stride, offset
 
 
-class FullyShardedDataParallel(torch.nn.Module):
+class FullyShardedDataParallel(DataParallelModule):
     """Megatron-core's ``FullyShardedDataParallel(config, ddp_config, module, fsdp_unit_modules)``
     on mxddp's C++ FSDP, for a module on the CPU.
 
@@ -164,8 +164,7 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._shards_params = self._cpp.shards_params
         self._hooks: list = []
         self._mxfp8_linears: list[torch.nn.Module] = []
-        self._awaiting_zero_grad = False  # the optimizer's flag (DDP's MXFP8 reuse); never set under FSDP
-        self._grads_pending_sync = False
+        self._init_sync_state()
         self._grads_live = False
         self._reported = [False] * len(self._params)
         self._unit_pending = [len(u) for u in self.units.units]
@@ -351,17 +350,6 @@ class FullyShardedDataParallel(torch.nn.Module):
             self._cpp.release_gathered_params()
         return out
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Gradients accumulate and are not reduced while inside, where the strategy allows it
-        (no_shard, optim); optim_grads* reduce-scatter every micro-batch, since they keep only a
-        shard of the gradients."""
-        self._cpp.enter_no_sync()
-        try:
-            yield
-        finally:
-            self._cpp.exit_no_sync()
-
     def finish_grad_sync(self) -> None:
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
         reduced gradients. Releases the non-unit params."""
@@ -385,6 +373,13 @@ class FullyShardedDataParallel(torch.nn.Module):
         """Whether a gradient has been reported since the last zero_grad."""
         return self._grads_live
 
+    def _before_zero_grad(self) -> None:
+        self._complete_backward()  # a backward's unused params are reported before the zeroing
+
+    def _after_zero_grad(self) -> None:
+        super()._after_zero_grad()
+        self._grads_live = False
+
     def peak_gathered_bytes(self) -> dict[str, int]:
         """This rank's most bytes gathered at once per slot since construction or the last reset:
         values (BF16/F32 params), rowwise and colwise (MXFP8 payloads and scales)."""
@@ -392,10 +387,6 @@ class FullyShardedDataParallel(torch.nn.Module):
 
     def reset_peak_gathered_bytes(self) -> None:
         self._cpp.reset_peak_gathered_bytes()
-
-    def registered_params(self) -> list[tuple[str, torch.nn.Parameter]]:
-        """The params mxddp holds, in registration order."""
-        return list(zip(self._names, self._params))
 
     @property
     def num_units(self) -> int:

@@ -11,8 +11,7 @@ from typing import Optional
 from mxddp import _C
 from mxddp.torch import launch
 from mxddp.torch.config import OptimizerConfig
-from mxddp.torch.ddp import DistributedDataParallel
-from mxddp.torch.fsdp import FullyShardedDataParallel
+from mxddp.torch.wrapper import DataParallelModule
 
 
 class DistributedOptimizer:
@@ -20,8 +19,8 @@ class DistributedOptimizer:
     with ``use_distributed_optimizer=True``, or a ``mxddp.torch.FullyShardedDataParallel`` (whose
     shards it steps on, whatever the strategy: no_shard keeps a replicated optimizer)."""
 
-    def __init__(self, model: "DistributedDataParallel | FullyShardedDataParallel", config: OptimizerConfig):
-        if not isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
+    def __init__(self, model: DataParallelModule, config: OptimizerConfig):
+        if not isinstance(model, DataParallelModule):
             raise TypeError("model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; got "
                             f"{type(model).__name__}")
         if not isinstance(config, OptimizerConfig):
@@ -58,14 +57,9 @@ class DistributedOptimizer:
         the torch params' .grad is already None after each hook. With
         reuse_grad_buf_for_mxfp8_param_ag it then stages the main params in the grad buffer and starts
         the param all-gather (the first group only with overlap_param_gather)."""
-        fsdp = isinstance(self.model, FullyShardedDataParallel)
-        if fsdp:
-            self.model._complete_backward()  # a backward's unused params are reported before the zeroing
+        self.model._before_zero_grad()
         self._cpp.zero_grad()
-        self.model._grads_pending_sync = False
-        if fsdp:
-            self.model._grads_live = False
-        self.model._awaiting_zero_grad = False
+        self.model._after_zero_grad()
 
     def force_param_sync(self) -> None:
         """Collective. Brings every rank's model params up to date with the main params now,
