@@ -313,6 +313,9 @@ def test_refusals_name_the_field(ranks):
     with pytest.raises(ValueError, match="no submodule of those classes"):
         mxt.FullyShardedDataParallel(make_mlp(), fsdp_config("optim", False, False),
                                      fsdp_unit_modules=[torch.nn.Conv2d])
+    for delay in ((5, 1), (-1, 2), (0, 1.5), (True, 2), (1, 2, 3), "0,1"):
+        with pytest.raises(ValueError, match="collective_delay_us must be None or \\(min, max\\) ints"):
+            mxt.init(collective_delay_us=delay)
     with pytest.raises(ValueError, match="recompute_granularity='some'"):
         mxt.FullyShardedDataParallel(make_mlp(), fsdp_config("optim", False, False), fsdp_unit_modules=[Block],
                                      recompute_granularity="some")
