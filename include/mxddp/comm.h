@@ -115,7 +115,9 @@ class Communicator {
 
   // input  /*in*/:  size() equal blocks of output.numel() elements, block r destined for rank r.
   // output /*out*/: this rank's reduced block. In place when output is exactly this rank's block
-  //                 of input; otherwise the two must not overlap. Only output is written.
+  //                 of input: the rest of input is then scratch (the mpi backend's in-place form
+  //                 writes block 0), as the unreduced rest of Megatron's grad buffer is.
+  //                 Otherwise the two must not overlap and only output is written.
   Work reduce_scatter(TensorView input, TensorView output, const ReduceScatterOptions& options = {});
 
   // input  /*in*/:  this rank's block.
@@ -233,10 +235,9 @@ struct MpiOptions {
 // The f32 staging the mpi backend holds for one reduction, in bytes (it keeps the largest so far,
 // charged as comm): a bf16 all-reduce of count elements widens them to f32 (4 x count); a bf16
 // reduce-scatter of count elements per rank widens the whole input and keeps the output block
-// (4 x count x (size + 1)); an in-place reduce-scatter of another dtype reduces into a block-sized
-// buffer (count x element size, rounded up to 4), since MPI's in-place form would write block 0.
-// Anything else (an f32 or u8 all-reduce, a reduce-scatter out of place, gathers) needs none: 0.
-int64_t mpi_staging_bytes(bool reduce_scatter, bool in_place, DType dtype, int64_t count, int size);
+// (4 x count x (size + 1)). Anything else (f32 and u8 reductions, in place or not, gathers) needs
+// none: 0.
+int64_t mpi_staging_bytes(bool reduce_scatter, DType dtype, int64_t count, int size);
 
 // A communicator over all processes of MPI_COMM_WORLD (duplicated). Needs a live MpiRuntime.
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options = {});

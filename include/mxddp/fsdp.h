@@ -17,12 +17,13 @@
 //     MXFP8 params      (2 + 1/16)/N     12/N           (18 + 1/16)/N
 //
 // plus the padding (src/fsdp/fsdp_storage_plan.h derives every such figure from one per-strategy
-// table, and lists each buffer a bucket holds). MXFP8 params (ParamSpec::mxfp8, optim_grads_params
-// only; Megatron's fp8_param_gather under FSDP) rest as shards of their row-wise and column-wise
-// E4M3/E5M2 payloads, 1 + 1 bytes per element / N, and of both orientations' E8M0 scale arrays
-// (1/32 + 1/32 byte per element / N, each array zero-padded to divide by N), each orientation's
-// scales gathered with its payload; each unit's MXFP8 params form a bucket of their own beside its
-// BF16 one.
+// table, and lists each buffer a bucket holds). With f32 params each param shard is its own main
+// param (optim.h): main + Adam is 8 (8/N), and optim_grads_params keeps 16/N.
+// MXFP8 params (ParamSpec::mxfp8, optim_grads_params only; Megatron's fp8_param_gather under FSDP)
+// rest as shards of their row-wise and column-wise E4M3/E5M2 payloads, 1 + 1 bytes per element / N,
+// and of both orientations' E8M0 scale arrays (1/32 + 1/32 byte per element / N, each array zero-
+// padded to divide by N), each orientation's scales gathered with its payload; each unit's MXFP8
+// params form a bucket of their own beside its BF16 one.
 // Transient: optim_grads_params's gathered units (the current one plus the
 // prefetch, or at most two with fsdp_double_buffer) and non-unit params, in the tracker category
 // "gathered"; the sharded-grad strategies' unsharded grad buckets, from a bucket's first gradient

@@ -85,6 +85,11 @@ struct StepResult {
 std::vector<std::string_view> optimizer_state_names(OptimizerType optimizer);
 std::vector<std::string_view> optimizer_state_names(std::string_view optimizer);
 
+// Megatron's rule for the main params: where a bucket's param shard is f32 it is the main param
+// itself (the update writes it in place: no copy, no staging); a shard of another dtype (bf16,
+// MXFP8's bf16 staging) gets an f32 copy, charged as kMainParams. The planners charge by it too.
+inline bool main_params_alias_param_shard(DType param_shard_dtype) { return param_shard_dtype == DType::kF32; }
+
 class DistributedOptimizer {
  public:
   // dp (a DDP with use_distributed_optimizer, or an FSDP) and tracker must outlive this object.
@@ -109,7 +114,8 @@ class DistributedOptimizer {
   // buffer (the staging area) and then re-stages and gathers everything. Collective.
   void force_param_sync();
   // Casts the main params (BF16, round to nearest even) into where each bucket stages its params
-  // (this rank's shards of the param buffer).
+  // (this rank's shards of the param buffer); nothing to do for an f32 shard, which is its own
+  // main param.
   void stage_main_params();
 
   const OptimizerConfig& config() const { return config_; }
@@ -122,7 +128,8 @@ class DistributedOptimizer {
   const OptimizerBucket& bucket(int b) const { return buckets_.at(static_cast<size_t>(b)); }
 
   // This rank's state, one f32 view per bucket: [OptimizerBucket::numel] (the shard; padding
-  // included, kept at zero).
+  // included, kept at zero). main_params(b) is the param shard itself where that is f32
+  // (main_params_alias_param_shard): writing it writes this rank's model params.
   // state_count() is 2 for adam (exp_avg, exp_avg_sq) and 1 for sgd (momentum_buffer).
   TensorView main_params(int bucket) const;
   int state_count() const { return static_cast<int>(state_.size()); }
@@ -142,7 +149,8 @@ class DistributedOptimizer {
   std::vector<OptimizerBucket> buckets_;        // [bucket]
   OptimizerConfig config_;
   int64_t step_count_ = 0;
-  std::vector<HostBuffer> main_;                // [bucket] f32 [shard size], kMainParams
+  std::vector<HostBuffer> main_copies_;         // [bucket] f32 [shard size], kMainParams; empty where aliased
+  std::vector<TensorView> main_;                // [bucket] f32 [shard size]: main_copies_[b] or the param shard
   std::vector<std::vector<HostBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
 };
 

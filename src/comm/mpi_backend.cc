@@ -245,11 +245,11 @@ class MpiBackend final : public CommBackend {
   }
 
  private:
-  // f32 staging for bf16 reductions (summing in f32, as the local backend does) and in-place
-  // reduce-scatters, charged as comm; sized by mpi_staging_bytes (what the memory plan charges).
-  float* staging_f32(const CollectiveCall& call, bool in_place) {
-    const auto bytes = static_cast<size_t>(mpi_staging_bytes(call.kind == CollectiveKind::kReduceScatter, in_place,
-                                                              call.dtype, call.count, size_));
+  // f32 staging for bf16 reductions (summing in f32, as the local backend does), charged as comm;
+  // sized by mpi_staging_bytes (what the memory plan charges).
+  float* staging_f32(const CollectiveCall& call) {
+    const auto bytes = static_cast<size_t>(mpi_staging_bytes(call.kind == CollectiveKind::kReduceScatter, call.dtype,
+                                                              call.count, size_));
     MXDDP_ASSERT(bytes > 0);
     if (staging_.size_bytes() < bytes) {
       staging_ = HostBuffer();
@@ -270,7 +270,7 @@ class MpiBackend final : public CommBackend {
       return;
     }
     auto* data = static_cast<bf16_bits*>(call.recv);
-    float* f32 = staging_f32(call, /*in_place=*/true);
+    float* f32 = staging_f32(call);
     convert_bf16_to_f32(data, f32, static_cast<size_t>(call.count));
     {
       const auto watched = data_watchdog_.watch("all_reduce", seq_);
@@ -286,7 +286,7 @@ class MpiBackend final : public CommBackend {
     const size_t elem = dtype_size_bytes(call.dtype);
     if (call.dtype == DType::kBF16) {
       // Widen the whole input to f32, reduce-scatter in f32 into the staging tail, round once.
-      float* f32 = staging_f32(call, /*in_place=*/false);  // [size + 1, count]
+      float* f32 = staging_f32(call);  // [size + 1, count]
       float* out = f32 + call.count * size_;
       convert_bf16_to_f32(static_cast<const bf16_bits*>(call.send), f32, static_cast<size_t>(call.count * size_));
       {
@@ -298,18 +298,30 @@ class MpiBackend final : public CommBackend {
       convert_f32_to_bf16(out, static_cast<bf16_bits*>(call.recv), static_cast<size_t>(call.count));
       return;
     }
-    // MPI's in-place form leaves the result at the start of the buffer, not in this rank's block,
-    // and would overwrite block 0. Reduce into staging instead and copy, so only recv is written.
-    const bool in_place =
-        call.recv == static_cast<const char*>(call.send) + static_cast<size_t>(rank_) * static_cast<size_t>(count) * elem;
-    void* out = in_place ? static_cast<void*>(staging_f32(call, /*in_place=*/true)) : call.recv;
+    const size_t block_bytes = static_cast<size_t>(count) * elem;
+    if (call.recv != static_cast<const char*>(call.send) + static_cast<size_t>(rank_) * block_bytes) {
+      {
+        const auto watched = data_watchdog_.watch("reduce_scatter", seq_);
+        MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, call.recv, count, wire_type(call.dtype),
+                                                 mpi_op(call.op, call.dtype), comm_),
+                        "MPI_Reduce_scatter_block");
+      }
+      if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(call.recv), call.count, call.op, size_, call.prescale);
+      return;
+    }
+    // In place: MPI's in-place form leaves this rank's block at the start of the buffer, then
+    // moved to its block. Block 0 is clobbered, which the contract allows (comm.h): the rest of an
+    // in-place input is scratch afterwards, as the unreduced rest of Megatron's grad buffer is.
+    // That spares a block-sized staging buffer held for the whole run.
+    void* whole = const_cast<void*>(call.send);
     {
       const auto watched = data_watchdog_.watch("reduce_scatter", seq_);
-      MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(call.send, out, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
+      MXDDP_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, count, wire_type(call.dtype),
+                                               mpi_op(call.op, call.dtype), comm_),
                       "MPI_Reduce_scatter_block");
     }
-    if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(out), call.count, call.op, size_, call.prescale);
-    if (in_place) std::memcpy(call.recv, out, static_cast<size_t>(call.count) * elem);
+    if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(whole), call.count, call.op, size_, call.prescale);
+    if (rank_ != 0) std::memcpy(call.recv, whole, block_bytes);  // disjoint blocks
   }
 
   // avg is a sum followed by a division.
@@ -364,11 +376,10 @@ int MpiRuntime::world_size() {
   return size;
 }
 
-int64_t mpi_staging_bytes(bool reduce_scatter, bool in_place, DType dtype, int64_t count, int size) {
+int64_t mpi_staging_bytes(bool reduce_scatter, DType dtype, int64_t count, int size) {
   constexpr int64_t kF32 = sizeof(float);
   if (dtype == DType::kBF16) return reduce_scatter ? kF32 * count * (int64_t{size} + 1) : kF32 * count;
-  if (!reduce_scatter || !in_place) return 0;
-  return (count * static_cast<int64_t>(dtype_size_bytes(dtype)) + kF32 - 1) / kF32 * kF32;
+  return 0;
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {

@@ -1,6 +1,7 @@
 // FsdpStoragePlan and the per-strategy table: see fsdp_storage_plan.h.
 #include "fsdp_storage_plan.h"
 
+#include <mxddp/optim.h>
 #include <mxddp/quant.h>
 
 namespace mxddp {
@@ -30,7 +31,8 @@ FsdpElementBytes fsdp_element_bytes(ShardingStrategy s, DType param_dtype, DType
   if (mxfp8) e.params = (2.0 + 2.0 / kMxBlockSize) / n;  // payloads and scales, both orientations, sharded
   else e.params = static_cast<double>(dtype_size_bytes(param_dtype)) / (st.params_sharded ? n : 1.0);
   e.grads = static_cast<double>(dtype_size_bytes(grad_dtype)) / (st.grads_sharded ? n : 1.0);
-  e.main_params = 4.0 / (st.optimizer_sharded ? n : 1.0);
+  // An f32 param shard is its own main param (optim.h); MXFP8 and bf16 params get an f32 copy.
+  e.main_params = !mxfp8 && main_params_alias_param_shard(param_dtype) ? 0.0 : 4.0 / (st.optimizer_sharded ? n : 1.0);
   e.optimizer_state = 4.0 * optimizer_states / (st.optimizer_sharded ? n : 1.0);
   return e;
 }

@@ -37,10 +37,18 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConf
     const TensorView initial = dp.initial_params(b);
     const auto n = static_cast<size_t>(buckets_.back().numel);
     MXDDP_ASSERT(initial.numel() == buckets_.back().numel);
-    HostBuffer main(n * sizeof(float), MemoryCategory::kMainParams, tracker);
-    if (initial.dtype == DType::kF32) std::memcpy(main.data(), initial.data, n * sizeof(float));
-    else convert_bf16_to_f32(initial.data_as<const bf16_bits>(), static_cast<float*>(main.data()), n);
-    main_.push_back(std::move(main));
+    if (main_params_alias_param_shard(initial.dtype)) {
+      // The shard the update writes is the one it started from (DDP's param buffer, FSDP's shard).
+      const OptimizerBucketIo io = dp.optimizer_io(b);
+      MXDDP_ASSERT(io.params.data == initial.data && io.stage_in_step);
+      main_copies_.emplace_back();
+      main_.push_back(initial.flat());
+    } else {
+      HostBuffer main(n * sizeof(float), MemoryCategory::kMainParams, tracker);
+      convert_bf16_to_f32(initial.data_as<const bf16_bits>(), static_cast<float*>(main.data()), n);
+      main_.push_back(main.view(DType::kF32, Shape{static_cast<int64_t>(n)}));
+      main_copies_.push_back(std::move(main));
+    }
     for (auto& s : state_) {
       HostBuffer zeros(n * sizeof(float), MemoryCategory::kOptimizerState, tracker);
       std::memset(zeros.data(), 0, n * sizeof(float));
@@ -54,10 +62,7 @@ void DistributedOptimizer::set_lr(float lr) {
   config_.lr = lr;
 }
 
-TensorView DistributedOptimizer::main_params(int bucket) const {
-  const HostBuffer& b = main_.at(static_cast<size_t>(bucket));
-  return b.view(DType::kF32, Shape{static_cast<int64_t>(b.size_bytes() / sizeof(float))});
-}
+TensorView DistributedOptimizer::main_params(int bucket) const { return main_.at(static_cast<size_t>(bucket)); }
 
 TensorView DistributedOptimizer::state(int index, int bucket) const {
   const HostBuffer& b = state_.at(static_cast<size_t>(index)).at(static_cast<size_t>(bucket));
@@ -180,9 +185,9 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
   const OptimizerBucketIo io = dp_.optimizer_io(bucket);
   const TensorView& grads = io.grads;
   const TensorView& params = io.params;
-  const bool stage = io.stage_in_step;
   MXDDP_ASSERT(params.data != nullptr);
-  float* main = static_cast<float*>(main_[b].data());
+  float* main = main_[b].data_as<float>();
+  const bool stage = io.stage_in_step && params.data != main;  // an aliased f32 shard is written as main
   float* s0 = static_cast<float*>(state_[0][b].data());
   for (const ShardParamRange& r : buckets_[b].update) {
     const bool decay = dp_.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
@@ -207,7 +212,8 @@ void DistributedOptimizer::stage_main_params() {
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView shard = dp_.optimizer_io(static_cast<int>(b)).params;
     MXDDP_ASSERT(shard.data != nullptr);
-    const auto* main = static_cast<const float*>(main_[b].data());
+    const auto* main = main_[b].data_as<const float>();
+    if (shard.data == main) continue;  // the f32 shard is the main param
     if (shard.dtype == DType::kF32) std::memcpy(shard.data, main, shard.nbytes());
     else convert_f32_to_bf16(main, shard.data_as<bf16_bits>(), static_cast<size_t>(shard.numel()));
   }

@@ -55,6 +55,7 @@ class DataParallelSim : public GptCallTrace {
     c.use_distributed_optimizer = true;
     layout_ = charge_ddp_construction(specs, c, dp, tracker_);
     for (const BucketPlacement& b : layout_.buckets) optimizer_numel_.push_back(b.range.size() / dp);
+    param_dtype_ = c.param_dtype;
     if (mpi) stage_reductions_for_mpi(!c.force_all_reduce, c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
   }
 
@@ -64,6 +65,7 @@ class DataParallelSim : public GptCallTrace {
     layout_ = fsdp_->layout();
     for (size_t b = 0; b < layout_.buckets.size(); ++b)
       optimizer_numel_.push_back(fsdp_->optimizer_bucket_numel(static_cast<int>(b)));
+    param_dtype_ = c.param_dtype;
     if (mpi)
       stage_reductions_for_mpi(c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard,
                                c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
@@ -74,7 +76,7 @@ class DataParallelSim : public GptCallTrace {
   }
 
   // DistributedOptimizer's constructor.
-  void build_optimizer(OptimizerType optimizer) { charge_optimizer_construction(optimizer_numel_, optimizer, tracker_); }
+  void build_optimizer(OptimizerType optimizer) { charge_optimizer_construction(optimizer_numel_, optimizer, param_dtype_, tracker_); }
 
   const ParamLayout& layout() const { return layout_; }
   const FsdpMemorySim* fsdp() const { return fsdp_.get(); }
@@ -124,6 +126,7 @@ class DataParallelSim : public GptCallTrace {
   ParamLayout layout_;
   std::unique_ptr<FsdpMemorySim> fsdp_;
   std::vector<int64_t> optimizer_numel_;  // [bucket] the optimizer's main param elements
+  DType param_dtype_ = DType::kF32;       // the param shards' dtype: f32 ones are their own main params
   int64_t mpi_staging_bytes_ = 0;  // the mpi backend's staging for the reductions (0: none or local)
   bool mpi_staging_charged_ = false;
   bool no_sync_ = false;

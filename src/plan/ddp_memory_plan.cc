@@ -39,16 +39,16 @@ int64_t gradient_sync_staging_bytes(const ParamLayout& layout, bool reduce_scatt
   int64_t bytes = 0;
   for (const BucketPlacement& b : layout.buckets) {
     const int64_t count = reduce_scatter ? b.range.size() / dp : b.range.size();
-    bytes = std::max(bytes, mpi_staging_bytes(reduce_scatter, true, grad_dtype, count, dp));
+    bytes = std::max(bytes, mpi_staging_bytes(reduce_scatter, grad_dtype, count, dp));
   }
   return bytes;
 }
 
 void charge_optimizer_construction(const std::vector<int64_t>& shard_numel, OptimizerType optimizer,
-                                   MemoryTracker& tracker) {
+                                   DType param_dtype, MemoryTracker& tracker) {
   const auto states = static_cast<int64_t>(optimizer_state_names(optimizer).size());
   for (int64_t n : shard_numel) {
-    tracker.on_allocate(MemoryCategory::kMainParams, n * 4);
+    if (!main_params_alias_param_shard(param_dtype)) tracker.on_allocate(MemoryCategory::kMainParams, n * 4);
     for (int64_t s = 0; s < states; ++s) tracker.on_allocate(MemoryCategory::kOptimizerState, n * 4);
   }
 }
@@ -83,7 +83,7 @@ MemoryPlan plan_ddp_memory(const std::vector<ParamSpec>& params, const DdpConfig
   if (optimizer) {
     std::vector<int64_t> shard_numel;
     for (const BucketPlacement& b : layout.buckets) shard_numel.push_back(b.range.size() / dp);
-    charge_optimizer_construction(shard_numel, *optimizer, tracker);
+    charge_optimizer_construction(shard_numel, *optimizer, config.param_dtype, tracker);
   }
   const MemoryUsage built = tracker.usage();
   tracker.reset_peaks();

@@ -26,10 +26,11 @@ ParamLayout charge_ddp_construction(const std::vector<ParamSpec>& specs, const D
 // the largest: each bucket reduced in place, all-reduced or reduce-scattered), in bytes.
 int64_t gradient_sync_staging_bytes(const ParamLayout& layout, bool reduce_scatter, DType grad_dtype, int dp);
 
-// DistributedOptimizer's constructor: per bucket, its main params and then each state, f32, over
-// that bucket's shard_numel[bucket] elements.
+// DistributedOptimizer's constructor: per bucket, its main params (none where param_dtype's shard
+// is its own main param, main_params_alias_param_shard) and then each state, f32, over that
+// bucket's shard_numel[bucket] elements.
 void charge_optimizer_construction(const std::vector<int64_t>& shard_numel, OptimizerType optimizer,
-                                   MemoryTracker& tracker);
+                                   DType param_dtype, MemoryTracker& tracker);
 
 // The plan's layout figures (params, padding, buckets) for a layout.
 void describe_layout(const ParamLayout& layout, MemoryPlanLayout& out);

@@ -72,6 +72,7 @@ TrainMemoryFloor train_memory_floor(const TrainConfig& c, int dp, double data_by
   // per-strategy table of fsdp_storage_plan.h; DDP always runs the distributed optimizer). MXFP8 params hold a 1-byte payload per orientation.
   bool shard_params = false, shard_grads = false, shard_optimizer = true;
   double param_elem = c.ddp.fp8_param_gather ? 2 : dtype_bytes(c.ddp.param_dtype);
+  DType param_dtype = c.ddp.param_dtype;
   double grad_elem = c.ddp.grad_reduce_in_fp32 ? 4 : dtype_bytes(c.ddp.param_dtype);
   if (c.use_megatron_fsdp) {
     const FsdpStrategyStorage& st = fsdp_strategy_storage(c.fsdp.data_parallel_sharding_strategy);
@@ -79,11 +80,13 @@ TrainMemoryFloor train_memory_floor(const TrainConfig& c, int dp, double data_by
     shard_grads = st.grads_sharded;
     shard_optimizer = st.optimizer_sharded;
     param_elem = dtype_bytes(c.fsdp.param_dtype);
+    param_dtype = c.fsdp.param_dtype;
     grad_elem = c.fsdp.grad_reduce_in_fp32 ? 4 : param_elem;
   }
   f.params_bytes = param_elem * n / (shard_params ? ranks : 1);
   f.grads_bytes = grad_elem * n / (shard_grads ? ranks : 1);
-  f.main_params_bytes = 4 * n / (shard_optimizer ? ranks : 1);
+  // An f32 param shard is its own main param (optim.h).
+  f.main_params_bytes = main_params_alias_param_shard(param_dtype) ? 0 : 4 * n / (shard_optimizer ? ranks : 1);
   const auto state_elems = static_cast<double>(optimizer_state_names(c.optimizer.optimizer).size());
   f.optimizer_state_bytes = 4 * state_elems * n / (shard_optimizer ? ranks : 1);
   const double rows = static_cast<double>(c.micro_batch_size) * c.model.seq_length;

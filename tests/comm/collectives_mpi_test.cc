@@ -38,26 +38,26 @@ TEST(MpiBackend, StagingIsWhatMpiStagingBytesSaysAndGoesToTheTrackerSet) {
   Buf f32(DType::kF32, 100);
   comm.all_reduce(f32.view());
   EXPECT_EQ(comm_live(), 0) << "an f32 all-reduce needs no staging";
-  EXPECT_EQ(mpi_staging_bytes(false, true, DType::kF32, 100, n), 0);
+  EXPECT_EQ(mpi_staging_bytes(false, DType::kF32, 100, n), 0);
   Buf bf16(DType::kBF16, 1000);
   comm.all_reduce(bf16.view());
-  EXPECT_EQ(comm_live(), mpi_staging_bytes(false, true, DType::kBF16, 1000, n));
+  EXPECT_EQ(comm_live(), mpi_staging_bytes(false, DType::kBF16, 1000, n));
   EXPECT_EQ(comm_live(), 4000);
   // A bf16 reduce-scatter widens the whole input and keeps the block: larger, so the staging grows.
   Buf whole(DType::kBF16, 500 * n);
   Buf block(DType::kBF16, 500);
   comm.reduce_scatter(whole.view(), block.view());
-  EXPECT_EQ(comm_live(), mpi_staging_bytes(true, false, DType::kBF16, 500, n));
+  EXPECT_EQ(comm_live(), mpi_staging_bytes(true, DType::kBF16, 500, n));
   EXPECT_EQ(comm_live(), int64_t{4} * 500 * (n + 1));
   EXPECT_EQ(mine.usage().peak(MemoryCategory::kComm), comm_live()) << "the old buffer is freed before the new one";
-  // An in-place f32 reduce-scatter (DDP's and FSDP's gradients) needs its block; out of place none.
+  // An in-place f32 reduce-scatter (DDP's and FSDP's gradients) stages nothing, however large its
+  // block: MPI's in-place form reduces within the input.
   const int64_t big = int64_t{4} * 500 * (n + 1);  // a block larger than what is held
   Buf f32_whole(DType::kF32, big * n);
   comm.reduce_scatter(f32_whole.view(), f32_whole.view().slice(comm.rank() * big, big));
-  EXPECT_EQ(comm_live(), mpi_staging_bytes(true, true, DType::kF32, big, n));
-  EXPECT_EQ(comm_live(), 4 * big);
-  EXPECT_EQ(mpi_staging_bytes(true, false, DType::kF32, big, n), 0);
-  EXPECT_EQ(mpi_staging_bytes(true, true, DType::kU8, 5, n), 8) << "rounded up to whole floats";
+  EXPECT_EQ(comm_live(), int64_t{4} * 500 * (n + 1)) << "the bf16 reduce-scatter's staging, unchanged";
+  EXPECT_EQ(mpi_staging_bytes(true, DType::kF32, big, n), 0);
+  EXPECT_EQ(mpi_staging_bytes(true, DType::kU8, 5, n), 0);
   comm.set_memory_tracker(nullptr);
   EXPECT_EQ(comm_live(), 0) << "handed back: released from this tracker";
   EXPECT_EQ(mine.usage().total_live_bytes, 0);

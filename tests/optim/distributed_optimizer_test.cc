@@ -42,6 +42,27 @@ TEST_P(OptimDp, ClippingMatchesSerialReference) {
   });
 }
 
+// Megatron's rule for f32 params: the param buffer's shard is the main param. Nothing is charged
+// as main params, the view is the shard itself, and the update written in place (no staging
+// pass) still matches plain AdamW and SGD.
+TEST_P(OptimDp, F32ParamShardIsItsOwnMainParam) {
+  run_local(GetParam(), [](Communicator& comm) {
+    MemoryTracker tracker;
+    DdpConfig cfg = optim_ddp_config();
+    cfg.param_dtype = DType::kF32;
+    DistributedDataParallel ddp(comm, mlp_params(), cfg, tracker);
+    DistributedOptimizer opt(ddp, {}, tracker);
+    EXPECT_EQ(tracker.usage().live(MemoryCategory::kMainParams), 0);
+    EXPECT_GT(tracker.usage().live(MemoryCategory::kOptimizerState), 0);
+    for (int b = 0; b < opt.num_buckets(); ++b) EXPECT_EQ(opt.main_params(b).data, ddp.optimizer_io(b).params.data);
+  });
+  run_local(GetParam(), [](Communicator& comm) {
+    check_matches_plain_optimizer(comm, {.lr = 1e-2f, .weight_decay = 0.1f, .clip_grad = 0}, 6, 1e-6, DType::kF32);
+    check_matches_plain_optimizer(comm, {.optimizer = OptimizerType::kSgd, .lr = 5e-2f, .weight_decay = 0.1f}, 6,
+                                  1e-6, DType::kF32);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Dp, OptimDp, ::testing::Values(1, 2, 4));
 
 // Runs `steps` steps and returns this rank's full param buffer bytes and the losses.

@@ -180,9 +180,13 @@ struct PlainTrainer {
   int64_t t = 0;
   double last_norm = 0, last_coeff = 1;
 
-  explicit PlainTrainer(const OptimizerConfig& c) : cfg(c), main(mlp_init()) {
-    for (auto& p : main)
-      for (float& x : p) x = bf16_to_f32(f32_to_bf16(x));
+  bool bf16_params = true;  // the model reads bf16(main), as a DDP with bf16 params does
+
+  explicit PlainTrainer(const OptimizerConfig& c, DType param_dtype = DType::kBF16)
+      : cfg(c), main(mlp_init()), bf16_params(param_dtype == DType::kBF16) {
+    if (bf16_params)
+      for (auto& p : main)
+        for (float& x : p) x = bf16_to_f32(f32_to_bf16(x));
     for (auto& p : main) {
       m.emplace_back(p.size(), 0.0f);
       v.emplace_back(p.size(), 0.0f);
@@ -198,7 +202,8 @@ struct PlainTrainer {
     ModelHooks h;
     h.param = [&](int i) {
       std::vector<float> p = main[static_cast<size_t>(i)];
-      for (float& x : p) x = bf16_to_f32(f32_to_bf16(x));
+      if (bf16_params)
+        for (float& x : p) x = bf16_to_f32(f32_to_bf16(x));
       return p;
     };
     h.accumulate = [&](int i, const std::vector<float>& g) { part_grad[static_cast<size_t>(i)] = g; };

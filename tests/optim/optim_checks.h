@@ -19,12 +19,14 @@ inline DdpConfig optim_ddp_config(bool overlap_param_gather = false) {
 // The reference sums the ranks' gradients in rank order, as the local backend does; rel_tol
 // allows for engines (MPI) whose summation order is their own.
 inline void check_matches_plain_optimizer(Communicator& comm, const OptimizerConfig& cfg, int steps,
-                                          double rel_tol = 1e-6) {
+                                          double rel_tol = 1e-6, DType param_dtype = DType::kBF16) {
   MemoryTracker tracker;
   auto init = mlp_init();
-  DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(), tracker, views_of(init));
+  DdpConfig ddp_cfg = optim_ddp_config();
+  ddp_cfg.param_dtype = param_dtype;
+  DistributedDataParallel ddp(comm, mlp_params(), ddp_cfg, tracker, views_of(init));
   DistributedOptimizer opt(ddp, cfg, tracker);
-  PlainTrainer ref(cfg);
+  PlainTrainer ref(cfg, param_dtype);
   for (int s = 0; s < steps; ++s) {
     const double loss = ddp_train_step(opt, s, kGlobalBatch);
     const double ref_loss = ref.train_step(s, kGlobalBatch, comm.size());

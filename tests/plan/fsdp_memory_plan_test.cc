@@ -268,7 +268,7 @@ TEST(FsdpMemoryPlanGathers, MpiStagingIsTheLargestBucketsReduction) {
     int64_t staging = 0;
     for (const BucketPlacement& b : layout.buckets) {
       const bool rs = s != ShardingStrategy::kNoShard;
-      staging = std::max(staging, mpi_staging_bytes(rs, true, DType::kBF16, rs ? b.range.size() / dp : b.range.size(), dp));
+      staging = std::max(staging, mpi_staging_bytes(rs, DType::kBF16, rs ? b.range.size() / dp : b.range.size(), dp));
     }
     ASSERT_GT(staging, 0);
     EXPECT_EQ(local.overall.live(MemoryCategory::kComm), 0);

@@ -125,7 +125,9 @@ def test_plan_equals_the_tracker_after_a_step(ranks, name, make, loss_fn, dtype,
         assert planned.live_bytes["params"] == n * model.param_buffer().element_size()
         assert planned.live_bytes["grads"] == n * grad_bytes
         states = 0 if opt_cfg is None else (2 if opt_cfg.optimizer == "adam" else 1)
-        assert planned.live_bytes["main_params"] == (4 * n // world if opt_cfg else 0)
+        # Megatron's rule: an f32 param shard is its own main param; bf16 params get an f32 copy.
+        main_bytes = 0 if opt_cfg is None or dtype == torch.float32 else 4 * n // world
+        assert planned.live_bytes["main_params"] == main_bytes
         assert planned.live_bytes["optimizer_state"] == states * 4 * n // world
         assert planned.params_numel == sum(p.numel() for _, p in model.registered_params())
         assert planned.total_peak_bytes == sum(planned.peak_bytes.values())  # nothing transient
@@ -208,14 +210,14 @@ def test_plan_for_64_ranks_of_a_meta_module_runs_without_ranks(ranks):
                                               bucket_size=5000), ADAM)
     assert {k: list(v) for k, v in planned.memory_usage().items()} == child["usage"]
     # At 64 ranks each bucket ends on a multiple of lcm(64, 128) = 128 elements; each rank keeps a
-    # 64th of every bucket as main params and two Adam moments; the MPI staging is the largest
-    # bucket's shard (an in-place reduce-scatter of f32).
+    # 64th of every bucket as two Adam moments, its f32 param shard being its main params; the f32
+    # reduce-scatters run in place, with no MPI staging.
     n = planned.buffer_numel
     assert all(numel % 128 == 0 for numel, _ in planned.buckets) and sum(b for b, _ in planned.buckets) == n
     assert planned.live_bytes["params"] == planned.live_bytes["grads"] == 4 * n
-    assert planned.live_bytes["main_params"] == 4 * n // 64
+    assert planned.live_bytes["main_params"] == 0
     assert planned.live_bytes["optimizer_state"] == 8 * n // 64
-    assert planned.live_bytes["comm"] == 4 * max(b for b, _ in planned.buckets) // 64
+    assert planned.live_bytes["comm"] == 0
 
 
 def test_plan_refuses_bad_input_naming_the_value(ranks):
@@ -321,9 +323,11 @@ def test_fsdp_plans_of_every_strategy_relate_as_their_sharding(name, make, units
     assert params.live_bytes["params"] == 4 * n // world
     assert full.live_bytes["grads"] == optim.live_bytes["grads"] == 4 * n
     assert grads.live_bytes["grads"] == params.live_bytes["grads"] == 4 * n // world
-    assert full.live_bytes["main_params"] == 4 * n and full.live_bytes["optimizer_state"] == 8 * n
+    # f32 param shards are their own main params (Megatron's rule): no main_params anywhere.
+    assert all(p.live_bytes["main_params"] == 0 for p in plans.values())
+    assert full.live_bytes["optimizer_state"] == 8 * n
     for p in (optim, grads, params):
-        assert p.live_bytes["main_params"] == 4 * n // world and p.live_bytes["optimizer_state"] == 8 * n // world
+        assert p.live_bytes["optimizer_state"] == 8 * n // world
     # Gathers: optim_grads_params only, of at most the whole buffer; nothing stays gathered.
     assert params.peak_gathered_bytes["values"] > 0 and params.peak_bytes["gathered"] > 0
     assert params.peak_gathered_bytes["values"] <= 4 * n and params.live_bytes["gathered"] == 0
@@ -331,15 +335,16 @@ def test_fsdp_plans_of_every_strategy_relate_as_their_sharding(name, make, units
     # The sharded-grad strategies' transient unsharded grads: at least the largest unit's, then freed.
     for p in (grads, params):
         assert p.peak_bytes["grads"] >= p.live_bytes["grads"] + 4 * p.largest_unit_numel
-    # The mpi backend's staging of the in-place f32 reduce-scatters (none for no_shard's f32
-    # all-reduce): the largest bucket's shard.
-    assert full.live_bytes["comm"] == 0
-    largest = max(b for b, _ in full.buckets)
-    assert optim.live_bytes["comm"] == grads.live_bytes["comm"] == params.live_bytes["comm"] == 4 * largest // world
-    # ZeRO-3's bytes at rest: every category sharded, 20 bytes per element (f32 params, grads and main
-    # params, two moments) / world, and the staging.
-    assert params.total_live_bytes == (20 * n + 4 * largest) // world
-    assert params.total_peak_bytes < full.total_peak_bytes
+    # The mpi backend stages no f32 reduction (the reduce-scatters run in MPI's in-place form).
+    assert all(p.live_bytes["comm"] == 0 for p in plans.values())
+    # ZeRO-3's bytes at rest: every category sharded, 16 bytes per element (f32 params that are
+    # also the main params, grads, two moments) / world.
+    assert params.total_live_bytes == 16 * n // world
+    # Never above no_shard's; at world 2 a model of two units can gather all its values and hold all
+    # its unsharded grads at once, which adds back exactly what sharding saved.
+    assert params.total_peak_bytes <= full.total_peak_bytes
+    if world > 2:
+        assert params.total_peak_bytes < full.total_peak_bytes
 
 
 def test_fsdp_plan_of_a_meta_module_equals_the_cpu_ones():
