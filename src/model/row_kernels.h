@@ -46,6 +46,10 @@ void add_in_place(float* y, const float* x, int64_t count);
 
 // y [count] = x [count] rounded to BF16 bits (RNE, core.h's f32_to_bf16), over the rank's threads.
 void round_to_bf16(const float* x, uint16_t* y, int64_t count);
+// y [rows, cols] dense = x [rows, cols] (leading dimension ld) rounded as round_to_bf16, on the
+// calling thread only: a head's slice of qkv gathered into the dense BF16 operand attention's
+// products read (one call, not one per row: a call per 64-element row cost more than the row).
+void round_rows_to_bf16(const float* x, int64_t ld, uint16_t* y, int64_t rows, int cols);
 
 // The causal softmax of attention rows, on the calling thread only (attention parallelizes over
 // heads itself); see RowKernelTable::causal_softmax(_from_stats, _backward).

@@ -387,5 +387,23 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
   EXPECT_TRUE(same(y, one.y));
 }
 
+// round_rows_to_bf16 gathers rows of a wider matrix into a dense BF16 block: each row is
+// round_to_bf16's bits, nothing outside the rows' columns is read into it or written past it,
+// for widths that are and are not a multiple of 16 and more rows than it prefetches ahead.
+TEST(RowKernelsGather, RoundRowsToBf16IsEachRowRoundedIntoADenseBlock) {
+  for (const int cols : {64, 37, 1})
+    for (const int rows : {40, 3}) {
+      const int64_t ld = 3 * cols + 5;
+      const std::vector<float> x = random_floats(static_cast<size_t>(rows) * ld, 2.0f, 41);
+      std::vector<uint16_t> y(static_cast<size_t>(rows) * cols + 1, 0xabcd);
+      round_rows_to_bf16(x.data(), ld, y.data(), rows, cols);
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j)
+          ASSERT_EQ(y[static_cast<size_t>(i) * cols + j], f32_to_bf16(x[static_cast<size_t>(i * ld + j)]))
+              << "row " << i << " column " << j << " of " << cols;
+      EXPECT_EQ(y.back(), 0xabcd) << "wrote past the end";
+    }
+}
+
 }  // namespace
 }  // namespace mxddp::model
