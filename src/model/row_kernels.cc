@@ -129,6 +129,14 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t count) {
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_backward(x + i0, dy + i0, dx + i0, i1 - i0); });
 }
 
+void gelu_backward_bf16(const float* x, const float* dy, float* dx, uint16_t* dx16, int64_t count) {
+  const profile::Scope timed(profile::Part::kGelu);
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) {
+    k.gelu_backward_bf16(x + i0, dy + i0, dx + i0, dx16 + i0, i1 - i0);
+  });
+}
+
 double cross_entropy(float* logits, const int32_t* targets, float* row_loss, int n, int v, float grad_scale) {
   const profile::Scope timed(profile::Part::kCrossEntropy);
   const RowKernelTable& k = active();
