@@ -12,17 +12,21 @@
 // instead of T x T; the price is one more score product and exp per block in backward. Both
 // passes work in a per-thread scratch of two [block, T] tiles.
 //
-// Products in f32 even under BF16 compute (--bf16): these are small (a block of 64 query rows
-// times D = 64 times up to T keys), where oneDNN 2.6's BF16 kernels are not its AMX ones (it
-// picks gemm:jit) and each call's operand rounding and fixed cost weigh most. Measured on the AMX
-// Xeon of docs/compute.md, the small preset: attention forward + backward in BF16 products, each
-// head's q, k, v and each block's P and dS rounded once, cost as much as f32 at best (one block
-// of T) and 30% more at the f32 path's block of 64; in a --bf16 training step f32 attention
-// was 20% less attention time. So the one BF16 path that would pay no longer exists.
+// Under BF16 compute (--bf16: the thread's gemm dtype kBF16, on a CPU with native BF16) the
+// products run in BF16 on dense operands: each head's q, k, v (and dy) rounded once into dense
+// [T, D] BF16 copies, each block's P and dS rounded into dense [rows, i1], and every product's C
+// dense (the scores with ld i1, a block's y or dq and the head's dk, dv sums in dense f32 tiles,
+// copied into place after). oneDNN 2.6 runs these small products (64 query rows x D x up to T
+// keys) on its AMX kernel only when every operand is dense: on the head's slices of qkv (ld 3C),
+// or into a C with ld T, it picks gemm:jit, and BF16 attention on those measured slower than f32
+// (docs/compute.md, issue 28). The softmax, its statistics and every sum stay f32. The dense
+// copies live in a per-thread staging (like gemm's own BF16 staging: grown on the first step,
+// reused after): 4 [T, D] BF16 operands, 2 [block, T] BF16 tiles and 2 [T, D] + 1 [block, D] f32
+// tiles per thread, none of them T x T. Without native BF16, kBF16 runs the f32 path (its bits).
 //
 // f32 trains; f64 (the same code) is what tests/model/gpt_grad_test.cc checks against finite
-// differences, and tests/model/causal_attention_test.cc checks f32 against a full-matrix f64
-// reference.
+// differences, and tests/model/causal_attention_test.cc checks f32 and BF16 products against a
+// full-matrix f64 reference.
 #pragma once
 
 #include <cstdint>

@@ -122,6 +122,19 @@ class GptGraph {
     }
     return {dy, nullptr};
   }
+  // dy [numel] becomes dL/d(fc1 output) = dy gelu'(x) in place, returned as grad_operand's
+  // operand; under BF16 products its BF16 copy is written by the same pass (one pass fewer).
+  Operand<Real> gelu_backward_operand(const Real* x, Real* dy, int64_t numel) {
+    if constexpr (std::is_same_v<Real, float>) {
+      if (products_in_bf16()) {
+        if (dy16_.size() < static_cast<size_t>(numel)) dy16_.resize(static_cast<size_t>(numel));
+        gelu_backward_bf16(x, dy, dy, dy16_.data(), numel);
+        return {dy, dy16_.data()};
+      }
+    }
+    gelu_backward(x, dy, dy, numel);
+    return grad_operand(dy, numel);
+  }
   Real* g(int param) { return access_.grad(param); }
   void ready(std::initializer_list<int> params) {
     for (int p : params) access_.grad_ready(p);
@@ -358,9 +371,8 @@ class GptGraph {
     ready({id(kFc2W), id(kFc2B)});
     linear_backward_data(dy_fc2, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
     submodule_after_backward(l, kFc2W);
-    gelu_backward(a.fc1, d4c, d4c, int64_t{n} * 4 * c);
     submodule_before_backward(l, kFc1W);
-    const Operand<Real> dy_fc1 = grad_operand(d4c, int64_t{n} * 4 * c);
+    const Operand<Real> dy_fc1 = gelu_backward_operand(a.fc1, d4c, int64_t{n} * 4 * c);
     linear_backward_weight(dy_fc1, norm_operand(a.ln2), g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
     linear_backward_data(dy_fc1, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);

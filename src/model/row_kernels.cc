@@ -45,6 +45,10 @@ namespace {
 using row_kernels::active;
 using row_kernels::RowKernelTable;
 
+// Rows ahead that round_rows_to_bf16 prefetches, and a cache line's floats.
+constexpr int64_t kPrefetchRows = 16;
+constexpr int kFloatsPerLine = 16;
+
 // Below this many elements of work a parallel region costs more than it saves.
 constexpr int64_t kMinParallelElements = 1 << 14;
 
@@ -125,6 +129,14 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t count) {
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_backward(x + i0, dy + i0, dx + i0, i1 - i0); });
 }
 
+void gelu_backward_bf16(const float* x, const float* dy, float* dx, uint16_t* dx16, int64_t count) {
+  const profile::Scope timed(profile::Part::kGelu);
+  const RowKernelTable& k = active();
+  parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) {
+    k.gelu_backward_bf16(x + i0, dy + i0, dx + i0, dx16 + i0, i1 - i0);
+  });
+}
+
 double cross_entropy(float* logits, const int32_t* targets, float* row_loss, int n, int v, float grad_scale) {
   const profile::Scope timed(profile::Part::kCrossEntropy);
   const RowKernelTable& k = active();
@@ -154,6 +166,18 @@ void round_to_bf16(const float* x, uint16_t* y, int64_t count) {
   const profile::Scope timed(profile::Part::kCasts);
   const RowKernelTable& k = active();
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.round_to_bf16(x + i0, y + i0, i1 - i0); });
+}
+
+void round_rows_to_bf16(const float* x, int64_t ld, uint16_t* y, int64_t rows, int cols) {
+  const profile::Scope timed(profile::Part::kCasts);
+  const RowKernelTable& k = active();
+  // Rows more than a page apart (a head's slice of qkv: 3C floats) defeat the hardware prefetcher,
+  // so each row would be a demand miss: ask for rows ahead while rounding this one.
+  for (int64_t i = 0; i < rows; ++i) {
+    if (i + kPrefetchRows < rows)
+      for (int j = 0; j < cols; j += kFloatsPerLine) __builtin_prefetch(x + (i + kPrefetchRows) * ld + j, 0);
+    k.round_to_bf16(x + i * ld, y + i * cols, cols);
+  }
 }
 
 void causal_softmax_rows(float* p, int ld, int first_row, int rows, int width, float* row_max, float* row_inv_sum) {

@@ -34,6 +34,8 @@ void gelu_forward(const float* x, float* y, int64_t count);
 void gelu_forward_bf16(const float* x, uint16_t* y, int64_t count);
 // dx = dy * gelu'(x); dx may alias dy.
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t count);
+// gelu_backward, and dx rounded to BF16 bits into dx16 in the same pass (fc1's product operand).
+void gelu_backward_bf16(const float* x, const float* dy, float* dx, uint16_t* dx16, int64_t count);
 
 // Summed loss over logits [n, v] (row_loss [n] is scratch: each row's loss, summed in f64 in row
 // order); with grad_scale != 0 the logits become (softmax - onehot) * grad_scale.
@@ -46,6 +48,10 @@ void add_in_place(float* y, const float* x, int64_t count);
 
 // y [count] = x [count] rounded to BF16 bits (RNE, core.h's f32_to_bf16), over the rank's threads.
 void round_to_bf16(const float* x, uint16_t* y, int64_t count);
+// y [rows, cols] dense = x [rows, cols] (leading dimension ld) rounded as round_to_bf16, on the
+// calling thread only: a head's slice of qkv gathered into the dense BF16 operand attention's
+// products read (one call, not one per row: a call per 64-element row cost more than the row).
+void round_rows_to_bf16(const float* x, int64_t ld, uint16_t* y, int64_t rows, int cols);
 
 // The causal softmax of attention rows, on the calling thread only (attention parallelizes over
 // heads itself); see RowKernelTable::causal_softmax(_from_stats, _backward).

@@ -141,6 +141,21 @@ TEST_P(RowKernels, GeluForwardBf16IsTheF32ResultRounded) {
   EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
 }
 
+TEST_P(RowKernels, GeluBackwardBf16IsTheF32ResultAndItsRounding) {
+  // One pass that computes dx = dy gelu'(x) and writes it in f32 and rounded: dx the same bits as
+  // gelu_backward (so its bound against f64 holds), dx16 those bits rounded by f32_to_bf16; in
+  // place (dx over dy) as the graph calls it.
+  const std::vector<float> x = wide_inputs();
+  const std::vector<float> dy = random_floats(x.size(), 2.0f, 51);
+  std::vector<float> dx(x.size()), dx_fused = dy;
+  std::vector<uint16_t> dx16(x.size() + 1, 0xabcd);
+  k().gelu_backward(x.data(), dy.data(), dx.data(), static_cast<int64_t>(x.size()));
+  k().gelu_backward_bf16(x.data(), dx_fused.data(), dx_fused.data(), dx16.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(0, std::memcmp(dx.data(), dx_fused.data(), dx.size() * sizeof(float)));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(dx16[i], f32_to_bf16(dx[i])) << "gelu'(" << x[i] << ")";
+  EXPECT_EQ(dx16.back(), 0xabcd) << "wrote past the end";
+}
+
 struct LayerNormCase {
   int n, c;
 };
@@ -349,7 +364,8 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
   std::vector<int32_t> targets(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) targets[static_cast<size_t>(i)] = (i * 31) % v;
   struct Out {
-    std::vector<float> y, mean, rstd, dx, dw, db, g, dg, logits, row_loss, colsum;
+    std::vector<float> y, mean, rstd, dx, dw, db, g, dg, logits, row_loss, colsum, dg2;
+    std::vector<uint16_t> dg16;
     double loss = 0;
   };
   auto run = [&](int threads) {
@@ -362,6 +378,9 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
                        o.db.data(), n, c);
     gelu_forward(x.data(), o.g.data(), int64_t{n} * c);
     gelu_backward(x.data(), o.dg.data(), o.dg.data(), int64_t{n} * c);
+    o.dg2 = dy;
+    o.dg16.assign(x.size(), 0);
+    gelu_backward_bf16(x.data(), o.dg2.data(), o.dg2.data(), o.dg16.data(), int64_t{n} * c);
     o.loss = cross_entropy(o.logits.data(), targets.data(), o.row_loss.data(), n, v, 0.5f);
     add_column_sums(dy.data(), n, c, o.colsum.data());
     return o;
@@ -374,6 +393,8 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
   EXPECT_TRUE(same(one.y, two.y) && same(one.mean, two.mean) && same(one.rstd, two.rstd));
   EXPECT_TRUE(same(one.dx, two.dx) && same(one.dw, two.dw) && same(one.db, two.db));
   EXPECT_TRUE(same(one.g, two.g) && same(one.dg, two.dg));
+  EXPECT_TRUE(same(one.dg2, one.dg) && same(two.dg2, one.dg)) << "the fused GELU backward's f32 gradient";
+  EXPECT_TRUE(one.dg16 == two.dg16);
   EXPECT_TRUE(same(one.logits, two.logits) && same(one.row_loss, two.row_loss));
   EXPECT_EQ(one.loss, two.loss);
   EXPECT_TRUE(same(one.colsum, two.colsum));
@@ -385,6 +406,24 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
   row_kernels::active().layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), n, c,
                                           static_cast<float>(kLayerNormEps));
   EXPECT_TRUE(same(y, one.y));
+}
+
+// round_rows_to_bf16 gathers rows of a wider matrix into a dense BF16 block: each row is
+// round_to_bf16's bits, nothing outside the rows' columns is read into it or written past it,
+// for widths that are and are not a multiple of 16 and more rows than it prefetches ahead.
+TEST(RowKernelsGather, RoundRowsToBf16IsEachRowRoundedIntoADenseBlock) {
+  for (const int cols : {64, 37, 1})
+    for (const int rows : {40, 3}) {
+      const int64_t ld = 3 * cols + 5;
+      const std::vector<float> x = random_floats(static_cast<size_t>(rows) * ld, 2.0f, 41);
+      std::vector<uint16_t> y(static_cast<size_t>(rows) * cols + 1, 0xabcd);
+      round_rows_to_bf16(x.data(), ld, y.data(), rows, cols);
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j)
+          ASSERT_EQ(y[static_cast<size_t>(i) * cols + j], f32_to_bf16(x[static_cast<size_t>(i * ld + j)]))
+              << "row " << i << " column " << j << " of " << cols;
+      EXPECT_EQ(y.back(), 0xabcd) << "wrote past the end";
+    }
 }
 
 }  // namespace
