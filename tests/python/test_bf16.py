@@ -60,12 +60,15 @@ def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True
     model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
         overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=3000,
         grad_reduce_in_fp32=grad_reduce_in_fp32), gradient_accumulation_fusion=fusion)
-    # Fused only where main_grad is BF16 too (an F32 main_grad keeps the hook: docs/python.md).
-    assert any(model.fused_params) == (fusion and not grad_reduce_in_fp32)
     grad_dtype, grad_bytes = (torch.float32, 4) if grad_reduce_in_fp32 else (torch.bfloat16, 2)
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=LR, weight_decay=WD, adam_beta1=BETAS[0],
                                                               adam_beta2=BETAS[1], adam_eps=EPS, clip_grad=CLIP))
     try:
+        # Fused: the weights, those of GEMMs only where main_grad is BF16 too (docs/python.md); GPT-2's
+        # position embedding is the one untied embedding here.
+        assert model.fused_params == [fusion and p.ndim == 2
+                                      and (not grad_reduce_in_fp32 or n == "transformer.wpe.weight")
+                                      for n, p in model.registered_params()]
         assert model.param_buffer().dtype == torch.bfloat16 and model.grad_buffer().dtype == grad_dtype
         usage = mxt.memory_usage()
         numel = model._cpp.numel

@@ -190,19 +190,20 @@ def test_hf_gpt2_fuses_its_tied_embedding_conv1d_and_position_weights(ranks):
 
 
 @pytest.mark.parametrize("grad_reduce_in_fp32,fused", [(True, False), (False, True)])
-def test_bf16_params_fuse_only_into_a_bf16_main_grad(ranks, grad_reduce_in_fp32, fused):
+def test_bf16_params_fuse_gemms_only_into_a_bf16_main_grad_and_embeddings_always(ranks, grad_reduce_in_fp32, fused):
     rank, _ = ranks
     torch.manual_seed(3)
-    module = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)).to(torch.bfloat16)
+    module = torch.nn.Sequential(torch.nn.Embedding(20, 32), torch.nn.Linear(32, 32),
+                                 torch.nn.Linear(32, 8)).to(torch.bfloat16)
     reference = copy.deepcopy(module).float()
     model = mxt.DistributedDataParallel(module, config(grad_reduce_in_fp32=grad_reduce_in_fp32))
     try:
-        assert model.fused_params == [fused, False, fused, False]  # weights, never biases
-        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(rank))
+        assert model.fused_params == [True, fused, False, fused, False]  # weights, never biases
+        ids = torch.randint(0, 20, (4, 4), generator=torch.Generator().manual_seed(rank))
         for _ in range(2):
             with model.no_sync():
-                model(x.bfloat16()).float().square().mean().backward()
-            reference(x.bfloat16().float()).square().mean().backward()
+                model(ids).float().square().mean().backward()
+            reference(ids).square().mean().backward()
         for (n, p), q in zip(model.registered_params(), reference.parameters()):
             assert p.grad is None
             # The BF16 forward's rounding bounds the agreement with the F32 reference.

@@ -105,12 +105,10 @@ def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]]) -> list[bool]:
 def _fusion_flags(owners: dict[int, list[torch.nn.Module]], params: list[tuple[str, torch.nn.Parameter]],
                   marks: list[bool], main_grads: list[torch.Tensor], mxfp8_flags: list[bool]) -> list[bool]:
     """Which registered params have their weight gradient accumulated into main_grad by their
-    modules' backward (gradient_accumulation_fusion): every owner a fusable module
-    (``grad_fusion.is_fusable``), main_grad in the params' dtype, not MXFP8, and not marked
-    ``gradient_accumulation_fusion = False``. With an F32 main_grad for BF16 params the casts of dy
-    and x to F32 cost more than BF16's dW and the hook's add (docs/python.md), so those keep the hook."""
-    return [bool(marked and not is_mxfp8 and main_grad.dtype == p.dtype
-                 and grad_fusion.is_fusable(p, owners.get(id(p), [])))
+    modules' backward (gradient_accumulation_fusion): every owner a fusable module, only
+    embeddings where main_grad is F32 and the params BF16 (``grad_fusion.is_fusable``), not MXFP8,
+    and not marked ``gradient_accumulation_fusion = False``."""
+    return [bool(marked and not is_mxfp8 and grad_fusion.is_fusable(p, owners.get(id(p), []), main_grad.dtype))
             for (_, p), marked, main_grad, is_mxfp8 in zip(params, marks, main_grads, mxfp8_flags)]
 
 
@@ -129,8 +127,8 @@ class DistributedDataParallel(DataParallelModule):
     default True): the weights of plain ``nn.Linear``, HF ``Conv1D`` and ``nn.Embedding`` (no
     padding_idx, max_norm, scale_grad_by_freq or sparse) modules get their gradient added into
     ``main_grad`` by the module's backward, with no dW tensor; a param owned by any other module,
-    marked ``gradient_accumulation_fusion = False``, or whose main_grad is F32 while it is BF16
-    keeps the post-accumulate-grad hook. Their torch Parameter never receives a ``.grad``: reading
+    marked ``gradient_accumulation_fusion = False``, or (but for embeddings) whose main_grad is F32
+    while it is BF16 keeps the post-accumulate-grad hook. Their torch Parameter never receives a ``.grad``: reading
     the weight outside those modules' forward in a graph is an error. False: every param the hook.
 
     Like Megatron (and unlike torch's DDP) construction does not broadcast rank 0's params: seed

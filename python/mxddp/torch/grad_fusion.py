@@ -96,9 +96,16 @@ def fusable_kind(module: torch.nn.Module, param: torch.nn.Parameter) -> Optional
     return None
 
 
-def is_fusable(param: torch.nn.Parameter, owners: list[torch.nn.Module]) -> bool:
-    """Whether every module owning ``param`` fuses its weight gradient (and some module does)."""
-    return bool(owners) and all(fusable_kind(m, param) is not None for m in owners)
+def is_fusable(param: torch.nn.Parameter, owners: list[torch.nn.Module], main_grad_dtype: torch.dtype) -> bool:
+    """Whether every module owning ``param`` fuses its weight gradient (and some module does). With
+    main_grad in another dtype than the param (BF16 params, F32 grad buffer) only embeddings are:
+    the GEMMs would need dy and x cast to F32 first, which costs more than BF16's dW and the hook's
+    add, while the embedding's row scatter still beats torch's dense [num, dim] gradient
+    (bench/grad_fusion_kernels.py, docs/python.md)."""
+    kinds = [fusable_kind(m, param) for m in owners]
+    if not kinds or None in kinds:
+        return False
+    return main_grad_dtype == param.dtype or all(k == "embedding" for k in kinds)
 
 
 class _FusedLinear(torch.autograd.Function):
