@@ -178,16 +178,18 @@ class _FusedEmbedding(torch.autograd.Function):
 def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_token: torch.Tensor) -> Callable:
     """Replaces the forward of ``module`` (a fusable owner of param ``index``) with its fused
     Function; ``restore_forward`` undoes it."""
+    # The argument names are the classes' own (Linear and Embedding: input, Conv1D: x), so a call
+    # by keyword still works.
     kind = fusable_kind(module, module.weight)
     if kind == "linear":
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            return _FusedLinear.apply(x, ready_token, module.bias, cpp, index, module)
+        def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+            return _FusedLinear.apply(input, ready_token, module.bias, cpp, index, module)
     elif kind == "conv1d":
         def forward(x: torch.Tensor) -> torch.Tensor:
             return _FusedConv1D.apply(x, ready_token, module.bias, cpp, index, module)
     elif kind == "embedding":
-        def forward(ids: torch.Tensor) -> torch.Tensor:
-            return _FusedEmbedding.apply(ids, ready_token, cpp, index, module)
+        def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+            return _FusedEmbedding.apply(input, ready_token, cpp, index, module)
     else:
         raise TypeError(f"{type(module).__name__} does not fuse its weight gradient")
     return replace_forward(module, forward)
