@@ -128,8 +128,9 @@ class DistributedDataParallel(DataParallelModule):
     padding_idx, max_norm, scale_grad_by_freq or sparse) modules get their gradient added into
     ``main_grad`` by the module's backward, with no dW tensor; a param owned by any other module,
     marked ``gradient_accumulation_fusion = False``, or (but for embeddings) whose main_grad is F32
-    while it is BF16 keeps the post-accumulate-grad hook. Their torch Parameter never receives a ``.grad``: reading
-    the weight outside those modules' forward in a graph is an error. False: every param the hook.
+    while it is BF16 keeps the post-accumulate-grad hook. A fused Parameter never receives a
+    ``.grad``: reading the weight outside those modules' forward in a graph is an error. False:
+    every param takes the hook.
 
     Like Megatron (and unlike torch's DDP) construction does not broadcast rank 0's params: seed
     the ranks alike, or call ``broadcast_params()``.
