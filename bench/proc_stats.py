@@ -1,6 +1,7 @@
 """What the Python benchmarks read of their own process and machine from /proc and lscpu: the
 memory high-water mark (VmHWM) and its reset, the load average, the CPU model. Shared by
-torch_ddp_compare.py and torch_fsdp_compare.py, which import it from their own folder."""
+torch_ddp_compare.py, torch_fsdp_compare.py and grad_fusion_kernels.py, which import it from their own
+folder."""
 import subprocess
 
 

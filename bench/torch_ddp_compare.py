@@ -7,6 +7,7 @@ intra-op thread per rank (torch.set_num_threads(1)), F32:
 
   mxddp   mxddp.torch.DistributedDataParallel (overlap_grad_reduce, use_distributed_optimizer,
           grad_reduce_in_fp32) + mxddp.torch.DistributedOptimizer (AdamW in C++, global-norm clip)
+  mxddp-nofusion  the same with gradient_accumulation_fusion=False (every grad through the hook)
   ddp     torch.nn.parallel.DistributedDataParallel (gloo, defaults) + torch.optim.AdamW
           (foreach, the default) + torch.nn.utils.clip_grad_norm_
   zero    the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW)
@@ -70,7 +71,7 @@ MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
     "gpt2-124m": (12, 768, 12, 128, 1),
 }
 BUCKET_NUMEL = 25 * 1024 * 1024 // 4  # torch DDP's default bucket_cap_mb=25, in f32 elements
-IMPLS = ("mxddp", "ddp", "zero")
+IMPLS = ("mxddp", "mxddp-nofusion", "ddp", "zero")
 
 
 def worker(args) -> None:
@@ -82,7 +83,8 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     rank, world = mxt.init(timeout_s=600)
-    if args.worker != "mxddp":
+    mxddp_impl = args.worker.startswith("mxddp")
+    if not mxddp_impl:
         import socket
         port = torch.tensor([0.0])
         if rank == 0:
@@ -104,10 +106,10 @@ def worker(args) -> None:
     no_decay = [p for p in module.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 
-    if args.worker == "mxddp":
+    if mxddp_impl:
         model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
             overlap_grad_reduce=True, use_distributed_optimizer=True, grad_reduce_in_fp32=True,
-            bucket_size=BUCKET_NUMEL))
+            bucket_size=BUCKET_NUMEL), gradient_accumulation_fusion=args.worker == "mxddp")
         opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-4, weight_decay=0.1, clip_grad=1.0))
     else:
         model = torch.nn.parallel.DistributedDataParallel(module)
@@ -124,14 +126,14 @@ def worker(args) -> None:
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             reset_hwm()
-            if args.worker == "mxddp":
+            if mxddp_impl:
                 mxt._C.reset_memory_peaks()
         ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), generator=gen)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        if args.worker == "mxddp":
+        if mxddp_impl:
             model.finish_grad_sync()
             opt.step()
         else:
@@ -148,7 +150,7 @@ def worker(args) -> None:
               "micro_batch": args.micro_batch, "params": n_params, "step_s": statistics.median(step_s),
               "steps_s": step_s, "peak_above_baseline_bytes": int(peak.item()) * 1024,
               "torch": torch.__version__}
-    if args.worker == "mxddp":
+    if mxddp_impl:
         result["tracked_peak_bytes"] = {k: v[1] for k, v in mxt.memory_usage().items()}
     else:
         state = 0
@@ -162,7 +164,7 @@ def worker(args) -> None:
                                        "optimizer_state": state}
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
-    if args.worker != "mxddp":
+    if not mxddp_impl:
         dist.destroy_process_group()
 
 
@@ -197,23 +199,24 @@ def sweep(args) -> None:
                         sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
                     r = json.loads(line[len("RESULT "):])
                     per_impl[impl].append(r)
-                    print(f"  {name} dp {dp} run {rep + 1} {impl:6} step {r['step_s']:.3f} s  "
-                          f"peak +{r['peak_above_baseline_bytes'] / 2**20:.0f} MiB", flush=True)
+                    print(f"  {name} dp {dp} run {rep + 1} {impl:14} step {r['step_s']:.3f} s  "
+                          f"peak +{r['peak_above_baseline_bytes'] / 2**20:.0f} MiB  load {loadavg_1m():.1f}", flush=True)
             rows.append((name, dp, mb, per_impl))
     print()
     print(f"medians of {args.repeats} runs (each: median of {args.steps} steps after {args.warmup} warm-up)")
-    print(f"{'model':10} {'dp':>2} {'mb':>2} {'impl':6} {'step_s':>7} {'peak_MiB':>9} {'step/ddp':>8} {'peak/ddp':>8}")
+    print(f"{'model':10} {'dp':>2} {'mb':>2} {'impl':14} {'step_s':>7} {'peak_MiB':>9} {'step/ddp':>8} {'peak/ddp':>8}")
     for name, dp, mb, per_impl in rows:
         med = {i: (statistics.median(r["step_s"] for r in rs),
                    statistics.median(r["peak_above_baseline_bytes"] for r in rs)) for i, rs in per_impl.items()}
         base = med.get("ddp")
         for impl, (s, p) in med.items():
             ratio = f"{s / base[0]:8.2f} {p / base[1]:8.2f}" if base else ""
-            print(f"{name:10} {dp:2d} {mb:2d} {impl:6} {s:7.3f} {p / 2**20:9.0f} {ratio}")
-        if "mxddp" in per_impl:
-            t = per_impl["mxddp"][-1]["tracked_peak_bytes"]
-            print(f"{'':16} mxddp tracked peaks (MiB): " +
-                  ", ".join(f"{k} {v / 2**20:.1f}" for k, v in t.items() if v))
+            print(f"{name:10} {dp:2d} {mb:2d} {impl:14} {s:7.3f} {p / 2**20:9.0f} {ratio}")
+        for impl in ("mxddp", "mxddp-nofusion"):
+            if impl in per_impl:
+                t = per_impl[impl][-1]["tracked_peak_bytes"]
+                print(f"{'':16} {impl} tracked peaks (MiB): " +
+                      ", ".join(f"{k} {v / 2**20:.1f}" for k, v in t.items() if v))
         for impl in ("ddp", "zero"):
             if impl in per_impl:
                 m = per_impl[impl][-1]["model_state_bytes"]

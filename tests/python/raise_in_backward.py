@@ -14,7 +14,9 @@ model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
 if rank == 1:
     def fail(grad):
         raise RuntimeError("rank 1 fails in backward on purpose")
-    module[0].weight.register_hook(fail)
+    # The bias: with gradient accumulation fusion (the default) the weight's gradient goes into
+    # main_grad inside the Linear's backward and never reaches a hook on the Parameter.
+    module[0].bias.register_hook(fail)
 model(torch.ones(4, 16)).sum().backward()
 model.finish_grad_sync()
 print(f"rank {rank} finished the grad sync", flush=True)

@@ -56,14 +56,19 @@ def train_reference(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=
     return losses
 
 
-def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True, micro_batches=1):
+def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True, micro_batches=1, fusion=True):
     model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
         overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=3000,
-        grad_reduce_in_fp32=grad_reduce_in_fp32))
+        grad_reduce_in_fp32=grad_reduce_in_fp32), gradient_accumulation_fusion=fusion)
     grad_dtype, grad_bytes = (torch.float32, 4) if grad_reduce_in_fp32 else (torch.bfloat16, 2)
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=LR, weight_decay=WD, adam_beta1=BETAS[0],
                                                               adam_beta2=BETAS[1], adam_eps=EPS, clip_grad=CLIP))
     try:
+        # Fused: the weights, those of GEMMs only where main_grad is BF16 too (docs/python.md); GPT-2's
+        # position embedding is the one untied embedding here.
+        assert model.fused_params == [fusion and p.ndim == 2
+                                      and (not grad_reduce_in_fp32 or n == "transformer.wpe.weight")
+                                      for n, p in model.registered_params()]
         assert model.param_buffer().dtype == torch.bfloat16 and model.grad_buffer().dtype == grad_dtype
         usage = mxt.memory_usage()
         numel = model._cpp.numel
@@ -87,33 +92,47 @@ def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True
         model.close()
 
 
-# (model, grad_reduce_in_fp32, micro-batches): F32 grads as Megatron's --accumulate-allreduce-grads-in-fp32,
-# BF16 grads (Megatron's default) with and without accumulation under no_sync.
-CASES = [("mlp", True, 1), ("gpt2", True, 1), ("mlp", False, 1), ("mlp", False, 2), ("gpt2", False, 2)]
+# (model, grad_reduce_in_fp32, micro-batches, gradient_accumulation_fusion, loss tolerance): F32 grads as
+# Megatron's --accumulate-allreduce-grads-in-fp32, BF16 grads (Megatron's default) with and without
+# accumulation under no_sync. The reference rounds each micro-batch's dW to BF16 and then the sum, as
+# the hook path does; fused, the GEMM adds dW into the BF16 main_grad with one rounding, so from the
+# second micro-batch on the grads differ by BF16 roundings and the BF16 losses by up to a unit in
+# their last place (2^-8 relative): those cases get that tolerance.
+CASES = [("mlp", True, 1, True, 2e-3), ("gpt2", True, 1, True, 2e-3), ("mlp", False, 1, True, 2e-3),
+         ("mlp", False, 2, False, 2e-3), ("gpt2", False, 2, False, 2e-3),
+         ("mlp", False, 2, True, 2 ** -8), ("gpt2", False, 2, True, 2 ** -8)]
 
 
-@pytest.mark.parametrize("name,grad_reduce_in_fp32,micro_batches", CASES)
-def test_bf16_params_match_a_torch_f32_master_reference(ranks, name, grad_reduce_in_fp32, micro_batches):
+@pytest.mark.parametrize("name,grad_reduce_in_fp32,micro_batches,fusion,tolerance", CASES)
+def test_bf16_params_match_a_torch_f32_master_reference(ranks, name, grad_reduce_in_fp32, micro_batches, fusion,
+                                                        tolerance):
     rank, world = ranks
     make, batch_fn, loss_fn = MODELS[name]
     torch.manual_seed(0)
     module = make().to(torch.bfloat16)
     reference = copy.deepcopy(module)
     expected = train_reference(reference, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches)
-    got = train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches)
+    got = train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches, fusion)
     assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])  # the losses move
     worst = max(abs(g - e) / abs(e) for e, g in zip(expected, got))
-    print(f"bf16 {name} grad_reduce_in_fp32={grad_reduce_in_fp32} micro={micro_batches} dp={world} rank {rank}: "
-          f"worst relative loss difference {worst:.2e}")
+    print(f"bf16 {name} grad_reduce_in_fp32={grad_reduce_in_fp32} micro={micro_batches} fusion={fusion} dp={world} "
+          f"rank {rank}: worst relative loss difference {worst:.2e}")
     for step, (e, g) in enumerate(zip(expected, got)):
-        assert abs(g - e) <= 2e-3 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
+        assert abs(g - e) <= tolerance * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
     # The params: BF16 both. The weights agree to BF16 rounding. A bias whose gradient is
     # mathematically zero (attention's key bias: softmax ignores a constant per query) gets only
     # rounding noise as its gradient, which Adam turns into steps of up to lr of either sign, so
     # there only Adam's bound on the distance travelled (lr per step) holds.
     for (n, a), (_, b) in zip(module.named_parameters(), reference.named_parameters()):
         assert a.dtype == torch.bfloat16
-        if a.ndim >= 2:
+        if a.ndim >= 2 and tolerance == 2 ** -8:
+            # Fused accumulation rounds differently (above): the few weight elements whose grads are
+            # at rounding-noise level take Adam steps of either sign, as the biases below: all of
+            # them within that bound, 99% as close as the hook path's.
+            far = ~torch.isclose(a.float(), b.float(), rtol=2e-2, atol=1e-3)
+            assert far.sum().item() <= 1e-2 * a.numel(), (n, far.sum().item())
+            assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n
+        elif a.ndim >= 2:
             torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=1e-3, msg=lambda m: f"param {n}: {m}")
         else:
             assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n

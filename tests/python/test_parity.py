@@ -1,7 +1,8 @@
 """Parity with PyTorch: mxddp's DDP + distributed optimizer against torch.nn.parallel.
 DistributedDataParallel (gloo) + torch.optim.AdamW with the same clipping, on a plain MLP and an
 HF GPT2LMHeadModel (random init, tied embedding), 20 steps in F32: every step's loss within 1e-5
-relative, with overlap on and off, several bucket sizes, and accumulation under no_sync.
+relative, with overlap on and off, several bucket sizes, accumulation under no_sync, and
+gradient_accumulation_fusion on and off.
 """
 import copy
 
@@ -73,8 +74,10 @@ def train_reference(module, batch_fn, loss_fn, rank, micro_batches):
     return losses
 
 
-def train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, ddp_config):
-    model = mxt.DistributedDataParallel(module, ddp_config)
+def train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, ddp_config, fusion=True):
+    model = mxt.DistributedDataParallel(module, ddp_config, gradient_accumulation_fusion=fusion)
+    # The weights of the Linear / Conv1D / Embedding modules are fused, or none is.
+    assert any(model.fused_params) == fusion
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(optimizer="adam", lr=LR, weight_decay=WD,
                                                               adam_beta1=BETAS[0], adam_beta2=BETAS[1],
                                                               adam_eps=EPS, clip_grad=CLIP))
@@ -94,18 +97,21 @@ def train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, ddp_config):
 
 
 CASES = [
-    # (model, overlap_grad_reduce, bucket_size, micro_batches)
-    ("mlp", False, None, 1),
-    ("mlp", True, None, 1),
-    ("mlp", True, 2000, 1),
-    ("mlp", True, 2000, 3),
-    ("gpt2", False, None, 1),
-    ("gpt2", True, 5000, 2),
+    # (model, overlap_grad_reduce, bucket_size, micro_batches, gradient_accumulation_fusion)
+    ("mlp", False, None, 1, True),
+    ("mlp", True, None, 1, True),
+    ("mlp", True, 2000, 1, True),
+    ("mlp", True, 2000, 3, True),
+    ("gpt2", False, None, 1, True),
+    ("gpt2", True, 5000, 2, True),
+    ("mlp", True, 2000, 3, False),
+    ("gpt2", False, None, 1, False),
+    ("gpt2", True, 5000, 2, False),
 ]
 
 
-@pytest.mark.parametrize("name,overlap,bucket_size,micro_batches", CASES)
-def test_losses_match_torch_ddp_adamw(ranks, name, overlap, bucket_size, micro_batches):
+@pytest.mark.parametrize("name,overlap,bucket_size,micro_batches,fusion", CASES)
+def test_losses_match_torch_ddp_adamw(ranks, name, overlap, bucket_size, micro_batches, fusion):
     rank, world = ranks
     make, batch_fn, loss_fn = MODELS[name]
     torch.manual_seed(0)
@@ -114,12 +120,13 @@ def test_losses_match_torch_ddp_adamw(ranks, name, overlap, bucket_size, micro_b
     config = mxt.DistributedDataParallelConfig(overlap_grad_reduce=overlap, use_distributed_optimizer=True,
                                                bucket_size=bucket_size, grad_reduce_in_fp32=True)
     expected = train_reference(reference, batch_fn, loss_fn, rank, micro_batches)
-    got = train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, config)
+    got = train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, config, fusion)
     assert len(got) == STEPS
     # The losses must move, or matching them proves nothing.
     assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])
     worst = max(abs(g - e) / abs(e) for e, g in zip(expected, got))
-    print(f"f32 {name} overlap={overlap} bucket_size={bucket_size} micro={micro_batches} dp={world} rank {rank}: "
+    print(f"f32 {name} overlap={overlap} bucket_size={bucket_size} micro={micro_batches} fusion={fusion} dp={world} "
+          f"rank {rank}: "
           f"worst relative loss difference {worst:.2e}")
     for step, (e, g) in enumerate(zip(expected, got)):
         assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"

@@ -66,11 +66,15 @@ def test_params_and_main_grads_are_views_of_the_buffers(ranks):
     assert not hasattr(module.embed.weight, "main_grad")
 
 
-def test_hook_frees_grad_and_buckets_reduce_during_backward(ranks):
+@pytest.mark.parametrize("fusion", [False, True])
+def test_hook_frees_grad_and_buckets_reduce_during_backward(ranks, fusion):
+    """With fusion the weights' dW goes to main_grad in their modules' backward (the biases still
+    take the hook); without, every param's grad goes through the hook."""
     rank, _ = ranks
     torch.manual_seed(0)
     module = Tied()
-    model = mxt.DistributedDataParallel(module, config(overlap_grad_reduce=True, bucket_size=200))
+    model = mxt.DistributedDataParallel(module, config(overlap_grad_reduce=True, bucket_size=200),
+                                        gradient_accumulation_fusion=fusion)
     seen = {}
     try:
         assert model._cpp.num_bucket_groups >= 2

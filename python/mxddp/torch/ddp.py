@@ -4,9 +4,13 @@ Construction registers the module's trainable params (``named_parameters()`` ord
 param such as a tied embedding once, frozen params left out as Megatron does) with the C++ DDP,
 which places them by mxddp's layout (reverse order, padding, buckets) in one contiguous param
 buffer and one grad buffer. Each param's values are copied in, and then the param *is* a view of
-the param buffer (``param.data``), with ``param.main_grad`` a view of the grad buffer. A
-post-accumulate-grad hook adds ``param.grad`` into ``main_grad``, frees ``param.grad`` and reports
-the param ready, so with ``overlap_grad_reduce`` a bucket's collective starts during backward.
+the param buffer (``param.data``), with ``param.main_grad`` a view of the grad buffer. With
+``gradient_accumulation_fusion`` (the default) the weights of plain ``nn.Linear``, HF ``Conv1D`` and
+``nn.Embedding`` modules have their gradient accumulated into ``main_grad`` by the module's own
+backward and are reported ready through a token (``grad_fusion.py``); every other param has a
+post-accumulate-grad hook that adds ``param.grad`` into ``main_grad``, frees ``param.grad`` and
+reports the param ready. Either way, with ``overlap_grad_reduce`` a bucket's collective starts
+during backward.
 
 With ``overlap_param_gather`` every submodule that directly owns registered params gets a forward
 pre-hook that waits for the all-gathers of the bucket groups holding them (and dispatches the next
@@ -19,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from mxddp import _C
-from mxddp.torch import launch, mxfp8
+from mxddp.torch import grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -65,7 +69,7 @@ def _mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Param
                  config: DistributedDataParallelConfig) -> list[bool]:
     """Which registered params are kept as MXFP8: with fp8_param_gather, every plain nn.Linear
     weight whose attribute ``mxfp8`` is not False; a param marked ``mxfp8 = True`` must be one."""
-    owners = mxfp8.eligible_modules(module)
+    owners = grad_fusion.param_owners(module)
     flags = []
     for name, p in params:
         marked = getattr(p, "mxfp8", None)
@@ -86,6 +90,28 @@ def _mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Param
     return flags
 
 
+def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]]) -> list[bool]:
+    """Each param's attribute ``gradient_accumulation_fusion`` (absent: True), checked."""
+    marks = []
+    for name, p in params:
+        marked = getattr(p, "gradient_accumulation_fusion", None)
+        if marked not in (None, True, False):
+            raise TypeError(f"param '{name}' has gradient_accumulation_fusion={marked!r}; "
+                            "valid: True, False (or no attribute)")
+        marks.append(marked is not False)
+    return marks
+
+
+def _fusion_flags(owners: dict[int, list[torch.nn.Module]], params: list[tuple[str, torch.nn.Parameter]],
+                  marks: list[bool], main_grads: list[torch.Tensor], mxfp8_flags: list[bool]) -> list[bool]:
+    """Which registered params have their weight gradient accumulated into main_grad by their
+    modules' backward (gradient_accumulation_fusion): every owner a fusable module, only
+    embeddings where main_grad is F32 and the params BF16 (``grad_fusion.is_fusable``), not MXFP8,
+    and not marked ``gradient_accumulation_fusion = False``."""
+    return [bool(marked and not is_mxfp8 and grad_fusion.is_fusable(p, owners.get(id(p), []), main_grad.dtype))
+            for (_, p), marked, main_grad, is_mxfp8 in zip(params, marks, main_grads, mxfp8_flags)]
+
+
 class DistributedDataParallel(DataParallelModule):
     """Megatron-core's ``DistributedDataParallel(module, ddp_config)`` on mxddp's buffers.
 
@@ -97,12 +123,24 @@ class DistributedDataParallel(DataParallelModule):
         model.finish_grad_sync()              # waits for (or issues) the rest
         opt.step()
 
+    ``gradient_accumulation_fusion`` (Megatron's ``TransformerConfig.gradient_accumulation_fusion``,
+    default True): the weights of plain ``nn.Linear``, HF ``Conv1D`` and ``nn.Embedding`` (no
+    padding_idx, max_norm, scale_grad_by_freq or sparse) modules get their gradient added into
+    ``main_grad`` by the module's backward, with no dW tensor; a param owned by any other module,
+    marked ``gradient_accumulation_fusion = False``, or (but for embeddings) whose main_grad is F32
+    while it is BF16 keeps the post-accumulate-grad hook. A fused Parameter never receives a
+    ``.grad``: reading the weight outside those modules' forward in a graph is an error. False:
+    every param takes the hook.
+
     Like Megatron (and unlike torch's DDP) construction does not broadcast rank 0's params: seed
     the ranks alike, or call ``broadcast_params()``.
     """
 
-    def __init__(self, module: torch.nn.Module, config: DistributedDataParallelConfig | None = None):
+    def __init__(self, module: torch.nn.Module, config: DistributedDataParallelConfig | None = None, *,
+                 gradient_accumulation_fusion: bool = True):
         super().__init__()
+        if not isinstance(gradient_accumulation_fusion, bool):
+            raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
         config = DistributedDataParallelConfig() if config is None else config
         if not isinstance(config, DistributedDataParallelConfig):
             raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(config).__name__}")
@@ -112,6 +150,8 @@ class DistributedDataParallel(DataParallelModule):
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
         mxfp8_flags = _mxfp8_flags(module, params, config)
+        # Checked before the C++ DDP exists, so a refusal leaves nothing allocated.
+        fusion_marks = [m and gradient_accumulation_fusion for m in _fusion_marks(params)]
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
         # and BF16 copies are taken from them (and the optimizer's main params too).
         self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),
@@ -121,20 +161,26 @@ class DistributedDataParallel(DataParallelModule):
         self._params = [p for _, p in params]
         self._names = [name for name, _ in params]
         self._hooks = []
-        self._mxfp8_linears: list[torch.nn.Module] = []
+        self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
-        owners = mxfp8.eligible_modules(module)
+        owners = grad_fusion.param_owners(module)
+        main_grads = [self._cpp.main_grad(i) for i in range(len(self._params))]
+        self.fused_params = _fusion_flags(owners, params, fusion_marks, main_grads, mxfp8_flags)
+        self.gradient_accumulation_fusion = gradient_accumulation_fusion
         with torch.no_grad():
             for i, p in enumerate(self._params):
-                p.main_grad = self._cpp.main_grad(i)
-                if mxfp8_flags[i]:
-                    p.data = mxfp8.stand_in(p.shape, p.dtype)
-                    token = torch.zeros((), requires_grad=True)
+                p.main_grad = main_grads[i]
+                if mxfp8_flags[i] or self.fused_params[i]:
+                    p.data = mxfp8.stand_in(p.shape, p.dtype) if mxfp8_flags[i] else self._cpp.param(i)
+                    token = grad_fusion.new_ready_token()
                     self._hooks.append(token.register_post_accumulate_grad_hook(self._make_ready_token_hook(i)))
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_mxfp8_misuse_hook(i)))
-                    for linear in owners[id(p)]:
-                        mxfp8.install(linear, self._cpp, i, token)
-                        self._mxfp8_linears.append(linear)
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_misuse_hook(i, mxfp8_flags[i])))
+                    for owner in owners[id(p)]:
+                        if mxfp8_flags[i]:
+                            mxfp8.install(owner, self._cpp, i, token)
+                        else:
+                            grad_fusion.install(owner, self._cpp, i, token)
+                        self._replaced_forwards.append(owner)
                 else:
                     p.data = self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
@@ -161,21 +207,29 @@ class DistributedDataParallel(DataParallelModule):
         cpp = self._cpp
 
         def hook(token: torch.Tensor) -> None:
-            # Every use of the MXFP8 weight has added its dW into main_grad (mxfp8.py).
+            # Every use of the MXFP8 or fused weight has added its dW into main_grad (mxfp8.py,
+            # grad_fusion.py).
             token.grad = None
             self._grads_pending_sync = True
             cpp.grad_ready(index)
 
         return hook
 
-    def _make_mxfp8_misuse_hook(self, index: int):
+    def _make_misuse_hook(self, index: int, is_mxfp8: bool):
         name = self._names[index]
+        if is_mxfp8:
+            why = (f"param '{name}' is kept as MXFP8 (fp8_param_gather) and holds no values of its own (NaN), but a "
+                   "gradient reached it: something read it outside its nn.Linear's forward. Set `mxfp8 = False` "
+                   "on that param before wrapping to keep it in BF16")
+        else:
+            why = (f"param '{name}' has gradient_accumulation_fusion: its nn.Linear / Conv1D / nn.Embedding modules' "
+                   "backward adds its gradient into main_grad, but a gradient reached the Parameter itself: "
+                   "something read it outside those modules' forward. Set `gradient_accumulation_fusion = False` "
+                   "on that param before wrapping, or wrap with gradient_accumulation_fusion=False")
 
         def hook(param: torch.Tensor) -> None:
             param.grad = None
-            raise RuntimeError(f"param '{name}' is kept as MXFP8 (fp8_param_gather) and holds no values of its own "
-                               "(NaN), but a gradient reached it: something read it outside its nn.Linear's forward. "
-                               f"Set `mxfp8 = False` on that param before wrapping to keep it in BF16")
+            raise RuntimeError(why)
 
         return hook
 
@@ -259,8 +313,8 @@ class DistributedDataParallel(DataParallelModule):
 
     def close(self) -> None:
         """Frees mxddp's buffers: the params get storage of their own (their current values), and
-        main_grad and the hooks are removed (MXFP8 weights get their row-wise values and their
-        Linear its own forward back). Close the optimizer first."""
+        main_grad and the hooks are removed (MXFP8 weights get their row-wise values, and their
+        Linears and the fused modules their own forward back). Close the optimizer first."""
         if self._cpp.closed:
             return
         if self._cpp.open_optimizers:
@@ -274,9 +328,9 @@ class DistributedDataParallel(DataParallelModule):
                     p.data = p.data.clone()
                 if hasattr(p, "main_grad"):
                     del p.main_grad
-        for linear in self._mxfp8_linears:
-            mxfp8.uninstall(linear)
-        self._mxfp8_linears = []
+        for owner in self._replaced_forwards:
+            grad_fusion.restore_forward(owner)
+        self._replaced_forwards = []
         for h in self._hooks:
             h.remove()
         self._hooks = []

@@ -40,7 +40,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
-from mxddp.torch import launch, mxfp8
+from mxddp.torch import grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units
@@ -171,12 +171,12 @@ class FullyShardedDataParallel(DataParallelModule):
         self._unit_backward_started = [False] * len(self.units.units)
         self._backward_seen = False
         self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
-        owners = mxfp8.eligible_modules(module)
+        owners = grad_fusion.param_owners(module)
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if flags[i]:
                     p.data = mxfp8.stand_in(p.shape, p.dtype)
-                    token = torch.zeros((), requires_grad=True)
+                    token = grad_fusion.new_ready_token()
                     self._hooks.append(token.register_post_accumulate_grad_hook(self._make_token_hook(i)))
                     for linear in owners[id(p)]:
                         mxfp8.install(linear, self._cpp, i, token)
@@ -446,7 +446,7 @@ class FullyShardedDataParallel(DataParallelModule):
 
     def _remove_hooks(self) -> None:
         for linear in self._mxfp8_linears:
-            mxfp8.uninstall(linear)
+            grad_fusion.restore_forward(linear)
         self._mxfp8_linears = []
         for h in self._hooks:
             h.remove()

@@ -13,7 +13,8 @@ Reporting ready once per backward, however many times the Linear ran: each MXFP8
 0-dim leaf tensor (its *ready token*) that every use of the weight takes as an input. Autograd
 sums the token's gradient over all uses and runs its AccumulateGrad once, after every use's
 backward has added its dW; the token's post-accumulate-grad hook then calls ``grad_ready``. A
-forward under ``torch.no_grad`` builds no graph and reports nothing.
+forward under ``torch.no_grad`` builds no graph and reports nothing. The token, the forward
+replacement and the accumulation are gradient accumulation fusion's (``grad_fusion.py``).
 
 The torch Parameter of an MXFP8 weight keeps its shape, dtype and device, but its values are a
 single NaN broadcast to [out, in] (2 bytes): code that reads the weight outside the Linear's
@@ -28,6 +29,7 @@ from typing import Callable
 import torch
 
 from mxddp import _C
+from mxddp.torch import grad_fusion
 
 
 def dequantize(cpp: "_C.DataParallel", index: int, axis: str, shape: torch.Size,
@@ -69,40 +71,20 @@ class _Mxfp8LinearFunction(torch.autograd.Function):
             grad_x = grad_y.matmul(w_col)
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
         xs = x.reshape(-1, in_features)        # [tokens, in]
-        main_grad = ctx.cpp.main_grad(ctx.index)  # [out, in], F32 or the params' dtype (FSDP: transient)
-        if main_grad.dtype == dy.dtype:
-            main_grad.addmm_(dy.t(), xs)
-        else:
-            main_grad.addmm_(dy.t().to(main_grad.dtype), xs.to(main_grad.dtype))
+        # main_grad: [out, in], F32 or the params' dtype (FSDP: transient)
+        grad_fusion.accumulate_product_(ctx.cpp.main_grad(ctx.index), dy.t(), xs)
         grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        # The token's gradient only carries "this use is done" to its AccumulateGrad.
-        return grad_x, torch.zeros((), dtype=torch.float32), grad_bias, None, None, None
+        return grad_x, grad_fusion.token_grad(), grad_bias, None, None, None
 
 
 def install(linear: torch.nn.Linear, cpp: "_C.DataParallel", index: int,
             ready_token: torch.Tensor) -> Callable:
     """Replaces ``linear.forward`` (an instance attribute over the class's method) with the MXFP8
-    Function; returns it. ``uninstall`` restores the class's forward."""
+    Function; returns it. ``grad_fusion.restore_forward`` restores the class's forward."""
     def forward(x: torch.Tensor) -> torch.Tensor:
         return _Mxfp8LinearFunction.apply(x, ready_token, linear.bias, cpp, index, linear)
 
-    linear.forward = forward
-    return forward
-
-
-def uninstall(linear: torch.nn.Linear) -> None:
-    if "forward" in vars(linear):
-        del linear.forward
-
-
-def eligible_modules(module: torch.nn.Module) -> dict[int, list[torch.nn.Module]]:
-    """id(param) -> the modules that own it directly (recurse=False), over the whole tree."""
-    owners: dict[int, list[torch.nn.Module]] = {}
-    for sub in module.modules():
-        for p in sub._parameters.values():
-            if p is not None:
-                owners.setdefault(id(p), []).append(sub)
-    return owners
+    return grad_fusion.replace_forward(linear, forward)
 
 
 def is_linear_weight(param: torch.nn.Parameter, owners: list[torch.nn.Module]) -> bool:

@@ -1,0 +1,195 @@
+"""Gradient accumulation fusion (Megatron's ``TransformerConfig.gradient_accumulation_fusion``): the
+weight gradient of ``nn.Linear``, HF ``Conv1D`` and ``nn.Embedding`` is accumulated straight into
+the param's ``main_grad`` (a view of mxddp's grad buffer) by the module's own backward, so no dW
+tensor is ever allocated and no separate add pass runs.
+
+The module's ``forward`` is replaced (an instance attribute over the class's method) by an autograd
+Function that takes the module, not its weight: a tensor argument would be an autograd input, and
+the weight must stay out of the graph. Backward then adds ``dy^T x`` (Linear), ``x^T dy`` (Conv1D)
+or the rows of ``dy`` at the looked-up ids (Embedding) into ``main_grad``.
+
+Reporting a param ready once per backward, however many modules and calls use it: each fused param
+has a 0-dim leaf tensor (its *ready token*) that every use takes as an input. Autograd sums the
+token's gradient over all uses and runs its AccumulateGrad once, after every use's backward has
+added its part; the token's post-accumulate-grad hook (the wrapper's) then reports the param. A
+forward under ``torch.no_grad`` builds no graph and reports nothing. The MXFP8 Linear weights
+(``mxfp8.py``) use the same token, the same forward replacement and the same accumulation.
+
+A param is fused only when every module that owns it is one of these kinds with the plain class
+(a subclass may read its weight outside forward), so a tied embedding / LM head is fused through
+both its ``nn.Embedding`` and its ``nn.Linear``; anything else keeps the post-accumulate-grad hook.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Optional
+
+import torch
+
+from mxddp import _C
+
+
+def param_owners(module: torch.nn.Module) -> dict[int, list[torch.nn.Module]]:
+    """id(param) -> the modules that own it directly (recurse=False), over the whole tree."""
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for sub in module.modules():
+        for p in sub._parameters.values():
+            if p is not None:
+                owners.setdefault(id(p), []).append(sub)
+    return owners
+
+
+def new_ready_token() -> torch.Tensor:
+    """A param's ready token: a 0-dim leaf every use of the param takes as an input."""
+    return torch.zeros((), requires_grad=True)
+
+
+def token_grad() -> torch.Tensor:
+    """The gradient a use returns for the token: it only carries "this use is done"."""
+    return torch.zeros((), dtype=torch.float32)
+
+
+def accumulate_product_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """main_grad += a @ b in one GEMM (beta 1), in main_grad's dtype (the operands are cast when
+    they differ, as TransformerEngine's fused wgrad into an F32 main_grad)."""
+    if a.dtype != main_grad.dtype or b.dtype != main_grad.dtype:
+        a, b = a.to(main_grad.dtype), b.to(main_grad.dtype)
+    main_grad.addmm_(a, b)
+
+
+def replace_forward(module: torch.nn.Module, forward: Callable) -> Callable:
+    """Sets ``module.forward`` (an instance attribute: Module.__call__ and its hooks still run)."""
+    module.forward = forward
+    return forward
+
+
+def restore_forward(module: torch.nn.Module) -> None:
+    """Gives the module its class's forward back."""
+    if "forward" in vars(module):
+        del module.forward
+
+
+def _hf_conv1d_type() -> Optional[type]:
+    # Without transformers imported there is no Conv1D to find, and importing it here would cost
+    # seconds for nothing.
+    utils = sys.modules.get("transformers.pytorch_utils")
+    return getattr(utils, "Conv1D", None)
+
+
+def fusable_kind(module: torch.nn.Module, param: torch.nn.Parameter) -> Optional[str]:
+    """'linear', 'conv1d' or 'embedding' when ``param`` is the weight of that plain module and its
+    backward can be fused; None otherwise."""
+    if getattr(module, "weight", None) is not param:
+        return None
+    kind = type(module)
+    if kind is torch.nn.Linear:
+        return "linear"
+    conv1d = _hf_conv1d_type()
+    if conv1d is not None and kind is conv1d:
+        return "conv1d"
+    if kind is torch.nn.Embedding:
+        # These change the gradient (padding row, frequency scaling), sparsity its layout, and
+        # max_norm rewrites the weight in place in forward: torch's own path for those.
+        plain = (module.padding_idx is None and module.max_norm is None and not module.scale_grad_by_freq
+                 and not module.sparse)
+        return "embedding" if plain else None
+    return None
+
+
+def is_fusable(param: torch.nn.Parameter, owners: list[torch.nn.Module], main_grad_dtype: torch.dtype) -> bool:
+    """Whether every module owning ``param`` fuses its weight gradient (and some module does). With
+    main_grad in another dtype than the param (BF16 params, F32 grad buffer) only embeddings are:
+    the GEMMs would need dy and x cast to F32 first, which costs more than BF16's dW and the hook's
+    add, while the embedding's row scatter still beats torch's dense [num, dim] gradient
+    (bench/grad_fusion_kernels.py, docs/python.md)."""
+    kinds = [fusable_kind(m, param) for m in owners]
+    if not kinds or None in kinds:
+        return False
+    return main_grad_dtype == param.dtype or all(k == "embedding" for k in kinds)
+
+
+class _FusedLinear(torch.autograd.Function):
+    """y = x W^T + b; backward adds dW = dy^T x into main_grad."""
+
+    @staticmethod
+    def forward(ctx, x, ready_token, bias, cpp, index, linear):
+        weight = linear.weight.detach()  # [out, in]
+        ctx.save_for_backward(x)
+        ctx.cpp, ctx.index, ctx.weight = cpp, index, weight
+        ctx.has_bias = bias is not None
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,) = ctx.saved_tensors
+        weight = ctx.weight
+        out_features, in_features = weight.shape
+        grad_x = grad_y.matmul(weight) if ctx.needs_input_grad[0] else None
+        dy = grad_y.reshape(-1, out_features)  # [tokens, out]
+        accumulate_product_(ctx.cpp.main_grad(ctx.index), dy.t(), x.reshape(-1, in_features))
+        grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, token_grad(), grad_bias, None, None, None
+
+
+class _FusedConv1D(torch.autograd.Function):
+    """HF's Conv1D: y = b + x W with W [in, out]; backward adds dW = x^T dy into main_grad."""
+
+    @staticmethod
+    def forward(ctx, x, ready_token, bias, cpp, index, conv):
+        weight = conv.weight.detach()  # [in, out]
+        xs = x.reshape(-1, x.shape[-1])  # [tokens, in]
+        y = torch.mm(xs, weight) if bias is None else torch.addmm(bias, xs, weight)
+        ctx.save_for_backward(x)
+        ctx.cpp, ctx.index, ctx.weight = cpp, index, weight
+        ctx.has_bias = bias is not None
+        return y.view(*x.shape[:-1], weight.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,) = ctx.saved_tensors
+        weight = ctx.weight
+        in_features, out_features = weight.shape
+        dy = grad_y.reshape(-1, out_features)  # [tokens, out]
+        grad_x = dy.mm(weight.t()).view(x.shape) if ctx.needs_input_grad[0] else None
+        accumulate_product_(ctx.cpp.main_grad(ctx.index), x.reshape(-1, in_features).t(), dy)
+        grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, token_grad(), grad_bias, None, None, None
+
+
+class _FusedEmbedding(torch.autograd.Function):
+    """y = W[ids]; backward adds the rows of dy into main_grad at ids (no dense [num, dim] dW)."""
+
+    @staticmethod
+    def forward(ctx, ids, ready_token, cpp, index, embedding):
+        weight = embedding.weight.detach()  # [num_embeddings, embedding_dim]
+        ctx.save_for_backward(ids)
+        ctx.cpp, ctx.index = cpp, index
+        return torch.nn.functional.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (ids,) = ctx.saved_tensors
+        main_grad = ctx.cpp.main_grad(ctx.index)
+        rows = grad_y.reshape(-1, main_grad.shape[1])  # [tokens, dim]
+        main_grad.index_add_(0, ids.reshape(-1), rows.to(main_grad.dtype))
+        return None, token_grad(), None, None, None
+
+
+def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_token: torch.Tensor) -> Callable:
+    """Replaces the forward of ``module`` (a fusable owner of param ``index``) with its fused
+    Function; ``restore_forward`` undoes it."""
+    # The argument names are the classes' own (Linear and Embedding: input, Conv1D: x), so a call
+    # by keyword still works.
+    kind = fusable_kind(module, module.weight)
+    if kind == "linear":
+        def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+            return _FusedLinear.apply(input, ready_token, module.bias, cpp, index, module)
+    elif kind == "conv1d":
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return _FusedConv1D.apply(x, ready_token, module.bias, cpp, index, module)
+    elif kind == "embedding":
+        def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+            return _FusedEmbedding.apply(input, ready_token, cpp, index, module)
+    else:
+        raise TypeError(f"{type(module).__name__} does not fuse its weight gradient")
+    return replace_forward(module, forward)
