@@ -141,13 +141,21 @@ class DataParallelSim : public GptCallTrace {
   }
 };
 
-// The plan's layout figures, and FSDP's unit size and gather peaks, from the simulated DataParallel.
-inline void describe_data_parallel(const DataParallelSim& dpsim, MemoryPlan& plan) {
+// The plan of a replayed DataParallel: its steady-state usage, the overall peaks (those of
+// `before`, what ran before the steady state, included), the layout figures, and FSDP's unit size
+// and gather peaks.
+inline MemoryPlan data_parallel_plan(const DataParallelSim& dpsim, int dp, const MemoryUsage& steady,
+                                     const MemoryUsage& before) {
+  MemoryPlan plan;
+  plan.dp = dp;
+  plan.steady = steady;
+  plan.overall = max_peaks(before, steady);
   describe_layout(dpsim.layout(), plan.layout);
   if (const FsdpMemorySim* fsdp = dpsim.fsdp()) {
     plan.layout.largest_unit_numel = fsdp->largest_unit_numel();
     plan.peak_gathered_bytes_by_slot = fsdp->peak_gathered_bytes();
   }
+  return plan;
 }
 
 }  // namespace mxddp

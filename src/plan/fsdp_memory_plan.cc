@@ -146,12 +146,7 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
   const MemoryUsage first = tracker.usage();
   tracker.reset_peaks();
   iteration();
-  MemoryPlan plan;
-  plan.dp = dp;
-  plan.steady = tracker.usage();
-  plan.overall = max_peaks(first, plan.steady);
-  describe_data_parallel(dpsim, plan);
-  return plan;
+  return data_parallel_plan(dpsim, dp, tracker.usage(), first);
 }
 
 }  // namespace mxddp

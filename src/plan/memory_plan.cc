@@ -152,11 +152,8 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
   }
   dpsim.force_param_sync();  // the end of training (and any save or replica check before it)
 
-  MemoryPlan plan;
-  plan.dp = dp;
-  plan.steady = tracker.usage();
-  plan.overall = iterations > 0 ? max_peaks(warmup, plan.steady) : plan.steady;
-  describe_data_parallel(dpsim, plan);
+  const MemoryUsage steady = tracker.usage();
+  MemoryPlan plan = data_parallel_plan(dpsim, dp, steady, iterations > 0 ? warmup : steady);
   plan.layout.compute_threads = trace.compute_threads;
   plan.build_live_bytes = build_live_bytes;
   plan.build_untracked_bytes = 4 * plan.layout.params_numel + largest_bucket_bytes;
@@ -203,12 +200,7 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
   dpsim.start_iteration();
   dpsim.step();
   dpsim.force_param_sync();
-  MemoryPlan plan;
-  plan.dp = dp;
-  plan.steady = tracker.usage();
-  plan.overall = max_peaks(built, plan.steady);
-  describe_data_parallel(dpsim, plan);
-  return plan;
+  return data_parallel_plan(dpsim, dp, tracker.usage(), built);
 }
 
 ClosedFormMemory closed_form_memory(int64_t params_numel, int64_t largest_layer_numel, int dp) {

@@ -113,27 +113,12 @@ TEST(TrainCheckpoint, ModelTensorsAreTheMainParamsCastToBf16InEveryMode) {
 // made of the mean over three seeds (sd about 0.9%): within 3% of BF16, over 3 sd from a failure
 // by chance; and no seed beyond 6% (over 3.5 sd), which a systematic MXFP8 fault would cross.
 TEST(TrainMxfp8, FinalLossWithinThreePercentOfBf16OnTheDefaultRunOverThreeSeeds) {
-  double ratio_sum = 0;
-  constexpr int kSeeds = 3;
-  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
-    TrainConfig bf16;
-    bf16.seed = seed;
-    bf16.eval_iters = 8;
-    bf16.eval_interval = 0;
-    TrainConfig mxfp8 = bf16;
-    mxfp8.ddp.fp8_param_gather = true;
-    mxfp8.ddp.reuse_grad_buf_for_mxfp8_param_ag = true;
-    const double loss_bf16 = train_local(2, bf16).evals.back().loss;
-    const double loss_mxfp8 = train_local(2, mxfp8).evals.back().loss;
-    const double ratio = loss_mxfp8 / loss_bf16 - 1.0;
-    std::printf("seed %d final validation loss: bf16 %.4f, mxfp8 %.4f (%+.2f%%)\n", static_cast<int>(seed), loss_bf16,
-                loss_mxfp8, 100.0 * ratio);
-    EXPECT_LT(loss_bf16, 1.0) << "the comparison is only meaningful once the model has learned";
-    EXPECT_LT(std::abs(ratio), 0.06) << "seed " << seed;
-    ratio_sum += ratio;
-  }
-  const double mean_ratio = ratio_sum / kSeeds;
-  std::printf("mean over %d seeds: mxfp8 %+.2f%% of bf16\n", kSeeds, 100.0 * mean_ratio);
+  const double mean_ratio = mean_final_loss_ratio(
+      [](TrainConfig& c) {
+        c.ddp.fp8_param_gather = true;
+        c.ddp.reuse_grad_buf_for_mxfp8_param_ag = true;
+      },
+      "bf16", "mxfp8");
   EXPECT_LT(std::abs(mean_ratio), 0.03);
 }
 

@@ -2,7 +2,10 @@
 // every rank's result.
 #pragma once
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -38,6 +41,35 @@ inline std::vector<TrainResult> train_local_all(int dp, const TrainConfig& confi
 }
 
 inline TrainResult train_local(int dp, const TrainConfig& config) { return train_local_all(dp, config).front(); }
+
+// A precision's claim on the default run (model, data, length) at dp 2: the final validation loss
+// (8 global batches) of the default config and of `variant` (the default with vary applied) over
+// seeds 1..3. Each seed's ratio variant / base - 1 is printed and expected within 6%, with the base
+// expected to have learned (loss below 1); returns the mean ratio, the tests' claim.
+inline double mean_final_loss_ratio(const std::function<void(TrainConfig&)>& vary, const char* base_name,
+                                    const char* variant_name) {
+  constexpr int kSeeds = 3;
+  double ratio_sum = 0;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    TrainConfig base;
+    base.seed = seed;
+    base.eval_iters = 8;
+    base.eval_interval = 0;
+    TrainConfig variant = base;
+    vary(variant);
+    const double loss_base = train_local(2, base).evals.back().loss;
+    const double loss_variant = train_local(2, variant).evals.back().loss;
+    const double ratio = loss_variant / loss_base - 1.0;
+    std::printf("seed %d final validation loss: %s %.4f, %s %.4f (%+.2f%%)\n", static_cast<int>(seed), base_name,
+                loss_base, variant_name, loss_variant, 100.0 * ratio);
+    EXPECT_LT(loss_base, 1.0) << "the comparison is only meaningful once the model has learned";
+    EXPECT_LT(std::abs(ratio), 0.06) << "seed " << seed;
+    ratio_sum += ratio;
+  }
+  const double mean_ratio = ratio_sum / kSeeds;
+  std::printf("mean over %d seeds: %s %+.2f%% of %s\n", kSeeds, variant_name, 100.0 * mean_ratio, base_name);
+  return mean_ratio;
+}
 
 // Runs train() on dp in-process ranks that are expected to fail; each rank's Error message [rank]
 // ("" where a rank returned).
