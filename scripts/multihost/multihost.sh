@@ -11,7 +11,9 @@
 #   --rate RATE          each link's bandwidth in tc's units (1gbit, 25gbit), both directions;
 #                        default: unshaped
 #   --loss PCT           share of packets each link drops, each direction (0 to 100), default 0
-#   --latency-us US      one-way delay added on each link end (needs netem, CONFIG_NET_SCH_NETEM)
+#   --latency-us US      one-way latency added between any two hosts, 0 to 1000000 us: each
+#                        link becomes a delaying wire (mxddp_link_wire from the release build, or
+#                        MH_WIRE) carrying frames half of it later each way; default: veth links
 #   --mpirun-flags       print the launch flags the harness passes to mpirun, and exit
 #
 # Exits with mpirun's status. Example:
@@ -21,7 +23,7 @@ MH_SELF_DIR=$(cd "$(dirname "$0")" && pwd)
 . "$MH_SELF_DIR/netns_lib.sh"
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-hosts=2 per_host=2 rate=none loss=0 latency_us=0 print_flags=0
+hosts=2 per_host=2 rate=none loss=0 latency_us= print_flags=0
 while [ $# -gt 0 ]; do
   case $1 in
     --hosts) hosts=${2:?--hosts needs a value}; shift 2 ;;
@@ -45,10 +47,10 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mh_setup "$hosts" || exit 1
-if [ "$rate" != none ] || [ "$loss" != 0 ] || [ "$latency_us" != 0 ]; then
+mh_setup "$hosts" "$latency_us" || exit 1
+if [ "$rate" != none ] || [ "$loss" != 0 ]; then
   i=0
-  while [ "$i" -lt "$hosts" ]; do mh_shape "$i" "$rate" "$loss" "$latency_us" || exit 1; i=$((i + 1)); done
+  while [ "$i" -lt "$hosts" ]; do mh_shape "$i" "$rate" "$loss" || exit 1; i=$((i + 1)); done
 fi
 # In the background and waited for, so that a signal to this script runs its trap at once.
 mh_mpirun "$per_host" "$@" &

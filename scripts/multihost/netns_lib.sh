@@ -8,11 +8,12 @@
 # address, no route). mh_teardown removes it all; callers trap EXIT, INT and TERM to it.
 #
 #   mh_check_capable            exits 77 (CTest's skip) naming why this machine cannot run it
-#   mh_setup HOSTS              the namespaces, links and bridge (sets MH_HOSTS, MH_DIR)
-#   mh_shape INDEX RATE LOSS LATENCY_US
-#                               shapes host INDEX's link both ways (RATE: tc's, e.g. 10gbit, or
-#                               "none"; LOSS: percent, 0 to 100; LATENCY_US: 0 unless the kernel
-#                               has netem)
+#   mh_setup HOSTS [LATENCY_US] the namespaces, links and bridge (sets MH_HOSTS, MH_DIR); links
+#                               are veth pairs, or with LATENCY_US (a whole number of microseconds,
+#                               0 to 1000000) delaying wires that add that one-way latency between
+#                               any two hosts (mxddp_link_wire, at MH_WIRE)
+#   mh_shape INDEX RATE LOSS    shapes host INDEX's link both ways (RATE: tc's, e.g. 10gbit, or
+#                               "none"; LOSS: percent, 0 to 100)
 #   mh_link_down INDEX          takes host INDEX's link down from inside its namespace
 #   mh_mpirun RANKS_PER_HOST PROGRAM ARGS...
 #                               mpirun in host 0's namespace, ranks filled host by host, on every
@@ -23,7 +24,8 @@
 #
 # Settings from the environment: MH_KEEPALIVE_S, MH_KEEPALIVE_INTVL_S, MH_KEEPALIVE_PROBES (the
 # runtime's TCP keepalive; 5, 1, 3), MH_TCP_RETRIES2 (4), MH_SLOTS (64 per host),
-# MH_LAUNCH_TIMEOUT_S (mh_mpirun's limit; none).
+# MH_LAUNCH_TIMEOUT_S (mh_mpirun's limit; none), MH_WIRE (the delaying link's program; the
+# release build's build/release/mxddp_link_wire).
 
 MH_SELF_DIR=${MH_SELF_DIR:-$(cd "$(dirname "$0")" && pwd)}
 MH_PREFIX=mh$$
@@ -49,10 +51,27 @@ mh_check_capable() {
 
 mh_fail() { echo "multihost: $*" >&2; return 1; }
 
+mh_wire() { echo "${MH_WIRE:-$MH_SELF_DIR/../../build/release/mxddp_link_wire}"; }
+
+# Waits until device $2 exists in namespace $1 (the wire makes its devices after it starts).
+mh_wait_device() {
+  tries=0
+  until ip -n "$1" link show "$2" >/dev/null 2>&1; do
+    tries=$((tries + 1)); [ "$tries" -gt 50 ] && return 1
+    sleep 0.1
+  done
+}
+
 mh_setup() {
-  n=$1
+  n=$1 mh_latency_us=${2:-}
   case $n in ''|*[!0-9]*) mh_fail "host count '$n' is not a number"; return 1 ;; esac
   [ "$n" -ge 1 ] && [ "$n" -le 200 ] || { mh_fail "host count $n: 1 to 200"; return 1; }
+  if [ -n "$mh_latency_us" ]; then
+    case $mh_latency_us in *[!0-9]*) mh_fail "latency '$mh_latency_us' is not a whole number of microseconds"; return 1 ;; esac
+    [ "${#mh_latency_us}" -le 7 ] && [ "$mh_latency_us" -le 1000000 ] \
+      || { mh_fail "latency $mh_latency_us us: 0 to 1000000 (1 s)"; return 1; }
+    [ -x "$(mh_wire)" ] || { mh_fail "link latency needs mxddp_link_wire, not found at $(mh_wire) (build the release preset, or set MH_WIRE)"; return 1; }
+  fi
   MH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/${MH_PREFIX}.XXXXXX") || return 1
   br=$(mh_bridge_ns)
   ip netns add "$br" || return 1
@@ -64,8 +83,18 @@ mh_setup() {
     h=$(mh_host "$i")
     ip netns add "$h" || return 1
     MH_HOSTS=$((i + 1))
-    # Both ends are made inside the namespaces: nothing passes through the root namespace.
-    ip -n "$h" link add eth0 type veth peer name "p$i" netns "$br" || return 1
+    if [ -z "$mh_latency_us" ]; then
+      # Both ends are made inside the namespaces: nothing passes through the root namespace.
+      ip -n "$h" link add eth0 type veth peer name "p$i" netns "$br" || return 1
+    else
+      # The wire makes both ends itself, as TAP devices inside the two namespaces, and carries
+      # frames between them half the latency later each way: a host-to-host path crosses two
+      # wires. It lives in the bridge's namespace, so the teardown ends it with the rest.
+      "$(mh_wire)" --host-netns "$h" --host-dev eth0 --switch-netns "$br" --switch-dev "p$i" \
+        --delay-ns $((mh_latency_us * 500)) 2>> "$MH_DIR/wire$i.log" &
+      { mh_wait_device "$h" eth0 && mh_wait_device "$br" "p$i"; } \
+        || { mh_fail "host $i's wire did not make its devices: $(cat "$MH_DIR/wire$i.log")"; return 1; }
+    fi
     ip -n "$br" link set "p$i" master br0 up || return 1
     ip -n "$h" addr add "$(mh_addr "$i")/24" dev eth0 || return 1
     ip -n "$h" link set lo up || return 1
@@ -82,7 +111,7 @@ mh_setup() {
   i=0
   while [ "$i" -lt "$n" ]; do
     tries=0
-    until ip -n "$(mh_host "$i")" link show eth0 | grep -q "state UP"; do
+    until ip -n "$(mh_host "$i")" link show eth0 | grep -q "[<,]LOWER_UP[,>]"; do
       tries=$((tries + 1)); [ "$tries" -gt 50 ] && { mh_fail "host $i's link did not come up"; return 1; }
       sleep 0.1
     done
@@ -92,19 +121,15 @@ mh_setup() {
 
 # tc on one end of a link: an HTB class at RATE for all traffic; with LOSS, a classic-BPF
 # classifier sends that share of packets (by the kernel's random number) to a class whose queue
-# holds nothing, so they are dropped; with LATENCY_US, netem under the class.
+# holds nothing, so they are dropped.
 mh_shape_dev() {
-  ns=$1 dev=$2 rate=$3 loss=$4 latency_us=$5
+  ns=$1 dev=$2 rate=$3 loss=$4
   tc -n "$ns" qdisc del dev "$dev" root 2>/dev/null
   [ "$rate" = none ] && rate=100gbit
   tc -n "$ns" qdisc add dev "$dev" root handle 1: htb default 1 r2q 100000 || return 1
   # A 1 MB burst: HTB's default (a few packets at the rate) held TCP over a 10gbit class to 2.5 of
   # the 3.5 Gbit/s the veth carried unshaped; with it, 3.5 (on this machine).
   tc -n "$ns" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate" burst 1m cburst 1m || return 1
-  if [ "$latency_us" != 0 ]; then
-    tc -n "$ns" qdisc add dev "$dev" parent 1:1 handle 10: netem delay "${latency_us}us" limit 100000 2>/dev/null \
-      || { mh_fail "--latency-us $latency_us: this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so link latency cannot be shaped here"; return 1; }
-  fi
   [ "$loss" = 0 ] && return 0
   tc -n "$ns" class add dev "$dev" parent 1: classid 1:2 htb rate 1mbit quantum 1514 || return 1
   tc -n "$ns" qdisc add dev "$dev" parent 1:2 handle 2: pfifo limit 0 || return 1
@@ -120,13 +145,12 @@ mh_shape_dev() {
 }
 
 mh_shape() {
-  i=$1 rate=$2 loss=$3 latency_us=$4
+  i=$1 rate=$2 loss=$3
   case $loss in ''|*[!0-9.]*) mh_fail "loss '$loss' is not a percentage"; return 1 ;; esac
   awk -v l="$loss" 'BEGIN { exit !(l >= 0 && l <= 100) }' || { mh_fail "loss $loss: 0 to 100 (percent)"; return 1; }
-  case $latency_us in ''|*[!0-9]*) mh_fail "latency '$latency_us' is not a whole number of microseconds"; return 1 ;; esac
   # Each direction of the link is shaped where it leaves: the host's eth0 and the bridge's port.
-  mh_shape_dev "$(mh_host "$i")" eth0 "$rate" "$loss" "$latency_us" || return 1
-  mh_shape_dev "$(mh_bridge_ns)" "p$i" "$rate" "$loss" "$latency_us"
+  mh_shape_dev "$(mh_host "$i")" eth0 "$rate" "$loss" || return 1
+  mh_shape_dev "$(mh_bridge_ns)" "p$i" "$rate" "$loss"
 }
 
 mh_hostfile() { for i in "$@"; do echo "$(mh_host "$i") slots=${MH_SLOTS:-64}"; done; }
@@ -145,6 +169,13 @@ mh_mpirun_flags() {
   # minutes). A live peer's kernel answers the probes, so a busy host never trips them.
   echo "--mca oob_tcp_keepalive_time ${MH_KEEPALIVE_S:-5} --mca oob_tcp_keepalive_intvl ${MH_KEEPALIVE_INTVL_S:-1}"
   echo "--mca oob_tcp_keepalive_probes ${MH_KEEPALIVE_PROBES:-3}"
+  mh_coll_flags
+}
+
+# OpenMPI's collective algorithms for bandwidth over TCP links (coll_rules.conf says which and why).
+# A run compared bitwise with these hosts' runs passes them too: the algorithm fixes the reduction order.
+mh_coll_flags() {
+  echo "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_dynamic_rules_filename $MH_SELF_DIR/coll_rules.conf"
 }
 
 mh_mpirun() {

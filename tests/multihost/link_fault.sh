@@ -59,7 +59,7 @@ case $mode in
     # shellcheck disable=SC2086
     mh_mpirun 2 "$mxddp" train --backend mpi $job --train-iters 6 --metrics-file "$dir/clean.jsonl" \
       > "$dir/clean.out" 2> "$dir/clean.err" || fail "the run without loss exited $?"
-    mh_shape 0 none 1 0 && mh_shape 1 none 1 0 || fail "could not shape the links"
+    mh_shape 0 none 1 && mh_shape 1 none 1 || fail "could not shape the links"
     # shellcheck disable=SC2086
     mh_mpirun 2 "$mxddp" train --backend mpi $job --train-iters 6 --metrics-file "$dir/lossy.jsonl" \
       > "$dir/lossy.out" 2> "$dir/lossy.err" || fail "the run with 1% loss exited $?"
@@ -99,7 +99,7 @@ ranks_h1=$(ip netns pids "$(mh_host 1)" | wc -l)
 if [ "$mode" = down ]; then
   mh_link_down 1 || fail "could not take host 1's link down"
 else
-  mh_shape 1 none 100 0 || fail "could not shape host 1's link"
+  mh_shape 1 none 100 || fail "could not shape host 1's link"
 fi
 start=$(now_ms)
 cut_at=$(last_iteration "$dir/faulted.jsonl")

@@ -2,8 +2,9 @@
 # Same results across hosts (issue 27 point 2): mxddp train over 2 simulated hosts x 2 ranks (network
 # namespaces, OpenMPI over TCP, scripts/multihost) gives bitwise the same training and validation
 # losses as 4 ranks under one mpirun on this host (shared memory), for DDP with the distributed
-# optimizer, each FSDP sharding strategy and MXFP8 (DDP and FSDP). OpenMPI's collective algorithms
-# depend on the rank count and the message size only, so the reduction order is the same on both.
+# optimizer, each FSDP sharding strategy and MXFP8 (DDP and FSDP). Both runs take the harness's
+# collective algorithms (mh_coll_flags), which depend on the rank count and the message size only,
+# so the reduction order is the same on both.
 #
 #   same_results.sh MXDDP DIR [CASE...]     (cases: all when none given)
 #
@@ -41,7 +42,7 @@ failed=0
 for c in $cases; do
   flags=$(flags_of "$c") || { echo "FAIL: unknown case $c"; exit 2; }
   # shellcheck disable=SC2086
-  timeout --kill-after=5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 "$mxddp" train --backend mpi $small $flags \
+  timeout --kill-after=5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none $(mh_coll_flags) -np 4 "$mxddp" train --backend mpi $small $flags \
     --metrics-file "$dir/$c.one_host.jsonl" > "$dir/$c.one_host.log" 2>&1 \
     || { echo "FAIL: $c on one host exited $?"; tail -5 "$dir/$c.one_host.log"; failed=1; continue; }
   # shellcheck disable=SC2086

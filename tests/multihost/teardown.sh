@@ -1,7 +1,8 @@
 #!/bin/sh
 # The harness leaves nothing behind (issue 27 point 1): scripts/multihost/multihost.sh run to its
 # end, to an error (the program fails; a bad flag after the hosts exist), and stopped by SIGTERM
-# and by SIGINT (Ctrl-C) mid-run; after each, no namespace, link or process of that run remains.
+# (with delaying wires for links) and by SIGINT (Ctrl-C) mid-run; after each, no namespace, link
+# or process of that run (a wire's among them) remains.
 # It also checks the ranks ran where the harness says: 2 per host, each in its own host's
 # namespace, and the root namespace got no interface.
 #
@@ -34,6 +35,8 @@ check_gone() {
   [ -z "$left" ] || fail "$what: links left behind: $left"
   [ -z "$(ls -d "${TMPDIR:-/tmp}/mh${pid}."* 2>/dev/null)" ] || fail "$what: its temporary directory is left behind"
   [ "$(ip -o link show | wc -l)" -eq "$root_links_before" ] || fail "$what: the root namespace's links changed"
+  left=$(pgrep -af -- "--switch-netns mh${pid}br")
+  [ -z "$left" ] || fail "$what: a link wire is left running: $left"
 }
 
 # Where each rank ran: its host's namespace (by the network namespace's inode).
@@ -70,10 +73,14 @@ grep -q "loss 101: 0 to 100" "$dir/bad_flag.out" || fail "bad flag: no message n
 check_gone "bad flag" "$harness_pid"
 echo "error: exit $rc and nothing left; --loss 101 refused, nothing left"
 
+# SIGTERM with delaying wires for links (--latency-us; their processes must go too), SIGINT with veth.
 for sig in TERM INT; do
+  links=
+  [ "$sig" = TERM ] && links="--latency-us 100"
   # env --default-signal: a background job of a script starts with SIGINT ignored, as Ctrl-C
   # from a terminal would not find it; the harness must see it as a user's Ctrl-C reaches it.
-  env --default-signal=INT "$harness" --hosts 2 -- "$mxddp" train --backend mpi --train-iters 100000 \
+  # shellcheck disable=SC2086
+  env --default-signal=INT "$harness" --hosts 2 $links -- "$mxddp" train --backend mpi --train-iters 100000 \
     --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 --micro-batch-size 2 \
     --global-batch-size 8 --corpus-bytes 65536 --eval-iters 0 --log-interval 1 > "$dir/$sig.out" 2>&1 &
   harness_pid=$!
