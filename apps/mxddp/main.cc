@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <optional>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +11,7 @@
 
 #include "ckpt_cmd.h"
 #include "cli_checks.h"
+#include "command_error.h"
 #include "launcher.h"
 #include "layout_cmd.h"
 #include "plan_cmd.h"
@@ -46,10 +46,12 @@ int run_selfcheck(int argc, char** argv, const SelfcheckArgs& args) {
   if (backend == "mpi") {
     mxddp::MpiRuntime runtime(&argc, &argv);
     int failures = 0;
-    {
-      auto comm = mxddp::make_mpi_communicator({.timeout_ms = args.timeout_ms});
+    std::unique_ptr<mxddp::Communicator> comm;
+    mxddp::app::run_or_abort_job("selfcheck", [&] {
+      comm = mxddp::make_mpi_communicator({.timeout_ms = args.timeout_ms});
       failures = report(comm->rank(), comm->size(), "mpi", mxddp::app::run_selfcheck(*comm, args.count));
-    }
+    });
+    comm.reset();
     return failures == 0 ? 0 : 1;
   }
   std::mutex mutex;
@@ -119,16 +121,8 @@ int main(int argc, char** argv) {
     if (ckpt_cmd->parsed()) return mxddp::app::run_ckpt_command(ckpt);
     if (quantize_cmd->parsed()) mxddp::app::run_quantize_command(quantize);
     if (data_cmd->parsed()) mxddp::app::run_data_command(data);
-  } catch (const std::bad_alloc&) {
-    // Sizes come from flags and files, so an allocation can fail anywhere; "std::bad_alloc" alone
-    // would name nothing the user can change.
-    std::fprintf(stderr,
-                 "mxddp: error: %s ran out of memory (std::bad_alloc): the sizes its flags and input files ask for "
-                 "need more memory than this machine could allocate; give smaller ones\n",
-                 subcommand.c_str());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mxddp: error: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", mxddp::app::command_error_text(e, subcommand).c_str());
     return 1;
   }
   return 0;

@@ -19,6 +19,7 @@
 #include <mxddp/quant.h>
 
 #include "cli_checks.h"
+#include "command_error.h"
 #include "hf_train_flags.h"
 #include "launcher.h"
 #include "megatron_flags.h"
@@ -463,8 +464,10 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
   if (a.exit_signal_handler) every_rank.stop_requested = [] { return g_sigterm_received.load(); };
 
   auto run_rank = [&a, &every_rank](Communicator& comm) -> TrainResult {
+    // A bad flag fails before the banner, on every rank alike (rank 0 alone failing here would
+    // leave the others in train()'s first collective).
+    a.config.validate(comm.size());
     if (comm.rank() != 0) return train(comm, a.config, every_rank);
-    a.config.validate(comm.size());  // a bad flag fails before the banner
     std::printf("mxddp train: %s on %d %s rank(s), %s%s; global batch %d = %d micro x %d dp x %d accumulation; %lld "
                 "iterations%s\n",
                 a.config.model.describe().c_str(), comm.size(), std::string(comm.backend_name()).c_str(),
@@ -504,8 +507,11 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
 
   if (resolve_backend(a.backend, a.ranks_option->count() > 0, a.ranks, detect_mpi_launcher()) == "mpi") {
     MpiRuntime runtime(&argc, &argv);
-    auto comm = make_mpi_communicator({.timeout_ms = a.timeout_ms});
-    run_rank(*comm);
+    std::unique_ptr<Communicator> comm;
+    run_or_abort_job("train", [&] {
+      comm = make_mpi_communicator({.timeout_ms = a.timeout_ms});
+      run_rank(*comm);
+    });
     return 0;
   }
   run_local(a.ranks, [&](Communicator& comm) { run_rank(comm); }, {.timeout_ms = a.timeout_ms});

@@ -213,6 +213,12 @@ class MpiRuntime {
   MpiRuntime& operator=(const MpiRuntime&) = delete;
   static int world_rank();
   static int world_size();
+  // Ends the whole job after a failure on this rank: prints message on stderr, then
+  // MPI_Abort(MPI_COMM_WORLD, exit_code); if that cannot reach the launcher within kMpiAbortGrace,
+  // this rank ends alone (exit status 3). For a command's top level: a rank that failed alone and
+  // returned would wait in MPI_Finalize for peers that wait in a collective for it, until their
+  // watchdog fired (timeout_ms, 5 minutes by default), and its message would not be printed.
+  [[noreturn]] static void abort_job(const std::string& message, int exit_code);
 };
 
 struct MpiOptions {

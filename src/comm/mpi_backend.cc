@@ -364,6 +364,10 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 
 MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
 
+void MpiRuntime::abort_job(const std::string& message, int exit_code) {
+  end_job_or_exit(message, [exit_code] { MPI_Abort(MPI_COMM_WORLD, exit_code); }, kMpiAbortGrace);
+}
+
 int MpiRuntime::world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
