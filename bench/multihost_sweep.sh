@@ -1,41 +1,58 @@
 #!/bin/sh
 # Collectives and training over simulated hosts at link settings (issue 27 point 3; a benchmark,
-# not a test). For each link rate, on 2 hosts x 1 rank (every byte a collective moves crosses the
-# link) through scripts/multihost:
-#   - comm_bench --backend mpi: all_reduce, reduce_scatter, all_gather at 16 MiB (busbw);
+# not a test). For each link latency and rate, on 2 hosts x 1 rank (every byte a collective moves
+# crosses the link) through scripts/multihost:
+#   - bench/multihost_rtt.sh: the link's measured UDP round trip;
+#   - comm_bench --backend mpi: all_reduce, reduce_scatter, all_gather at 16 MiB (busbw, median of
+#     3 runs);
 #   - mxddp train --report: DDP + distributed optimizer, FSDP (optim_grads_params) with
 #     fine-grained param gather off and on, all overlapped; the median exposed communication share
 #     of the step over iterations 3 and later.
-# Writes DIR/comm_RATE.json, DIR/train_RATE_CASE.json and .out, then bench/multihost_plot.py draws
-# and tabulates them against the ring model of the link.
+# Writes DIR/rtt_TAG.txt, DIR/comm_TAG.json, DIR/train_TAG_CASE.json and .out (TAG: RATE_LATENCY),
+# then bench/multihost_plot.py draws and tabulates them against the ring model of the link.
 #
-#   multihost_sweep.sh BUILD_DIR OUT_DIR [RATES] [LATENCIES_US]
-#     RATES: space-separated tc rates, "none" for the unshaped veth (default "1gbit 2500mbit 5gbit
-#     10gbit 25gbit none"); LATENCIES_US (default "0"): needs netem in the kernel.
+#   multihost_sweep.sh BUILD_DIR OUT_DIR [RATES] [LATENCIES]
+#     RATES: space-separated tc rates, "none" for an unshaped link (default "1gbit 2500mbit 5gbit
+#     10gbit 25gbit none"); LATENCIES: "veth" for the harness's veth links (no latency added), or
+#     a one-way host-to-host latency in microseconds through the harness's delaying wires
+#     (--latency-us); default "veth".
 set -eu
 build=$1 out=$2
 rates=${3:-1gbit 2500mbit 5gbit 10gbit 25gbit none}
-latencies=${4:-0}
+latencies=${4:-veth}
 here=$(cd "$(dirname "$0")" && pwd)
 harness=$here/../scripts/multihost/multihost.sh
 mkdir -p "$out"
-model="--num-layers 4 --hidden-size 192 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2
-       --global-batch-size 4 --corpus-bytes 1048576 --eval-iters 0 --train-iters 6 --log-interval 1"
+# --compute-threads 1: the simulated hosts share this machine's cores, and a rank alone on its
+# "host" would otherwise take all of them (its OpenMP threads then fight the other host's rank and
+# both progress threads, and steps varied 15x: 54 to 850 ms).
+# 1.84M params; 512 tokens a rank a step (micro-batch 8), so that the step's compute (about 60 ms
+# here) can cover its communication from about 1 Gbit/s up. DDP buckets of 250k elements (8
+# buckets; Megatron's default, 40M, would make one bucket of this model, and nothing overlaps);
+# FSDP's buckets are its units (one per layer).
+model="--num-layers 4 --hidden-size 192 --num-attention-heads 4 --seq-length 64 --micro-batch-size 8
+       --global-batch-size 16 --corpus-bytes 1048576 --eval-iters 0 --train-iters 8 --log-interval 1
+       --compute-threads 1"
 for lat in $latencies; do
+  links=
+  [ "$lat" = veth ] || links="--latency-us $lat"
   for rate in $rates; do
-    tag=${rate}_${lat}us
-    echo "== link $rate, latency ${lat} us"
-    "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" --latency-us "$lat" -- \
+    tag=${rate}_$lat
+    echo "== link $rate, latency $lat"
+    # shellcheck disable=SC2086
+    "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" $links -- sh "$here/multihost_rtt.sh" > "$out/rtt_$tag.txt" 2>&1
+    # shellcheck disable=SC2086
+    "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" $links -- \
       "$build/bench/comm_bench" --backend mpi --ops all_reduce,reduce_scatter,all_gather \
-      --min-bytes 16777216 --max-bytes 16777216 --runs 1 --json "$out/comm_$tag.json" > "$out/comm_$tag.out" 2>&1
+      --min-bytes 16777216 --max-bytes 16777216 --runs 3 --json "$out/comm_$tag.json" > "$out/comm_$tag.out" 2>&1
     for c in ddp fsdp_coarse fsdp_fine; do
       case $c in
-        ddp) flags="--overlap-grad-reduce --overlap-param-gather" ;;
+        ddp) flags="--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 250000" ;;
         fsdp_coarse) flags="--use-megatron-fsdp --overlap-grad-reduce --overlap-param-gather --no-megatron-fsdp-enable-fine-grained-param-gather" ;;
         fsdp_fine) flags="--use-megatron-fsdp --overlap-grad-reduce --overlap-param-gather --megatron-fsdp-enable-fine-grained-param-gather" ;;
       esac
       # shellcheck disable=SC2086
-      "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" --latency-us "$lat" -- \
+      "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" $links -- \
         "$build/mxddp" train --backend mpi $model $flags --report "$out/train_${tag}_$c.json" > "$out/train_${tag}_$c.out" 2>&1
     done
   done
