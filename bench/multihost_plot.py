@@ -168,7 +168,7 @@ def main(out_dir):
     right.minorticks_off()
     right.set_ylim(0, 1.1)
     right.set_xlabel("one-way latency added (us; delaying wires)"); right.set_ylabel("busbw / link rate")
-    right.set_title("wires: busbw share of the link (dashed: ring model, all_reduce)")
+    right.set_title("wires: busbw / link rate (dashed: ring model)")
     right.legend(fontsize=7)
     fig.tight_layout(); fig.savefig(os.path.join(out_dir, "busbw.png"), dpi=110)
 

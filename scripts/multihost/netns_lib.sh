@@ -31,6 +31,7 @@ MH_SELF_DIR=${MH_SELF_DIR:-$(cd "$(dirname "$0")" && pwd)}
 MH_PREFIX=mh$$
 MH_HOSTS=0
 MH_DIR=
+MH_COLL_RULES=
 
 mh_host() { echo "${MH_PREFIX}h$1"; }
 mh_bridge_ns() { echo "${MH_PREFIX}br"; }
@@ -71,6 +72,7 @@ mh_setup() {
     [ "${#mh_latency_us}" -le 7 ] && [ "$mh_latency_us" -le 1000000 ] \
       || { mh_fail "latency $mh_latency_us us: 0 to 1000000 (1 s)"; return 1; }
     [ -x "$(mh_wire)" ] || { mh_fail "link latency needs mxddp_link_wire, not found at $(mh_wire) (build the release preset, or set MH_WIRE)"; return 1; }
+    MH_COLL_RULES=$MH_SELF_DIR/coll_rules_wire.conf
   fi
   MH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/${MH_PREFIX}.XXXXXX") || return 1
   br=$(mh_bridge_ns)
@@ -172,10 +174,11 @@ mh_mpirun_flags() {
   mh_coll_flags
 }
 
-# OpenMPI's collective algorithms for bandwidth over TCP links (coll_rules.conf says which and why).
-# A run compared bitwise with these hosts' runs passes them too: the algorithm fixes the reduction order.
+# OpenMPI's collective algorithms for bandwidth over TCP links (coll_rules.conf says which and why;
+# over the delaying wires coll_rules_wire.conf, whose extra rule is a gather's). A run compared
+# bitwise with these hosts' runs passes them too: the algorithm fixes the reduction order.
 mh_coll_flags() {
-  echo "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_dynamic_rules_filename $MH_SELF_DIR/coll_rules.conf"
+  echo "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_dynamic_rules_filename ${MH_COLL_RULES:-$MH_SELF_DIR/coll_rules.conf}"
 }
 
 mh_mpirun() {
@@ -221,6 +224,7 @@ mh_teardown() {
   [ -n "$MH_DIR" ] && rm -rf "$MH_DIR"
   MH_DIR=
   MH_HOSTS=0
+  MH_COLL_RULES=
   return 0
 }
 
