@@ -96,8 +96,8 @@ struct Frame {
 
 // One direction of the link, one thread: frames in the order they were sent, each written DELAY_NS
 // after it was read. The thread waits in ppoll() for the next frame or the head's due time,
-// whichever comes first: one wakeup per frame, no hand-off between threads (a hand-off cost about
-// 45 us per frame on a 2-core VM).
+// whichever comes first: one wakeup per frame, no hand-off between threads (with a reader and a
+// writer thread a frame took about 45 us to cross on a 2-core VM, with one 26 us).
 class DelayLine {
  public:
   DelayLine(int from_fd, int to_fd, int64_t delay_ns, int64_t queue_bytes_max)
