@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <mxddp/comm.h>
 #include <mxddp/core.h>
 
 namespace mxddp {
@@ -127,9 +128,7 @@ void end_job_or_exit(const std::string& message, const std::function<void()>& ab
   ::_exit(kMpiStallExitCode);
 }
 
-void abort_job_on_stall(const std::string& message) {
-  end_job_or_exit(message, [] { MPI_Abort(MPI_COMM_WORLD, kMpiStallExitCode); }, kMpiAbortGrace);
-}
+void abort_job_on_stall(const std::string& message) { MpiRuntime::abort_job(message, kMpiStallExitCode); }
 
 std::string format_ranks(const std::vector<int>& ranks) {
   std::string out;

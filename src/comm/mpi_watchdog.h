@@ -104,7 +104,8 @@ inline constexpr std::chrono::milliseconds kMpiAbortGrace{10'000};
                                   std::chrono::milliseconds grace);
 
 // Prints message on stderr and ends the whole job with MPI_Abort(MPI_COMM_WORLD,
-// kMpiStallExitCode), or this rank alone after kMpiAbortGrace (end_job_or_exit). Library code must not end the process; this is the one documented
+// kMpiStallExitCode), or this rank alone after kMpiAbortGrace: MpiRuntime::abort_job with the
+// watchdog's exit status. Library code must not end the process; this is the one documented
 // exception: a stalled collective cannot be cancelled (its requests still own the caller's buffers
 // and every later collective on the communicator would pair with the wrong peer call), so throwing
 // an Error would leave this rank unable to communicate and every peer still hung. Aborting is the

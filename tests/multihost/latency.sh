@@ -4,9 +4,9 @@
 #   - on plain veth links the round trip is under LATENCY_US (the reference: no added delay);
 #   - over wires made with --latency-us LATENCY_US (one way) it is at least 2 x LATENCY_US, and at
 #     most that plus BOUND_US of scheduling and Python (a loaded CI machine's margin);
-#   - training over the wires (2 hosts x 2 ranks, DDP + distributed optimizer) gives bitwise the
-#     losses of 4 ranks on one host: frames (TCP's 64 KiB segments, through the wires' offloads)
-#     arrive whole and in order.
+#   - training over the wires (2 hosts x 2 ranks, DDP + distributed optimizer; same_results.sh)
+#     gives bitwise the losses of 4 ranks on one host: frames (TCP's 64 KiB segments, through the
+#     wires' offloads) arrive whole and in order.
 #
 #   latency.sh MXDDP DIR
 #
@@ -54,21 +54,7 @@ low=$((2 * latency_us)) high=$((2 * latency_us + bound_us))
   || fail "round trip over wires of $latency_us us one way: $wire_us us, outside [$low, $high]"
 echo "round trip: veth $veth_us us; wires of $latency_us us one way $wire_us us (bounds $low..$high)"
 
-# Training over the wires against one host, bitwise.
-small="--train-iters 4 --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 32 --micro-batch-size 2
-       --global-batch-size 8 --corpus-bytes 65536 --eval-iters 0 --overlap-grad-reduce --overlap-param-gather
-       --timeout-ms 60000"
-losses() { sed -n 's/.*"iteration":\([0-9]*\).*"lm_loss":\([^,}]*\).*"type":"\([a-z]*\)".*/\3 \1 \2/p' "$1"; }
-# shellcheck disable=SC2046,SC2086
-timeout --kill-after=5 120 mpirun --allow-run-as-root --oversubscribe --bind-to none $(mh_coll_flags) -np 4 \
-  "$mxddp" train --backend mpi $small --metrics-file "$dir/one_host.jsonl" > "$dir/one_host.log" 2>&1 \
-  || fail "4 ranks on one host exited $?: $(tail -3 "$dir/one_host.log")"
-# shellcheck disable=SC2086
-mh_mpirun 2 "$mxddp" train --backend mpi $small --metrics-file "$dir/wires.jsonl" > "$dir/wires.log" 2>&1 \
-  || fail "2 hosts x 2 ranks over the wires exited $?: $(tail -3 "$dir/wires.log")"
-losses "$dir/one_host.jsonl" > "$dir/one_host.losses"
-losses "$dir/wires.jsonl" > "$dir/wires.losses"
-[ "$(grep -c . "$dir/one_host.losses")" -eq 4 ] || fail "the one-host run logged no 4 losses"
-cmp -s "$dir/one_host.losses" "$dir/wires.losses" \
-  || { paste "$dir/one_host.losses" "$dir/wires.losses"; fail "training over the wires differs from one host"; }
-echo "training over the wires: 4 losses bitwise those of one host ($(tail -1 "$dir/wires.losses"))"
+# Training over the wires against one host, bitwise (same_results.sh's DDP case, with wires).
+mh_teardown
+sh "$here/same_results.sh" "$mxddp" "$dir/training" --latency-us "$latency_us" ddp \
+  || fail "training over the wires of $latency_us us"

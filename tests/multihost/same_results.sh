@@ -6,11 +6,14 @@
 # collective algorithms (mh_coll_flags), which depend on the rank count and the message size only,
 # so the reduction order is the same on both.
 #
-#   same_results.sh MXDDP DIR [CASE...]     (cases: all when none given)
+#   same_results.sh MXDDP DIR [--latency-us US] [CASE...]     (cases: all when none given)
+#       --latency-us: the hosts' links are the harness's delaying wires (tests/multihost/latency.sh)
 #
 # Exits 77 (skipped) where network namespaces cannot be made, saying why.
 set -u
 mxddp=$1 dir=$2; shift 2
+latency_us=
+[ "${1:-}" = --latency-us ] && { latency_us=$2; shift 2; }
 MH_SELF_DIR=$(cd "$(dirname "$0")/../../scripts/multihost" && pwd)
 . "$MH_SELF_DIR/netns_lib.sh"
 mh_check_capable
@@ -34,7 +37,7 @@ flags_of() {
 }
 cases=${*:-ddp fsdp_no_shard fsdp_optim fsdp_optim_grads fsdp_optim_grads_params ddp_mxfp8 fsdp_mxfp8}
 
-mh_setup 2 || { echo "FAIL: could not make the simulated hosts"; exit 1; }
+mh_setup 2 $latency_us || { echo "FAIL: could not make the simulated hosts"; exit 1; }
 # The losses of a metrics file, one "type iteration loss" a line (the JSON's own round-trip text).
 # (nlohmann::json writes the keys sorted: iteration, lm_loss, type.)
 losses() { sed -n 's/.*"iteration":\([0-9]*\).*"lm_loss":\([^,}]*\).*"type":"\([a-z]*\)".*/\3 \1 \2/p' "$1"; }
