@@ -72,6 +72,12 @@ void reduce_arrays_to(DType dtype, ReduceOp op, const void* const* inputs, int n
                       void* const* outputs, int n_outputs, float prescale) {
   MXDDP_ASSERT(n_inputs >= 1 && n_outputs >= 1 && count >= 0);
   MXDDP_ASSERT(prescale == 1.0f || (op != ReduceOp::kMax && dtype != DType::kU8));
+  // One input written back onto itself unscaled (every collective of a group of one, e.g. the
+  // gradient reduce-scatter at dp 1): sum, avg and max of one value are that value, so there is
+  // nothing to move. Without this the pass read and wrote the whole grad buffer every step.
+  if (n_inputs == 1 && prescale == 1.0f &&
+      std::all_of(outputs, outputs + n_outputs, [&](void* out) { return out == inputs[0]; }))
+    return;
   switch (dtype) {
     case DType::kF32:
     case DType::kBF16: {

@@ -122,19 +122,6 @@ class GptGraph {
     }
     return {dy, nullptr};
   }
-  // dy [numel] becomes dL/d(fc1 output) = dy gelu'(x) in place, returned as grad_operand's
-  // operand; under BF16 products its BF16 copy is written by the same pass (one pass fewer).
-  Operand<Real> gelu_backward_operand(const Real* x, Real* dy, int64_t numel) {
-    if constexpr (std::is_same_v<Real, float>) {
-      if (products_in_bf16()) {
-        if (dy16_.size() < static_cast<size_t>(numel)) dy16_.resize(static_cast<size_t>(numel));
-        gelu_backward_bf16(x, dy, dy, dy16_.data(), numel);
-        return {dy, dy16_.data()};
-      }
-    }
-    gelu_backward(x, dy, dy, numel);
-    return grad_operand(dy, numel);
-  }
   Real* g(int param) { return access_.grad(param); }
   void ready(std::initializer_list<int> params) {
     for (int p : params) access_.grad_ready(p);
@@ -331,6 +318,44 @@ class GptGraph {
     ready({ids_.wpe(), ids_.wte()});
   }
 
+  // fc2's backward, then GELU's: returns dL/d(fc1 output) [n, 4c] (in d4c, with its BF16 copy
+  // under BF16 products) as fc1's products read it. d4c [n, 4c] and d3c [n, 3c] are scratch.
+  Operand<Real> fc2_and_gelu_backward(int l, const LayerActs& a, const Real* dres, Real* d4c, Real* d3c) {
+    const int n = rows(), c = cfg_.hidden_size;
+    const int64_t n4c = int64_t{n} * 4 * c;
+    const int fc2_w = ids_.layer(l, kFc2W), fc2_b = ids_.layer(l, kFc2B);
+    if constexpr (std::is_same_v<Real, float>) {
+      if (activations_in_bf16()) {
+        // Forward kept GELU's output in BF16 and backward rebuilds it from fc1. Here the data
+        // gradient goes first (into d4c, f32), so that one pass over fc1 rebuilds GELU's output
+        // and turns d4c into dL/d(fc1 output), with one sigmoid per element (the rebuild was a
+        // pass of its own, a third of GELU's time). The rebuilt output and dres's BF16 copy
+        // live in d3c's storage (10c of its 12c bytes per row), free until attention's backward.
+        uint16_t* gelu16 = reinterpret_cast<uint16_t*>(d3c);  // [n, 4c] BF16
+        uint16_t* dres16 = gelu16 + n4c;                        // [n, c] BF16
+        submodule_before_backward(l, kFc2W);
+        round_to_bf16(dres, dres16, int64_t{n} * c);
+        const Operand<Real> dy_fc2(dres, dres16);
+        linear_backward_data(dy_fc2, lw(fc2_w, WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+        if (dy16_.size() < static_cast<size_t>(n4c)) dy16_.resize(static_cast<size_t>(n4c));
+        gelu_forward_backward_bf16(a.fc1, d4c, gelu16, d4c, dy16_.data(), n4c);
+        linear_backward_weight(dy_fc2, Operand<Real>(nullptr, gelu16), g(fc2_w), g(fc2_b), n, 4 * c, c);
+        ready({fc2_w, fc2_b});
+        submodule_after_backward(l, kFc2W);
+        return {d4c, dy16_.data()};
+      }
+    }
+    gelu_forward(a.fc1, d4c, n4c);  // fc2's input again (forward's was the last layer's)
+    submodule_before_backward(l, kFc2W);
+    const Operand<Real> dy_fc2 = grad_operand(dres, int64_t{n} * c);
+    linear_backward_weight(dy_fc2, Operand<Real>(d4c), g(fc2_w), g(fc2_b), n, 4 * c, c);
+    ready({fc2_w, fc2_b});
+    linear_backward_data(dy_fc2, lw(fc2_w, WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
+    submodule_after_backward(l, kFc2W);
+    gelu_backward(a.fc1, d4c, d4c, n4c);
+    return grad_operand(d4c, n4c);
+  }
+
   // dres: dL/d res/(l+1) in, dL/d res/l out.
   void layer_backward(int l, Real* dres) {
     const int n = rows(), c = cfg_.hidden_size;
@@ -352,27 +377,12 @@ class GptGraph {
     if (early_recompute && !fine_grained_) access_.after_forward(params);
     const Real* x = res(l);
     Real* dln = scratch("grad/dc", int64_t{n} * c);
-    Real* d4c = mlp_4c();  // GELU's output until fc2's weight gradient, then dL/d(GELU output)
+    Real* d4c = mlp_4c();  // fc2_and_gelu_backward's scratch, then dL/d(fc1 output)
     Real* d3c = scratch("grad/d3c", int64_t{n} * 3 * c);
     auto id = [&](LayerParam p) { return ids_.layer(l, p); };
 
-    // fc2's input again (forward's was the last layer's), in BF16 where forward kept it so.
-    Operand<Real> fc2_in(d4c);
-    if constexpr (std::is_same_v<Real, float>) {
-      if (activations_in_bf16()) {
-        fc2_in = Operand<Real>(nullptr, reinterpret_cast<uint16_t*>(d4c));
-        gelu_forward_bf16(a.fc1, reinterpret_cast<uint16_t*>(d4c), int64_t{n} * 4 * c);
-      }
-    }
-    if (fc2_in.values != nullptr) gelu_forward(a.fc1, d4c, int64_t{n} * 4 * c);
-    submodule_before_backward(l, kFc2W);
-    const Operand<Real> dy_fc2 = grad_operand(dres, int64_t{n} * c);
-    linear_backward_weight(dy_fc2, fc2_in, g(id(kFc2W)), g(id(kFc2B)), n, 4 * c, c);
-    ready({id(kFc2W), id(kFc2B)});
-    linear_backward_data(dy_fc2, lw(id(kFc2W), WeightUse::kDataGrad), d4c, n, 4 * c, c, false);
-    submodule_after_backward(l, kFc2W);
+    const Operand<Real> dy_fc1 = fc2_and_gelu_backward(l, a, dres, d4c, d3c);
     submodule_before_backward(l, kFc1W);
-    const Operand<Real> dy_fc1 = gelu_backward_operand(a.fc1, d4c, int64_t{n} * 4 * c);
     linear_backward_weight(dy_fc1, norm_operand(a.ln2), g(id(kFc1W)), g(id(kFc1B)), n, c, 4 * c);
     ready({id(kFc1W), id(kFc1B)});
     linear_backward_data(dy_fc1, lw(id(kFc1W), WeightUse::kDataGrad), dln, n, c, 4 * c, false);

@@ -129,11 +129,12 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t count) {
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) { k.gelu_backward(x + i0, dy + i0, dx + i0, i1 - i0); });
 }
 
-void gelu_backward_bf16(const float* x, const float* dy, float* dx, uint16_t* dx16, int64_t count) {
+void gelu_forward_backward_bf16(const float* x, const float* dy, uint16_t* y16, float* dx, uint16_t* dx16,
+                                int64_t count) {
   const profile::Scope timed(profile::Part::kGelu);
   const RowKernelTable& k = active();
   parallel_ranges(count, 1, [&](int64_t i0, int64_t i1) {
-    k.gelu_backward_bf16(x + i0, dy + i0, dx + i0, dx16 + i0, i1 - i0);
+    k.gelu_forward_backward_bf16(x + i0, dy + i0, y16 + i0, dx + i0, dx16 + i0, i1 - i0);
   });
 }
 

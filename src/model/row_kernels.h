@@ -34,8 +34,11 @@ void gelu_forward(const float* x, float* y, int64_t count);
 void gelu_forward_bf16(const float* x, uint16_t* y, int64_t count);
 // dx = dy * gelu'(x); dx may alias dy.
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t count);
-// gelu_backward, and dx rounded to BF16 bits into dx16 in the same pass (fc1's product operand).
-void gelu_backward_bf16(const float* x, const float* dy, float* dx, uint16_t* dx16, int64_t count);
+// GELU's backward under BF16 products in one pass (RowKernelTable::gelu_forward_backward_bf16):
+// y16 = gelu(x) in BF16 (fc2's weight-gradient operand), dx = dy gelu'(x) (may alias dy) and
+// dx16 = dx in BF16 (fc1's product operand).
+void gelu_forward_backward_bf16(const float* x, const float* dy, uint16_t* y16, float* dx, uint16_t* dx16,
+                                int64_t count);
 
 // Summed loss over logits [n, v] (row_loss [n] is scratch: each row's loss, summed in f64 in row
 // order); with grad_scale != 0 the logits become (softmax - onehot) * grad_scale.

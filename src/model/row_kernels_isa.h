@@ -25,9 +25,12 @@ struct RowKernelTable {
   void (*gelu_forward_bf16)(const float* x, uint16_t* y, int64_t count);
   // dx = dy * gelu'(x); dx may alias dy.
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t count);
-  // gelu_backward, with dx16 = dx rounded to BF16 (round_to_bf16's bits) written in the same pass:
-  // the fc1 products' operand under BF16 compute. dx may alias dy (dx16 may not).
-  void (*gelu_backward_bf16)(const float* x, const float* dy, float* dx, uint16_t* dx16, int64_t count);
+  // GELU's backward under BF16 products, from one sigmoid per element: y16 = gelu_forward_bf16's
+  // bits (fc2's weight-gradient operand, rebuilt from x), dx = gelu_backward's bits and dx16 = dx
+  // rounded to BF16 (round_to_bf16's bits; the fc1 products' operand). dx may alias dy; y16 and
+  // dx16 alias nothing.
+  void (*gelu_forward_backward_bf16)(const float* x, const float* dy, uint16_t* y16, float* dx, uint16_t* dx16,
+                                     int64_t count);
 
   // LayerNorm of `rows` rows of c: y, mean, rstd as gpt_ops.h's layernorm_forward.
   void (*layernorm_forward)(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,

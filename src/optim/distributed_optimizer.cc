@@ -6,6 +6,7 @@
 #include <mxddp/optim.h>
 
 #include "adamw_kernel.h"
+#include "../core/parallel_elements.h"
 
 namespace mxddp {
 
@@ -181,7 +182,9 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
   const OptimizerConfig& c = config_;
   const auto b = static_cast<size_t>(bucket);
   // The param shard is written as the update goes: staging fused in, no second pass. Padding
-  // needs none: it is zero in both buffers.
+  // needs none: it is zero in both buffers. Each param's run is split over the rank's threads
+  // (every element is updated on its own: the same bits at any thread count); at dp 1 with two
+  // threads the update of gpt2-124m took a fifth of the BF16 step on one.
   const OptimizerBucketIo io = dp_.optimizer_io(bucket);
   const TensorView& grads = io.grads;
   const TensorView& params = io.params;
@@ -200,10 +203,17 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
           static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(c.adam_beta2), t))),
           static_cast<float>(clip_coeff)};
       float* s1 = static_cast<float*>(state_[1][b].data());
-      with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::adamw(g, main + at, s0 + at, s1 + at, p, n, s); });
+      parallel_elements(n, [&](int64_t i0, int64_t i1) {
+        const int64_t o = at + i0;
+        with_typed(grads, params, o, stage,
+                   [&](auto* g, auto* p) { optim_kernel::adamw(g, main + o, s0 + o, s1 + o, p, i1 - i0, s); });
+      });
     } else {
       const optim_kernel::SgdScalars s{c.lr, wd, c.sgd_momentum, static_cast<float>(clip_coeff)};
-      with_typed(grads, params, at, stage, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + at, s0 + at, p, n, s); });
+      parallel_elements(n, [&](int64_t i0, int64_t i1) {
+        const int64_t o = at + i0;
+        with_typed(grads, params, o, stage, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + o, s0 + o, p, i1 - i0, s); });
+      });
     }
   }
 }

@@ -2,6 +2,9 @@
 // lengths around the tile size.
 #include <random>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "comm/reduce.h"
@@ -74,6 +77,30 @@ TEST(ReduceArrays, U8SumWrapsAndMaxIsUnsigned) {
   EXPECT_EQ(mx[0], 250);
   EXPECT_EQ(mx[1], 255);
   EXPECT_EQ(mx[2], 129);
+}
+
+
+TEST(ReduceArrays, OneInputInPlaceUnscaledTouchesNothing) {
+  // A group of one (the gradient reduce-scatter at dp 1) reduces a buffer onto itself: the result
+  // is the input, so the call must not even write it. The buffer is made read-only; a write would
+  // fault. With a prescale it must still be applied.
+  const long page = sysconf(_SC_PAGESIZE);
+  void* mem = mmap(nullptr, static_cast<size_t>(page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* values = static_cast<float*>(mem);
+  const int64_t count = page / static_cast<long>(sizeof(float));
+  for (int64_t i = 0; i < count; ++i) values[i] = static_cast<float>(i) - 7.5f;
+  ASSERT_EQ(mprotect(mem, static_cast<size_t>(page), PROT_READ), 0);
+  const void* inputs[1] = {values};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    reduce_arrays(DType::kF32, op, inputs, 1, count, values);
+    reduce_arrays(DType::kBF16, op, inputs, 1, count * 2, values);
+  }
+  ASSERT_EQ(mprotect(mem, static_cast<size_t>(page), PROT_READ | PROT_WRITE), 0);
+  for (int64_t i = 0; i < count; ++i) ASSERT_EQ(values[i], static_cast<float>(i) - 7.5f);
+  reduce_arrays(DType::kF32, ReduceOp::kSum, inputs, 1, count, values, 0.5f);
+  for (int64_t i = 0; i < count; ++i) ASSERT_EQ(values[i], (static_cast<float>(i) - 7.5f) * 0.5f);
+  munmap(mem, static_cast<size_t>(page));
 }
 
 }  // namespace

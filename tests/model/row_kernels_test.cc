@@ -141,18 +141,24 @@ TEST_P(RowKernels, GeluForwardBf16IsTheF32ResultRounded) {
   EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
 }
 
-TEST_P(RowKernels, GeluBackwardBf16IsTheF32ResultAndItsRounding) {
-  // One pass that computes dx = dy gelu'(x) and writes it in f32 and rounded: dx the same bits as
-  // gelu_backward (so its bound against f64 holds), dx16 those bits rounded by f32_to_bf16; in
-  // place (dx over dy) as the graph calls it.
+TEST_P(RowKernels, GeluForwardBackwardBf16IsTheF32ResultsAndTheirRoundings) {
+  // One pass that computes GELU's output and dx = dy gelu'(x): y16 the same bits as
+  // gelu_forward_bf16, dx the same bits as gelu_backward (so their bounds against f64 hold), dx16
+  // those bits rounded by f32_to_bf16; in place (dx over dy) as the graph calls it.
   const std::vector<float> x = wide_inputs();
   const std::vector<float> dy = random_floats(x.size(), 2.0f, 51);
   std::vector<float> dx(x.size()), dx_fused = dy;
-  std::vector<uint16_t> dx16(x.size() + 1, 0xabcd);
+  std::vector<uint16_t> y16_ref(x.size()), y16(x.size() + 1, 0xabcd), dx16(x.size() + 1, 0xabcd);
+  k().gelu_forward_bf16(x.data(), y16_ref.data(), static_cast<int64_t>(x.size()));
   k().gelu_backward(x.data(), dy.data(), dx.data(), static_cast<int64_t>(x.size()));
-  k().gelu_backward_bf16(x.data(), dx_fused.data(), dx_fused.data(), dx16.data(), static_cast<int64_t>(x.size()));
+  k().gelu_forward_backward_bf16(x.data(), dx_fused.data(), y16.data(), dx_fused.data(), dx16.data(),
+                                 static_cast<int64_t>(x.size()));
   EXPECT_EQ(0, std::memcmp(dx.data(), dx_fused.data(), dx.size() * sizeof(float)));
-  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(dx16[i], f32_to_bf16(dx[i])) << "gelu'(" << x[i] << ")";
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(y16[i], y16_ref[i]) << "gelu(" << x[i] << ")";
+    ASSERT_EQ(dx16[i], f32_to_bf16(dx[i])) << "gelu'(" << x[i] << ")";
+  }
+  EXPECT_EQ(y16.back(), 0xabcd) << "wrote past the end";
   EXPECT_EQ(dx16.back(), 0xabcd) << "wrote past the end";
 }
 
@@ -365,7 +371,7 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
   for (int i = 0; i < n; ++i) targets[static_cast<size_t>(i)] = (i * 31) % v;
   struct Out {
     std::vector<float> y, mean, rstd, dx, dw, db, g, dg, logits, row_loss, colsum, dg2;
-    std::vector<uint16_t> dg16;
+    std::vector<uint16_t> dg16, g16;
     double loss = 0;
   };
   auto run = [&](int threads) {
@@ -380,7 +386,8 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
     gelu_backward(x.data(), o.dg.data(), o.dg.data(), int64_t{n} * c);
     o.dg2 = dy;
     o.dg16.assign(x.size(), 0);
-    gelu_backward_bf16(x.data(), o.dg2.data(), o.dg2.data(), o.dg16.data(), int64_t{n} * c);
+    o.g16.assign(x.size(), 0);
+    gelu_forward_backward_bf16(x.data(), o.dg2.data(), o.g16.data(), o.dg2.data(), o.dg16.data(), int64_t{n} * c);
     o.loss = cross_entropy(o.logits.data(), targets.data(), o.row_loss.data(), n, v, 0.5f);
     add_column_sums(dy.data(), n, c, o.colsum.data());
     return o;
@@ -394,7 +401,7 @@ TEST(RowKernelsThreaded, SameBitsAtOneAndTwoThreads) {
   EXPECT_TRUE(same(one.dx, two.dx) && same(one.dw, two.dw) && same(one.db, two.db));
   EXPECT_TRUE(same(one.g, two.g) && same(one.dg, two.dg));
   EXPECT_TRUE(same(one.dg2, one.dg) && same(two.dg2, one.dg)) << "the fused GELU backward's f32 gradient";
-  EXPECT_TRUE(one.dg16 == two.dg16);
+  EXPECT_TRUE(one.dg16 == two.dg16 && one.g16 == two.g16);
   EXPECT_TRUE(same(one.logits, two.logits) && same(one.row_loss, two.row_loss));
   EXPECT_EQ(one.loss, two.loss);
   EXPECT_TRUE(same(one.colsum, two.colsum));

@@ -1,0 +1,38 @@
+// Elementwise passes over long arrays (the optimizer's update, zeroing the grad buffer) spread over
+// the calling thread's OpenMP threads: a rank's compute threads where set_compute_threads ran
+// (the CLI, the local backend's rank threads), OMP_NUM_THREADS or the CPUs OpenMP may use
+// otherwise. Each thread gets one contiguous range, so a pass whose every element is computed on
+// its own gives the same bits at any thread count. The including target links OpenMP.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mxddp {
+
+// Below this many elements per thread, starting the threads costs more than the pass saves.
+inline constexpr int64_t kParallelElementsPerThreadMin = int64_t{1} << 16;
+
+// Calls f(begin, end) over [0, n) in one contiguous range per thread; the split points are multiples
+// of 64 elements, so no two threads write one cache line of f32 or BF16 data. Nested calls (from
+// inside a parallel region) and short passes run on the calling thread. f must not throw.
+template <typename F>
+void parallel_elements(int64_t n, F&& f) {
+  const int64_t threads = std::min<int64_t>(omp_get_max_threads(), n / kParallelElementsPerThreadMin);
+  if (threads <= 1 || omp_in_parallel()) {
+    if (n > 0) f(int64_t{0}, n);
+    return;
+  }
+  constexpr int64_t kAlign = 64;
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t begin = t == 0 ? 0 : n * t / nt / kAlign * kAlign;
+    const int64_t end = t + 1 == nt ? n : n * (t + 1) / nt / kAlign * kAlign;
+    if (begin < end) f(begin, end);
+  }
+}
+
+}  // namespace mxddp
