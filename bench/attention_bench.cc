@@ -40,10 +40,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   mxddp::set_compute_threads(threads);
   const mxddp::model::ScopedGemmDType dtype(bf16 ? mxddp::model::GemmDType::kBF16 : mxddp::model::GemmDType::kF32);
-  const Case cases[] = {{"tiny", 8, 64, 64, 4}, {"small", 8, 256, 384, 6}};
+  const Case cases[] = {{"tiny", 8, 64, 64, 4}, {"small", 8, 256, 384, 6}, {"gpt2-124m", 1, 1024, 768, 12}};
   std::printf("%s products; threads %d; ms per forward + backward (median of %d)\n",
               bf16 && mxddp::model::bf16_gemm_supported() ? "bf16" : "f32", threads, runs);
-  std::printf("%-6s %5s %6s %12s %10s\n", "preset", "T", "block", "fraction", "ms");
+  std::printf("%-9s %5s %6s %12s %10s\n", "preset", "T", "block", "fraction", "ms");
   for (const Case& cs : cases) {
     const size_t n = size_t(cs.batch) * cs.seq;
     std::mt19937 rng(1);
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     for (float& x : dy) x = dist(rng);
     std::vector<float> stats(size_t(mxddp::model::attention_stats_numel(cs.batch, cs.seq, cs.heads)));
     std::vector<int> blocks;
-    for (int b : {16, 32, 64, 128}) if (b < cs.seq) blocks.push_back(b);
+    for (int b : {16, 32, 64, 128, 256}) if (b < cs.seq) blocks.push_back(b);
     blocks.push_back(cs.seq);
     for (int block : blocks) {
       std::vector<float> scratch(size_t(mxddp::model::attention_scratch_numel(cs.seq, 0, block)));
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
       }
       double computed = 0;
       for (int i0 = 0; i0 < cs.seq; i0 += block) computed += double(std::min(block, cs.seq - i0)) * std::min(cs.seq, i0 + block);
-      std::printf("%-6s %5d %6d %12.3f %10.2f\n", cs.preset, cs.seq, block, computed / (double(cs.seq) * cs.seq),
+      std::printf("%-9s %5d %6d %12.3f %10.2f\n", cs.preset, cs.seq, block, computed / (double(cs.seq) * cs.seq),
                   median(ms));
     }
   }

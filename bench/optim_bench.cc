@@ -2,7 +2,8 @@
 //  1. Step time per param against memory bandwidth: an AdamW step on N params at dp 1 moves
 //     4 (grad-norm pass: grad) + 16 (grad, main, exp_avg, exp_avg_sq read) + 12 (main and the two
 //     moments written) + 2 (BF16 param staged) = 34 bytes per element; achieved bytes/s over
-//     memcpy's bytes/s (read + written) measured in the same run.
+//     memcpy's bytes/s (read + written) measured in the same run, at each --threads count (the
+//     update and the grad-norm pass run on the rank's compute threads).
 //  2. Bytes per param per rank, as the memory tracker counts them, for the GPT-2-124M param list at
 //     dp 1, 2, 4, 8, next to the formula 2 + 4 + 12/dp (BF16 params, FP32 grads, FP32 main params
 //     and two Adam moments); the difference is padding.
@@ -11,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <mxddp/model.h>
 #include <mxddp/optim.h>
 
 #include "bench_util.h"
@@ -20,15 +22,20 @@ int main(int argc, char** argv) {
   using namespace mxddp;
   using namespace mxddp::bench;
   CLI::App app{"AdamW step time against memcpy bandwidth, and bytes per param per rank (GPT-2-124M params, dp 1-8)"};
+  std::vector<int> thread_counts{1, 2};
+  app.add_option("--threads", thread_counts, "The rank's compute threads for the AdamW step")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   constexpr double kBytesPerElement = 34;
   const double memcpy_bw = memcpy_bandwidth_bytes_per_s(size_t{256} << 20);
   std::printf("memcpy (1 thread, 256 MiB): %.2f GB/s copied = %.2f GB/s read + written\n\n", memcpy_bw / 1e9,
               2 * memcpy_bw / 1e9);
-  std::printf("AdamW step, dp 1, %g bytes moved per element\n%12s %12s %14s %16s %12s\n", kBytesPerElement, "params",
-              "step_ms", "ns_per_param", "traffic_GBps", "vs_memcpy");
+  std::printf("AdamW step, dp 1, %g bytes moved per element\n%8s %12s %12s %14s %16s %12s\n", kBytesPerElement,
+              "threads", "params", "step_ms", "ns_per_param", "traffic_GBps", "vs_memcpy");
+  for (int threads : thread_counts)
   for (int64_t n : {int64_t{1} << 22, int64_t{1} << 24, int64_t{1} << 26}) {
     run_local(1, [&](Communicator& comm) {
+      set_compute_threads(threads);
       MemoryTracker tracker;
       DistributedDataParallel ddp(comm, {{"w", Shape{n}}}, {.use_distributed_optimizer = true}, tracker);
       DistributedOptimizer opt(ddp, {.clip_grad = 1.0f}, tracker);
@@ -41,7 +48,7 @@ int main(int argc, char** argv) {
       }
       const double step_ms = median(ms);
       const double traffic = static_cast<double>(n) * kBytesPerElement / (step_ms / 1e3);
-      std::printf("%12lld %12.2f %14.3f %16.2f %12.2f\n", static_cast<long long>(n), step_ms,
+      std::printf("%8d %12lld %12.2f %14.3f %16.2f %12.2f\n", threads, static_cast<long long>(n), step_ms,
                   step_ms * 1e6 / static_cast<double>(n), traffic / 1e9, traffic / (2 * memcpy_bw));
     });
   }

@@ -8,31 +8,41 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace mxddp {
 
 // Below this many elements per thread, starting the threads costs more than the pass saves.
 inline constexpr int64_t kParallelElementsPerThreadMin = int64_t{1} << 16;
 
-// Calls f(begin, end) over [0, n) in one contiguous range per thread; the split points are multiples
-// of 64 elements, so no two threads write one cache line of f32 or BF16 data. Nested calls (from
-// inside a parallel region) and short passes run on the calling thread. f must not throw.
+// Calls f(begin, end) over [0, n) in one contiguous range per thread, at most one thread per
+// min_per_thread elements; the split points are multiples of align (the default 64: no two threads
+// write one cache line of f32 or BF16 data). Nested calls (from inside a parallel region) and
+// short passes run on the calling thread. f must not throw.
 template <typename F>
-void parallel_elements(int64_t n, F&& f) {
-  const int64_t threads = std::min<int64_t>(omp_get_max_threads(), n / kParallelElementsPerThreadMin);
+void parallel_elements(int64_t n, F&& f, int64_t min_per_thread = kParallelElementsPerThreadMin, int64_t align = 64) {
+  const int64_t threads = std::min<int64_t>(omp_get_max_threads(), n / min_per_thread);
   if (threads <= 1 || omp_in_parallel()) {
     if (n > 0) f(int64_t{0}, n);
     return;
   }
-  constexpr int64_t kAlign = 64;
 #pragma omp parallel num_threads(static_cast<int>(threads))
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = t == 0 ? 0 : n * t / nt / kAlign * kAlign;
-    const int64_t end = t + 1 == nt ? n : n * (t + 1) / nt / kAlign * kAlign;
+    const int64_t begin = t == 0 ? 0 : n * t / nt / align * align;
+    const int64_t end = t + 1 == nt ? n : n * (t + 1) / nt / align * align;
     if (begin < end) f(begin, end);
   }
+}
+
+// memset(data, 0, bytes) over the calling thread's OpenMP threads: zeroing a grad buffer, every
+// iteration.
+inline void parallel_zero(void* data, size_t bytes) {
+  auto* at = static_cast<unsigned char*>(data);
+  parallel_elements(static_cast<int64_t>(bytes),
+                    [&](int64_t b0, int64_t b1) { std::memset(at + b0, 0, static_cast<size_t>(b1 - b0)); });
 }
 
 }  // namespace mxddp

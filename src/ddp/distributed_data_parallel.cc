@@ -5,8 +5,8 @@
 
 #include <mxddp/ddp.h>
 
-#include "model_params.h"
 #include "../core/parallel_elements.h"
+#include "model_params.h"
 #include "param_sync.h"
 
 namespace mxddp {
@@ -197,10 +197,7 @@ void DistributedDataParallel::zero_grad_buffer() {
   wait_all_issued();  // a collective may still be reading the buffer
   param_sync_->before_zero_grad_buffer();  // with reuse, a pending sync stages in this buffer
   const TensorView grads = buffer_.grad_buffer();
-  // Over the rank's threads, as the optimizer's update (the whole buffer, every iteration).
-  auto* bytes = static_cast<unsigned char*>(grads.data);
-  parallel_elements(static_cast<int64_t>(grads.nbytes()),
-                    [&](int64_t b0, int64_t b1) { std::memset(bytes + b0, 0, static_cast<size_t>(b1 - b0)); });
+  parallel_zero(grads.data, grads.nbytes());  // over the rank's threads, as the optimizer's update
   grads_live_ = false;
   reset_iteration();
 }

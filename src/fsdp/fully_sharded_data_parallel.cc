@@ -7,6 +7,7 @@
 
 #include <mxddp/fsdp.h>
 
+#include "../core/parallel_elements.h"
 #include "fsdp_bucket.h"
 #include "fsdp_engine.h"
 
@@ -426,7 +427,7 @@ void FsdpEngine::zero_grad_buffer() {
   complete_reductions();  // a collective may still be reading the grads
   for (auto& b : buckets_) {
     HostBuffer& kept = shards_grads() ? b->grads_shard : b->grads_full;
-    std::memset(kept.data(), 0, kept.size_bytes());
+    parallel_zero(kept.data(), kept.size_bytes());  // over the rank's threads, as the optimizer's update
   }
   reduced_.assign(reduced_.size(), false);
   schedule_.clear_ready();

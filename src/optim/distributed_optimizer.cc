@@ -1,7 +1,9 @@
 // DistributedOptimizer: see optim.h. Everything here touches only this rank's shards; the one
 // collective of its own is the grad-norm all-reduce (plus the param all-gather it starts).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <mxddp/optim.h>
 
@@ -101,17 +103,40 @@ std::string_view DistributedOptimizer::state_name(int index) const {
 }
 
 double DistributedOptimizer::local_grad_sum_of_squares() const {
-  // Over the owned elements only: every element of the model is counted on exactly one rank.
-  double sum = 0;
+  // Over the owned elements only: every element of the model is counted on exactly one rank. Each
+  // run is cut into chunks of kNormChunkNumel at fixed offsets, summed over the rank's threads and
+  // added up in order, so the result does not depend on the thread count.
+  constexpr int64_t kNormChunkNumel = int64_t{1} << 20;
+  struct Chunk {
+    const void* data;
+    int64_t numel;
+    bool f32;
+  };
+  std::vector<Chunk> chunks;
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads;
-    for (const ShardParamRange& r : buckets_[b].owned) {
-      if (grads.dtype == DType::kF32)
-        sum += optim_kernel::sum_of_squares(grads.data_as<const float>() + r.in_shard.start, r.in_shard.size());
-      else
-        sum += optim_kernel::sum_of_squares(grads.data_as<const bf16_bits>() + r.in_shard.start, r.in_shard.size());
-    }
+    const bool f32 = grads.dtype == DType::kF32;
+    for (const ShardParamRange& r : buckets_[b].owned)
+      for (int64_t at = 0; at < r.in_shard.size(); at += kNormChunkNumel) {
+        const int64_t offset = r.in_shard.start + at;
+        const void* data = f32 ? static_cast<const void*>(grads.data_as<const float>() + offset)
+                               : static_cast<const void*>(grads.data_as<const bf16_bits>() + offset);
+        chunks.push_back({data, std::min(kNormChunkNumel, r.in_shard.size() - at), f32});
+      }
   }
+  std::vector<double> sums(chunks.size());
+  parallel_elements(
+      static_cast<int64_t>(chunks.size()),
+      [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const Chunk& k = chunks[static_cast<size_t>(c)];
+          sums[static_cast<size_t>(c)] = k.f32 ? optim_kernel::sum_of_squares(static_cast<const float*>(k.data), k.numel)
+                                               : optim_kernel::sum_of_squares(static_cast<const bf16_bits*>(k.data), k.numel);
+        }
+      },
+      /*min_per_thread=*/2, /*align=*/1);
+  double sum = 0;
+  for (double s : sums) sum += s;
   return sum;
 }
 
