@@ -1,5 +1,7 @@
 // The distributed optimizer on the local backend: equivalence with plain AdamW/SGD at several dp,
 // overlapped param gather, force_param_sync, clipping, skipped steps, memory, config errors.
+#include <mxddp/model.h>
+
 #include "optim/optim_checks.h"
 
 namespace mxddp::testing {
@@ -316,6 +318,59 @@ TEST(DistributedOptimizer, RejectsBadConfig) {
     EXPECT_THROW(DistributedOptimizer(ddp, {.adam_beta2 = 1.0f}, tracker), Error);
     EXPECT_THROW(DistributedOptimizer(ddp, {.clip_grad = -1.0f}, tracker), Error);
   });
+}
+
+
+// The update, the grad norm and the zeroing run on the rank's threads; each element is computed on
+// its own and the norm is summed in fixed chunks, so one and two threads give the same bits. A
+// param of 3 x 2^20 + 5 elements makes the norm cut its run into chunks and both threads take a
+// share of every pass; clipping is active, so the norm's bits reach the update.
+TEST(OptimThreads, StepsGiveTheSameBitsAtOneAndTwoThreads) {
+  struct Result {
+    std::vector<double> norms;
+    std::vector<float> main, exp_avg, exp_avg_sq;
+    std::vector<uint16_t> params;
+  };
+  auto run = [](int threads) {
+    Result out;
+    run_local(1, [&](Communicator& comm) {
+      set_compute_threads(threads);
+      MemoryTracker tracker;
+      const int64_t big = 3 * (int64_t{1} << 20) + 5;
+      DistributedDataParallel ddp(comm, {{"w", Shape{big / 5, 5}}, {"b", Shape{5}}},
+                                  {.use_distributed_optimizer = true}, tracker);
+      DistributedOptimizer opt(ddp, {.lr = 1e-3f, .weight_decay = 0.1f, .clip_grad = 1.0f}, tracker);
+      for (int step = 0; step < 3; ++step) {
+        ddp.zero_grad_buffer();
+        for (int p = 0; p < 2; ++p) {
+          const TensorView g = ddp.main_grad(p);
+          float* data = g.data_as<float>();
+          for (int64_t i = 0; i < g.numel(); ++i) data[i] = 1e-3f * static_cast<float>((i * 7919 + step * 31 + p) % 2001 - 1000);
+        }
+        ddp.finish_grad_sync();
+        const StepResult r = opt.step();
+        EXPECT_LT(r.clip_coeff, 1.0) << "the test must exercise clipping";
+        out.norms.push_back(r.grad_norm);
+      }
+      for (int b = 0; b < opt.num_buckets(); ++b) {
+        auto append = [](std::vector<float>& to, const TensorView& v) {
+          to.insert(to.end(), v.data_as<const float>(), v.data_as<const float>() + v.numel());
+        };
+        append(out.main, opt.main_params(b));
+        append(out.exp_avg, opt.state(0, b));
+        append(out.exp_avg_sq, opt.state(1, b));
+        const TensorView staged = ddp.optimizer_io(b).params;
+        out.params.insert(out.params.end(), staged.data_as<const uint16_t>(), staged.data_as<const uint16_t>() + staged.numel());
+      }
+    });
+    return out;
+  };
+  const Result one = run(1), two = run(2);
+  EXPECT_EQ(one.norms, two.norms);
+  EXPECT_TRUE(one.main == two.main) << "main params";
+  EXPECT_TRUE(one.exp_avg == two.exp_avg && one.exp_avg_sq == two.exp_avg_sq) << "Adam moments";
+  EXPECT_TRUE(one.params == two.params) << "the staged BF16 params";
+  EXPECT_GT(one.main.size(), size_t{3} << 20);
 }
 
 }  // namespace
