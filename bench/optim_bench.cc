@@ -32,25 +32,26 @@ int main(int argc, char** argv) {
               2 * memcpy_bw / 1e9);
   std::printf("AdamW step, dp 1, %g bytes moved per element\n%8s %12s %12s %14s %16s %12s\n", kBytesPerElement,
               "threads", "params", "step_ms", "ns_per_param", "traffic_GBps", "vs_memcpy");
-  for (int threads : thread_counts)
-  for (int64_t n : {int64_t{1} << 22, int64_t{1} << 24, int64_t{1} << 26}) {
-    run_local(1, [&](Communicator& comm) {
-      set_compute_threads(threads);
-      MemoryTracker tracker;
-      DistributedDataParallel ddp(comm, {{"w", Shape{n}}}, {.use_distributed_optimizer = true}, tracker);
-      DistributedOptimizer opt(ddp, {.clip_grad = 1.0f}, tracker);
-      std::fill_n(ddp.main_grad(0).data_as<float>(), n, 1e-3f);
-      std::vector<double> ms;
-      for (int run = 0; run < 8; ++run) {
-        const double t0 = now_s();
-        opt.step();
-        if (run > 0) ms.push_back((now_s() - t0) * 1e3);  // run 0 warms up
-      }
-      const double step_ms = median(ms);
-      const double traffic = static_cast<double>(n) * kBytesPerElement / (step_ms / 1e3);
-      std::printf("%8d %12lld %12.2f %14.3f %16.2f %12.2f\n", threads, static_cast<long long>(n), step_ms,
-                  step_ms * 1e6 / static_cast<double>(n), traffic / 1e9, traffic / (2 * memcpy_bw));
-    });
+  for (int threads : thread_counts) {
+    for (int64_t n : {int64_t{1} << 22, int64_t{1} << 24, int64_t{1} << 26}) {
+      run_local(1, [&](Communicator& comm) {
+        set_compute_threads(threads);
+        MemoryTracker tracker;
+        DistributedDataParallel ddp(comm, {{"w", Shape{n}}}, {.use_distributed_optimizer = true}, tracker);
+        DistributedOptimizer opt(ddp, {.clip_grad = 1.0f}, tracker);
+        std::fill_n(ddp.main_grad(0).data_as<float>(), n, 1e-3f);
+        std::vector<double> ms;
+        for (int run = 0; run < 8; ++run) {
+          const double t0 = now_s();
+          opt.step();
+          if (run > 0) ms.push_back((now_s() - t0) * 1e3);  // run 0 warms up
+        }
+        const double step_ms = median(ms);
+        const double traffic = static_cast<double>(n) * kBytesPerElement / (step_ms / 1e3);
+        std::printf("%8d %12lld %12.2f %14.3f %16.2f %12.2f\n", threads, static_cast<long long>(n), step_ms,
+                    step_ms * 1e6 / static_cast<double>(n), traffic / 1e9, traffic / (2 * memcpy_bw));
+      });
+    }
   }
   const std::vector<ParamSpec> gpt2 = gpt2_124m_params();
   std::printf("\nbytes per param per rank, GPT-2 124M (%s), AdamW, BF16 params, FP32 grads\n", "tied wte");

@@ -72,9 +72,17 @@ mh_setup() {
     [ "${#mh_latency_us}" -le 7 ] && [ "$mh_latency_us" -le 1000000 ] \
       || { mh_fail "latency $mh_latency_us us: 0 to 1000000 (1 s)"; return 1; }
     [ -x "$(mh_wire)" ] || { mh_fail "link latency needs mxddp_link_wire, not found at $(mh_wire) (build the release preset, or set MH_WIRE)"; return 1; }
-    MH_COLL_RULES=$MH_SELF_DIR/coll_rules_wire.conf
   fi
   MH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/${MH_PREFIX}.XXXXXX") || return 1
+  if [ -n "$mh_latency_us" ]; then
+    # Over the wires: coll_rules.conf's rules with coll_rules_wire.conf's all-gather rule ahead of
+    # them (OpenMPI reads the collectives in ascending id order; all-gather's is 0).
+    mh_rules=$(grep -v '^#' "$MH_SELF_DIR/coll_rules.conf")
+    { echo "$(($(echo "$mh_rules" | head -1 | cut -d' ' -f1) + 1))            # collectives below"
+      grep -v '^#' "$MH_SELF_DIR/coll_rules_wire.conf"
+      echo "$mh_rules" | tail -n +2; } > "$MH_DIR/coll_rules.conf" || return 1
+    MH_COLL_RULES=$MH_DIR/coll_rules.conf
+  fi
   br=$(mh_bridge_ns)
   ip netns add "$br" || return 1
   ip -n "$br" link add br0 type bridge || return 1
@@ -175,7 +183,7 @@ mh_mpirun_flags() {
 }
 
 # OpenMPI's collective algorithms for bandwidth over TCP links (coll_rules.conf says which and why;
-# over the delaying wires coll_rules_wire.conf, whose extra rule is a gather's). A run compared
+# over the delaying wires with coll_rules_wire.conf's all-gather rule added, see mh_setup). A run compared
 # bitwise with these hosts' runs passes them too: the algorithm fixes the reduction order.
 mh_coll_flags() {
   echo "--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_dynamic_rules_filename ${MH_COLL_RULES:-$MH_SELF_DIR/coll_rules.conf}"

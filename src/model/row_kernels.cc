@@ -1,6 +1,8 @@
 // row_kernels.h: picks the widest ISA table once and splits rows (or elements, or columns) over
 // the calling thread's OpenMP threads. The arithmetic is all in row_kernels_simd.inc.
 #include "row_kernels.h"
+
+#include "../core/parallel_elements.h"
 #include "step_profile.h"
 
 #include <omp.h>
@@ -52,21 +54,14 @@ constexpr int kFloatsPerLine = 16;
 // Below this many elements of work a parallel region costs more than it saves.
 constexpr int64_t kMinParallelElements = 1 << 14;
 
-// f(begin, end) over [0, items), one contiguous range per thread. Which thread runs a range never
-// changes what is computed for it.
+// f(begin, end) over [0, items), one contiguous range per thread (up to one per item) once the
+// work reaches kMinParallelElements. Which thread runs a range never changes what is computed for
+// it.
 template <typename F>
 void parallel_ranges(int64_t items, int64_t elements_per_item, F&& f) {
-  const int threads = omp_get_max_threads();
-  if (threads <= 1 || omp_in_parallel() || items < 2 || items * elements_per_item < kMinParallelElements) {
-    f(int64_t{0}, items);
-    return;
-  }
-#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, items)))
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = items * t / nt, end = items * (t + 1) / nt;
-    if (begin < end) f(begin, end);
-  }
+  const int64_t threads =
+      items * elements_per_item < kMinParallelElements ? 1 : std::min<int64_t>(omp_get_max_threads(), items);
+  parallel_split(items, threads, /*align=*/1, f);
 }
 
 // Columns in blocks of 16 (a cache line of f32, an AVX-512 register), for the column-order sums.
