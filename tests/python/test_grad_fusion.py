@@ -3,7 +3,7 @@ weights of plain nn.Linear, HF Conv1D and nn.Embedding modules, every owner fusa
 main_grad equal to torch's gradients accumulated over micro-batches with no `.grad` and no dW
 tensor ever made, a param reported ready once however many times it is used, unused modules,
 no_grad forwards, the fall-backs to the hook (a non-fusable owner, Embedding with padding_idx, BF16
-params with an F32 main_grad) and the misuse guard. Parity of whole trainings with fusion on and
+params with an F32 main_grad) and fused weights read outside their modules too. Parity of whole trainings with fusion on and
 off is in test_parity.py and test_bf16.py."""
 import contextlib
 import copy
@@ -215,35 +215,61 @@ def test_bf16_params_fuse_gemms_only_into_a_bf16_main_grad_and_embeddings_always
         model.close()
 
 
-def test_reading_a_fused_weight_elsewhere_is_an_error_and_the_param_attribute_opts_out(ranks):
+class ReadsItsWeights(torch.nn.Module):
+    """Reads fused weights outside their modules' forward as well: the Linear's weight beside its
+    own call, and the embedding table as an LM head by hand (`F.linear(h, table)`, the way many
+    models tie their head). `skip_lin` leaves the Linear's own call out, so its weight is read
+    only directly in that backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(19, 8)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, ids, skip_lin=False):
+        h = self.embed(ids)
+        direct = h @ self.lin.weight.t()
+        h = torch.tanh(direct + (self.lin.bias if skip_lin else self.lin(h)))
+        return torch.nn.functional.linear(h, self.embed.weight)
+
+
+@pytest.mark.parametrize("skip_lin", [False, True])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_reading_a_fused_weight_elsewhere_adds_its_gradient_and_reports_it_once(ranks, skip_lin, overlap):
+    """With overlap_grad_reduce (one bucket) a param reported twice (once by its fused uses, once
+    for its direct read) is an error and one never reported leaves the bucket unissued; without it
+    main_grad holds the local sums until finish_grad_sync: torch's gradient over both kinds of use.
+    No `.grad` is left on the Parameters either way."""
+    rank, _ = ranks
     torch.manual_seed(4)
-
-    class ReadsItsLinear(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return self.lin(x) + x @ self.lin.weight.t()
-
-    x = torch.randn(4, 8)
-    model = mxt.DistributedDataParallel(ReadsItsLinear(), config())
+    module = ReadsItsWeights()
+    reference = copy.deepcopy(module)
+    model = mxt.DistributedDataParallel(module, config(overlap_grad_reduce=overlap))
     try:
-        assert model.fused_params[0]
-        with pytest.raises(RuntimeError, match="param 'lin.weight' has gradient_accumulation_fusion"):
-            model(x).sum().backward()
+        assert model.fused_params == [True, True, False]  # embed.weight, lin.weight; lin.bias
+        for micro in range(2):
+            ids = batch(rank, micro) % 19
+            with model.no_sync() if micro == 0 else contextlib.nullcontext():
+                model(ids, skip_lin=skip_lin).square().mean().backward()
+            reference(ids, skip_lin=skip_lin).square().mean().backward()
+        assert all(p.grad is None for p in module.parameters())
+        if overlap:
+            assert model._cpp.num_bucket_groups == 1 and model._cpp.bucket_group_issued(0)
+        else:
+            ref = dict(reference.named_parameters())
+            for n, p in model.registered_params():
+                torch.testing.assert_close(p.main_grad, ref[n].grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{n}: {m}")
+        model.finish_grad_sync()
     finally:
         model.close()
-    module = ReadsItsLinear()
-    reference = copy.deepcopy(module)
+
+
+def test_the_param_attribute_opts_a_weight_out_of_fusion(ranks):
+    module = ReadsItsWeights()
     module.lin.weight.gradient_accumulation_fusion = False
     model = mxt.DistributedDataParallel(module, config())
     try:
-        assert not any(model.fused_params)
-        with model.no_sync():
-            model(x).sum().backward()
-        reference(x).sum().backward()
-        torch.testing.assert_close(module.lin.weight.main_grad, reference.lin.weight.grad)
+        assert model.fused_params == [True, False, False]
     finally:
         model.close()
 

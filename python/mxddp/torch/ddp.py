@@ -7,7 +7,8 @@ buffer and one grad buffer. Each param's values are copied in, and then the para
 the param buffer (``param.data``), with ``param.main_grad`` a view of the grad buffer. With
 ``gradient_accumulation_fusion`` (the default) the weights of plain ``nn.Linear``, HF ``Conv1D`` and
 ``nn.Embedding`` modules have their gradient accumulated into ``main_grad`` by the module's own
-backward and are reported ready through a token (``grad_fusion.py``); every other param has a
+backward and are reported ready through a token (``grad_fusion.py``; a read of such a weight outside
+those modules adds its gradient as the hook below does); every other param has a
 post-accumulate-grad hook that adds ``param.grad`` into ``main_grad``, frees ``param.grad`` and
 reports the param ready. Either way, with ``overlap_grad_reduce`` a bucket's collective starts
 during backward.
@@ -173,8 +174,11 @@ class DistributedDataParallel(DataParallelModule):
                 if mxfp8_flags[i] or self.fused_params[i]:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if mxfp8_flags[i] else self._cpp.param(i)
                     token = grad_fusion.new_ready_token()
-                    self._hooks.append(token.register_post_accumulate_grad_hook(self._make_ready_token_hook(i)))
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_misuse_hook(i, mxfp8_flags[i])))
+                    if mxfp8_flags[i]:
+                        self._hooks.append(token.register_post_accumulate_grad_hook(self._make_ready_token_hook(i)))
+                        self._hooks.append(p.register_post_accumulate_grad_hook(self._make_misuse_hook(i)))
+                    else:
+                        self._hooks += self._register_fused_ready_hooks(i, token)
                     for owner in owners[id(p)]:
                         if mxfp8_flags[i]:
                             mxfp8.install(owner, self._cpp, i, token)
@@ -207,31 +211,48 @@ class DistributedDataParallel(DataParallelModule):
         cpp = self._cpp
 
         def hook(token: torch.Tensor) -> None:
-            # Every use of the MXFP8 or fused weight has added its dW into main_grad (mxfp8.py,
-            # grad_fusion.py).
+            # Every use of the MXFP8 weight has added its dW into main_grad (mxfp8.py).
             token.grad = None
             self._grads_pending_sync = True
             cpp.grad_ready(index)
 
         return hook
 
-    def _make_misuse_hook(self, index: int, is_mxfp8: bool):
-        name = self._names[index]
-        if is_mxfp8:
-            why = (f"param '{name}' is kept as MXFP8 (fp8_param_gather) and holds no values of its own (NaN), but a "
-                   "gradient reached it: something read it outside its nn.Linear's forward. Set `mxfp8 = False` "
-                   "on that param before wrapping to keep it in BF16")
-        else:
-            why = (f"param '{name}' has gradient_accumulation_fusion: its nn.Linear / Conv1D / nn.Embedding modules' "
-                   "backward adds its gradient into main_grad, but a gradient reached the Parameter itself: "
-                   "something read it outside those modules' forward. Set `gradient_accumulation_fusion = False` "
-                   "on that param before wrapping, or wrap with gradient_accumulation_fusion=False")
+    def _make_misuse_hook(self, index: int):
+        why = (f"param '{self._names[index]}' is kept as MXFP8 (fp8_param_gather) and holds no values of its own "
+               "(NaN), but a gradient reached it: something read it outside its nn.Linear's forward. Set "
+               "`mxfp8 = False` on that param before wrapping to keep it in BF16")
 
         def hook(param: torch.Tensor) -> None:
             param.grad = None
             raise RuntimeError(why)
 
         return hook
+
+    def _register_fused_ready_hooks(self, index: int, token: torch.Tensor) -> list:
+        """A fused param is ready once every use in this backward has added its dW into main_grad:
+        the fused modules' uses through its ready token (grad_fusion.py), and a read of the weight
+        anywhere else in the graph (`x @ lin.weight.t()`, a tied table sliced by hand) through the
+        Parameter's own gradient, which is added in as the hook path adds it. register_multi_grad_hook
+        (mode "all") waits for both where both take part in this backward and for the one that does
+        otherwise, so the param is reported once either way."""
+        cpp, param = self._cpp, self._params[index]
+
+        def ready(grads) -> None:
+            direct = grads[1]
+            if direct is not None:
+                param.main_grad.add_(direct)
+            self._grads_pending_sync = True
+            cpp.grad_ready(index)
+
+        def drop_grad(leaf: torch.Tensor) -> None:
+            # Autograd stores the gradient after the multi-grad hook ran: the token's carries
+            # nothing, the Parameter's is in main_grad by then.
+            leaf.grad = None
+
+        return [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
+                token.register_post_accumulate_grad_hook(drop_grad),
+                param.register_post_accumulate_grad_hook(drop_grad)]
 
     def _make_grad_hook(self, index: int):
         cpp = self._cpp

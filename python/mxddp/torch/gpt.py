@@ -86,8 +86,8 @@ class _Embedding(torch.nn.Module):
         # The C++ param list marks it: with the distributed optimizer it gets a bucket of its own.
         self.word_embeddings.weight.shared_embedding = True
         # The model's forward reads both tables itself (widened to F32, the positions sliced), not
-        # through the Embedding modules' forward: gradient accumulation fusion would see their
-        # gradients reach the Parameters, so they keep DDP's post-accumulate-grad hook.
+        # through the Embedding modules' forward: every gradient of theirs would reach the
+        # Parameters anyway, so fusing them buys nothing and they keep DDP's post-accumulate-grad hook.
         self.word_embeddings.weight.gradient_accumulation_fusion = False
         self.position_embeddings.weight.gradient_accumulation_fusion = False
 

@@ -11,8 +11,9 @@ or the rows of ``dy`` at the looked-up ids (Embedding) into ``main_grad``.
 Reporting a param ready once per backward, however many modules and calls use it: each fused param
 has a 0-dim leaf tensor (its *ready token*) that every use takes as an input. Autograd sums the
 token's gradient over all uses and runs its AccumulateGrad once, after every use's backward has
-added its part; the token's post-accumulate-grad hook (the wrapper's) then reports the param. A
-forward under ``torch.no_grad`` builds no graph and reports nothing. The MXFP8 Linear weights
+added its part; the wrapper's hook on the token then reports the param (ddp.py; with a multi-grad
+hook that also waits for the Parameter's own gradient where code reads the weight outside these
+modules). A forward under ``torch.no_grad`` builds no graph and reports nothing. The MXFP8 Linear weights
 (``mxfp8.py``) use the same token, the same forward replacement and the same accumulation.
 
 A param is fused only when every module that owns it is one of these kinds with the plain class
