@@ -385,6 +385,33 @@ def test_mxfp8_params_train_as_ddp_s(ranks, fine_grained, recompute):
         assert abs(g - e) <= 2e-2 * abs(e), (got, expected)
 
 
+def test_conv1d_weights_stay_bf16_under_fsdp_and_marking_one_is_refused(ranks):
+    """The C++ FSDP gathers row-wise for forward, which an HF Conv1D (W [in, out]) does not read."""
+    transformers = pytest.importorskip("transformers")
+
+    class ConvBlock(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = transformers.pytorch_utils.Conv1D(64, 64)
+            self.fc = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.fc(torch.tanh(self.conv(x)))
+
+    cfg = fsdp_config("optim_grads_params", True, False, fp8_param_gather=True)
+    module = torch.nn.Sequential(ConvBlock(), ConvBlock()).to(torch.bfloat16)
+    model = mxt.FullyShardedDataParallel(module, cfg, fsdp_unit_modules=[ConvBlock])
+    try:
+        assert {n for i, (n, _) in enumerate(model.registered_params()) if model._cpp.is_mxfp8(i)} == \
+            {"0.fc.weight", "1.fc.weight"}
+    finally:
+        model.close()
+    module = torch.nn.Sequential(ConvBlock(), ConvBlock()).to(torch.bfloat16)
+    module[1].conv.weight.mxfp8 = True
+    with pytest.raises(ValueError, match="param '1.conv.weight' is marked mxfp8=True but is an HF Conv1D weight"):
+        mxt.FullyShardedDataParallel(module, cfg, fsdp_unit_modules=[ConvBlock])
+
+
 def test_the_recompute_aware_policy_forces_fine_grained_where_needed(ranks):
     """MXFP8 params with a selective recompute of weighted submodules need the fine-grained gather
     (a submodule re-run in backward reads row-wise weights): recompute-aware forces it there and only

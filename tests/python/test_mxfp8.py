@@ -8,13 +8,14 @@ block scaled by its own elements), the rceil scale X = ceil(log2(amax / 448)) cl
 nearest even (torch's float8_e4m3fn cast).
 """
 import copy
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import mxddp.torch as mxt
-from test_parity import BETAS, CLIP, EPS, LR, WD
+from test_parity import BETAS, CLIP, EPS, LR, WD, gpt2_batch, make_gpt2
 
 E4M3_MAX_MANTISSA = 0.875  # 448 = 0.875 * 2^9
 
@@ -147,6 +148,80 @@ def test_forward_uses_rowwise_and_dgrad_columnwise_weights_and_dw_goes_to_main_g
         assert module[0].weight.grad is None and module[0].bias.grad is None
     finally:
         model.close()
+
+
+def test_a_conv1d_reads_columnwise_in_forward_rowwise_in_dgrad_and_dw_goes_to_main_grad(ranks):
+    """HF Conv1D keeps W [in, out]: its forward reduces over in (the column-wise blocks), its data
+    gradient over out (the row-wise blocks); close() hands back the forward's values."""
+    transformers = pytest.importorskip("transformers")
+    rank, world = ranks
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(transformers.pytorch_utils.Conv1D(48, 80)).to(torch.bfloat16)  # W [80, 48]
+    with torch.no_grad():
+        # Rows and columns alternately of magnitude 1 and 1e-7: a block flushes the elements 2^-18
+        # below its largest to zero, W[even, odd] in the row-wise copy and W[odd, even] in the
+        # column-wise one, so y's odd columns and dx's odd rows tell the copies apart.
+        scale = torch.tensor([1.0, 1e-7])
+        module[0].weight.copy_(torch.randn(80, 48) * scale.repeat(40)[:, None] * scale.repeat(24))
+    w = module[0].weight.detach().clone()
+    b = module[0].bias.detach().clone()
+    model = mxt.DistributedDataParallel(module, config(fp8_param_gather=True))
+    try:
+        assert model._cpp.is_mxfp8(0) and torch.isnan(module[0].weight).all()
+        x = torch.randn(3, 5, 80, generator=torch.Generator().manual_seed(rank)).bfloat16().requires_grad_()
+        dy = torch.randn(3, 5, 48, generator=torch.Generator().manual_seed(10 + rank)).bfloat16()
+        y = model(x)
+        w_row, w_col = quantize(w, "row")[2].bfloat16(), quantize(w, "col")[2].bfloat16()
+        assert torch.equal(y, torch.addmm(b, x.detach().reshape(-1, 80), w_col).view(3, 5, 48))
+        assert not torch.equal(y, torch.addmm(b, x.detach().reshape(-1, 80), w_row).view(3, 5, 48))
+        assert torch.equal(model.dequantized_param("0.weight"), w_col)
+        y.backward(dy)
+        assert torch.equal(x.grad, dy.reshape(-1, 48).mm(w_row.t()).view(3, 5, 80))
+        assert not torch.equal(x.grad, dy.reshape(-1, 48).mm(w_col.t()).view(3, 5, 80))
+        expected_dw = torch.zeros(80, 48).addmm_(x.detach().reshape(-1, 80).t().float(), dy.reshape(-1, 48).float())
+        assert torch.equal(module[0].weight.main_grad, expected_dw)
+        assert torch.equal(module[0].bias.main_grad, dy.reshape(-1, 48).sum(0).float())
+        assert module[0].weight.grad is None and module[0].bias.grad is None
+    finally:
+        model.close()
+    assert "forward" not in vars(module[0]) and torch.equal(module[0].weight, w_col)
+
+
+def test_hf_gpt2_keeps_its_conv1d_weights_as_mxfp8_and_tracks_the_bf16_run(ranks):
+    rank, world = ranks
+
+    def run(fp8):
+        torch.manual_seed(0)
+        module = make_gpt2().to(torch.bfloat16)
+        model = mxt.DistributedDataParallel(module, config(overlap_grad_reduce=True, fp8_param_gather=fp8))
+        opt = optimizer(model)
+        losses = []
+        try:
+            mx = {n for i, (n, _) in enumerate(model.registered_params()) if model._cpp.is_mxfp8(i)}
+            for step in range(10):
+                opt.zero_grad()
+                ids = gpt2_batch(rank, step, 0)
+                loss = model(ids, labels=ids).loss
+                loss.backward()
+                model.finish_grad_sync()
+                assert opt.step()[0]
+                losses.append(loss.item())
+        finally:
+            opt.close()
+            model.close()
+        return losses, mx
+
+    bf16, none = run(False)
+    fp8, mx = run(True)
+    assert none == set()
+    # Every Conv1D weight (attention's c_attn / c_proj, the MLP's c_fc / c_proj); the embeddings
+    # (the tied wte is read by nn.Embedding) stay BF16.
+    assert mx == {f"transformer.h.{b}.{m}.weight" for b in range(2)
+                  for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert all(math.isfinite(v) for v in fp8)  # random tokens: the losses only need to track BF16's
+    worst = max(abs(a - b) / b for a, b in zip(fp8, bf16))
+    print(f"hf gpt2 mxfp8 vs bf16 dp={world} rank {rank}: worst relative loss difference {worst:.2e}")
+    assert worst <= 1e-2
 
 
 def test_a_weight_used_twice_reports_ready_once_after_both_uses(ranks):

@@ -34,7 +34,7 @@ class DistributedDataParallelConfig:
     (elements; None: one bucket without overlap, max(40M, 1M x dp) with it, as Megatron),
     pad_buckets_for_high_nccl_busbw, average_in_collective, check_for_nan_in_grad,
     overlap_param_gather (the all-gather waited for module by module in forward pre-hooks),
-    fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (nn.Linear weights kept as MXFP8), and
+    fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (nn.Linear and HF Conv1D weights kept as MXFP8), and
     mxddp's own buckets_per_group and force_all_reduce. The other fields take their Megatron default
     only.
 

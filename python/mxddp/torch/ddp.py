@@ -15,11 +15,13 @@ during backward.
 
 With ``overlap_param_gather`` every submodule that directly owns registered params gets a forward
 pre-hook that waits for the all-gathers of the bucket groups holding them (and dispatches the next
-group's), as Megatron's. With ``fp8_param_gather`` the weights of plain ``nn.Linear`` modules are
-kept as MXFP8 by the C++ DDP and read through the Function in ``mxfp8.py``; the other params are
-views of the C++ DDP's BF16 copies.
+group's), as Megatron's. With ``fp8_param_gather`` the weights of plain ``nn.Linear`` and HF
+``Conv1D`` modules are kept as MXFP8 by the C++ DDP and read through the Functions in ``mxfp8.py``;
+the other params are views of the C++ DDP's BF16 copies.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -68,27 +70,34 @@ def _trainable_params(module: torch.nn.Module, meta_ok: bool = False) -> list[tu
 
 def _mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],
                  config: DistributedDataParallelConfig) -> list[bool]:
-    """Which registered params are kept as MXFP8: with fp8_param_gather, every plain nn.Linear
-    weight whose attribute ``mxfp8`` is not False; a param marked ``mxfp8 = True`` must be one."""
+    """Which registered params are kept as MXFP8: with fp8_param_gather, every weight of plain
+    nn.Linear or HF Conv1D modules (``mxfp8.weight_kind``) whose attribute ``mxfp8`` is not False;
+    a param marked ``mxfp8 = True`` must be one."""
     owners = grad_fusion.param_owners(module)
     flags = []
     for name, p in params:
         marked = getattr(p, "mxfp8", None)
         if marked not in (None, True, False):
             raise TypeError(f"param '{name}' has mxfp8={marked!r}; valid: True, False (or no attribute)")
-        linear = mxfp8.is_linear_weight(p, owners.get(id(p), []))
+        kind = mxfp8.weight_kind(p, owners.get(id(p), []))
         if marked is True and not config.fp8_param_gather:
             raise ValueError(f"param '{name}' is marked mxfp8=True but fp8_param_gather is False")
-        if marked is True and not linear:
+        if marked is True and kind is None:
             kinds = sorted({type(m).__name__ for m in owners.get(id(p), [])})
             raise ValueError(f"param '{name}' is marked mxfp8=True but is not the weight of plain nn.Linear modules "
-                             f"only (owned by: {', '.join(kinds)}): fp8_param_gather keeps only nn.Linear weights "
-                             "as MXFP8, since only Linear.forward is replaced to read them")
-        flags.append(bool(config.fp8_param_gather and linear and marked is not False))
+                             f"only or HF Conv1D modules only (owned by: {', '.join(kinds)}): fp8_param_gather keeps "
+                             "only those weights as MXFP8, since only their forward is replaced to read them")
+        flags.append(bool(config.fp8_param_gather and kind is not None and marked is not False))
     if config.fp8_param_gather and params[0][1].dtype != torch.bfloat16:
         raise ValueError(f"fp8_param_gather=True needs BF16 params (module.to(torch.bfloat16)): the all-gather stages "
                          f"BF16 and the other params are kept as BF16 copies; got {params[0][1].dtype}")
     return flags
+
+
+def _mxfp8_kinds(module: torch.nn.Module, params: list[torch.nn.Parameter], flags: list[bool]) -> dict[int, str]:
+    """index -> each MXFP8 param's module kind ('linear' or 'conv1d', ``mxfp8.weight_kind``)."""
+    owners = grad_fusion.param_owners(module)
+    return {i: mxfp8.weight_kind(p, owners[id(p)]) for i, p in enumerate(params) if flags[i]}
 
 
 def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]]) -> list[bool]:
@@ -161,6 +170,7 @@ class DistributedDataParallel(DataParallelModule):
         launch._track_model(self)
         self._params = [p for _, p in params]
         self._names = [name for name, _ in params]
+        self._mxfp8_kind = _mxfp8_kinds(module, self._params, mxfp8_flags)
         self._hooks = []
         self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
@@ -219,8 +229,9 @@ class DistributedDataParallel(DataParallelModule):
         return hook
 
     def _make_misuse_hook(self, index: int):
+        kind = mxfp8.KINDS[self._mxfp8_kind[index]]
         why = (f"param '{self._names[index]}' is kept as MXFP8 (fp8_param_gather) and holds no values of its own "
-               "(NaN), but a gradient reached it: something read it outside its nn.Linear's forward. Set "
+               f"(NaN), but a gradient reached it: something read it outside its {kind}'s forward. Set "
                "`mxfp8 = False` on that param before wrapping to keep it in BF16")
 
         def hook(param: torch.Tensor) -> None:
@@ -300,16 +311,19 @@ class DistributedDataParallel(DataParallelModule):
         if self._cpp.param_sync_pending:
             self._cpp.before_forward(list(range(len(self._params))))
 
-    def dequantized_param(self, name: str, axis: str = "row") -> torch.Tensor:
-        """An MXFP8 param's values (fp8_param_gather), dequantized from its row-wise ('row', what
-        forward uses) or column-wise ('col', backward's data gradient) storage, as a new tensor."""
+    def dequantized_param(self, name: str, axis: Optional[str] = None) -> torch.Tensor:
+        """An MXFP8 param's values (fp8_param_gather), dequantized from its row-wise ('row') or
+        column-wise ('col') storage, as a new tensor; by default the one its forward reads (an
+        nn.Linear's row-wise, a Conv1D's column-wise copy)."""
         if name not in self._names:
             raise KeyError(f"no registered param named '{name}'")
+        if axis not in (None, "row", "col"):
+            raise ValueError(f"axis must be 'row', 'col' or None (the forward's); got {axis!r}")
         index = self._names.index(name)
         p = self._params[index]
         if not self._cpp.is_mxfp8(index):
             raise ValueError(f"param '{name}' is not kept as MXFP8; read the param itself")
-        return mxfp8.dequantize(self._cpp, index, axis, p.shape, p.dtype)
+        return mxfp8.dequantize(self._cpp, index, axis or mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape, p.dtype)
 
     # ---- where things live (zero copy), for tests and the curious ----
     def param_buffer(self) -> torch.Tensor:
@@ -334,8 +348,8 @@ class DistributedDataParallel(DataParallelModule):
 
     def close(self) -> None:
         """Frees mxddp's buffers: the params get storage of their own (their current values), and
-        main_grad and the hooks are removed (MXFP8 weights get their row-wise values, and their
-        Linears and the fused modules their own forward back). Close the optimizer first."""
+        main_grad and the hooks are removed (MXFP8 weights get the values their forward reads, and their
+        modules and the fused ones their own forward back). Close the optimizer first."""
         if self._cpp.closed:
             return
         if self._cpp.open_optimizers:
@@ -343,8 +357,8 @@ class DistributedDataParallel(DataParallelModule):
         self.finish_param_sync()
         with torch.no_grad():
             for i, p in enumerate(self._params):
-                if self._cpp.is_mxfp8(i):  # the values the model computes with: row-wise MXFP8
-                    p.data = mxfp8.dequantize(self._cpp, i, "row", p.shape, p.dtype)
+                if self._cpp.is_mxfp8(i):  # the values the model computes with: the forward's copy
+                    p.data = mxfp8.dequantize(self._cpp, i, mxfp8.forward_axis(self._mxfp8_kind[i]), p.shape, p.dtype)
                 else:
                     p.data = p.data.clone()
                 if hasattr(p, "main_grad"):

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten
 from mxddp import _C
 from mxddp.torch import grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
-from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
+from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -86,19 +86,25 @@ def _check_recompute(granularity: Optional[str], modules: Optional[Sequence[str]
 
 def unit_mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],
                      config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
-    """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear weights), for the params
-    in units only: MXFP8 params are gathered per unit and pass, so a Linear outside every unit (a
-    head) stays BF16, and one marked ``mxfp8 = True`` there is refused. Unit membership does not
-    depend on the fine-grained gather, so the coarse units decide it. (The memory plan calls it.)"""
+    """The DDP package's MXFP8 flags (fp8_param_gather), for plain nn.Linear weights in units only.
+    MXFP8 params are gathered per unit and pass, so a Linear outside every unit (a head) stays
+    BF16. The C++ FSDP gathers the row-wise copy for forward and the column-wise one for backward
+    (an nn.Linear's orientations); an HF Conv1D's W [in, out] would need them the other way round,
+    so Conv1D weights stay BF16 here (DDP keeps both copies resident and takes them). A param
+    marked ``mxfp8 = True`` that this leaves BF16 is refused. Unit membership does not depend on
+    the fine-grained gather, so the coarse units decide it. (The memory plan calls it.)"""
     flags = _mxfp8_flags(module, params, config)
     names, tensors = [n for n, _ in params], [p for _, p in params]
     in_units = {i for u in fsdp_units(module, names, tensors, fsdp_unit_modules, False).units for i in u}
+    kinds = _mxfp8_kinds(module, tensors, flags)
     for i, flag in enumerate(flags):
-        if flag and i not in in_units:
+        if flag and (i not in in_units or kinds[i] != "linear"):
             if getattr(tensors[i], "mxfp8", None) is True:
-                raise ValueError(f"param '{names[i]}' is marked mxfp8=True but is in no FSDP unit: MXFP8 params are "
-                                 "gathered per unit and pass; put its module inside a unit class of "
-                                 "fsdp_unit_modules, or leave it BF16")
+                why = ("is in no FSDP unit: MXFP8 params are gathered per unit and pass; put its module inside a unit "
+                       "class of fsdp_unit_modules" if i not in in_units else
+                       "is an HF Conv1D weight: FullyShardedDataParallel keeps only nn.Linear weights as MXFP8 (its "
+                       "gathers bring the row-wise copy for forward, a Conv1D's forward reads the column-wise one)")
+                raise ValueError(f"param '{names[i]}' is marked mxfp8=True but {why}, or leave it BF16")
             flags[i] = False
     return flags
 
@@ -161,6 +167,7 @@ class FullyShardedDataParallel(DataParallelModule):
                                                 flags if any(flags) else [], [p.detach() for p in self._params])
         launch._track_model(self)
         self._mxfp8 = flags
+        self._mxfp8_kind = _mxfp8_kinds(module, self._params, flags)
         self._shards_params = self._cpp.shards_params
         self._hooks: list = []
         self._mxfp8_linears: list[torch.nn.Module] = []
@@ -401,7 +408,8 @@ class FullyShardedDataParallel(DataParallelModule):
             for i in indices:
                 if values[i] is None:
                     p = self._params[i]
-                    values[i] = mxfp8.dequantize(self._cpp, i, "row", p.shape, p.dtype) if self._mxfp8[i] \
+                    axis = mxfp8.forward_axis(self._mxfp8_kind[i]) if self._mxfp8[i] else None
+                    values[i] = mxfp8.dequantize(self._cpp, i, axis, p.shape, p.dtype) if self._mxfp8[i] \
                         else self._cpp.param(i).clone()
 
         # The pre-forward hooks gather the units (optim_grads_params) or wait for the all-gather of

@@ -133,7 +133,7 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
                          "needs use_distributed_optimizer=True (pass opt_cfg=None to plan the DDP alone)")
     params = _planned_params(module)
     dtype = params[0][1].dtype
-    # The DDP's own rule for which params are MXFP8 (plain nn.Linear weights, the mxfp8 attribute).
+    # The DDP's own rule for which params are MXFP8 (plain nn.Linear and HF Conv1D weights, the mxfp8 attribute).
     mxfp8_flags = _mxfp8_flags(module, params, cfg)
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
