@@ -434,3 +434,101 @@ def test_the_torch_gpt_s_save_continues_in_mxddp_train(ranks, shared_dir, kind):
     tensors = load_file(str(shared_dir / "torch_save.safetensors"))
     for name, value in exported.items():
         assert torch.equal(tensors[name], value), name  # the BF16 params, bit for bit
+
+
+# ---- torch's state_dict / load_state_dict on the DDP wrapper ----
+
+def mlp(dtype):
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).to(dtype)
+
+
+def ddp(module, **kw):
+    cfg = mxt.DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **kw)
+    model = mxt.DistributedDataParallel(module, cfg)
+    return model, mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-2, weight_decay=0.1))
+
+
+def one_step(model, opt, rank, step):
+    opt.zero_grad()
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(10 * step + rank)).to(model.param_dtype)
+    model(x).float().square().mean().backward()
+    model.finish_grad_sync()
+    assert opt.step()[0]
+
+
+@pytest.mark.parametrize("overlap_param_gather", [False, True])
+def test_state_dict_has_torch_ddp_s_keys_and_the_params_current_values(ranks, overlap_param_gather):
+    rank, _ = ranks
+    module = mlp(torch.float32)
+    # Buckets of 1000 elements: with the overlapped gather only the first group's gather is issued
+    # by the step, the others wait for the next forward (Megatron's order), so until then the
+    # params hold other ranks' old values.
+    model, opt = ddp(module, overlap_param_gather=overlap_param_gather, bucket_size=1000)
+    try:
+        one_step(model, opt, rank, 0)
+        assert model._cpp.param_sync_pending == overlap_param_gather
+        # state_dict finishes those gathers first (its tensors share the params' storage, hence the
+        # copies taken before anything else can finish them).
+        sd = {k: v.clone() for k, v in model.state_dict().items()}
+        assert list(sd) == ["module." + n for n in module.state_dict()]
+        model.finish_param_sync()
+        for n, p in module.named_parameters():
+            assert torch.equal(sd["module." + n], p.detach()), n
+    finally:
+        close(model, opt)
+
+
+def test_load_state_dict_reaches_training_or_is_refused_leaving_the_params(ranks):
+    rank, _ = ranks
+    loaded = {"module." + n: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
+              for i, (n, v) in enumerate(mlp(torch.float32).state_dict().items())}
+    # F32 params are their own main params: a load with the optimizer open reaches its next step
+    # (lr 0 keeps the values, weight decay included).
+    model, opt = ddp(mlp(torch.float32))
+    try:
+        one_step(model, opt, rank, 0)
+        model.load_state_dict(loaded)
+        opt.lr = 0.0
+        one_step(model, opt, rank, 1)
+        assert all(torch.equal(v, loaded[k]) for k, v in model.state_dict().items())
+    finally:
+        close(model, opt)
+    # BF16 params: the optimizer's F32 main params would write back over a load; before it is built
+    # a load reaches them, while it is open the load is refused and changes nothing.
+    bf16 = {k: v.bfloat16() for k, v in loaded.items()}
+    module = mlp(torch.bfloat16)
+    cfg = mxt.DistributedDataParallelConfig(use_distributed_optimizer=True)
+    model = mxt.DistributedDataParallel(module, cfg)
+    model.load_state_dict(bf16)
+    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=0.0))
+    try:
+        one_step(model, opt, rank, 0)
+        assert all(torch.equal(v, bf16[k]) for k, v in model.state_dict().items())
+        before = snapshot(model, opt)
+        with pytest.raises(RuntimeError, match="load_state_dict with a DistributedOptimizer open and torch.bfloat16"):
+            model.load_state_dict(loaded)
+        assert_unchanged(model, opt, before)
+        with pytest.raises(ValueError, match=r"assign=True"):
+            model.load_state_dict(bf16, assign=True)
+    finally:
+        close(model, opt)
+
+
+def test_an_mxfp8_weight_s_state_dict_holds_its_values_and_a_load_is_refused(ranks):
+    rank, _ = ranks
+    module = mlp(torch.bfloat16)
+    model, opt = ddp(module, grad_reduce_in_fp32=True, fp8_param_gather=True)
+    try:
+        one_step(model, opt, rank, 0)
+        sd = model.state_dict()
+        assert torch.isnan(module[0].weight).all()  # the Parameter's stand-in
+        for n in ("0.weight", "2.weight"):
+            assert torch.equal(sd["module." + n], model.dequantized_param(n)), n
+        assert torch.equal(sd["module.0.bias"], module[0].bias.detach())
+        zeros = {k: torch.zeros_like(v) for k, v in sd.items()}
+        with pytest.raises(RuntimeError, match=r"the MXFP8 weights \(0.weight, 2.weight\) are kept only as MXFP8"):
+            model.load_state_dict(zeros)
+        assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())  # nothing loaded
+    finally:
+        close(model, opt)

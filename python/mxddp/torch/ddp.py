@@ -325,6 +325,36 @@ class DistributedDataParallel(DataParallelModule):
             raise ValueError(f"param '{name}' is not kept as MXFP8; read the param itself")
         return mxfp8.dequantize(self._cpp, index, axis or mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape, p.dtype)
 
+    def state_dict(self, *args, **kwargs):
+        """torch's state dict of the wrapper (keys ``module.<name>``, as torch DDP's) with every
+        param's current values: the all-gathers of an overlapped param sync are finished first, and
+        MXFP8 weights, whose Parameters hold NaN stand-ins, are dequantized from the copy their
+        forward reads."""
+        self.finish_param_sync()
+        values = {id(self._params[i]): self.dequantized_param(self._names[i]) for i in self._mxfp8_kind}
+        return self._state_dict_with(values, args, kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """torch's load into the wrapped module (keys ``module.<name>``); the values land in mxddp's
+        param buffer. Refused where they would not reach training: for MXFP8 weights (kept only as
+        MXFP8 by the C++ DDP), and for BF16 params while a DistributedOptimizer is open (its F32
+        main params, taken from the params when it was built, are the master copy that the next
+        step writes back); F32 params are their own main params, so they load at any time."""
+        if assign:
+            raise ValueError("load_state_dict(assign=True) would replace the params' storage, which is mxddp's "
+                             "param buffer; use assign=False")
+        if self._mxfp8_kind:
+            names = ", ".join(self._names[i] for i in self._mxfp8_kind)
+            raise RuntimeError(f"load_state_dict: the MXFP8 weights ({names}) are kept only as MXFP8 by the C++ DDP; "
+                               "load into the module before wrapping it, or use mxddp.torch.load_checkpoint")
+        if self._cpp.open_optimizers and self.param_dtype != torch.float32:
+            raise RuntimeError(f"load_state_dict with a DistributedOptimizer open and {self.param_dtype} params: the "
+                               "optimizer's F32 main params are the master copy and the next step would write them "
+                               "back over the loaded values; load before building the optimizer, or use "
+                               "mxddp.torch.load_checkpoint")
+        self.finish_param_sync()  # a gather still in flight would overwrite the loaded values
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     # ---- where things live (zero copy), for tests and the curious ----
     def param_buffer(self) -> torch.Tensor:
         """The whole param buffer, [numel] in the params' dtype; every param is a view into it."""

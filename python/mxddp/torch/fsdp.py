@@ -428,13 +428,7 @@ class FullyShardedDataParallel(DataParallelModule):
         if self._grads_pending_sync:
             raise RuntimeError("state_dict() between backward and finish_grad_sync(): the gathers it needs would "
                                "interleave with the gradient reductions; call model.finish_grad_sync() first")
-        destination = super().state_dict(*args, **kwargs)
-        values = {id(p): v for p, v in zip(self._params, self._full_values())}
-        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        for name, p in self.module.named_parameters(prefix=prefix + "module", remove_duplicate=False):
-            if id(p) in values and name in destination:
-                destination[name] = values[id(p)]
-        return destination
+        return self._state_dict_with({id(p): v for p, v in zip(self._params, self._full_values())}, args, kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         raise RuntimeError("FullyShardedDataParallel.load_state_dict: mxddp keeps the params as shards of its own "

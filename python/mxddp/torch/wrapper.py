@@ -36,6 +36,17 @@ class DataParallelModule(torch.nn.Module):
         """The params mxddp holds, in registration order."""
         return list(zip(self._names, self._params))
 
+    def _state_dict_with(self, values: dict[int, torch.Tensor], args, kwargs) -> dict:
+        """torch's state dict of the wrapper (keys ``module.<name>``, as torch's wrappers key them),
+        with ``values`` (id(param) -> tensor) in place of those params' own tensors, under every
+        name a shared param has."""
+        destination = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        for name, p in self.module.named_parameters(prefix=prefix + "module", remove_duplicate=False):
+            if id(p) in values and name in destination:
+                destination[name] = values[id(p)]
+        return destination
+
     # ---- The optimizer's zero_grad around the C++ one ----
 
     def _before_zero_grad(self) -> None:
