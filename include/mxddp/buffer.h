@@ -39,6 +39,10 @@ struct ParamSpec {
   Shape shape;
   bool shared_embedding = false;  // e.g. a token embedding tied to the LM head
   bool mxfp8 = false;             // a 2-D weight kept as MXFP8 with fp8_param_gather
+  // MXFP8 only: the forward product reduces over dim 0 (HF Conv1D's W [in, out]) where nn.Linear's
+  // (W [out, in]) reduces over dim 1, so the forward reads the column-wise copy and the data
+  // gradient the row-wise one. FSDP gathers each pass's copy (fsdp_engine.h); DDP keeps both.
+  bool mxfp8_colwise_forward = false;
 };
 
 struct LayoutOptions {

@@ -35,6 +35,7 @@ std::string_view scale_mode_name(ScaleMode m);  // "rceil", "floor"
 Fp8Format parse_fp8_format(std::string_view name);
 ScaleMode parse_scale_mode(std::string_view name);
 QuantAxis parse_quant_axis(std::string_view name);  // "row", "col"
+std::string_view quant_axis_name(QuantAxis a);      // "row", "col"
 
 inline constexpr int kMxBlockSize = 32;
 inline constexpr uint8_t kE8M0Nan = 0xFF;

@@ -103,7 +103,8 @@ class FsdpConfig:
 
 class FullyShardedDataParallel(DataParallel):
     def __init__(self, params: list[tuple[str, list[int], bool]], units: list[list[int]], config: FsdpConfig,
-                 mxfp8: list[bool], initial_values: list[torch.Tensor]) -> None: ...
+                 mxfp8: list[bool], initial_values: list[torch.Tensor],
+                 mxfp8_colwise_forward: list[bool] = ...) -> None: ...
     def after_forward(self, params: list[int]) -> None: ...
     def before_backward(self, params: list[int]) -> None: ...
     def after_backward(self, params: list[int]) -> None: ...
@@ -153,7 +154,7 @@ def plan_ddp_memory(params: list[tuple[str, list[int], bool, bool]], config: Ddp
     """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}: the planner's bytes per rank."""
 def plan_fsdp_memory(params: list[tuple[str, list[int], bool, bool]], units: list[list[int]],
                      hooked: list[tuple[list[int], int]], config: FsdpConfig, optimizer: Optional[str], dp: int,
-                     micro_batches: int) -> dict[str, Any]:
+                     micro_batches: int, mxfp8_colwise_forward: list[bool] = ...) -> dict[str, Any]:
     """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, steady_peak_bytes, steady_total_peak_bytes,
     peak_gathered_bytes, layout}: the planner's bytes per rank of an FSDP driven as mxddp.torch drives it."""
 def save_checkpoint(save_dir: str, optimizer: DistributedOptimizer, iteration: int, metadata: dict[str, str],

@@ -25,7 +25,9 @@ void bind_checkpoint(nanobind::module_& m);  // save_checkpoint, load_checkpoint
 // A param as Python names it: (name, shape, shared_embedding).
 using PyParam = std::tuple<std::string, std::vector<int64_t>, bool>;
 // The specs of params; mxfp8: empty (no param is MXFP8) or one flag per param.
-std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8);
+// mxfp8, mxfp8_colwise_forward: [] or a flag per param (ParamSpec's fields).
+std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8,
+                                const std::vector<bool>& mxfp8_colwise_forward = {});
 
 // Python's handle on a DataParallel (DDP or FSDP): the object itself (on the process's
 // communicator and tracker), the no_sync scopes Python has open, and how many optimizers step on

@@ -64,13 +64,20 @@ std::unique_ptr<DataParallel> make_ddp(const std::vector<ParamSpec>& params, con
 PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values)
     : PyDataParallel(make_ddp(params, config, initial_values)) {}
 
-std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8) {
+std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8,
+                                const std::vector<bool>& mxfp8_colwise_forward) {
   MXDDP_CHECK(mxfp8.empty() || mxfp8.size() == params.size(), "got {} mxfp8 flags for {} params; give one per param or none",
               mxfp8.size(), params.size());
+  MXDDP_CHECK(mxfp8_colwise_forward.empty() || mxfp8_colwise_forward.size() == params.size(),
+              "got {} mxfp8_colwise_forward flags for {} params; give one per param or none",
+              mxfp8_colwise_forward.size(), params.size());
   std::vector<ParamSpec> specs;
-  for (const auto& [name, shape, shared] : params)
+  for (const auto& [name, shape, shared] : params) {
+    const size_t i = specs.size();
     specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"), .shared_embedding = shared,
-                              .mxfp8 = !mxfp8.empty() && mxfp8[specs.size()]});
+                              .mxfp8 = !mxfp8.empty() && mxfp8[i],
+                              .mxfp8_colwise_forward = !mxfp8_colwise_forward.empty() && mxfp8_colwise_forward[i]});
+  }
   return specs;
 }
 

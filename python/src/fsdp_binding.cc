@@ -71,13 +71,17 @@ void bind_fsdp(nb::module_& m) {
                                      "strategy shards; units gathered and released by the module hooks.")
       .def("__init__",
            [](PyFsdp* self, const std::vector<PyParam>& params, const std::vector<std::vector<int>>& units,
-              const FsdpConfig& config, const std::vector<bool>& mxfp8, const std::vector<HostArray>& initial_values) {
-             new (self) PyFsdp(to_specs(params, mxfp8), units, config, to_views(initial_values));
+              const FsdpConfig& config, const std::vector<bool>& mxfp8, const std::vector<HostArray>& initial_values,
+              const std::vector<bool>& mxfp8_colwise_forward) {
+             new (self) PyFsdp(to_specs(params, mxfp8, mxfp8_colwise_forward), units, config, to_views(initial_values));
            },
            nb::arg("params"), nb::arg("units"), nb::arg("config"), nb::arg("mxfp8"), nb::arg("initial_values"),
+           nb::arg("mxfp8_colwise_forward") = std::vector<bool>{},
            "params: [(name, shape, shared_embedding)] in registration order; units: each unit's params "
            "(registration indices) in forward order; mxfp8: [] or a flag per param; initial_values: each param's "
-           "values (f32 or the param dtype), of which each rank keeps what its strategy keeps.")
+           "values (f32 or the param dtype), of which each rank keeps what its strategy keeps; "
+           "mxfp8_colwise_forward: [] or a flag per param, set for MXFP8 weights whose forward reads the "
+           "column-wise copy (HF Conv1D's W [in, out]), so that forward gathers that copy.")
       .def("after_forward", [](PyFsdp& s, const std::vector<int>& p) { hook(s, [&](auto& f) { f.after_forward(p); }); },
            nb::arg("params"))
       .def("before_backward", [](PyFsdp& s, const std::vector<int>& p) { hook(s, [&](auto& f) { f.before_backward(p); }); },

@@ -66,11 +66,17 @@ nb::dict plan_to_dict(const MemoryPlan& plan) {
   return out;
 }
 
-std::vector<ParamSpec> to_specs(const std::vector<PlanParam>& params) {
+std::vector<ParamSpec> to_specs(const std::vector<PlanParam>& params, const std::vector<bool>& mxfp8_colwise_forward = {}) {
+  MXDDP_CHECK(mxfp8_colwise_forward.empty() || mxfp8_colwise_forward.size() == params.size(),
+              "got {} mxfp8_colwise_forward flags for {} params; give one per param or none",
+              mxfp8_colwise_forward.size(), params.size());
   std::vector<ParamSpec> specs;
-  for (const auto& [name, shape, shared, mxfp8] : params)
+  for (const auto& [name, shape, shared, mxfp8] : params) {
+    const size_t i = specs.size();
     specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"),
-                              .shared_embedding = shared, .mxfp8 = mxfp8});
+                              .shared_embedding = shared, .mxfp8 = mxfp8,
+                              .mxfp8_colwise_forward = !mxfp8_colwise_forward.empty() && mxfp8_colwise_forward[i]});
+  }
   return specs;
 }
 
@@ -99,18 +105,21 @@ void bind_plan(nb::module_& m) {
       "plan_fsdp_memory",
       [](const std::vector<PlanParam>& params, const std::vector<std::vector<int>>& units,
          const std::vector<std::pair<std::vector<int>, int>>& hooked, const FsdpConfig& config,
-         const std::optional<std::string>& optimizer, int dp, int micro_batches) {
+         const std::optional<std::string>& optimizer, int dp, int micro_batches,
+         const std::vector<bool>& mxfp8_colwise_forward) {
         std::vector<FsdpHookedModule> modules;
         for (const auto& [module_params, unit] : hooked) modules.push_back({module_params, unit});
-        return plan_to_dict(plan_fsdp_memory(to_specs(params), units, modules, config, to_optimizer(optimizer),
+        return plan_to_dict(plan_fsdp_memory(to_specs(params, mxfp8_colwise_forward), units, modules, config,
+                                             to_optimizer(optimizer),
                                              {.dp = dp, .mpi_backend = true, .micro_batches = micro_batches}));
       },
       nb::arg("params"), nb::arg("units"), nb::arg("hooked"), nb::arg("config"), nb::arg("optimizer").none(),
-      nb::arg("dp"), nb::arg("micro_batches"),
+      nb::arg("dp"), nb::arg("micro_batches"), nb::arg("mxfp8_colwise_forward") = std::vector<bool>{},
       "Bytes per rank per category of a FullyShardedDataParallel over params (name, shape, shared_embedding, "
       "mxfp8) with units (param indices per unit, forward order), driven through hooked ((params, unit) per "
       "hooked module in forward order, unit -1 for a non-unit module) as mxddp.torch drives it, at dp ranks and "
-      "micro_batches per iteration, and, when optimizer ('adam' or 'sgd') is given, its DistributedOptimizer: "
+      "micro_batches per iteration, and, when optimizer ('adam' or 'sgd') is given, its DistributedOptimizer "
+      "(mxfp8_colwise_forward: as FullyShardedDataParallel's): "
       "overall from construction through any number of iterations, steady after the first; the dict of "
       "plan_ddp_memory.");
 }

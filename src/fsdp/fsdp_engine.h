@@ -133,11 +133,17 @@ class FsdpEngine final : private FsdpHookActions {
   // MXFP8 buckets: the optimizer writes bf16(main params) into a staging shard, from which each
   // rank quantizes its shards of both orientations (src/fsdp/fsdp_mxfp8.cc).
   void allocate_staging(int bucket);
-  // An MXFP8 param's scales in one orientation: u8 mx_scale_shape, in `array`, the orientation's
-  // whole scale array of its bucket (gathered, or the quantization's).
-  TensorView param_scales(int param, QuantAxis axis, const TensorView& array) const;
-  // The orientation's array in the bucket's quantize_scales.
-  TensorView quantize_scales(int bucket, QuantAxis axis) const;
+  // The orientation an MXFP8 param's copy in a slot axis is encoded in. The row- and column-wise
+  // slots (payload shards, scale arrays, gathers) are per pass: kRow what forward and recompute
+  // read, kCol what backward reads. That is the orientation itself for an nn.Linear weight and the
+  // other one for a weight read column-wise in forward (ParamSpec::mxfp8_colwise_forward). Its own
+  // inverse: the slot axis holding an orientation.
+  QuantAxis encoding_axis(int param, QuantAxis slot_axis) const;
+  // An MXFP8 param's scales in a slot axis: u8 mx_scale_shape(M, N, encoding_axis), in `array`,
+  // the slot axis's whole scale array of its bucket (gathered, or the quantization's).
+  TensorView param_scales(int param, QuantAxis slot_axis, const TensorView& array) const;
+  // The slot axis's array in the bucket's quantize_scales.
+  TensorView quantize_scales(int bucket, QuantAxis slot_axis) const;
   Work start_shard_scales(int bucket);  // this rank's partial scales, MAX all-reduced (async)
   // Waits for the scales, encodes the shards and (unless keep_staging) frees the staging.
   void finish_shard_quantize(int bucket, const Work& scales, bool keep_staging = false);

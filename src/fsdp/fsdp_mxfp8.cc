@@ -2,7 +2,8 @@
 // MXFP8 bucket's staging shard, each rank computes the block scales its elements imply, the ranks
 // MAX all-reduce them (u8; a block may straddle two ranks' shards), and each rank encodes its shard
 // in both orientations with the full scales, keeping its shard of each orientation's scale array
-// (gathered with the payload of that orientation). quant.h's mx_shard_scales says why the result is
+// (gathered with the payload of that orientation). The row- and column-wise slots are per pass
+// (encoding_axis): a weight read column-wise in forward has its column-wise copy in the row slot. quant.h's mx_shard_scales says why the result is
 // bitwise what quantizing the whole gathered tensor gives (tests/quant/mxfp8_shard_test.cc proves
 // it for every cut; tests/fsdp/fsdp_mxfp8_test.cc for the training losses).
 #include <cstring>
@@ -25,10 +26,15 @@ void FsdpEngine::allocate_staging(int bucket) {
   std::memset(b.params_shard.data(), 0, b.params_shard.size_bytes());  // the optimizer writes params only; padding stays 0
 }
 
-TensorView FsdpEngine::param_scales(int param, QuantAxis axis, const TensorView& array) const {
+QuantAxis FsdpEngine::encoding_axis(int param, QuantAxis slot_axis) const {
+  if (!specs_[static_cast<size_t>(param)].mxfp8_colwise_forward) return slot_axis;
+  return slot_axis == QuantAxis::kRow ? QuantAxis::kCol : QuantAxis::kRow;
+}
+
+TensorView FsdpEngine::param_scales(int param, QuantAxis slot_axis, const TensorView& array) const {
   const Shape& shape = specs_[static_cast<size_t>(param)].shape;
-  return fsdp_sub(array, scale_offset_[static_cast<size_t>(param)][static_cast<size_t>(axis)],
-                  mx_scale_shape(shape[0], shape[1], axis));
+  return fsdp_sub(array, scale_offset_[static_cast<size_t>(param)][static_cast<size_t>(slot_axis)],
+                  mx_scale_shape(shape[0], shape[1], encoding_axis(param, slot_axis)));
 }
 
 TensorView FsdpEngine::quantize_scales(int bucket, QuantAxis axis) const {
@@ -57,10 +63,10 @@ Work FsdpEngine::start_shard_scales(int bucket) {
   std::memset(b.quantize_scales.data(), 0, b.quantize_scales.size_bytes());
   for (const ShardParamRange& r : layout_.shards[static_cast<size_t>(comm_.rank())][static_cast<size_t>(bucket)].params) {
     const Shape& shape = specs_[static_cast<size_t>(r.param)].shape;
-    for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
+    for (QuantAxis slot_axis : {QuantAxis::kRow, QuantAxis::kCol})
       mx_shard_scales(staging.slice(r.in_shard.start, r.in_shard.size()), r.in_param.start, shape,
-                      param_scales(r.param, axis, quantize_scales(bucket, axis)),
-                      {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis});
+                      param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
+                      {config_.mxfp8_elem, config_.mxfp8_scale_mode, encoding_axis(r.param, slot_axis)});
   }
   log_.push_back({FsdpCollective::Kind::kAllReduce, bucket});
   return comm_.all_reduce(b.quantize_scales.view(DType::kU8, Shape{static_cast<int64_t>(b.quantize_scales.size_bytes())}),
@@ -77,11 +83,12 @@ void FsdpEngine::finish_shard_quantize(int bucket, const Work& scales_reduced, b
   for (const ShardParamRange& r : layout_.shards[static_cast<size_t>(comm_.rank())][static_cast<size_t>(bucket)].params) {
     const Shape& shape = specs_[static_cast<size_t>(r.param)].shape;
     const TensorView values = staging.slice(r.in_shard.start, r.in_shard.size());
-    for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-      const HostBuffer& out = axis == QuantAxis::kRow ? b.row_shard : b.col_shard;
-      mx_shard_encode(values, r.in_param.start, shape, param_scales(r.param, axis, quantize_scales(bucket, axis)),
+    for (QuantAxis slot_axis : {QuantAxis::kRow, QuantAxis::kCol}) {
+      const HostBuffer& out = slot_axis == QuantAxis::kRow ? b.row_shard : b.col_shard;
+      mx_shard_encode(values, r.in_param.start, shape,
+                      param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
                       out.view(DType::kU8, Shape{b.shard}).slice(r.in_shard.start, r.in_shard.size()),
-                      {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis});
+                      {config_.mxfp8_elem, config_.mxfp8_scale_mode, encoding_axis(r.param, slot_axis)});
     }
   }
   // Each rank keeps its shard of each orientation's whole scales (the same cut on every rank, so

@@ -127,8 +127,13 @@ FsdpStoragePlan FsdpStoragePlan::of_bucket(const FsdpConfig& config, int dp, con
   const BucketPlacement& placement = layout.buckets.at(static_cast<size_t>(bucket));
   const bool mxfp8 = params.at(static_cast<size_t>(placement.params.front())).mxfp8;
   std::vector<Shape> mxfp8_shapes;
+  // Per slot axis (forward's, backward's): a param read column-wise in forward has its column-wise
+  // scales in the row slot, as many as the row-wise scales of its transpose.
   if (mxfp8)
-    for (int p : placement.params) mxfp8_shapes.push_back(params[static_cast<size_t>(p)].shape);
+    for (int p : placement.params) {
+      const ParamSpec& spec = params[static_cast<size_t>(p)];
+      mxfp8_shapes.push_back(spec.mxfp8_colwise_forward && spec.shape.ndim() == 2 ? Shape{spec.shape[1], spec.shape[0]} : spec.shape);
+    }
   return FsdpStoragePlan(config.data_parallel_sharding_strategy, config.param_dtype, fsdp_grad_dtype(config), dp,
                          placement.range.size(), mxfp8, mxfp8_shapes);
 }

@@ -111,6 +111,9 @@ void check_fsdp_config(const FsdpConfig& c, const std::vector<ParamSpec>& params
     }
   }
   for (const ParamSpec& p : params) {
+    MXDDP_CHECK(p.mxfp8 || !p.mxfp8_colwise_forward,
+                "param '{}' is marked mxfp8_colwise_forward but not mxfp8; the mark says which MXFP8 copy its forward reads",
+                p.name);
     if (!p.mxfp8) continue;
     MXDDP_CHECK(c.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams,
                 "param '{}' is marked mxfp8, and MXFP8 params under FSDP need data_parallel_sharding_strategy "
@@ -262,18 +265,21 @@ Mxfp8View FsdpEngine::mxfp8_param(int index, QuantAxis axis) const {
   const ParamSpec& spec = specs_[static_cast<size_t>(index)];
   const ParamPlacement& p = layout_.params[static_cast<size_t>(index)];
   const Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
-  const GatherSlot slot = axis == QuantAxis::kRow ? GatherSlot::kRowwise : GatherSlot::kColwise;
+  const QuantAxis slot_axis = encoding_axis(index, axis);  // where the pass that reads `axis` gathers it
+  const GatherSlot slot = slot_axis == QuantAxis::kRow ? GatherSlot::kRowwise : GatherSlot::kColwise;
   const int unit = unit_of_param_[static_cast<size_t>(index)];
-  // Forward and a recompute gather row-wise, backward column-wise: reading the other is a model bug.
+  // Forward and a recompute gather the forward's copy, backward the data gradient's: reading the
+  // other is a model bug.
   MXDDP_CHECK(unit >= 0 && slot_state(unit, slot) == 2,
-              "MXFP8 param '{}' read {} while unit {} holds no {} copy: forward and recompute read row-wise, "
-              "backward's data gradient column-wise, each between the unit's pre- and post-hook",
-              spec.name, gather_slot_name(slot), unit, gather_slot_name(slot));
+              "MXFP8 param '{}' read {}-wise while unit {} holds no {}-wise copy: forward and recompute read {}-wise, "
+              "backward's data gradient {}-wise, each between the unit's pre- and post-hook",
+              spec.name, quant_axis_name(axis), unit, quant_axis_name(axis),
+              quant_axis_name(encoding_axis(index, QuantAxis::kRow)), quant_axis_name(encoding_axis(index, QuantAxis::kCol)));
   return Mxfp8View{
       .data = fsdp_sub(b.gathered[static_cast<size_t>(slot)].view(DType::kU8, Shape{b.numel}), p.range.start - b.range.start,
                        spec.shape),
-      .scales = param_scales(index, axis, b.gathered_scales[static_cast<size_t>(slot)].view(
-                                              DType::kU8, Shape{b.storage.scales_numel(axis)})),
+      .scales = param_scales(index, slot_axis, b.gathered_scales[static_cast<size_t>(slot)].view(
+                                                   DType::kU8, Shape{b.storage.scales_numel(slot_axis)})),
       .options = {config_.mxfp8_elem, config_.mxfp8_scale_mode, axis}};
 }
 

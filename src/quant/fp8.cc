@@ -29,6 +29,14 @@ QuantAxis parse_quant_axis(std::string_view name) {
   MXDDP_FAIL("unknown quantization axis '{}'; valid: row, col", name);
 }
 
+std::string_view quant_axis_name(QuantAxis a) {
+  switch (a) {
+    case QuantAxis::kRow: return "row";
+    case QuantAxis::kCol: return "col";
+  }
+  MXDDP_FAIL("unknown quantization axis {}", static_cast<int>(a));
+}
+
 float fp8_max(Fp8Format f) { return fp8::spec(f).max; }
 
 uint8_t f32_to_fp8(float x, Fp8Format f) { return fp8::encode(x, fp8::spec(f)); }

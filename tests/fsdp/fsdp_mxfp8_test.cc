@@ -105,18 +105,34 @@ TEST(Mxfp8Fsdp, FsdpRefusesMxfp8ParamsUnlessItShardsParams) {
         error_of([&] { FullyShardedDataParallel(comm, specs, gpt_fsdp_units(model, false), fc, tracker, param_views(init, specs)); });
     EXPECT_NE(message.find("need data_parallel_sharding_strategy optim_grads_params"), std::string::npos) << message;
     EXPECT_NE(message.find("got optim"), std::string::npos) << message;
+
+    // The forward-orientation mark means nothing on a param that is not MXFP8.
+    auto marked = gpt_param_specs(model, false);
+    marked[0].mxfp8_colwise_forward = true;
+    const std::string unmarked = error_of(
+        [&] { FullyShardedDataParallel(comm, marked, gpt_fsdp_units(model, false), FsdpConfig{}, tracker, param_views(init, marked)); });
+    EXPECT_NE(unmarked.find("param '" + marked[0].name + "' is marked mxfp8_colwise_forward but not mxfp8"), std::string::npos)
+        << unmarked;
   });
 }
 
 // ---- The event log ------------------------------------------------------------------------------
 
-// An MXFP8 bucket's E8M0 scales in one orientation: one byte per block of 32 of each param,
-// padded to divide into dp shards.
-int64_t padded_scales_numel(const std::vector<ParamSpec>& specs, const BucketPlacement& bucket, QuantAxis axis, int dp) {
+// The orientation of a param's copy in a slot axis (kRow: the forward's, kCol: backward's): the
+// other one for a weight read column-wise in forward. Written from ParamSpec's rule.
+QuantAxis orientation_in_slot(const ParamSpec& spec, QuantAxis slot_axis) {
+  if (!spec.mxfp8_colwise_forward) return slot_axis;
+  return slot_axis == QuantAxis::kRow ? QuantAxis::kCol : QuantAxis::kRow;
+}
+
+// An MXFP8 bucket's E8M0 scales in one slot axis: one byte per block of 32 of each param in the
+// orientation that slot holds, padded to divide into dp shards.
+int64_t padded_scales_numel(const std::vector<ParamSpec>& specs, const BucketPlacement& bucket, QuantAxis slot_axis,
+                            int dp) {
   int64_t n = 0;
   for (int p : bucket.params) {
-    const Shape& shape = specs[static_cast<size_t>(p)].shape;
-    n += mx_scale_shape(shape[0], shape[1], axis).numel();
+    const ParamSpec& spec = specs[static_cast<size_t>(p)];
+    n += mx_scale_shape(spec.shape[0], spec.shape[1], orientation_in_slot(spec, slot_axis)).numel();
   }
   return (n + dp - 1) / dp * dp;
 }
@@ -272,12 +288,16 @@ TEST(Mxfp8Fsdp, FineGrainedLowersThePeakOfASelectiveMlpRecomputeByWhatTheShapesI
 const GptConfig kScalesModel{.num_layers = 2, .hidden_size = 48, .num_attention_heads = 2, .seq_length = 8};
 
 // FSDP over kScalesModel's params at dp ranks; fn(comm, fsdp, specs, bf16 initial values [param],
-// tracker) on each rank right after construction.
+// tracker) on each rank right after construction. colwise_forward: every other MXFP8 param is marked
+// as read column-wise in forward (as an HF Conv1D's W [in, out] is; the C++ GPT reads none so).
 template <typename Fn>
-void with_mxfp8_fsdp(int dp, Fn&& fn) {
+void with_mxfp8_fsdp(int dp, Fn&& fn, bool colwise_forward = false) {
   run_local(dp, [&](Communicator& comm) {
     MemoryTracker tracker;
-    const std::vector<ParamSpec> specs = gpt_param_specs(kScalesModel, /*mxfp8=*/true);
+    std::vector<ParamSpec> specs = gpt_param_specs(kScalesModel, /*mxfp8=*/true);
+    bool mark = false;
+    for (ParamSpec& spec : specs)
+      if (spec.mxfp8) spec.mxfp8_colwise_forward = colwise_forward && (mark = !mark);
     std::vector<std::vector<float>> init = gpt_init_params(kScalesModel, 3);
     FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(kScalesModel, true), FsdpConfig{}, tracker,
                                   param_views(init, specs));
@@ -308,6 +328,7 @@ WholeTensor quantize_whole(const ParamSpec& spec, const std::vector<bf16_bits>& 
 }
 
 TEST(Mxfp8FsdpScales, EachRanksShardIsTheSliceOfQuantizingTheWholeTensor) {
+  for (bool colwise_forward : {false, true})
   for (int dp : {1, 2, 3, 4})
     with_mxfp8_fsdp(dp, [&](Communicator& comm, FullyShardedDataParallel& fsdp, const std::vector<ParamSpec>& specs,
                             const std::vector<std::vector<bf16_bits>>& bf16, MemoryTracker&) {
@@ -318,10 +339,12 @@ TEST(Mxfp8FsdpScales, EachRanksShardIsTheSliceOfQuantizingTheWholeTensor) {
         if (!specs[static_cast<size_t>(bucket.params.front())].mxfp8) continue;
         ++mxfp8_buckets;
         for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-          // The orientation's array: each param's whole-tensor scales in layout order, zero-padded.
+          // The slot axis's array: each param's whole-tensor scales in the orientation that slot
+          // holds, in layout order, zero-padded.
           std::vector<uint8_t> whole;
           for (int p : bucket.params) {
-            const WholeTensor w = quantize_whole(specs[static_cast<size_t>(p)], bf16[static_cast<size_t>(p)], axis);
+            const ParamSpec& spec = specs[static_cast<size_t>(p)];
+            const WholeTensor w = quantize_whole(spec, bf16[static_cast<size_t>(p)], orientation_in_slot(spec, axis));
             whole.insert(whole.end(), w.scales.begin(), w.scales.end());
           }
           const int64_t padded = padded_scales_numel(specs, bucket, axis, dp);
@@ -332,25 +355,30 @@ TEST(Mxfp8FsdpScales, EachRanksShardIsTheSliceOfQuantizingTheWholeTensor) {
           const std::vector<uint8_t> mine(got, got + shard.numel());
           const auto from = whole.begin() + comm.rank() * shard.numel();
           EXPECT_EQ(mine, std::vector<uint8_t>(from, from + shard.numel()))
-              << "dp " << dp << " rank " << comm.rank() << " bucket " << b << (axis == QuantAxis::kRow ? " row" : " col");
+              << "dp " << dp << " rank " << comm.rank() << " bucket " << b << (axis == QuantAxis::kRow ? " row" : " col")
+              << " slot, colwise_forward " << colwise_forward;
         }
       }
       EXPECT_EQ(mxfp8_buckets, 8) << "fine-grained: qkv, proj, fc1, fc2 of 2 layers";
-    });
+    }, colwise_forward);
 }
 
 TEST(Mxfp8FsdpScales, AGatherBringsBackTheWholeTensorsScalesAndData) {
+  for (bool colwise_forward : {false, true})
   for (int dp : {2, 3})
     with_mxfp8_fsdp(dp, [&](Communicator& comm, FullyShardedDataParallel& fsdp, const std::vector<ParamSpec>& specs,
                             const std::vector<std::vector<bf16_bits>>& bf16, MemoryTracker&) {
       fsdp.start_iteration([] {});
       const std::vector<std::vector<int>> units = gpt_fsdp_units(kScalesModel, true);
       int checked = 0;
-      // Each unit's row-wise copy in a forward pass, then its column-wise copy in backward.
-      auto check = [&](const std::vector<int>& unit, QuantAxis axis) {
+      // Each unit's forward copy in a forward pass (row-wise; column-wise for a param read so), then
+      // its other copy in backward; the pass's slot axis is kRow in forward, kCol in backward.
+      auto check = [&](const std::vector<int>& unit, QuantAxis slot_axis) {
         for (int p : unit) {
           if (!specs[static_cast<size_t>(p)].mxfp8) continue;
+          const QuantAxis axis = orientation_in_slot(specs[static_cast<size_t>(p)], slot_axis);
           const Mxfp8View v = fsdp.mxfp8_param(p, axis);
+          EXPECT_EQ(v.options.axis, axis);
           const WholeTensor w = quantize_whole(specs[static_cast<size_t>(p)], bf16[static_cast<size_t>(p)], axis);
           const auto* scales = v.scales.data_as<const uint8_t>();
           const auto* data = v.data.data_as<const uint8_t>();
@@ -372,7 +400,7 @@ TEST(Mxfp8FsdpScales, AGatherBringsBackTheWholeTensorsScalesAndData) {
       }
       fsdp.release_gathered_params();
       EXPECT_EQ(checked, 2 * 8) << "both orientations of qkv, proj, fc1, fc2 in 2 layers";
-    });
+    }, colwise_forward);
 }
 
 TEST(Mxfp8FsdpScales, TheMxfp8BytesAtRestFallByDp) {

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
+import mxddp
 import mxddp.torch as mxt
 from micro_batches import backward_micro_batches
 from test_parity import (BETAS, CLIP, EPS, LR, WD, gpt2_batch, gpt2_loss, make_gpt2, mlp_batch, mlp_loss,
@@ -385,31 +386,77 @@ def test_mxfp8_params_train_as_ddp_s(ranks, fine_grained, recompute):
         assert abs(g - e) <= 2e-2 * abs(e), (got, expected)
 
 
-def test_conv1d_weights_stay_bf16_under_fsdp_and_marking_one_is_refused(ranks):
-    """The C++ FSDP gathers row-wise for forward, which an HF Conv1D (W [in, out]) does not read."""
-    transformers = pytest.importorskip("transformers")
+class ConvBlock(torch.nn.Module):
+    """An HF Conv1D (W [in, out]: forward reads the column-wise MXFP8 copy) beside an nn.Linear (the
+    row-wise one) in one unit, so each pass's gather holds both orientations."""
 
-    class ConvBlock(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = transformers.pytorch_utils.Conv1D(64, 64)
-            self.fc = torch.nn.Linear(64, 64)
+    def __init__(self):
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        self.conv = transformers.pytorch_utils.Conv1D(64, 32)  # W [32, 64]
+        self.fc = torch.nn.Linear(64, 32)
 
-        def forward(self, x):
-            return self.fc(torch.tanh(self.conv(x)))
+    def forward(self, x):
+        return x + self.fc(torch.nn.functional.gelu(self.conv(x)))
 
-    cfg = fsdp_config("optim_grads_params", True, False, fp8_param_gather=True)
-    module = torch.nn.Sequential(ConvBlock(), ConvBlock()).to(torch.bfloat16)
-    model = mxt.FullyShardedDataParallel(module, cfg, fsdp_unit_modules=[ConvBlock])
+
+class ConvMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(32, 32)
+        self.blocks = torch.nn.ModuleList([ConvBlock(), ConvBlock()])
+        self.head = torch.nn.Linear(32, 10)
+        self.recompute = False
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if self.recompute else block(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("fine_grained,recompute", [(False, False), (True, False), (False, True), (True, True)])
+def test_conv1d_and_linear_mxfp8_weights_in_one_unit_train_as_ddp_s(ranks, fine_grained, recompute):
+    """A Conv1D's forward reads its column-wise copy, a Linear's its row-wise one: each pass's gather
+    brings what that pass reads of both (ParamSpec::mxfp8_colwise_forward), and the first step's
+    loss is DDP's (which keeps both copies resident) bit for bit, the rest track it."""
+    rank, world = ranks
+
+    def make():
+        torch.manual_seed(0)
+        module = ConvMlp().to(torch.bfloat16)
+        module.inp.weight.mxfp8 = module.head.weight.mxfp8 = False  # outside every unit: BF16 on both sides
+        return module
+
+    ddp = mxt.DistributedDataParallel(make(), mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
+    opt = optimizer(ddp)
     try:
-        assert {n for i, (n, _) in enumerate(model.registered_params()) if model._cpp.is_mxfp8(i)} == \
-            {"0.fc.weight", "1.fc.weight"}
+        expected = train_steps(ddp, opt, mlp_loss, bf16_batch, rank, 2)
     finally:
+        opt.close()
+        ddp.close()
+    module = make()
+    module.recompute = recompute
+    model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, fine_grained,
+                                                             fp8_param_gather=True), fsdp_unit_modules=[ConvBlock])
+    assert {n for i, (n, _) in enumerate(model.registered_params()) if model._cpp.is_mxfp8(i)} == \
+        {f"blocks.{b}.{m}.weight" for b in range(2) for m in ("conv", "fc")}
+    opt = optimizer(model)
+    try:
+        got = train_steps(model, opt, mlp_loss, bf16_batch, rank, 2)
+        assert model._cpp.gathers_started == model._cpp.releases_done
+        # Outside its unit's forward the Conv1D's column-wise copy is not gathered: a read is refused.
+        with pytest.raises(mxddp.Error, match="MXFP8 param 'blocks.0.conv.weight' read col-wise while unit 0 holds "
+                                              "no col-wise copy: forward and recompute read col-wise, backward's data "
+                                              "gradient row-wise"):
+            model._cpp.mxfp8_param(model._names.index("blocks.0.conv.weight"), "col")
+    finally:
+        opt.close()
         model.close()
-    module = torch.nn.Sequential(ConvBlock(), ConvBlock()).to(torch.bfloat16)
-    module[1].conv.weight.mxfp8 = True
-    with pytest.raises(ValueError, match="param '1.conv.weight' is marked mxfp8=True but is an HF Conv1D weight"):
-        mxt.FullyShardedDataParallel(module, cfg, fsdp_unit_modules=[ConvBlock])
+    assert got[0] == expected[0], (got, expected)
+    for e, g in zip(expected, got):
+        assert abs(g - e) <= 2e-2 * abs(e), (got, expected)
 
 
 def test_the_recompute_aware_policy_forces_fine_grained_where_needed(ranks):

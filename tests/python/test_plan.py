@@ -439,6 +439,8 @@ FSDP_RUN_CASES = [(f"{m}-{s}-{'overlap-mb3' if ov else 'serial-mb1'}", m, s, ov,
     ("gpt2-optim_grads_params-fine-mb3", "gpt2", "optim_grads_params", True, 3, True, False),
     ("mlp-mxfp8-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, True),
     ("mlp-mxfp8-fine-serial-mb2", "mlp", "optim_grads_params", False, 2, True, True),
+    # HF GPT-2's Conv1D weights: MXFP8 with the column-wise copy gathered for forward.
+    ("gpt2-mxfp8-overlap-mb3", "gpt2", "optim_grads_params", True, 3, False, True),
 ]
 
 

@@ -86,27 +86,29 @@ def _check_recompute(granularity: Optional[str], modules: Optional[Sequence[str]
 
 def unit_mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],
                      config: DistributedDataParallelConfig, fsdp_unit_modules) -> list[bool]:
-    """The DDP package's MXFP8 flags (fp8_param_gather), for plain nn.Linear weights in units only.
-    MXFP8 params are gathered per unit and pass, so a Linear outside every unit (a head) stays
-    BF16. The C++ FSDP gathers the row-wise copy for forward and the column-wise one for backward
-    (an nn.Linear's orientations); an HF Conv1D's W [in, out] would need them the other way round,
-    so Conv1D weights stay BF16 here (DDP keeps both copies resident and takes them). A param
-    marked ``mxfp8 = True`` that this leaves BF16 is refused. Unit membership does not depend on
-    the fine-grained gather, so the coarse units decide it. (The memory plan calls it.)"""
+    """The DDP package's MXFP8 flags (fp8_param_gather: plain nn.Linear and HF Conv1D weights), for
+    the params in units only: MXFP8 params are gathered per unit and pass, so a Linear outside every
+    unit (a head) stays BF16, and one marked ``mxfp8 = True`` there is refused. Unit membership does
+    not depend on the fine-grained gather, so the coarse units decide it. (The memory plan calls it.)"""
     flags = _mxfp8_flags(module, params, config)
     names, tensors = [n for n, _ in params], [p for _, p in params]
     in_units = {i for u in fsdp_units(module, names, tensors, fsdp_unit_modules, False).units for i in u}
-    kinds = _mxfp8_kinds(module, tensors, flags)
     for i, flag in enumerate(flags):
-        if flag and (i not in in_units or kinds[i] != "linear"):
+        if flag and i not in in_units:
             if getattr(tensors[i], "mxfp8", None) is True:
-                why = ("is in no FSDP unit: MXFP8 params are gathered per unit and pass; put its module inside a unit "
-                       "class of fsdp_unit_modules" if i not in in_units else
-                       "is an HF Conv1D weight: FullyShardedDataParallel keeps only nn.Linear weights as MXFP8 (its "
-                       "gathers bring the row-wise copy for forward, a Conv1D's forward reads the column-wise one)")
-                raise ValueError(f"param '{names[i]}' is marked mxfp8=True but {why}, or leave it BF16")
+                raise ValueError(f"param '{names[i]}' is marked mxfp8=True but is in no FSDP unit: MXFP8 params are "
+                                 "gathered per unit and pass; put its module inside a unit class of "
+                                 "fsdp_unit_modules, or leave it BF16")
             flags[i] = False
     return flags
+
+
+def colwise_forward_flags(module: torch.nn.Module, params: list[torch.nn.Parameter], flags: list[bool]) -> list[bool]:
+    """Per param, whether it is an MXFP8 weight whose forward reads the column-wise copy (an HF
+    Conv1D's W [in, out]): the C++ FSDP then gathers that copy for forward and the row-wise one for
+    backward (``ParamSpec::mxfp8_colwise_forward``)."""
+    kinds = _mxfp8_kinds(module, params, flags)
+    return [mxfp8.forward_axis(kinds[i]) == "col" if i in kinds else False for i in range(len(params))]
 
 
 class _SavedParamView:
@@ -163,8 +165,10 @@ class FullyShardedDataParallel(DataParallelModule):
             for i in members:
                 self._unit_of[i] = u
         specs = [(n, list(p.shape), bool(getattr(p, "shared_embedding", False))) for n, p in params]
+        colwise = colwise_forward_flags(module, self._params, flags)
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
-                                                flags if any(flags) else [], [p.detach() for p in self._params])
+                                                flags if any(flags) else [], [p.detach() for p in self._params],
+                                                colwise if any(colwise) else [])
         launch._track_model(self)
         self._mxfp8 = flags
         self._mxfp8_kind = _mxfp8_kinds(module, self._params, flags)

@@ -26,7 +26,7 @@ import torch
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
-from mxddp.torch.fsdp import decide_fine_grained, unit_mxfp8_flags
+from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, unit_mxfp8_flags
 from mxddp.torch.fsdp_units import fsdp_units
 
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
@@ -149,7 +149,8 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     dtype = params[0][1].dtype
     names, tensors = [n for n, _ in params], [p for _, p in params]
     # FullyShardedDataParallel's own rules, called as it calls them: which params are MXFP8 (the
-    # DDP's plain nn.Linear weights, those in units only), the fine-grained gather (without a
+    # DDP's plain nn.Linear and HF Conv1D weights, those in units only, and which copy each
+    # one's forward reads), the fine-grained gather (without a
     # recompute: the plan replays none), and the units.
     mxfp8_flags = unit_mxfp8_flags(module, params, cfg, fsdp_unit_modules)
     fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
@@ -161,8 +162,10 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
     hooked = [(list(h.params), h.unit) for h in units.hooked]
+    colwise = colwise_forward_flags(module, tensors, mxfp8_flags)
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
-                              None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches)
+                              None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
+                              colwise if any(colwise) else [])
     return _memory_plan(out, strategy=cfg.data_parallel_sharding_strategy, num_units=len(units.units))
 
 
