@@ -113,7 +113,8 @@ struct FsdpHookedModule {
 // constructor takes them) and `config`, and, when `optimizer` is set, a DistributedOptimizer on
 // it, through iterations driven as the Python package's FullyShardedDataParallel drives them (the
 // objects mxddp.torch.plan plans). `hooked`: the modules with hooks in forward order; each unit is
-// one of them, with exactly its unit's params, and the units come in order. Per micro-batch:
+// one of them, with exactly its unit's params, in the order the forward calls them (which need not
+// be the units' own: the schedule learns it from the first pass, as the real one does). Per micro-batch:
 //   forward: before_forward(every non-unit param, in registration order) once, as the wrapper's
 //     forward starts (where there are any); then for each unit's module in order,
 //     before_forward(params) and after_forward(params); a non-unit module has no hooks;

@@ -148,10 +148,17 @@ int FsdpEngine::units_gathered() const {
 
 std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& st) {
   std::vector<std::pair<int, std::vector<GatherSlot>>> dispatch;
+  MXDDP_ASSERT(st.order.empty() || static_cast<int>(st.order.size()) == st.num_units);
+  auto unit_at = [&st](int position) { return st.order.empty() ? position : st.order[static_cast<size_t>(position)]; };
+  int from = -1;  // unit's position in forward order
+  if (unit >= 0)
+    from = st.order.empty() ? unit
+                            : static_cast<int>(std::find(st.order.begin(), st.order.end(), unit) - st.order.begin());
   const int step = pass == FsdpPhase::kForward ? 1 : -1;
   int64_t ahead = 0;
   int held = st.units_held;
-  for (int u = unit + step; u >= 0 && u < st.num_units; u += step) {
+  for (int at = from + step; at >= 0 && at < st.num_units; at += step) {
+    const int u = unit_at(at);
     const int64_t n = st.numel(u);
     std::vector<GatherSlot> missing;
     for (GatherSlot slot : st.slots(u))

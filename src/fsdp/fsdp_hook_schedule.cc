@@ -22,7 +22,18 @@ FsdpHookSchedule::FsdpHookSchedule(FsdpHookActions& actions, const FsdpConfig& c
       ready_(unit_of_param_.size(), false),
       unit_done_(static_cast<size_t>(num_units), false),
       num_units_(num_units),
-      prefetch_budget_numel_(prefetch_budget_numel) {}
+      prefetch_budget_numel_(prefetch_budget_numel),
+      forwarded_(static_cast<size_t>(num_units), false) {}
+
+void FsdpHookSchedule::start_forward_pass() {
+  // The prefetch follows the order the model's code calls the units in, which module-tree order
+  // (theirs) need not be; learned from a pass that ran each unit once, so the next passes prefetch
+  // what comes next.
+  if (static_cast<int>(pass_order_.size()) == num_units_) forward_order_ = pass_order_;
+  pass_order_.clear();
+  forwarded_.assign(forwarded_.size(), false);
+  any_forwarded_ = false;
+}
 
 FsdpPhase FsdpHookSchedule::phase() const {
   if (recomputing_) return FsdpPhase::kRecompute;
@@ -36,21 +47,25 @@ void FsdpHookSchedule::before_forward(int unit) {
     actions_->wait_gather(num_units_, FsdpPhase::kForward);
     // Only the non-unit modules before the first unit (the embeddings) start the units' prefetch;
     // the final norm comes after the last unit, with nothing left to prefetch in this pass.
-    if (config_.overlap_param_gather && forward_unit_ < 0) prefetch_from(-1, FsdpPhase::kForward);
+    if (config_.overlap_param_gather && !any_forwarded_) prefetch_from(-1, FsdpPhase::kForward);
     return;
   }
-  // A forward pass meets its units in order, so a pre-forward of a unit at or before the last one
-  // is a re-run: a recompute in backward, which may come before the layer's first pre-backward.
-  if (in_backward_ || (forward_unit_ >= 0 && unit <= forward_unit_)) {
+  // A forward pass runs each unit once, in whatever order the model's code calls them, so a
+  // pre-forward of a unit this pass has already run is a re-run: a recompute in backward, which
+  // may come before the layer's first pre-backward. (Comparing unit indices instead took every
+  // unit after an out-of-order one for a recompute, and kept them all gathered.)
+  if (in_backward_ || forwarded_[static_cast<size_t>(unit)]) {
     // The recompute's gather: no prefetch (this pass runs in backward order, and a forward-order
     // prefetch would fetch what backward has finished with).
     in_backward_ = true;
     recomputing_ = true;
-    forward_unit_ = -1;
+    start_forward_pass();
     actions_->wait_gather(unit, FsdpPhase::kRecompute);
     return;
   }
-  forward_unit_ = unit;
+  forwarded_[static_cast<size_t>(unit)] = true;
+  any_forwarded_ = true;
+  pass_order_.push_back(unit);
   actions_->wait_gather(unit, FsdpPhase::kForward);
   if (config_.overlap_param_gather) prefetch_from(unit, FsdpPhase::kForward);
 }
@@ -69,7 +84,7 @@ void FsdpHookSchedule::after_forward(int unit) {
 }
 
 void FsdpHookSchedule::before_backward(int unit) {
-  forward_unit_ = -1;  // the next forward starts again at the first unit
+  start_forward_pass();  // the next forward runs every unit again
   in_backward_ = true;
   recomputing_ = false;
   if (!shards_params() || unit < 0) return;
@@ -117,7 +132,7 @@ void FsdpHookSchedule::end_micro_batch_if_done() {
   // the next micro-batch's first units for recomputes: gathered without prefetch, and kept.
   in_backward_ = false;
   recomputing_ = false;
-  forward_unit_ = -1;
+  start_forward_pass();
 }
 
 void FsdpHookSchedule::clear_ready() {
@@ -133,7 +148,7 @@ void FsdpHookSchedule::wait_without_overlap() {
 }
 
 void FsdpHookSchedule::release_gathered_params() {
-  forward_unit_ = -1;
+  start_forward_pass();
   recomputing_ = false;
   for (int g = 0; g <= num_units_; ++g) actions_->release_group(g);  // in the phase that ends
   in_backward_ = false;
@@ -148,7 +163,8 @@ void FsdpHookSchedule::prefetch_from(int unit, FsdpPhase pass) {
                                 .units_held = a.units_gathered(),
                                 .numel = [&a](int u) { return a.group_numel(u); },
                                 .slots = [&a, pass](int u) { return a.slots_for(u, pass); },
-                                .held = [&a](int u, GatherSlot slot) { return a.holds_slot(u, slot); }};
+                                .held = [&a](int u, GatherSlot slot) { return a.holds_slot(u, slot); },
+                                .order = forward_order_};
   for (const auto& [u, slots] : fsdp_prefetch(unit, pass, state))
     for (GatherSlot slot : slots) actions_->dispatch_gather(u, slot);
 }

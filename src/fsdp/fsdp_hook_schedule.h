@@ -19,7 +19,8 @@ enum class FsdpPhase : uint8_t { kForward, kBackward, kRecompute };
 std::string_view fsdp_phase_name(FsdpPhase p);  // "forward", "backward", "recompute"
 
 // The prefetch rule, shared by FsdpEngine and the memory plan's simulation of it:
-// walking from `unit` in the pass's order (forward: up, backward: down), each unit ahead that lacks
+// walking from `unit` in the pass's order (forward: the units' forward order, backward: its
+// reverse; `unit` -1 starts before the first), each unit ahead that lacks
 // some of the pass's slots gets them dispatched while what is gathered or in flight ahead fits
 // budget_numel (the current unit is always fetched and not counted) and, with double_buffer, while
 // fewer than two units are held. Returns the (unit, slots) to dispatch, in order.
@@ -31,13 +32,14 @@ struct FsdpPrefetchState {
   std::function<int64_t(int unit)> numel;                   // a unit's gathered elements
   std::function<std::vector<GatherSlot>(int unit)> slots;   // the pass's slots of a unit
   std::function<bool(int unit, GatherSlot slot)> held;      // whether it holds (or is fetching) one
+  std::vector<int> order;  // the units in forward order (a permutation); empty: 0..num_units-1
 };
 std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& state);
 
 // What FSDP's module hooks do, decided once for FsdpEngine (real buffers and
 // collectives) and the memory plan's FsdpMemorySim (a tracker), so the two cannot decide
-// differently: which pass a hook is in (a pre-forward of a unit at or before the last one is a
-// recompute), what is waited for, prefetched, released and reduced. Each owner carries out the
+// differently: which pass a hook is in (a pre-forward of a unit that already ran in this forward
+// pass is a recompute), what is waited for, prefetched, released and reduced. Each owner carries out the
 // actions on what it holds. Groups: 0..U-1 the units, U the non-unit params.
 class FsdpHookActions {
  public:
@@ -85,6 +87,9 @@ class FsdpHookSchedule {
   void release_gathered_params();
   // fsdp_prefetch from unit in this pass, and each slot it returns dispatched.
   void prefetch_from(int unit, FsdpPhase pass);
+  // The unit a forward pass runs first: as the last whole forward pass ran them (unit 0 before one
+  // has run), which is what the prefetch follows.
+  int first_forward_unit() const { return forward_order_.empty() ? 0 : forward_order_.front(); }
 
  private:
   bool shards_params() const { return fsdp_shards_params(config_.data_parallel_sharding_strategy); }
@@ -104,7 +109,14 @@ class FsdpHookSchedule {
   int units_done_ = 0;
   int num_units_ = 0;
   int64_t prefetch_budget_numel_ = 0;
-  int forward_unit_ = -1;     // the last unit whose pre-forward ran in this forward pass
+  // The units whose pre-forward ran in this forward pass, and whether any did. A pass calls its
+  // units in the model's code order, which need not be theirs (fine-grained units are in
+  // module-tree order: Llama registers its norms after the attention and MLP they precede).
+  std::vector<bool> forwarded_;  // [unit]
+  bool any_forwarded_ = false;
+  std::vector<int> pass_order_;     // the units this forward pass ran, in order
+  std::vector<int> forward_order_;  // the last pass that ran every unit once; empty: unit order
+  void start_forward_pass();        // none forwarded; a pass that ran every unit sets the order
   bool recomputing_ = false;  // from a recompute's pre-forward to its post-forward
   // In a backward pass: from a pre-backward, or a recompute's pre-forward, until the next forward
   // starts (a non-unit module's pre-forward: the embeddings) or the next iteration.

@@ -538,10 +538,11 @@ void FsdpEngine::start_iteration(const std::function<void()>&) {
     if (b->mxfp8) b->params_shard = HostBuffer();
   // The design's start_param_sync: the non-unit params and the first unit, plus the prefetch.
   if (shards_params() && config_.overlap_param_gather) {
-    for (int group : {non_unit_group(), 0})
+    const int first = schedule_.first_forward_unit();
+    for (int group : {non_unit_group(), first})
       for (GatherSlot slot : slots_for(group, FsdpPhase::kForward))
         if (slot_state(group, slot) == 0) dispatch_gather(group, slot);
-    schedule_.prefetch_from(0, FsdpPhase::kForward);
+    schedule_.prefetch_from(first, FsdpPhase::kForward);
   }
 }
 

@@ -24,7 +24,7 @@ std::vector<int> check_hooked_modules(const std::vector<ParamSpec>& params, cons
                                       const std::vector<FsdpHookedModule>& hooked) {
   const std::vector<int> unit_of_param = fsdp_unit_of_param(params.size(), units);
   std::vector<int> first_use(params.size(), -1);
-  int next_unit = 0;
+  std::vector<bool> unit_hooked(units.size(), false);
   for (size_t j = 0; j < hooked.size(); ++j) {
     const FsdpHookedModule& h = hooked[j];
     MXDDP_CHECK(!h.params.empty(), "hooked module {} names no params; a module without trainable params has no hooks", j);
@@ -43,16 +43,16 @@ std::vector<int> check_hooked_modules(const std::vector<ParamSpec>& params, cons
       if (first_use[static_cast<size_t>(p)] < 0) first_use[static_cast<size_t>(p)] = static_cast<int>(j);
     }
     if (h.unit < 0) continue;
-    MXDDP_CHECK(h.unit == next_unit,
-                "hooked module {} is unit {}, but the next unit in forward order is {}: each unit is one hooked "
-                "module, and the units come in order",
-                j, h.unit, next_unit);
+    MXDDP_CHECK(!unit_hooked[static_cast<size_t>(h.unit)],
+                "hooked module {} is unit {}, which an earlier hooked module is: each unit is one hooked module", j,
+                h.unit);
     MXDDP_CHECK(h.params.size() == units[static_cast<size_t>(h.unit)].size(),
                 "hooked module {} names {} of unit {}'s {} params; a unit's module names all of them", j,
                 h.params.size(), h.unit, units[static_cast<size_t>(h.unit)].size());
-    ++next_unit;
+    unit_hooked[static_cast<size_t>(h.unit)] = true;
   }
-  MXDDP_CHECK(next_unit == static_cast<int>(units.size()), "unit {} has no hooked module; each unit is one", next_unit);
+  for (size_t u = 0; u < units.size(); ++u)
+    MXDDP_CHECK(unit_hooked[u], "unit {} has no hooked module; each unit is one", u);
   for (size_t p = 0; p < params.size(); ++p)
     MXDDP_CHECK(first_use[p] >= 0, "param '{}' is in no hooked module: its gradient would never be reported",
                 params[p].name);

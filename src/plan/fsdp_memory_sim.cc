@@ -229,10 +229,11 @@ void FsdpMemorySim::start_iteration() {
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (buckets_[b].mxfp8) free_staging(static_cast<int>(b));
   if (shards_params() && config_.overlap_param_gather) {
-    for (int group : {non_unit_group(), 0})
+    const int first = schedule_.first_forward_unit();
+    for (int group : {non_unit_group(), first})
       for (GatherSlot slot : slots_for(group, FsdpPhase::kForward))
         if (state(group, slot) == 0) dispatch_gather(group, slot);
-    schedule_.prefetch_from(0, FsdpPhase::kForward);
+    schedule_.prefetch_from(first, FsdpPhase::kForward);
   }
 }
 

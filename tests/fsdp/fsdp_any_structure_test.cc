@@ -227,6 +227,52 @@ TEST(AllParamsInUnits, TheNextMicroBatchOpensAForwardPass) {
   });
 }
 
+// Units listed in another order than the forward calls them (fine-grained units follow the module
+// tree, which HF Llama's layers do not run in: their norms are registered after the attention and
+// MLP they precede). Comparing unit indices took every unit after the first out-of-order one for a
+// recompute and kept it gathered through backward; now a forward pass is each unit once, in any
+// order, and from the second iteration the prefetch follows the order the first one ran.
+TEST(UnitsOutOfTheirOrder, AreAForwardAndThePrefetchLearnsTheirOrder) {
+  const GenericModel model = make_generic_model(StructureClass::kAllInUnits, 3, /*fine_grained=*/true, false);
+  std::vector<std::vector<float>> init;
+  std::vector<TensorView> views;
+  for (int p : model.param_of_spec) init.push_back(model.params[static_cast<size_t>(p)].init);
+  for (size_t i = 0; i < init.size(); ++i) views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
+  const std::vector<std::vector<int>> reversed(model.units.rbegin(), model.units.rend());  // FSDP unit k: model's U-1-k
+  const int num_units = static_cast<int>(model.units.size());
+  ASSERT_GE(num_units, 3);
+  run_local(2, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    FsdpConfig config;
+    config.param_dtype = DType::kF32;
+    config.overlap_param_gather = true;
+    FullyShardedDataParallel fsdp(comm, model.specs, reversed, config, tracker, views);
+    DistributedOptimizer opt(fsdp, generic_optimizer_config(), tracker);
+    DataParallelModelAccess access(fsdp);
+    std::vector<int> call_order;  // FSDP's units in the order the forward calls them
+    for (int u = num_units - 1; u >= 0; --u) call_order.push_back(u);
+    for (int it = 0; it < 2; ++it) {
+      fsdp_engine(fsdp).clear_gather_events();
+      opt.zero_grad();
+      generic_forward_backward(model, access, it, 0, 2, 0.5f, false);
+      fsdp.finish_grad_sync();
+      opt.step();
+      std::vector<int> forward_gathers;
+      int gathers = 0;
+      for (const FsdpGatherEvent& e : fsdp_engine(fsdp).gather_events()) {
+        gathers += e.kind == FsdpGatherEvent::Kind::kGather;
+        EXPECT_NE(e.phase, FsdpPhase::kRecompute) << "iteration " << it << " group " << e.group;
+        if (e.kind == FsdpGatherEvent::Kind::kGather && e.phase == FsdpPhase::kForward) forward_gathers.push_back(e.group);
+      }
+      EXPECT_EQ(gathers, 2 * num_units) << "iteration " << it << ": each unit gathered for forward and backward";
+      // The first iteration prefetches in unit order (the order is not known yet); the second in the
+      // order the first one ran.
+      if (it == 1) EXPECT_EQ(forward_gathers, call_order);
+      else EXPECT_NE(forward_gathers, call_order);
+    }
+  });
+}
+
 // ---- The matrix ----
 
 class AnyStructure : public ::testing::TestWithParam<std::tuple<StructureClass, ModeVariant>> {};

@@ -17,7 +17,7 @@ import torch.utils.checkpoint
 import mxddp
 import mxddp.torch as mxt
 from micro_batches import backward_micro_batches
-from test_parity import (BETAS, CLIP, EPS, LR, WD, gpt2_batch, gpt2_loss, make_gpt2, mlp_batch, mlp_loss,
+from test_parity import (BETAS, CLIP, EPS, LR, WD, gpt2_batch, gpt2_loss, make_gpt2, make_llama, mlp_batch, mlp_loss,
                          reference_optimizer)
 
 STEPS = 4
@@ -67,6 +67,11 @@ def gpt2_block_class():
     return GPT2Block
 
 
+def llama_block_class():
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    return LlamaDecoderLayer
+
+
 def set_recompute(name, module, on):
     if name == "mlp":
         module.recompute = on
@@ -76,7 +81,8 @@ def set_recompute(name, module, on):
 
 
 MODELS = {"mlp": (make_mlp, mlp_batch, mlp_loss, lambda: [Block]),
-          "gpt2": (make_gpt2, gpt2_batch, gpt2_loss, lambda: [gpt2_block_class()])}
+          "gpt2": (make_gpt2, gpt2_batch, gpt2_loss, lambda: [gpt2_block_class()]),
+          "llama": (make_llama, gpt2_batch, gpt2_loss, lambda: [llama_block_class()])}
 
 _reference_cache = {}
 
@@ -134,7 +140,8 @@ def train_fsdp(name, module, rank, micro_batches, config):
     opt = optimizer(model)
     try:
         losses = train_steps(model, opt, loss_fn, batch_fn, rank, micro_batches)
-        gathered = (model._cpp.gathers_started, model._cpp.releases_done, model.peak_gathered_bytes())
+        gathered = (model._cpp.gathers_started, model._cpp.releases_done, model.peak_gathered_bytes(),
+                    model.forward_order)
     finally:
         opt.close()
         model.close()
@@ -143,7 +150,13 @@ def train_fsdp(name, module, rank, micro_batches, config):
 
 CASES = [(name, strategy, overlap, micro_batches, fine_grained, recompute)
          for name in ("mlp", "gpt2") for strategy in STRATEGIES for overlap in (False, True)
-         for micro_batches in (1, 3) for fine_grained in (False, True) for recompute in (False, True)]
+         for micro_batches in (1, 3) for fine_grained in (False, True) for recompute in (False, True)] + [
+    # HF Llama (grouped-query attention, RMSNorm, untied head), a unit per LlamaDecoderLayer: every
+    # strategy overlapped over 3 micro-batches, and the fine-grained gather with and without recompute.
+    *[("llama", strategy, True, 3, False, False) for strategy in STRATEGIES],
+    ("llama", "optim_grads_params", True, 1, True, True),
+    ("llama", "optim_grads_params", True, 3, True, False),
+    ("llama", "optim_grads_params", False, 3, True, False)]
 
 
 @pytest.mark.parametrize("name,strategy,overlap,micro_batches,fine_grained,recompute", CASES)
@@ -153,7 +166,7 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
     module = copy.deepcopy(initial)
     set_recompute(name, module, recompute)
     config = fsdp_config(strategy, overlap, fine_grained)
-    got, (gathers, releases, peak) = train_fsdp(name, module, rank, micro_batches, config)
+    got, (gathers, releases, peak, forward_order) = train_fsdp(name, module, rank, micro_batches, config)
     # Training moves the params, or matching them proves nothing.
     assert max((p - trained[n]).abs().max().item() for n, p in initial.named_parameters()) > 1e-3
     for step, (e, g) in enumerate(zip(expected, got)):
@@ -162,8 +175,9 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
     # most gathered at once is what the memory plan says, to the byte (it replays no recompute).
     assert gathers == releases
     if not recompute:
+        # In the units' forward order, which for Llama's fine-grained units is not the module tree's.
         planned = mxt.plan(copy.deepcopy(initial), world, config, None, fsdp_unit_modules=MODELS[name][3](),
-                           micro_batches=micro_batches)
+                           micro_batches=micro_batches, forward_order=forward_order)
         assert peak == planned.peak_gathered_bytes, (peak, planned.peak_gathered_bytes)
     assert (gathers > 0) == (strategy == "optim_grads_params") and (peak["values"] > 0) == (gathers > 0)
     for n, p in module.named_parameters():
@@ -178,7 +192,7 @@ def test_reentrant_recompute_matches_too(ranks, strategy):
     initial, expected, trained = reference("mlp", rank, world, 3)
     module = copy.deepcopy(initial)
     module.recompute = "reentrant"
-    got, (gathers, releases, _) = train_fsdp("mlp", module, rank, 3, fsdp_config(strategy, True, False))
+    got, (gathers, releases, _, _) = train_fsdp("mlp", module, rank, 3, fsdp_config(strategy, True, False))
     assert gathers == releases
     for step, (e, g) in enumerate(zip(expected, got)):
         assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
@@ -210,7 +224,7 @@ def test_fine_grained_lowers_the_peak_gathered_bytes(ranks):
     peaks = {}
     for fine in (False, True):
         initial, _, _ = reference("gpt2", rank, world, 1)
-        _, (_, _, peak) = train_fsdp("gpt2", copy.deepcopy(initial), rank, 1,
+        _, (_, _, peak, _) = train_fsdp("gpt2", copy.deepcopy(initial), rank, 1,
                                      fsdp_config("optim_grads_params", False, fine))
         peaks[fine] = peak["values"]
     assert 0 < peaks[True] < peaks[False], peaks

@@ -1,6 +1,7 @@
 """Parity with PyTorch: mxddp's DDP + distributed optimizer against torch.nn.parallel.
-DistributedDataParallel (gloo) + torch.optim.AdamW with the same clipping, on a plain MLP and an
-HF GPT2LMHeadModel (random init, tied embedding), 20 steps in F32: every step's loss within 1e-5
+DistributedDataParallel (gloo) + torch.optim.AdamW with the same clipping, on a plain MLP, an
+HF GPT2LMHeadModel (random init, tied embedding) and an HF LlamaForCausalLM (grouped-query
+attention, RMSNorm, untied head), 20 steps in F32: every step's loss within 1e-5
 relative, with overlap on and off, several bucket sizes, accumulation under no_sync, and
 gradient_accumulation_fusion on and off.
 """
@@ -50,7 +51,21 @@ def gpt2_loss(model, ids):
     return model(input_ids=ids, labels=ids).loss
 
 
-MODELS = {"mlp": (make_mlp, mlp_batch, mlp_loss), "gpt2": (make_gpt2, gpt2_batch, gpt2_loss)}
+def make_llama():
+    """HF Llama: nn.Linear projections with grouped-query attention (2 KV heads for 4), a SwiGLU MLP,
+    RMSNorm, rotary positions (a buffer, no param) and an untied LM head."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config)
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    return model
+
+
+# gpt2_batch and gpt2_loss serve any causal LM over the same 96 tokens.
+MODELS = {"mlp": (make_mlp, mlp_batch, mlp_loss), "gpt2": (make_gpt2, gpt2_batch, gpt2_loss),
+          "llama": (make_llama, gpt2_batch, gpt2_loss)}
 
 
 def reference_optimizer(module):
@@ -107,6 +122,8 @@ CASES = [
     ("mlp", True, 2000, 3, False),
     ("gpt2", False, None, 1, False),
     ("gpt2", True, 5000, 2, False),
+    ("llama", True, 5000, 2, True),
+    ("llama", False, None, 1, False),
 ]
 
 

@@ -43,7 +43,7 @@ from mxddp import _C
 from mxddp.torch import grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
-from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units
+from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
@@ -180,6 +180,8 @@ class FullyShardedDataParallel(DataParallelModule):
         self._reported = [False] * len(self._params)
         self._unit_pending = [len(u) for u in self.units.units]
         self._unit_backward_started = [False] * len(self.units.units)
+        self._units_called: Optional[list[int]] = None  # the units the running forward called, in order
+        self._forward_order: Optional[list[str]] = None
         self._backward_seen = False
         self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
         owners = grad_fusion.param_owners(module)
@@ -199,7 +201,7 @@ class FullyShardedDataParallel(DataParallelModule):
         # model may read them outside their module's forward (a tied LM head reading the embedding).
         for h in self.units.hooked:
             if h.unit >= 0:
-                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params)))
+                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params, h.unit)))
                 self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
         self._non_unit_params = self.units.non_unit_params
         self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
@@ -240,10 +242,12 @@ class FullyShardedDataParallel(DataParallelModule):
         base = self._params[saved.index].detach()  # its storage now: the backward's gather
         return base.as_strided(saved.size, saved.stride, base.storage_offset() + saved.offset)
 
-    def _make_pre_forward(self, indices: tuple[int, ...]):
+    def _make_pre_forward(self, indices: tuple[int, ...], unit: int):
         params = list(indices)
 
         def hook(_module, _args) -> None:
+            if self._units_called is not None:
+                self._units_called.append(unit)
             self._cpp.before_forward(params)
             self._view(params)
 
@@ -351,11 +355,18 @@ class FullyShardedDataParallel(DataParallelModule):
         if self._non_unit_params:  # gathered now, kept until the gradients are synchronized
             self._cpp.before_forward(self._non_unit_params)
             self._view(self._non_unit_params)
-        if self._shards_params:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+        self._units_called = []
+        try:
+            if self._shards_params:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    out = self.module(*args, **kwargs)
+            else:
                 out = self.module(*args, **kwargs)
-        else:
-            out = self.module(*args, **kwargs)
+            if sorted(self._units_called) == list(range(self.num_units)):
+                names = {h.unit: h.name for h in self.units.hooked if h.unit >= 0}
+                self._forward_order = [names[u] for u in self._units_called]
+        finally:
+            self._units_called = None
         if not torch.is_grad_enabled():  # a forward-only pass: no backward will release the non-unit params
             self._stand_in(self._non_unit_params)
             self._cpp.release_gathered_params()
@@ -403,6 +414,15 @@ class FullyShardedDataParallel(DataParallelModule):
     def num_units(self) -> int:
         return self._cpp.num_units
 
+    @property
+    def forward_order(self) -> Optional[list[str]]:
+        """The units' modules (their names in ``module.named_modules()``) in the order the last
+        forward that ran each unit once called them; None before one has. The C++ FSDP follows the
+        same order for its forward and backward prefetch (it may differ from the module tree's:
+        Llama registers its norms after the attention and MLP they precede, which a fine-grained
+        unit per submodule shows). ``mxt.plan(..., forward_order=model.forward_order)`` replays it."""
+        return None if self._forward_order is None else list(self._forward_order)
+
     def _full_values(self) -> list[torch.Tensor]:
         """Collective: every param's values (MXFP8: row-wise dequantized), by a forward-like pass
         of pre- and post-forward hooks over the hooked modules."""
@@ -418,7 +438,8 @@ class FullyShardedDataParallel(DataParallelModule):
 
         # The pre-forward hooks gather the units (optim_grads_params) or wait for the all-gather of
         # the updated params that the last step started (optim, optim_grads with overlap).
-        for h in self.units.hooked:
+        # In the order the forward calls the units, which the C++ FSDP learns from passes like this one.
+        for h in in_forward_order(self.units.hooked, self._forward_order):
             self._cpp.before_forward(list(h.params))
             take(h.params)
             self._cpp.after_forward(list(h.params))

@@ -9,10 +9,13 @@ synchronized. With the fine-grained param gather each submodule inside a unit mo
 trainable params directly (``nn.Linear``, ``nn.LayerNorm``, ...) is a unit of its own instead.
 
 The result is the list of *hooked modules* in module-tree order (the order ``named_modules()``
-walks, which is the forward order of ``nn.Sequential``, HF transformers and Megatron alike): the
-modules whose forward runs FSDP's hooks, each with its params (registration indices) and its unit
-(-1 for a non-unit module). ``FullyShardedDataParallel`` hooks exactly these modules, and the
-memory plan replays them in this order, so the two cannot disagree about the units.
+walks): the modules whose forward runs FSDP's hooks, each with its params (registration indices)
+and its unit (-1 for a non-unit module), the units numbered in that order. ``FullyShardedDataParallel``
+hooks exactly these modules, and the memory plan replays them, so the two cannot disagree about the
+units. The tree's order is the forward's for ``nn.Sequential``, GPT-2 and the coarse units of HF
+models, but not always for fine-grained ones (a Llama layer registers its norms after the attention
+and MLP they precede): the C++ FSDP learns the order a forward calls the units in, and the plan takes
+it as ``forward_order`` (``in_forward_order``).
 """
 from __future__ import annotations
 
@@ -129,6 +132,22 @@ def fsdp_units(module: torch.nn.Module, param_names: list[str], params: list[tor
     order = {id(sub): i for i, (_, sub) in enumerate(module.named_modules(remove_duplicate=True))}
     hooked.sort(key=lambda h: order[id(h.module)])
     return FsdpUnits(units=units, hooked=hooked)
+
+
+def in_forward_order(hooked: list[HookedModule], forward_order: Optional[Sequence[str]]) -> list[HookedModule]:
+    """The hooked modules with the units' ones in ``forward_order`` (their names), each in a place a
+    unit module held, the non-unit ones (embeddings first, a final norm or head last) where they were."""
+    if forward_order is None:
+        return hooked
+    units = {h.name: h for h in hooked if h.unit >= 0}
+    names = [] if isinstance(forward_order, (str, bytes)) else list(forward_order)
+    if not names or not all(isinstance(n, str) for n in names) or sorted(names) != sorted(units):
+        missing = sorted(set(units) - set(n for n in names if isinstance(n, str)))
+        raise ValueError(f"forward_order={forward_order!r} is not valid: the names of the units' modules, each once, "
+                         f"in the order the forward calls them (FullyShardedDataParallel.forward_order); "
+                         f"missing: {missing}; valid names: {sorted(units)}")
+    ordered = iter(units[name] for name in names)
+    return [next(ordered) if h.unit >= 0 else h for h in hooked]
 
 
 def _is_below(name: str, root: str) -> bool:

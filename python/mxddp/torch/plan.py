@@ -27,7 +27,7 @@ from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
 from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, unit_mxfp8_flags
-from mxddp.torch.fsdp_units import fsdp_units
+from mxddp.torch.fsdp_units import fsdp_units, in_forward_order
 
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
 # only keeps the count an int the C++ side takes.
@@ -92,7 +92,7 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
          opt_cfg: OptimizerConfig | None = None, fsdp_unit_modules: Optional[Sequence] = None,
-         micro_batches: int = 1) -> MemoryPlan:
+         micro_batches: int = 1, forward_order: Optional[Sequence[str]] = None) -> MemoryPlan:
     """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
     ``opt_cfg``, a ``DistributedOptimizer`` on it) hold at ``world`` ranks after a gradient sync and a
     step: the same figures ``memory_usage()`` reports then, to the byte. With
@@ -109,7 +109,11 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     units, e.g. ``[GPT2Block]``. micro_batches (FSDP only; DDP's bytes do not depend on it): per
     iteration, the first ones under ``no_sync``. The FSDP plan is of a training loop without
     activation recompute (``torch.utils.checkpoint`` re-gathers a unit inside its backward, which
-    it does not replay). Needs no ``init()`` and no ranks; allocates nothing.
+    it does not replay). It replays the units in module-tree order, or (FSDP only) in
+    ``forward_order``: the names of the units' modules in the order the model's forward calls them,
+    as ``FullyShardedDataParallel.forward_order`` reports after a forward; where the two differ
+    (fine-grained units of a Llama layer) only the latter gives the gathered peaks to the byte.
+    Needs no ``init()`` and no ranks; allocates nothing.
     """
     if isinstance(world, bool) or not isinstance(world, int):
         raise TypeError(f"world must be an int (the data-parallel size); got {world!r}")
@@ -124,7 +128,9 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
             or not 1 <= micro_batches <= _MICRO_BATCHES_MAX:
         raise ValueError(f"micro_batches={micro_batches!r} is not valid: an int, 1..{_MICRO_BATCHES_MAX}")
     if cfg.use_megatron_fsdp:
-        return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches)
+        return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches, forward_order)
+    if forward_order is not None:
+        raise ValueError("forward_order is given but cfg.use_megatron_fsdp is False: it orders FSDP's units")
     if fsdp_unit_modules is not None:
         raise ValueError("fsdp_unit_modules is given but cfg.use_megatron_fsdp is False: units are FSDP's (set "
                          "use_megatron_fsdp=True, or pass fsdp_unit_modules=None to plan the DDP)")
@@ -144,7 +150,7 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
 
 def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig,
                opt_cfg: OptimizerConfig | None, fsdp_unit_modules: Optional[Sequence],
-               micro_batches: int) -> MemoryPlan:
+               micro_batches: int, forward_order: Optional[Sequence[str]]) -> MemoryPlan:
     params = _planned_params(module)
     dtype = params[0][1].dtype
     names, tensors = [n for n, _ in params], [p for _, p in params]
@@ -161,7 +167,7 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     fsdp_cfg = cfg.to_fsdp_cpp(_DTYPES[dtype])
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
-    hooked = [(list(h.params), h.unit) for h in units.hooked]
+    hooked = [(list(h.params), h.unit) for h in in_forward_order(units.hooked, forward_order)]
     colwise = colwise_forward_flags(module, tensors, mxfp8_flags)
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
                               None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
