@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 import mxddp
 import mxddp.torch as mxt
 from micro_batches import backward_micro_batches
+from test_mxfp8 import quantize
 from test_parity import (BETAS, CLIP, EPS, LR, WD, gpt2_batch, gpt2_loss, make_gpt2, make_llama, mlp_batch, mlp_loss,
                          reference_optimizer)
 
@@ -459,6 +460,12 @@ def test_conv1d_and_linear_mxfp8_weights_in_one_unit_train_as_ddp_s(ranks, fine_
     opt = optimizer(model)
     try:
         got = train_steps(model, opt, mlp_loss, bf16_batch, rank, 2)
+        # The state dict holds what each forward reads: the Conv1D's column-wise values, which
+        # quantize column-wise to themselves (and the Linear's row-wise ones row-wise).
+        sd = model.state_dict()
+        for name, axis in (("blocks.1.conv.weight", "col"), ("blocks.1.fc.weight", "row")):
+            values = sd["module." + name]
+            assert torch.equal(quantize(values, axis)[2].bfloat16(), values), name
         assert model._cpp.gathers_started == model._cpp.releases_done
         # Outside its unit's forward the Conv1D's column-wise copy is not gathered: a read is refused.
         with pytest.raises(mxddp.Error, match="MXFP8 param 'blocks.0.conv.weight' read col-wise while unit 0 holds "
