@@ -74,19 +74,20 @@ def loss_of(model, ids):
 
 
 class NewTensorsOfShapes(TorchDispatchMode):
-    """Records every op whose output is a tensor of one of `shapes` that is not a view of `buffer`
-    (an in-place accumulation into main_grad is one)."""
+    """Records every op whose output is a tensor of one of `shapes` that lies in none of `buffers`
+    (an in-place accumulation into main_grad is in the grad buffer; a detached view of a weight, in
+    the param buffer, allocates nothing)."""
 
-    def __init__(self, shapes, buffer):
+    def __init__(self, shapes, buffers):
         super().__init__()
-        self.shapes, self.buffer, self.seen = {tuple(s) for s in shapes}, buffer, []
+        self.shapes, self.seen = {tuple(s) for s in shapes}, []
+        self.ranges = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in buffers]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor) and tuple(t.shape) in self.shapes:
-                start, size = self.buffer.data_ptr(), self.buffer.numel() * self.buffer.element_size()
-                if not start <= t.data_ptr() < start + size:
+                if not any(start <= t.data_ptr() < end for start, end in self.ranges):
                     self.seen.append((str(func), tuple(t.shape)))
         return out
 
@@ -105,7 +106,8 @@ def test_main_grads_equal_torch_grads_over_micro_batches_with_no_dw_tensor(ranks
         names = [n for n, _ in model.registered_params()]
         assert [n for n, f in zip(names, model.fused_params) if f] == (FUSED if fusion else [])
         fused_shapes = [p.shape for (n, p), f in zip(model.registered_params(), model.fused_params) if f]
-        watch = NewTensorsOfShapes([p.shape for n, p in model.registered_params() if n in FUSED], model.grad_buffer())
+        watch = NewTensorsOfShapes([p.shape for n, p in model.registered_params() if n in FUSED],
+                                  [model.grad_buffer(), model.param_buffer()])
         for micro in range(2):  # two micro-batches accumulate into main_grad, the first under no_sync
             with model.no_sync() if micro == 0 else contextlib.nullcontext():
                 loss = loss_of(model, batch(rank, micro))

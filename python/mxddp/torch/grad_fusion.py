@@ -109,25 +109,37 @@ def is_fusable(param: torch.nn.Parameter, owners: list[torch.nn.Module], main_gr
     return main_grad_dtype == param.dtype or all(k == "embedding" for k in kinds)
 
 
+# What a fused Function reads the weight through: ("forward" or "dgrad") -> the weight in its module's
+# layout. Gradient accumulation fusion reads the param itself for both; an MXFP8 weight dequantizes
+# the copy each product reduces along (mxfp8.py).
+WeightReader = Callable[[str], torch.Tensor]
+
+
+def param_reader(module: torch.nn.Module) -> WeightReader:
+    """The module's own weight, for both products (outside autograd: the Function stands in for it)."""
+    return lambda _product: module.weight.detach()
+
+
 class _FusedLinear(torch.autograd.Function):
-    """y = x W^T + b; backward adds dW = dy^T x into main_grad."""
+    """y = x W^T + b with W [out, in]; backward adds dW = dy^T x into main_grad."""
 
     @staticmethod
-    def forward(ctx, x, ready_token, bias, cpp, index, linear):
-        weight = linear.weight.detach()  # [out, in]
+    def forward(ctx, x, ready_token, bias, cpp, index, read_weight):
+        # The weight comes through read_weight, not as an argument: a tensor argument would be an
+        # autograd input, and the weight must stay out of the graph (its ready token stands in).
         ctx.save_for_backward(x)
-        ctx.cpp, ctx.index, ctx.weight = cpp, index, weight
+        ctx.cpp, ctx.index, ctx.read_weight = cpp, index, read_weight
         ctx.has_bias = bias is not None
-        return torch.nn.functional.linear(x, weight, bias)
+        return torch.nn.functional.linear(x, read_weight("forward"), bias)
 
     @staticmethod
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
-        weight = ctx.weight
-        out_features, in_features = weight.shape
-        grad_x = grad_y.matmul(weight) if ctx.needs_input_grad[0] else None
+        main_grad = ctx.cpp.main_grad(ctx.index)  # [out, in], F32 or the params' dtype (FSDP: transient)
+        out_features, in_features = main_grad.shape
+        grad_x = grad_y.matmul(ctx.read_weight("dgrad")) if ctx.needs_input_grad[0] else None
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        accumulate_product_(ctx.cpp.main_grad(ctx.index), dy.t(), x.reshape(-1, in_features))
+        accumulate_product_(main_grad, dy.t(), x.reshape(-1, in_features))
         grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, token_grad(), grad_bias, None, None, None
 
@@ -136,23 +148,23 @@ class _FusedConv1D(torch.autograd.Function):
     """HF's Conv1D: y = b + x W with W [in, out]; backward adds dW = x^T dy into main_grad."""
 
     @staticmethod
-    def forward(ctx, x, ready_token, bias, cpp, index, conv):
-        weight = conv.weight.detach()  # [in, out]
+    def forward(ctx, x, ready_token, bias, cpp, index, read_weight):
+        weight = read_weight("forward")  # [in, out]
         xs = x.reshape(-1, x.shape[-1])  # [tokens, in]
         y = torch.mm(xs, weight) if bias is None else torch.addmm(bias, xs, weight)
         ctx.save_for_backward(x)
-        ctx.cpp, ctx.index, ctx.weight = cpp, index, weight
+        ctx.cpp, ctx.index, ctx.read_weight = cpp, index, read_weight
         ctx.has_bias = bias is not None
         return y.view(*x.shape[:-1], weight.shape[1])
 
     @staticmethod
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
-        weight = ctx.weight
-        in_features, out_features = weight.shape
+        main_grad = ctx.cpp.main_grad(ctx.index)  # [in, out], F32 or the params' dtype (FSDP: transient)
+        in_features, out_features = main_grad.shape
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        grad_x = dy.mm(weight.t()).view(x.shape) if ctx.needs_input_grad[0] else None
-        accumulate_product_(ctx.cpp.main_grad(ctx.index), x.reshape(-1, in_features).t(), dy)
+        grad_x = dy.mm(ctx.read_weight("dgrad").t()).view(x.shape) if ctx.needs_input_grad[0] else None
+        accumulate_product_(main_grad, x.reshape(-1, in_features).t(), dy)
         grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, token_grad(), grad_bias, None, None, None
 
@@ -176,21 +188,25 @@ class _FusedEmbedding(torch.autograd.Function):
         return None, token_grad(), None, None, None
 
 
-def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_token: torch.Tensor) -> Callable:
+def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_token: torch.Tensor,
+            read_weight: Optional[WeightReader] = None) -> Callable:
     """Replaces the forward of ``module`` (a fusable owner of param ``index``) with its fused
-    Function; ``restore_forward`` undoes it."""
+    Function, reading the weight through ``read_weight`` (default: the param itself; Linear and
+    Conv1D only); ``restore_forward`` undoes it."""
     # The argument names are the classes' own (Linear and Embedding: input, Conv1D: x), so a call
     # by keyword still works.
     kind = fusable_kind(module, module.weight)
+    read = param_reader(module) if read_weight is None else read_weight
     if kind == "linear":
         def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-            return _FusedLinear.apply(input, ready_token, module.bias, cpp, index, module)
+            return _FusedLinear.apply(input, ready_token, module.bias, cpp, index, read)
     elif kind == "conv1d":
         def forward(x: torch.Tensor) -> torch.Tensor:
-            return _FusedConv1D.apply(x, ready_token, module.bias, cpp, index, module)
-    elif kind == "embedding":
+            return _FusedConv1D.apply(x, ready_token, module.bias, cpp, index, read)
+    elif kind == "embedding" and read_weight is None:
         def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
             return _FusedEmbedding.apply(input, ready_token, cpp, index, module)
     else:
-        raise TypeError(f"{type(module).__name__} does not fuse its weight gradient")
+        raise TypeError(f"{type(module).__name__} does not fuse its weight gradient"
+                        + (" read through a reader" if read_weight is not None else ""))
     return replace_forward(module, forward)

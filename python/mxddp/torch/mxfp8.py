@@ -20,8 +20,9 @@ Reporting ready once per backward, however many times the module ran: each MXFP8
 0-dim leaf tensor (its *ready token*) that every use of the weight takes as an input. Autograd
 sums the token's gradient over all uses and runs its AccumulateGrad once, after every use's
 backward has added its dW; the token's post-accumulate-grad hook then calls ``grad_ready``. A
-forward under ``torch.no_grad`` builds no graph and reports nothing. The token, the forward
-replacement and the accumulation are gradient accumulation fusion's (``grad_fusion.py``).
+forward under ``torch.no_grad`` builds no graph and reports nothing. The Functions, the token, the
+forward replacement and the accumulation are gradient accumulation fusion's (``grad_fusion.py``),
+with a weight reader (``reader``) that dequantizes instead of reading the param.
 
 The torch Parameter of an MXFP8 weight keeps its shape, dtype and device, but its values are a
 single NaN broadcast to its shape (2 bytes): code that reads the weight outside the module's
@@ -69,83 +70,22 @@ def forward_axis(kind: str) -> str:
     return "row" if kind == "linear" else "col"
 
 
-class _Mxfp8LinearFunction(torch.autograd.Function):
-    """y = x W^T + b with W [out, in] read from MXFP8 storage (row-wise forward, column-wise dgrad)."""
-
-    @staticmethod
-    def forward(ctx, x, ready_token, bias, cpp, index, linear):
-        # The module is passed, not its weight: a tensor argument would be an autograd input, and
-        # the weight must stay out of the graph (its ready token stands in for it).
-        weight = linear.weight
-        w_row = dequantize(cpp, index, "row", weight.shape, weight.dtype)  # [out, in]
-        y = torch.nn.functional.linear(x, w_row, bias)
-        ctx.save_for_backward(x)
-        ctx.cpp, ctx.index, ctx.weight = cpp, index, weight
-        ctx.has_bias = bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        (x,) = ctx.saved_tensors
-        weight = ctx.weight
-        out_features, in_features = weight.shape
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            w_col = dequantize(ctx.cpp, ctx.index, "col", weight.shape, weight.dtype)  # [out, in]
-            grad_x = grad_y.matmul(w_col)
-        dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        xs = x.reshape(-1, in_features)        # [tokens, in]
-        # main_grad: [out, in], F32 or the params' dtype (FSDP: transient)
-        grad_fusion.accumulate_product_(ctx.cpp.main_grad(ctx.index), dy.t(), xs)
-        grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_fusion.token_grad(), grad_bias, None, None, None
-
-
-class _Mxfp8Conv1DFunction(torch.autograd.Function):
-    """HF's Conv1D, y = b + x W with W [in, out] read from MXFP8 storage (column-wise forward,
-    row-wise dgrad)."""
-
-    @staticmethod
-    def forward(ctx, x, ready_token, bias, cpp, index, conv):
-        weight = conv.weight
-        in_features, out_features = weight.shape
-        w_col = dequantize(cpp, index, "col", weight.shape, weight.dtype)  # [in, out]
-        xs = x.reshape(-1, in_features)  # [tokens, in]
-        y = torch.mm(xs, w_col) if bias is None else torch.addmm(bias, xs, w_col)
-        ctx.save_for_backward(x)
-        ctx.cpp, ctx.index, ctx.weight = cpp, index, weight
-        ctx.has_bias = bias is not None
-        return y.view(*x.shape[:-1], out_features)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        (x,) = ctx.saved_tensors
-        weight = ctx.weight
-        in_features, out_features = weight.shape
-        dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            w_row = dequantize(ctx.cpp, ctx.index, "row", weight.shape, weight.dtype)  # [in, out]
-            grad_x = dy.mm(w_row.t()).view(x.shape)
-        # main_grad: [in, out], F32 or the params' dtype (FSDP: transient)
-        grad_fusion.accumulate_product_(ctx.cpp.main_grad(ctx.index), x.reshape(-1, in_features).t(), dy)
-        grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_fusion.token_grad(), grad_bias, None, None, None
+def reader(module: torch.nn.Module, cpp: "_C.DataParallel", index: int) -> grad_fusion.WeightReader:
+    """The weight of MXFP8 param ``index`` (a plain Linear's or Conv1D's) for each product: the copy
+    blocked along that product's reduction dimension, dequantized into a transient tensor of the
+    weight's shape."""
+    forward = forward_axis(weight_kind(module.weight, [module]))
+    dgrad = "col" if forward == "row" else "row"
+    shape, dtype = module.weight.shape, module.weight.dtype
+    return lambda product: dequantize(cpp, index, forward if product == "forward" else dgrad, shape, dtype)
 
 
 def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int,
             ready_token: torch.Tensor) -> Callable:
     """Replaces the forward of ``module`` (a plain nn.Linear or HF Conv1D owning MXFP8 param
-    ``index``; an instance attribute over the class's method) with its MXFP8 Function; returns it.
-    ``grad_fusion.restore_forward`` restores the class's forward."""
-    # The argument names are the classes' own (Linear: input, Conv1D: x), so a call by keyword works.
-    kind = weight_kind(module.weight, [module])
-    if kind == "linear":
-        def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-            return _Mxfp8LinearFunction.apply(input, ready_token, module.bias, cpp, index, module)
-    elif kind == "conv1d":
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            return _Mxfp8Conv1DFunction.apply(x, ready_token, module.bias, cpp, index, module)
-    else:
+    ``index``; an instance attribute over the class's method) with gradient accumulation fusion's
+    Function reading the MXFP8 copies; returns it. ``grad_fusion.restore_forward`` restores the
+    class's forward."""
+    if weight_kind(module.weight, [module]) is None:
         raise TypeError(f"{type(module).__name__} does not read MXFP8 weights")
-    return grad_fusion.replace_forward(module, forward)
+    return grad_fusion.install(module, cpp, index, ready_token, reader(module, cpp, index))
