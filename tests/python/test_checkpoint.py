@@ -532,3 +532,7 @@ def test_an_mxfp8_weight_s_state_dict_holds_its_values_and_a_load_is_refused(ran
         assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())  # nothing loaded
     finally:
         close(model, opt)
+    # After close() the params hold the forward's values themselves: torch's state dict and load.
+    assert [k for k, v in model.state_dict().items() if not torch.equal(v, sd[k])] == []
+    model.load_state_dict({k: torch.zeros_like(v) for k, v in sd.items()})
+    assert all(v.abs().sum() == 0 for v in module.state_dict().values())

@@ -282,6 +282,8 @@ def test_state_dict_gathers_the_full_params(ranks, strategy):
     assert set(state) == {"module." + n for n, _ in module.state_dict().items()}
     for n, p in module.named_parameters():
         assert torch.isfinite(state["module." + n]).all() and torch.equal(state["module." + n], p), n
+    # After close() the params hold their values: the wrapper's state dict is torch's, no collective.
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
 def test_a_param_without_gradient_is_reported_with_zero(ranks):

@@ -329,9 +329,15 @@ class DistributedDataParallel(DataParallelModule):
         """torch's state dict of the wrapper (keys ``module.<name>``, as torch DDP's) with every
         param's current values: the all-gathers of an overlapped param sync are finished first, and
         MXFP8 weights, whose Parameters hold NaN stand-ins, are dequantized from the copy their
-        forward reads."""
+        forward reads. The registered params' entries are copies, not views of mxddp's param buffer,
+        so a state dict outlives ``close()`` (which frees the buffer); with ``keep_vars=True`` they are
+        the Parameters, which ``close()`` gives storage of their own. After ``close()``: torch's own."""
+        if self._cpp.closed:
+            return super().state_dict(*args, **kwargs)
         self.finish_param_sync()
-        values = {id(self._params[i]): self.dequantized_param(self._names[i]) for i in self._mxfp8_kind}
+        keep_vars = kwargs.get("keep_vars", args[2] if len(args) > 2 else False)
+        values = {} if keep_vars else {id(p): p.detach().clone() for p in self._params}
+        values.update({id(self._params[i]): self.dequantized_param(self._names[i]) for i in self._mxfp8_kind})
         return self._state_dict_with(values, args, kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -339,7 +345,10 @@ class DistributedDataParallel(DataParallelModule):
         param buffer. Refused where they would not reach training: for MXFP8 weights (kept only as
         MXFP8 by the C++ DDP), and for BF16 params while a DistributedOptimizer is open (its F32
         main params, taken from the params when it was built, are the master copy that the next
-        step writes back); F32 params are their own main params, so they load at any time."""
+        step writes back); F32 params are their own main params, so they load at any time. After
+        ``close()``, torch's own load into the params' storage."""
+        if self._cpp.closed:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
         if assign:
             raise ValueError("load_state_dict(assign=True) would replace the params' storage, which is mxddp's "
                              "param buffer; use assign=False")

@@ -448,8 +448,11 @@ class FullyShardedDataParallel(DataParallelModule):
 
     def state_dict(self, *args, **kwargs):
         """Collective (every rank calls it): torch's state dict of the wrapper (keys ``module.<name>``)
-        with every registered param's full values (MXFP8 weights: row-wise dequantized), gathered
-        for the purpose; the sharded params' own tensors hold only stand-ins outside their unit."""
+        with every registered param's full values (MXFP8 weights: those their forward reads), gathered
+        for the purpose; the sharded params' own tensors hold only stand-ins outside their unit. After
+        ``close()`` the params hold their values themselves: torch's own (not collective)."""
+        if self._cpp.closed:
+            return super().state_dict(*args, **kwargs)
         if self._grads_pending_sync:
             raise RuntimeError("state_dict() between backward and finish_grad_sync(): the gathers it needs would "
                                "interleave with the gradient reductions; call model.finish_grad_sync() first")
