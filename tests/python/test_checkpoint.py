@@ -488,6 +488,12 @@ def test_load_state_dict_reaches_training_or_is_refused_leaving_the_params(ranks
     model, opt = ddp(mlp(torch.float32))
     try:
         one_step(model, opt, rank, 0)
+        # A failed load (torch raises after copying the entries it could) changes nothing.
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        for bad in ({**loaded, "module.2.weight": torch.zeros(3, 3)}, {k: v for k, v in loaded.items() if "2." not in k}):
+            with pytest.raises(RuntimeError, match="Error.s. in loading state_dict"):
+                model.load_state_dict(bad)
+            assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
         model.load_state_dict(loaded)
         opt.lr = 0.0
         one_step(model, opt, rank, 1)

@@ -21,6 +21,7 @@ the other params are views of the C++ DDP's BF16 copies.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
@@ -345,7 +346,8 @@ class DistributedDataParallel(DataParallelModule):
         param buffer. Refused where they would not reach training: for MXFP8 weights (kept only as
         MXFP8 by the C++ DDP), and for BF16 params while a DistributedOptimizer is open (its F32
         main params, taken from the params when it was built, are the master copy that the next
-        step writes back); F32 params are their own main params, so they load at any time. After
+        step writes back); F32 params are their own main params, so they load at any time. A load
+        that fails (a shape mismatch, a missing key) leaves every param and buffer as it was. After
         ``close()``, torch's own load into the params' storage."""
         if self._cpp.closed:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -362,7 +364,17 @@ class DistributedDataParallel(DataParallelModule):
                                "back over the loaded values; load before building the optimizer, or use "
                                "mxddp.torch.load_checkpoint")
         self.finish_param_sync()  # a gather still in flight would overwrite the loaded values
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        # torch copies entry by entry and raises only at the end (a shape mismatch, a missing key), so a
+        # failed load would leave some params loaded and others not: put everything back then.
+        state = [t for t in itertools.chain(self.module.parameters(), self.module.buffers()) if t is not None]
+        saved = [t.detach().clone() for t in state]
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except BaseException:
+            with torch.no_grad():
+                for t, v in zip(state, saved):
+                    t.copy_(v)
+            raise
 
     # ---- where things live (zero copy), for tests and the curious ----
     def param_buffer(self) -> torch.Tensor:
