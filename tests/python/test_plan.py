@@ -144,18 +144,22 @@ MXFP8_CASES = [
     ("mlp-mxfp8-reuse-overlap-gather", ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True,
                                                   bucket_size=2000, fp8_param_gather=True, overlap_param_gather=True,
                                                   reuse_grad_buf_for_mxfp8_param_ag=True)),
+    ("gpt2-conv1d-mxfp8-reuse", ddp_config(use_distributed_optimizer=True, overlap_grad_reduce=True, bucket_size=20000,
+                                           fp8_param_gather=True, reuse_grad_buf_for_mxfp8_param_ag=True)),
 ]
 
 
 @pytest.mark.parametrize("name,cfg", MXFP8_CASES, ids=[c[0] for c in MXFP8_CASES])
 def test_plan_of_mxfp8_linear_weights_equals_the_tracker(ranks, name, cfg):
-    """The plan marks as MXFP8 exactly the params the DDP keeps as MXFP8 (its own rule), so the
-    mxfp8 and params categories agree with the tracker too."""
+    """The plan marks as MXFP8 exactly the params the DDP keeps as MXFP8 (its own rule: nn.Linear
+    weights, and HF GPT-2's Conv1D ones), so the mxfp8 and params categories agree with the tracker
+    too."""
     rank, world = ranks
     gc.collect()
     assert set(live_bytes().values()) == {0}, live_bytes()
     torch.manual_seed(0)
-    module = Mlp().to(torch.bfloat16)
+    module = (gpt2() if name.startswith("gpt2") else Mlp()).to(torch.bfloat16)
+    loss_fn = gpt2_loss if name.startswith("gpt2") else mlp_loss
     planned = mxt.plan(module, world, cfg, ADAM)
     assert planned.live_bytes["mxfp8"] > 0, planned
     _C.reset_memory_peaks()
@@ -164,7 +168,7 @@ def test_plan_of_mxfp8_linear_weights_equals_the_tracker(ranks, name, cfg):
     try:
         for _ in range(2):
             opt.zero_grad()
-            mlp_loss(model, rank).backward()
+            loss_fn(model, rank).backward()
             model.finish_grad_sync()
             ok, _, _ = opt.step()
             assert ok
