@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -32,7 +33,7 @@ struct FsdpPrefetchState {
   std::function<int64_t(int unit)> numel;                   // a unit's gathered elements
   std::function<std::vector<GatherSlot>(int unit)> slots;   // the pass's slots of a unit
   std::function<bool(int unit, GatherSlot slot)> held;      // whether it holds (or is fetching) one
-  std::vector<int> order;  // the units in forward order (a permutation); empty: 0..num_units-1
+  std::span<const int> order;  // the units in forward order (a permutation); empty: 0..num_units-1
 };
 std::vector<std::pair<int, std::vector<GatherSlot>>> fsdp_prefetch(int unit, FsdpPhase pass, const FsdpPrefetchState& state);
 
