@@ -368,21 +368,25 @@ def mxfp8_losses(model, opt, rank):
     return train_steps(model, opt, mlp_loss, bf16_batch, rank, 2)
 
 
+def ddp_mxfp8_losses(module, rank):
+    """The losses of DDP with the distributed optimizer and MXFP8 params: what FSDP's must give."""
+    ddp = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
+    opt = optimizer(ddp)
+    try:
+        return mxfp8_losses(ddp, opt, rank)
+    finally:
+        opt.close()
+        ddp.close()
+
+
 @pytest.mark.parametrize("fine_grained,recompute", [(False, False), (True, False), (False, True), (True, True)])
 def test_mxfp8_params_train_as_ddp_s(ranks, fine_grained, recompute):
     """The Block Linears' weights are MXFP8 under FSDP as under DDP with the distributed optimizer:
     forward reads the row-wise copy, backward's dgrad the column-wise one, each gathered per unit;
     the first step's loss is DDP's bit for bit (the same quantized weights), the rest track it."""
     rank, world = ranks
-    module = bf16_mlp(head_mxfp8=False)
-    ddp = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
-        use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
-    opt = optimizer(ddp)
-    try:
-        expected = mxfp8_losses(ddp, opt, rank)
-    finally:
-        opt.close()
-        ddp.close()
+    expected = ddp_mxfp8_losses(bf16_mlp(head_mxfp8=False), rank)
     module = bf16_mlp()
     module.recompute = recompute
     model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, fine_grained,
@@ -445,14 +449,7 @@ def test_conv1d_and_linear_mxfp8_weights_in_one_unit_train_as_ddp_s(ranks, fine_
         module.inp.weight.mxfp8 = module.head.weight.mxfp8 = False  # outside every unit: BF16 on both sides
         return module
 
-    ddp = mxt.DistributedDataParallel(make(), mxt.DistributedDataParallelConfig(
-        use_distributed_optimizer=True, fp8_param_gather=True, grad_reduce_in_fp32=True))
-    opt = optimizer(ddp)
-    try:
-        expected = train_steps(ddp, opt, mlp_loss, bf16_batch, rank, 2)
-    finally:
-        opt.close()
-        ddp.close()
+    expected = ddp_mxfp8_losses(make(), rank)
     module = make()
     module.recompute = recompute
     model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, fine_grained,
@@ -461,7 +458,7 @@ def test_conv1d_and_linear_mxfp8_weights_in_one_unit_train_as_ddp_s(ranks, fine_
         {f"blocks.{b}.{m}.weight" for b in range(2) for m in ("conv", "fc")}
     opt = optimizer(model)
     try:
-        got = train_steps(model, opt, mlp_loss, bf16_batch, rank, 2)
+        got = mxfp8_losses(model, opt, rank)
         # The state dict holds what each forward reads: the Conv1D's column-wise values, which
         # quantize column-wise to themselves (and the Linear's row-wise ones row-wise).
         sd = model.state_dict()
