@@ -154,13 +154,10 @@ TEST(AllParamsInUnits, EveryStrategyTrainsToTheReference) {
 // twice in one micro-batch, and a unit's post-backward before one of its params reported.
 TEST(AllParamsInUnits, MisreportedGradsAreStillRefused) {
   const GenericModel model = make_generic_model(StructureClass::kAllInUnits, 3, /*fine_grained=*/true, false);
-  std::vector<std::vector<float>> init;
-  std::vector<TensorView> views;
-  for (int p : model.param_of_spec) init.push_back(model.params[static_cast<size_t>(p)].init);
-  for (size_t i = 0; i < init.size(); ++i) views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
+  const GenericInitialValues init(model);
   run_local(1, [&](Communicator& comm) {
     MemoryTracker tracker;
-    FullyShardedDataParallel fsdp(comm, model.specs, model.units, FsdpConfig{}, tracker, views);
+    FullyShardedDataParallel fsdp(comm, model.specs, model.units, FsdpConfig{}, tracker, init.views);
     DistributedOptimizer opt(fsdp, generic_optimizer_config(), tracker);
     DataParallelModelAccess access(fsdp);
     // A whole micro-batch first: the readiness state must be clean afterwards.
@@ -199,16 +196,13 @@ TEST(AllParamsInUnits, MisreportedGradsAreStillRefused) {
 // prefetch and keep the values until the post-backward).
 TEST(AllParamsInUnits, TheNextMicroBatchOpensAForwardPass) {
   const GenericModel model = make_generic_model(StructureClass::kAllInUnits, 3, /*fine_grained=*/false, false);
-  std::vector<std::vector<float>> init;
-  std::vector<TensorView> views;
-  for (int p : model.param_of_spec) init.push_back(model.params[static_cast<size_t>(p)].init);
-  for (size_t i = 0; i < init.size(); ++i) views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
+  const GenericInitialValues init(model);
   run_local(2, [&](Communicator& comm) {
     MemoryTracker tracker;
     FsdpConfig config;
     config.param_dtype = DType::kF32;
     config.overlap_param_gather = true;
-    FullyShardedDataParallel fsdp(comm, model.specs, model.units, config, tracker, views);
+    FullyShardedDataParallel fsdp(comm, model.specs, model.units, config, tracker, init.views);
     DistributedOptimizer opt(fsdp, generic_optimizer_config(), tracker);
     DataParallelModelAccess access(fsdp);
     opt.zero_grad();
@@ -234,10 +228,7 @@ TEST(AllParamsInUnits, TheNextMicroBatchOpensAForwardPass) {
 // order, and from the second iteration the prefetch follows the order the first one ran.
 TEST(UnitsOutOfTheirOrder, AreAForwardAndThePrefetchLearnsTheirOrder) {
   const GenericModel model = make_generic_model(StructureClass::kAllInUnits, 3, /*fine_grained=*/true, false);
-  std::vector<std::vector<float>> init;
-  std::vector<TensorView> views;
-  for (int p : model.param_of_spec) init.push_back(model.params[static_cast<size_t>(p)].init);
-  for (size_t i = 0; i < init.size(); ++i) views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
+  const GenericInitialValues init(model);
   const std::vector<std::vector<int>> reversed(model.units.rbegin(), model.units.rend());  // FSDP unit k: model's U-1-k
   const int num_units = static_cast<int>(model.units.size());
   ASSERT_GE(num_units, 3);
@@ -246,7 +237,7 @@ TEST(UnitsOutOfTheirOrder, AreAForwardAndThePrefetchLearnsTheirOrder) {
     FsdpConfig config;
     config.param_dtype = DType::kF32;
     config.overlap_param_gather = true;
-    FullyShardedDataParallel fsdp(comm, model.specs, reversed, config, tracker, views);
+    FullyShardedDataParallel fsdp(comm, model.specs, reversed, config, tracker, init.views);
     DistributedOptimizer opt(fsdp, generic_optimizer_config(), tracker);
     DataParallelModelAccess access(fsdp);
     std::vector<int> call_order;  // FSDP's units in the order the forward calls them

@@ -101,6 +101,20 @@ struct GenericModel {
   }
 };
 
+// A model's initial values in registration order ([spec] f32) and views of them, as a
+// DataParallel's constructor takes them. Not copyable: the views point into `values`.
+struct GenericInitialValues {
+  explicit GenericInitialValues(const GenericModel& model) {
+    for (int p : model.param_of_spec) values.push_back(model.params[static_cast<size_t>(p)].init);
+    for (size_t i = 0; i < values.size(); ++i) views.push_back({values[i].data(), DType::kF32, model.specs[i].shape});
+  }
+  GenericInitialValues(const GenericInitialValues&) = delete;
+  GenericInitialValues& operator=(const GenericInitialValues&) = delete;
+
+  std::vector<std::vector<float>> values;
+  std::vector<TensorView> views;
+};
+
 // A structure of class c, drawn from seed. fine_grained: every module in a unit is a unit of its
 // own (the fine-grained param gather); otherwise units group 1-3 consecutive modules. mxfp8: the
 // weights of unit modules are MXFP8 params. Every structure has a frozen param in a unit module, a

@@ -111,10 +111,7 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
   MXDDP_CHECK(comm.size() == c.run.dp, "case {} wants dp {}; the communicator has {} ranks", c.name(), c.run.dp, comm.size());
   const std::string what = fmt::format("{} rank {}", c.name(), comm.rank());
   MemoryTracker tracker;
-  std::vector<std::vector<float>> init;
-  std::vector<TensorView> init_views;
-  for (int p : model.param_of_spec) init.push_back(model.params[static_cast<size_t>(p)].init);
-  for (size_t i = 0; i < init.size(); ++i) init_views.push_back({init[i].data(), DType::kF32, model.specs[i].shape});
+  const GenericInitialValues init(model);
 
   std::unique_ptr<DataParallel> owned;
   const FsdpEngine* fsdp = nullptr;  // FSDP's observability (gathers, releases)
@@ -124,7 +121,7 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
     fc.overlap_grad_reduce = c.overlap_grad_reduce;
     fc.overlap_param_gather = c.overlap_param_gather;
     fc.param_dtype = c.run.param_dtype;
-    auto f = std::make_unique<FullyShardedDataParallel>(comm, model.specs, model.units, fc, tracker, init_views);
+    auto f = std::make_unique<FullyShardedDataParallel>(comm, model.specs, model.units, fc, tracker, init.views);
     fsdp = &fsdp_engine(*f);
     owned = std::move(f);
   } else {
@@ -135,7 +132,7 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
     dc.bucket_size = 200;  // several buckets on these models
     dc.param_dtype = c.run.param_dtype;
     dc.fp8_param_gather = c.mxfp8;
-    owned = std::make_unique<DistributedDataParallel>(comm, model.specs, dc, tracker, init_views);
+    owned = std::make_unique<DistributedDataParallel>(comm, model.specs, dc, tracker, init.views);
   }
   std::unique_ptr<DataParallel> dp = wrap ? wrap(std::move(owned)) : std::move(owned);
   std::optional<DistributedOptimizer> opt;

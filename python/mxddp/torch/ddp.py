@@ -324,7 +324,9 @@ class DistributedDataParallel(DataParallelModule):
         p = self._params[index]
         if not self._cpp.is_mxfp8(index):
             raise ValueError(f"param '{name}' is not kept as MXFP8; read the param itself")
-        return mxfp8.dequantize(self._cpp, index, axis or mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape, p.dtype)
+        if axis is None:
+            return self._mxfp8_forward_values(index)
+        return mxfp8.dequantize(self._cpp, index, axis, p.shape, p.dtype)
 
     def state_dict(self, *args, **kwargs):
         """torch's state dict of the wrapper (keys ``module.<name>``, as torch DDP's) with every
@@ -338,7 +340,7 @@ class DistributedDataParallel(DataParallelModule):
         self.finish_param_sync()
         keep_vars = kwargs.get("keep_vars", args[2] if len(args) > 2 else False)
         values = {} if keep_vars else {id(p): p.detach().clone() for p in self._params}
-        values.update({id(self._params[i]): self.dequantized_param(self._names[i]) for i in self._mxfp8_kind})
+        values.update({id(self._params[i]): self._mxfp8_forward_values(i) for i in self._mxfp8_kind})
         return self._state_dict_with(values, args, kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -409,7 +411,7 @@ class DistributedDataParallel(DataParallelModule):
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if self._cpp.is_mxfp8(i):  # the values the model computes with: the forward's copy
-                    p.data = mxfp8.dequantize(self._cpp, i, mxfp8.forward_axis(self._mxfp8_kind[i]), p.shape, p.dtype)
+                    p.data = self._mxfp8_forward_values(i)
                 else:
                     p.data = p.data.clone()
                 if hasattr(p, "main_grad"):

@@ -103,12 +103,11 @@ def unit_mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.P
     return flags
 
 
-def colwise_forward_flags(module: torch.nn.Module, params: list[torch.nn.Parameter], flags: list[bool]) -> list[bool]:
-    """Per param, whether it is an MXFP8 weight whose forward reads the column-wise copy (an HF
-    Conv1D's W [in, out]): the C++ FSDP then gathers that copy for forward and the row-wise one for
-    backward (``ParamSpec::mxfp8_colwise_forward``)."""
-    kinds = _mxfp8_kinds(module, params, flags)
-    return [mxfp8.forward_axis(kinds[i]) == "col" if i in kinds else False for i in range(len(params))]
+def colwise_forward_flags(kinds: dict[int, str], num_params: int) -> list[bool]:
+    """Per param, from the MXFP8 params' kinds (``_mxfp8_kinds``): whether it is an MXFP8 weight
+    whose forward reads the column-wise copy (an HF Conv1D's W [in, out]); the C++ FSDP then gathers
+    that copy for forward and the row-wise one for backward (``ParamSpec::mxfp8_colwise_forward``)."""
+    return [i in kinds and mxfp8.forward_axis(kinds[i]) == "col" for i in range(num_params)]
 
 
 class _SavedParamView:
@@ -165,13 +164,13 @@ class FullyShardedDataParallel(DataParallelModule):
             for i in members:
                 self._unit_of[i] = u
         specs = [(n, list(p.shape), bool(getattr(p, "shared_embedding", False))) for n, p in params]
-        colwise = colwise_forward_flags(module, self._params, flags)
+        self._mxfp8_kind = _mxfp8_kinds(module, self._params, flags)
+        colwise = colwise_forward_flags(self._mxfp8_kind, len(self._params))
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
                                                 flags if any(flags) else [], [p.detach() for p in self._params],
                                                 colwise if any(colwise) else [])
         launch._track_model(self)
         self._mxfp8 = flags
-        self._mxfp8_kind = _mxfp8_kinds(module, self._params, flags)
         self._shards_params = self._cpp.shards_params
         self._hooks: list = []
         self._mxfp8_linears: list[torch.nn.Module] = []
@@ -182,6 +181,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._unit_backward_started = [False] * len(self.units.units)
         self._units_called: Optional[list[int]] = None  # the units the running forward called, in order
         self._forward_order: Optional[list[str]] = None
+        self._unit_names = {h.unit: h.name for h in self.units.hooked if h.unit >= 0}
         self._backward_seen = False
         self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
         owners = grad_fusion.param_owners(module)
@@ -363,8 +363,7 @@ class FullyShardedDataParallel(DataParallelModule):
             else:
                 out = self.module(*args, **kwargs)
             if sorted(self._units_called) == list(range(self.num_units)):
-                names = {h.unit: h.name for h in self.units.hooked if h.unit >= 0}
-                self._forward_order = [names[u] for u in self._units_called]
+                self._forward_order = [self._unit_names[u] for u in self._units_called]
         finally:
             self._units_called = None
         if not torch.is_grad_enabled():  # a forward-only pass: no backward will release the non-unit params
@@ -432,8 +431,7 @@ class FullyShardedDataParallel(DataParallelModule):
             for i in indices:
                 if values[i] is None:
                     p = self._params[i]
-                    axis = mxfp8.forward_axis(self._mxfp8_kind[i]) if self._mxfp8[i] else None
-                    values[i] = mxfp8.dequantize(self._cpp, i, axis, p.shape, p.dtype) if self._mxfp8[i] \
+                    values[i] = self._mxfp8_forward_values(i) if self._mxfp8[i] \
                         else self._cpp.param(i).clone()
 
         # The pre-forward hooks gather the units (optim_grads_params) or wait for the all-gather of

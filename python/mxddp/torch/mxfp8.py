@@ -70,11 +70,11 @@ def forward_axis(kind: str) -> str:
     return "row" if kind == "linear" else "col"
 
 
-def reader(module: torch.nn.Module, cpp: "_C.DataParallel", index: int) -> grad_fusion.WeightReader:
-    """The weight of MXFP8 param ``index`` (a plain Linear's or Conv1D's) for each product: the copy
-    blocked along that product's reduction dimension, dequantized into a transient tensor of the
-    weight's shape."""
-    forward = forward_axis(weight_kind(module.weight, [module]))
+def reader(module: torch.nn.Module, kind: str, cpp: "_C.DataParallel", index: int) -> grad_fusion.WeightReader:
+    """The weight of MXFP8 param ``index`` (the weight of ``module``, a plain module of ``kind``) for
+    each product: the copy blocked along that product's reduction dimension, dequantized into a
+    transient tensor of the weight's shape."""
+    forward = forward_axis(kind)
     dgrad = "col" if forward == "row" else "row"
     shape, dtype = module.weight.shape, module.weight.dtype
     return lambda product: dequantize(cpp, index, forward if product == "forward" else dgrad, shape, dtype)
@@ -86,6 +86,7 @@ def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int,
     ``index``; an instance attribute over the class's method) with gradient accumulation fusion's
     Function reading the MXFP8 copies; returns it. ``grad_fusion.restore_forward`` restores the
     class's forward."""
-    if weight_kind(module.weight, [module]) is None:
+    kind = weight_kind(module.weight, [module])
+    if kind is None:
         raise TypeError(f"{type(module).__name__} does not read MXFP8 weights")
-    return grad_fusion.install(module, cpp, index, ready_token, reader(module, cpp, index))
+    return grad_fusion.install(module, cpp, index, ready_token, reader(module, kind, cpp, index))

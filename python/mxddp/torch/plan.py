@@ -25,7 +25,7 @@ import torch
 
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
-from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _trainable_params
+from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
 from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, unit_mxfp8_flags
 from mxddp.torch.fsdp_units import fsdp_units, in_forward_order
 
@@ -168,7 +168,7 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
     hooked = [(list(h.params), h.unit) for h in in_forward_order(units.hooked, forward_order)]
-    colwise = colwise_forward_flags(module, tensors, mxfp8_flags)
+    colwise = colwise_forward_flags(_mxfp8_kinds(module, tensors, mxfp8_flags), len(tensors))
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
                               None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
                               colwise if any(colwise) else [])

@@ -8,10 +8,13 @@ from typing import Iterator
 
 import torch
 
+from mxddp.torch import mxfp8
+
 
 class DataParallelModule(torch.nn.Module):
-    """The base of the two wrappers. A subclass sets ``_cpp``, ``_names``, ``_params`` and
-    ``ddp_config`` and calls ``_init_sync_state()`` in its constructor."""
+    """The base of the two wrappers. A subclass sets ``_cpp``, ``_names``, ``_params``,
+    ``_mxfp8_kind`` (index -> 'linear' or 'conv1d' for its MXFP8 params) and ``ddp_config`` and
+    calls ``_init_sync_state()`` in its constructor."""
 
     def _init_sync_state(self) -> None:
         # Set when a grad is reported, cleared by finish_grad_sync: the optimizer refuses to step on
@@ -35,6 +38,12 @@ class DataParallelModule(torch.nn.Module):
     def registered_params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The params mxddp holds, in registration order."""
         return list(zip(self._names, self._params))
+
+    def _mxfp8_forward_values(self, index: int) -> torch.Tensor:
+        """MXFP8 param ``index``'s values as its forward reads them (an nn.Linear's row-wise copy, a
+        Conv1D's column-wise one), dequantized into a new tensor: what a state dict or close() gives."""
+        p = self._params[index]
+        return mxfp8.dequantize(self._cpp, index, mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape, p.dtype)
 
     def _state_dict_with(self, values: dict[int, torch.Tensor], args, kwargs) -> dict:
         """torch's state dict of the wrapper (keys ``module.<name>``, as torch's wrappers key them),
