@@ -66,18 +66,15 @@ nb::dict plan_to_dict(const MemoryPlan& plan) {
   return out;
 }
 
+// The DDP binding's params (bindings.h's to_specs, which checks them) from the plan's tuples.
 std::vector<ParamSpec> to_specs(const std::vector<PlanParam>& params, const std::vector<bool>& mxfp8_colwise_forward = {}) {
-  MXDDP_CHECK(mxfp8_colwise_forward.empty() || mxfp8_colwise_forward.size() == params.size(),
-              "got {} mxfp8_colwise_forward flags for {} params; give one per param or none",
-              mxfp8_colwise_forward.size(), params.size());
-  std::vector<ParamSpec> specs;
-  for (const auto& [name, shape, shared, mxfp8] : params) {
-    const size_t i = specs.size();
-    specs.push_back(ParamSpec{.name = name, .shape = to_shape(shape, "param '" + name + "'"),
-                              .shared_embedding = shared, .mxfp8 = mxfp8,
-                              .mxfp8_colwise_forward = !mxfp8_colwise_forward.empty() && mxfp8_colwise_forward[i]});
+  std::vector<PyParam> plain;
+  std::vector<bool> mxfp8;
+  for (const auto& [name, shape, shared, marked] : params) {
+    plain.emplace_back(name, shape, shared);
+    mxfp8.push_back(marked);
   }
-  return specs;
+  return mxddp::python::to_specs(plain, mxfp8, mxfp8_colwise_forward);
 }
 
 std::optional<OptimizerType> to_optimizer(const std::optional<std::string>& optimizer) {

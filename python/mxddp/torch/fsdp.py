@@ -173,7 +173,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
         self._hooks: list = []
-        self._mxfp8_linears: list[torch.nn.Module] = []
+        self._mxfp8_modules: list[torch.nn.Module] = []
         self._init_sync_state()
         self._grads_live = False
         self._reported = [False] * len(self._params)
@@ -191,9 +191,9 @@ class FullyShardedDataParallel(DataParallelModule):
                     p.data = mxfp8.stand_in(p.shape, p.dtype)
                     token = grad_fusion.new_ready_token()
                     self._hooks.append(token.register_post_accumulate_grad_hook(self._make_token_hook(i)))
-                    for linear in owners[id(p)]:
-                        mxfp8.install(linear, self._cpp, i, token)
-                        self._mxfp8_linears.append(linear)
+                    for owner in owners[id(p)]:
+                        mxfp8.install(owner, self._cpp, i, token)
+                        self._mxfp8_modules.append(owner)
                 else:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
@@ -423,7 +423,7 @@ class FullyShardedDataParallel(DataParallelModule):
         return None if self._forward_order is None else list(self._forward_order)
 
     def _full_values(self) -> list[torch.Tensor]:
-        """Collective: every param's values (MXFP8: row-wise dequantized), by a forward-like pass
+        """Collective: every param's values (MXFP8: as their forward reads them), by a forward-like pass
         of pre- and post-forward hooks over the hooked modules."""
         values: list[Optional[torch.Tensor]] = [None] * len(self._params)
 
@@ -473,17 +473,17 @@ class FullyShardedDataParallel(DataParallelModule):
         self._cpp.close()
 
     def _remove_hooks(self) -> None:
-        for linear in self._mxfp8_linears:
-            grad_fusion.restore_forward(linear)
-        self._mxfp8_linears = []
+        for owner in self._mxfp8_modules:
+            grad_fusion.restore_forward(owner)
+        self._mxfp8_modules = []
         for h in self._hooks:
             h.remove()
         self._hooks = []
 
     def close(self) -> None:
         """Collective. Frees mxddp's buffers: every param gets storage of its own holding its
-        current values (MXFP8 weights their row-wise values, and their Linear its own forward
-        back); the hooks are removed. Close the optimizer first."""
+        current values (MXFP8 weights the values their forward reads, and their module its own
+        forward back); the hooks are removed. Close the optimizer first."""
         if self._cpp.closed:
             return
         if self._cpp.open_optimizers:
