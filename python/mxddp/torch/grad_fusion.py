@@ -13,8 +13,9 @@ has a 0-dim leaf tensor (its *ready token*) that every use takes as an input. Au
 token's gradient over all uses and runs its AccumulateGrad once, after every use's backward has
 added its part; the wrapper's hook on the token then reports the param (ddp.py; with a multi-grad
 hook that also waits for the Parameter's own gradient where code reads the weight outside these
-modules). A forward under ``torch.no_grad`` builds no graph and reports nothing. The MXFP8 Linear weights
-(``mxfp8.py``) use the same token, the same forward replacement and the same accumulation.
+modules). A forward under ``torch.no_grad`` builds no graph and reports nothing. The MXFP8 Linear and
+Conv1D weights (``mxfp8.py``) use the same token, Functions and accumulation, with a weight reader
+that dequantizes.
 
 A param is fused only when every module that owns it is one of these kinds with the plain class
 (a subclass may read its weight outside forward), so a tied embedding / LM head is fused through
