@@ -97,10 +97,11 @@ def train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32=True
 # accumulation under no_sync. The reference rounds each micro-batch's dW to BF16 and then the sum, as
 # the hook path does; fused, the GEMM adds dW into the BF16 main_grad with one rounding, so from the
 # second micro-batch on the grads differ by BF16 roundings and the BF16 losses by up to a unit in
-# their last place (2^-8 relative): those cases get that tolerance.
+# their last place (2^-7 relative at most, at the bottom of a binade; dp 4 shows one: 2.3125 against
+# 2.296875): those cases get that tolerance.
 CASES = [("mlp", True, 1, True, 2e-3), ("gpt2", True, 1, True, 2e-3), ("mlp", False, 1, True, 2e-3),
          ("mlp", False, 2, False, 2e-3), ("gpt2", False, 2, False, 2e-3),
-         ("mlp", False, 2, True, 2 ** -8), ("gpt2", False, 2, True, 2 ** -8)]
+         ("mlp", False, 2, True, 2 ** -7), ("gpt2", False, 2, True, 2 ** -7)]
 
 
 @pytest.mark.parametrize("name,grad_reduce_in_fp32,micro_batches,fusion,tolerance", CASES)
@@ -111,28 +112,33 @@ def test_bf16_params_match_a_torch_f32_master_reference(ranks, name, grad_reduce
     torch.manual_seed(0)
     module = make().to(torch.bfloat16)
     reference = copy.deepcopy(module)
+    initial = copy.deepcopy(module)
     expected = train_reference(reference, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches)
     got = train_mxddp(module, batch_fn, loss_fn, rank, world, grad_reduce_in_fp32, micro_batches, fusion)
-    assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])  # the losses move
+    # Not a vacuous comparison: the reference trained. (Its BF16 losses cannot show it on their own: a
+    # small model's loss on fresh random batches can round to the same BF16 value at the first and the
+    # last step, as the MLP's does on some ranks at dp 4.)
+    weights = [(b, i) for b, i in zip(reference.parameters(), initial.parameters()) if b.ndim >= 2]
+    changed = sum((b != i).sum().item() for b, i in weights)
+    assert changed > 0.5 * sum(b.numel() for b, _ in weights), changed
     worst = max(abs(g - e) / abs(e) for e, g in zip(expected, got))
     print(f"bf16 {name} grad_reduce_in_fp32={grad_reduce_in_fp32} micro={micro_batches} fusion={fusion} dp={world} "
           f"rank {rank}: worst relative loss difference {worst:.2e}")
     for step, (e, g) in enumerate(zip(expected, got)):
         assert abs(g - e) <= tolerance * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
-    # The params: BF16 both. The weights agree to BF16 rounding. A bias whose gradient is
-    # mathematically zero (attention's key bias: softmax ignores a constant per query) gets only
-    # rounding noise as its gradient, which Adam turns into steps of up to lr of either sign, so
-    # there only Adam's bound on the distance travelled (lr per step) holds.
+    # The params: BF16 both. Most weight elements agree to BF16 rounding. An element whose gradient is
+    # rounding noise (attention's key bias gets only that: softmax ignores a constant per query; a few
+    # weight elements come close) takes Adam steps of up to lr of either sign, which a different
+    # rounding order turns into different steps: every element stays within Adam's bound on the
+    # distance travelled (lr per step), and only a few weight elements go further than rounding. Their
+    # share grows with the roundings that differ: one in the reduction per rank (so with dp), and, fused,
+    # one per micro-batch's dW added into the BF16 main_grad (above). Measured at dp 2 and 4: hook path
+    # 0 and 1 of 59,904 GPT-2 weight elements, at most 0.02% of a tensor; fused 0.6% and 1.4% of a
+    # tensor at most. A wrong gradient moves most of a tensor's elements the wrong way.
+    far_share_max = (0.005 if tolerance == 2 ** -7 else 0.0005) * world
     for (n, a), (_, b) in zip(module.named_parameters(), reference.named_parameters()):
         assert a.dtype == torch.bfloat16
-        if a.ndim >= 2 and tolerance == 2 ** -8:
-            # Fused accumulation rounds differently (above): the few weight elements whose grads are
-            # at rounding-noise level take Adam steps of either sign, as the biases below: all of
-            # them within that bound, 99% as close as the hook path's.
+        assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n
+        if a.ndim >= 2:
             far = ~torch.isclose(a.float(), b.float(), rtol=2e-2, atol=1e-3)
-            assert far.sum().item() <= 1e-2 * a.numel(), (n, far.sum().item())
-            assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n
-        elif a.ndim >= 2:
-            torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=1e-3, msg=lambda m: f"param {n}: {m}")
-        else:
-            assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n
+            assert far.sum().item() <= far_share_max * a.numel(), (n, far.sum().item(), a.numel())
