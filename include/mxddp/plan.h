@@ -103,10 +103,13 @@ MemoryPlan plan_ddp_memory(const std::vector<ParamSpec>& params, const DdpConfig
                            std::optional<OptimizerType> optimizer, const MemoryPlanOptions& opts);
 
 // A module whose forward runs FSDP's hooks (mxddp.torch's fsdp_units): the params its hooks name
-// (registration indices) and its unit, -1 for a non-unit module.
+// (registration indices), its unit, -1 for a non-unit module, and its recompute region, -1 for
+// none: the modules a torch.utils.checkpoint around one module (a layer) re-runs in backward share
+// a region (fine-grained units: a layer's submodules; a unit per layer: a region of one).
 struct FsdpHookedModule {
   std::vector<int> params;
   int unit = -1;
+  int recompute_region = -1;
 };
 
 // What one rank holds for a FullyShardedDataParallel over `params` with `units` (as its
@@ -125,7 +128,17 @@ struct FsdpHookedModule {
 //     (a param read by several modules reports once, at its first reader: torch accumulates it);
 //     with sharded grads (optim_grads, optim_grads_params) the non-unit params' reports are held
 //     back until the last of them arrives, then main_grad of each and grad_ready of each, in
-//     arrival order.
+//     arrival order;
+//   recompute: as backward reaches a region's last module, after its before_backward (a unit's),
+//     the region's units' forwards run again, before_forward(params) and after_forward(params)
+//     each in order (the checkpoint's re-run), then that module's reports. A region's modules are
+//     consecutive in `hooked`; a non-unit module in one re-runs without hooks. torch calls the
+//     layer's last pre-backward first where the layer's output reaches its last unit through ops
+//     that saved no tensor (a transformer layer's residual add); where one did (an activation after
+//     the last Linear) the re-run comes first. The gathered bytes are the same either way, except
+//     with MXFP8 weights: re-run first, the last unit's row-wise copy is released before its
+//     column-wise one is gathered, so the run gathers less than planned
+//     (tests/plan/fsdp_memory_plan_test.cc drives both orders).
 // An iteration: optimizer->zero_grad() (start_iteration), opts.micro_batches micro-batches (all
 // but the last under no_sync), finish_grad_sync, optimizer->step() (step_and_sync_params); with
 // no optimizer, zero_grad_buffer, the micro-batches and finish_grad_sync. overall: from

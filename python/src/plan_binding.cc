@@ -5,7 +5,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -101,11 +100,11 @@ void bind_plan(nb::module_& m) {
   m.def(
       "plan_fsdp_memory",
       [](const std::vector<PlanParam>& params, const std::vector<std::vector<int>>& units,
-         const std::vector<std::pair<std::vector<int>, int>>& hooked, const FsdpConfig& config,
+         const std::vector<std::tuple<std::vector<int>, int, int>>& hooked, const FsdpConfig& config,
          const std::optional<std::string>& optimizer, int dp, int micro_batches,
          const std::vector<bool>& mxfp8_colwise_forward) {
         std::vector<FsdpHookedModule> modules;
-        for (const auto& [module_params, unit] : hooked) modules.push_back({module_params, unit});
+        for (const auto& [module_params, unit, region] : hooked) modules.push_back({module_params, unit, region});
         return plan_to_dict(plan_fsdp_memory(to_specs(params, mxfp8_colwise_forward), units, modules, config,
                                              to_optimizer(optimizer),
                                              {.dp = dp, .mpi_backend = true, .micro_batches = micro_batches}));
@@ -113,8 +112,9 @@ void bind_plan(nb::module_& m) {
       nb::arg("params"), nb::arg("units"), nb::arg("hooked"), nb::arg("config"), nb::arg("optimizer").none(),
       nb::arg("dp"), nb::arg("micro_batches"), nb::arg("mxfp8_colwise_forward") = std::vector<bool>{},
       "Bytes per rank per category of a FullyShardedDataParallel over params (name, shape, shared_embedding, "
-      "mxfp8) with units (param indices per unit, forward order), driven through hooked ((params, unit) per "
-      "hooked module in forward order, unit -1 for a non-unit module) as mxddp.torch drives it, at dp ranks and "
+      "mxfp8) with units (param indices per unit, forward order), driven through hooked ((params, unit, "
+      "recompute_region) per hooked module in forward order, unit -1 for a non-unit module, region -1 for none) "
+      "as mxddp.torch drives it, at dp ranks and "
       "micro_batches per iteration, and, when optimizer ('adam' or 'sgd') is given, its DistributedOptimizer "
       "(mxfp8_colwise_forward: as FullyShardedDataParallel's): "
       "overall from construction through any number of iterations, steady after the first; the dict of "

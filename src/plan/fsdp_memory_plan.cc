@@ -53,6 +53,16 @@ std::vector<int> check_hooked_modules(const std::vector<ParamSpec>& params, cons
   }
   for (size_t u = 0; u < units.size(); ++u)
     MXDDP_CHECK(unit_hooked[u], "unit {} has no hooked module; each unit is one", u);
+  std::set<int> regions_closed;  // regions whose last module has passed: a region is one run of modules
+  for (size_t j = 0; j < hooked.size(); ++j) {
+    const int r = hooked[j].recompute_region;
+    MXDDP_CHECK(r >= -1, "hooked module {} has recompute region {}; valid: -1 (none) or at least 0", j, r);
+    if (r < 0) continue;
+    MXDDP_CHECK(!regions_closed.contains(r),
+                "hooked module {} is in recompute region {}, which other modules ended before it: a region's "
+                "modules are consecutive in forward order", j, r);
+    if (j + 1 == hooked.size() || hooked[j + 1].recompute_region != r) regions_closed.insert(r);
+  }
   for (size_t p = 0; p < params.size(); ++p)
     MXDDP_CHECK(first_use[p] >= 0, "param '{}' is in no hooked module: its gradient would never be reported",
                 params[p].name);
@@ -111,6 +121,16 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
     for (size_t j = hooked.size(); j-- > 0;) {
       const FsdpHookedModule& h = hooked[j];
       if (h.unit >= 0) dpsim.before_backward(h.params);
+      const int region = h.recompute_region;
+      if (region >= 0 && (j + 1 == hooked.size() || hooked[j + 1].recompute_region != region)) {
+        size_t first = j;  // the region's first module
+        while (first > 0 && hooked[first - 1].recompute_region == region) --first;
+        for (size_t k = first; k <= j; ++k) {
+          if (hooked[k].unit < 0) continue;  // a non-unit module re-runs too, but has no hooks
+          dpsim.before_forward(hooked[k].params);
+          dpsim.after_forward(hooked[k].params);
+        }
+      }
       for (int p : backward_reports[j]) {
         if (h.unit < 0 && defer_non_unit) {
           deferred.push_back(p);

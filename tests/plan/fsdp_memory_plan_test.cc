@@ -46,8 +46,13 @@ std::vector<FsdpHookedModule> hooked_modules_of(const GenericModel& m) {
 // modules in reverse, a unit with its backward hooks around its params' reports (highest
 // registration index first), a non-unit module with the reports of the params it is the first
 // reader of (in reverse list order; with sharded grads held back until the last) and no hooks.
+// A recompute region's re-run comes as backward reaches its last module: after that module's
+// pre-backward (plan.h's order: a layer ending in a residual add) or before it (a layer whose
+// last op saved a tensor).
+enum class ReRun { kAfterPreBackward, kBeforePreBackward };
+
 void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHookedModule>& hooked,
-                       int num_params) {
+                       int num_params, ReRun re_run = ReRun::kAfterPreBackward) {
   std::vector<int> first_reader(static_cast<size_t>(num_params), -1);
   for (size_t j = 0; j < hooked.size(); ++j)
     for (int p : hooked[j].params)
@@ -66,8 +71,20 @@ void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHoo
   std::vector<int> held;
   for (size_t j = hooked.size(); j-- > 0;) {
     const FsdpHookedModule& h = hooked[j];
+    const int region = h.recompute_region;
+    const bool region_ends = region >= 0 && (j + 1 == hooked.size() || hooked[j + 1].recompute_region != region);
+    auto rerun_region = [&] {
+      size_t first = j;
+      while (first > 0 && hooked[first - 1].recompute_region == region) --first;
+      for (size_t k = first; k <= j; ++k) {
+        fsdp.before_forward(hooked[k].params);
+        fsdp.after_forward(hooked[k].params);
+      }
+    };
+    if (region_ends && re_run == ReRun::kBeforePreBackward) rerun_region();
     if (h.unit >= 0) {
       fsdp.before_backward(h.params);
+      if (region_ends && re_run == ReRun::kAfterPreBackward) rerun_region();
       std::vector<int> reports = h.params;
       std::sort(reports.rbegin(), reports.rend());
       for (int p : reports) {
@@ -100,8 +117,9 @@ struct Measured {
 
 // Builds the FSDP (and the optimizer) on this rank and runs `iterations` iterations as plan.h
 // states them.
-Measured measure(Communicator& comm, const GenericModel& model, const FsdpConfig& fc, std::optional<OptimizerType> opt,
-                 int micro_batches, int iterations) {
+Measured measure(Communicator& comm, const GenericModel& model, const std::vector<FsdpHookedModule>& hooked,
+                 const FsdpConfig& fc, std::optional<OptimizerType> opt, int micro_batches, int iterations,
+                 ReRun re_run) {
   MemoryTracker tracker;
   std::vector<std::vector<float>> init;
   std::vector<TensorView> views;
@@ -110,7 +128,6 @@ Measured measure(Communicator& comm, const GenericModel& model, const FsdpConfig
   FullyShardedDataParallel fsdp(comm, model.specs, model.units, fc, tracker, views);
   std::optional<DistributedOptimizer> optimizer;
   if (opt) optimizer.emplace(fsdp, OptimizerConfig{.optimizer = *opt, .lr = 1e-2f}, tracker);
-  const std::vector<FsdpHookedModule> hooked = hooked_modules_of(model);
   Measured out;
   for (int it = 0; it < iterations; ++it) {
     if (optimizer) optimizer->zero_grad();
@@ -118,9 +135,9 @@ Measured measure(Communicator& comm, const GenericModel& model, const FsdpConfig
     for (int m = 0; m < micro_batches; ++m) {
       if (m + 1 < micro_batches) {
         auto scope = fsdp.no_sync();
-        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()));
+        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()), re_run);
       } else {
-        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()));
+        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()), re_run);
       }
     }
     fsdp.finish_grad_sync();
@@ -137,12 +154,16 @@ Measured measure(Communicator& comm, const GenericModel& model, const FsdpConfig
 
 // Plans, runs on dp local ranks, and compares every rank with the plan. Returns whether all agreed.
 bool plan_equals_run(const GenericModel& model, const FsdpConfig& fc, std::optional<OptimizerType> opt, int dp,
-                     int micro_batches, const std::string& what) {
-  const MemoryPlan plan = plan_fsdp_memory(model.specs, model.units, hooked_modules_of(model), fc, opt,
+                     int micro_batches, const std::string& what,
+                     const std::vector<FsdpHookedModule>* hooked_given = nullptr,
+                     ReRun re_run = ReRun::kAfterPreBackward) {
+  const std::vector<FsdpHookedModule> hooked = hooked_given ? *hooked_given : hooked_modules_of(model);
+  const MemoryPlan plan = plan_fsdp_memory(model.specs, model.units, hooked, fc, opt,
                                            {.dp = dp, .micro_batches = micro_batches});
   std::vector<Measured> ranks(static_cast<size_t>(dp));
   run_local(dp, [&](Communicator& comm) {
-    ranks[static_cast<size_t>(comm.rank())] = measure(comm, model, fc, opt, micro_batches, /*iterations=*/3);
+    ranks[static_cast<size_t>(comm.rank())] = measure(comm, model, hooked, fc, opt, micro_batches, /*iterations=*/3,
+                                                      re_run);
   });
   for (int r = 0; r < dp; ++r) {
     const Measured& m = ranks[static_cast<size_t>(r)];
@@ -282,6 +303,66 @@ TEST(FsdpMemoryPlanGathers, MpiStagingIsTheLargestBucketsReduction) {
   }
 }
 
+// Activation recompute: a region of consecutive fine-grained units re-run together in backward (a
+// torch.utils.checkpoint around a layer) keeps them all gathered through the region's backward.
+// The plan replays the re-run after the region's last pre-backward; the run drives it in both
+// orders torch may call them in. That order holds what the plan says; the other too without MXFP8,
+// and with it at most that (plan.h). Regions are runs of two or three
+// consecutive unit modules; without overlap the re-run must change the gathered peaks (MXFP8: the
+// values slot of the biases; the row-wise copies go at each re-run's post-forward), or the equality
+// proves nothing.
+TEST(FsdpMemoryPlanRecompute, RegionsReRunInEitherOrderEqualTheRun) {
+  for (StructureClass structure : {StructureClass::kAllInUnits, StructureClass::kNonUnitMiddle})
+    for (bool mxfp8 : {false, true}) {
+      const GenericModel model = make_generic_model(structure, 6, /*fine_grained=*/true, mxfp8);
+      std::vector<FsdpHookedModule> hooked = hooked_modules_of(model);
+      int region = 0, in_region = 0;
+      for (size_t j = 0; j < hooked.size(); ++j) {
+        if (hooked[j].unit < 0) {  // a non-unit module ends the region before it
+          if (in_region > 0) ++region;
+          in_region = 0;
+          continue;
+        }
+        hooked[j].recompute_region = region;
+        if (++in_region == 2 + region % 2) {
+          ++region;
+          in_region = 0;
+        }
+      }
+      ASSERT_GE(region + (in_region > 0 ? 1 : 0), 2) << model.describe();  // regions made
+      for (bool overlap : {false, true})
+        for (int micro_batches : {1, 3}) {
+          FsdpConfig fc;
+          fc.overlap_grad_reduce = fc.overlap_param_gather = overlap;
+          fc.param_dtype = mxfp8 ? DType::kBF16 : DType::kF32;
+          const MemoryPlan without = plan_fsdp_memory(model.specs, model.units, hooked_modules_of(model), fc,
+                                                      OptimizerType::kAdam, {.dp = 2, .micro_batches = micro_batches});
+          const MemoryPlan with = plan_fsdp_memory(model.specs, model.units, hooked, fc, OptimizerType::kAdam,
+                                                   {.dp = 2, .micro_batches = micro_batches});
+          if (!overlap)  // (with overlap the backward's prefetch may gather a region's units anyway)
+            EXPECT_NE(with.peak_gathered_bytes_by_slot, without.peak_gathered_bytes_by_slot) << model.describe();
+          for (ReRun order : {ReRun::kAfterPreBackward, ReRun::kBeforePreBackward}) {
+            const std::string what = fmt::format("{}{} overlap {} mb {} re-run {} pre-backward", model.describe(),
+                                                 mxfp8 ? " mxfp8" : "", overlap, micro_batches,
+                                                 order == ReRun::kBeforePreBackward ? "before" : "after");
+            if (!mxfp8 || order == ReRun::kAfterPreBackward) {
+              ASSERT_TRUE(plan_equals_run(model, fc, OptimizerType::kAdam, 2, micro_batches, what, &hooked, order));
+              continue;
+            }
+            Measured m;
+            run_local(2, [&](Communicator& comm) {
+              Measured r = measure(comm, model, hooked, fc, OptimizerType::kAdam, micro_batches, 3, order);
+              if (comm.rank() == 0) m = r;
+            });
+            for (int slot = 0; slot < kGatherSlots; ++slot)
+              EXPECT_LE(m.peak_gathered_bytes[static_cast<size_t>(slot)],
+                        with.peak_gathered_bytes_by_slot[static_cast<size_t>(slot)]) << what << " slot " << slot;
+            EXPECT_LT(m.steady.peak(MemoryCategory::kGathered), with.steady.peak(MemoryCategory::kGathered)) << what;
+          }
+        }
+    }
+}
+
 // Hooked modules that break plan.h's rules are refused, naming what is wrong.
 TEST(FsdpMemoryPlanGathers, RefusesHookedModulesThatBreakTheRules) {
   const std::vector<ParamSpec> params = {{"embed", Shape{16, 8}}, {"l0.w", Shape{8, 8}}, {"l0.b", Shape{8}},
@@ -310,6 +391,9 @@ TEST(FsdpMemoryPlanGathers, RefusesHookedModulesThatBreakTheRules) {
   refused({{{0}, -1}, {{1, 2}, 0}, {{3}, 1}, {{}, -1}}, "hooked module 3 names no params");
   refused({{{0}, -1}, {{1, 2}, 0}, {{3}, 1}, {{9}, -1}}, "names param 9; valid: 0..4");
   refused({{{0}, -1}, {{1, 2}, 0}, {{4}, -1}}, "unit 1 has no hooked module");
+  refused({{{0}, -1}, {{1, 2}, 0, 0}, {{4}, -1}, {{3}, 1, 0}}, "hooked module 3 is in recompute region 0, which other "
+                                                              "modules ended before it");
+  refused({{{0}, -1}, {{1, 2}, 0, -2}, {{3}, 1}, {{4}, -1}}, "hooked module 1 has recompute region -2");
   refused(good, "micro_batches 0 is not valid", {.dp = 2, .micro_batches = 0});
   refused(good, "dp 0 is not valid", {.dp = 0});
   EXPECT_THROW(plan_fsdp_memory(params, {}, good, fc, std::nullopt, {.dp = 2}), Error) << "FSDP needs a unit";

@@ -173,13 +173,15 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
     for step, (e, g) in enumerate(zip(expected, got)):
         assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
     # Every gather released; params gathered per unit only when the strategy shards them; and the
-    # most gathered at once is what the memory plan says, to the byte (it replays no recompute).
+    # most gathered at once is what the memory plan says, to the byte, in the units' forward order
+    # (for Llama's fine-grained units not the module tree's) and with the recompute's re-gathers
+    # (the checkpointed layers are the unit classes here).
     assert gathers == releases
-    if not recompute:
-        # In the units' forward order, which for Llama's fine-grained units is not the module tree's.
-        planned = mxt.plan(copy.deepcopy(initial), world, config, None, fsdp_unit_modules=MODELS[name][3](),
-                           micro_batches=micro_batches, forward_order=forward_order)
-        assert peak == planned.peak_gathered_bytes, (peak, planned.peak_gathered_bytes)
+    units = MODELS[name][3]()
+    planned = mxt.plan(copy.deepcopy(initial), world, config, None, fsdp_unit_modules=units,
+                       micro_batches=micro_batches, forward_order=forward_order,
+                       checkpointed_modules=units if recompute else None)
+    assert peak == planned.peak_gathered_bytes, (peak, planned.peak_gathered_bytes)
     assert (gathers > 0) == (strategy == "optim_grads_params") and (peak["values"] > 0) == (gathers > 0)
     for n, p in module.named_parameters():
         torch.testing.assert_close(p, trained[n], rtol=1e-4, atol=1e-4, msg=lambda m: f"param {n}: {m}")

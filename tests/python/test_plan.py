@@ -421,11 +421,46 @@ def test_fsdp_plan_refuses_bad_input_naming_the_value():
         mxt.plan(module, 2, fsdp_config(fine_grained_param_gather_policy="eager"), ADAM, fsdp_unit_modules=[Block])
     with pytest.raises(TypeError, match="not a torch.nn.Module subclass"):
         mxt.plan(module, 2, fsdp_config(), ADAM, fsdp_unit_modules=["Block"])
+    with pytest.raises(TypeError, match="checkpointed_modules holds 'Block', which is not a torch.nn.Module subclass"):
+        mxt.plan(module, 2, fsdp_config(), ADAM, fsdp_unit_modules=[Block], checkpointed_modules=["Block"])
+    with pytest.raises(TypeError, match="checkpointed_modules must be a list of torch.nn.Module classes"):
+        mxt.plan(module, 2, ddp_config(), None, checkpointed_modules=Block)
+    # Fine-grained units of two checkpointed Blocks called interleaved: no re-run of a whole Block
+    # could give that order.
+    fine = fsdp_config(megatron_fsdp_enable_fine_grained_param_gather=True)
+    order = ["blocks.0.fc", "blocks.1.fc", "blocks.0.norm", "blocks.1.norm", "blocks.2.fc", "blocks.2.norm"]
+    with pytest.raises(ValueError, match="checkpointed module 'blocks.0' holds modules the forward does not call one "
+                                         "after another \\('blocks.0.norm' comes after 'blocks.1.fc'"):
+        mxt.plan(module, 2, fine, ADAM, fsdp_unit_modules=[Block], forward_order=order, checkpointed_modules=[Block])
     bf16 = BlockMlp().to(torch.bfloat16)
     bf16.inp.weight.mxfp8 = True
     with pytest.raises(ValueError, match="param 'inp.weight' is marked mxfp8=True but is in no FSDP unit"):
         mxt.plan(bf16, 2, fsdp_config(fp8_param_gather=True, data_parallel_sharding_strategy="optim_grads_params"),
                  ADAM, fsdp_unit_modules=[Block])
+
+
+def test_fsdp_plan_with_recompute_regathers_a_fine_grained_layer_for_its_backward():
+    """checkpointed_modules: a unit per Block re-gathers only what its backward gathers anyway (the
+    plan without recompute); fine-grained units of a Block are all gathered again by its re-run and
+    held to their backwards, so at once: the Block's fc and norm (the FSDP run of each is
+    test_fsdp.py's matrix)."""
+    module = BlockMlp()
+    for overlap in (False, True):
+        cfg = fsdp_config(data_parallel_sharding_strategy="optim_grads_params", overlap_param_gather=overlap,
+                          overlap_grad_reduce=overlap)
+        coarse = mxt.plan(module, 2, cfg, ADAM, fsdp_unit_modules=[Block])
+        assert mxt.plan(module, 2, cfg, ADAM, fsdp_unit_modules=[Block], checkpointed_modules=[Block]) == coarse
+        cfg = fsdp_config(data_parallel_sharding_strategy="optim_grads_params", overlap_param_gather=overlap,
+                          overlap_grad_reduce=overlap, megatron_fsdp_enable_fine_grained_param_gather=True)
+        fine = mxt.plan(module, 2, cfg, ADAM, fsdp_unit_modules=[Block])
+        fine_rc = mxt.plan(module, 2, cfg, ADAM, fsdp_unit_modules=[Block], checkpointed_modules=[Block])
+        assert fine.peak_gathered_bytes["values"] <= fine_rc.peak_gathered_bytes["values"] \
+            <= coarse.peak_gathered_bytes["values"], (overlap, fine, fine_rc, coarse)
+        assert fine_rc.live_bytes == fine.live_bytes  # the same shards; only the transients move
+        if not overlap:  # (with overlap the backward's prefetch holds the next unit anyway: equal here)
+            # One Block at once, as a unit per Block gathers it, where fine-grained alone holds a unit.
+            assert fine.peak_gathered_bytes["values"] < fine_rc.peak_gathered_bytes["values"] \
+                == coarse.peak_gathered_bytes["values"]
 
 
 def block_mlp_loss(model, rank, dtype):

@@ -44,20 +44,43 @@ class FsdpUnits:
         return sorted({p for h in self.hooked if h.unit < 0 for p in h.params} - in_units)
 
 
-def check_unit_module_classes(fsdp_unit_modules: Optional[Sequence]) -> tuple[type, ...]:
-    """The classes, checked: None or a sequence of torch.nn.Module subclasses."""
+def check_unit_module_classes(fsdp_unit_modules: Optional[Sequence],
+                              what: str = "fsdp_unit_modules") -> tuple[type, ...]:
+    """The classes, checked: None or a sequence of torch.nn.Module subclasses (``what``: the
+    argument's name, for the error)."""
     if fsdp_unit_modules is None:
         return ()
     if isinstance(fsdp_unit_modules, (str, bytes)) or not isinstance(fsdp_unit_modules, Sequence):
-        raise TypeError(f"fsdp_unit_modules must be a list of torch.nn.Module classes (e.g. [GPT2Block]); "
+        raise TypeError(f"{what} must be a list of torch.nn.Module classes (e.g. [GPT2Block]); "
                         f"got {fsdp_unit_modules!r}")
     classes = []
     for c in fsdp_unit_modules:
         if not (isinstance(c, type) and issubclass(c, torch.nn.Module)):
-            raise TypeError(f"fsdp_unit_modules holds {c!r}, which is not a torch.nn.Module subclass; valid: "
+            raise TypeError(f"{what} holds {c!r}, which is not a torch.nn.Module subclass; valid: "
                             "module classes such as transformers' GPT2Block or your own block class")
         classes.append(c)
     return tuple(classes)
+
+
+def recompute_regions(module: torch.nn.Module, hooked: list[HookedModule],
+                      checkpointed_modules: Optional[Sequence]) -> list[int]:
+    """[hooked module] its recompute region: the modules inside one module of a
+    ``checkpointed_modules`` class (the outermost, where they nest), which torch.utils.checkpoint
+    re-runs together in backward, share a region; -1 outside any. ``hooked`` in the order the
+    forward calls them, where each region's modules must be consecutive."""
+    classes = check_unit_module_classes(checkpointed_modules, "checkpointed_modules")
+    roots: list[str] = []  # the outermost modules of those classes, in module-tree order
+    for name, sub in module.named_modules():
+        if isinstance(sub, classes) and not any(name == r or _is_below(name, r) for r in roots):
+            roots.append(name)
+    regions = [next((i for i, r in enumerate(roots) if h.name == r or _is_below(h.name, r)), -1) for h in hooked]
+    for j in range(1, len(regions)):
+        r = regions[j]
+        if r >= 0 and r != regions[j - 1] and r in regions[:j]:
+            raise ValueError(f"checkpointed module '{roots[r]}' holds modules the forward does not call one after "
+                             f"another ('{hooked[j].name}' comes after '{hooked[j - 1].name}', outside it): a "
+                             "recompute re-runs a module's forward as a whole, so the plan cannot replay this one")
+    return regions
 
 
 def fsdp_units(module: torch.nn.Module, param_names: list[str], params: list[torch.nn.Parameter],

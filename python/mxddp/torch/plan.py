@@ -27,7 +27,7 @@ from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
 from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, unit_mxfp8_flags
-from mxddp.torch.fsdp_units import fsdp_units, in_forward_order
+from mxddp.torch.fsdp_units import check_unit_module_classes, fsdp_units, in_forward_order, recompute_regions
 
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
 # only keeps the count an int the C++ side takes.
@@ -92,7 +92,8 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
          opt_cfg: OptimizerConfig | None = None, fsdp_unit_modules: Optional[Sequence] = None,
-         micro_batches: int = 1, forward_order: Optional[Sequence[str]] = None) -> MemoryPlan:
+         micro_batches: int = 1, forward_order: Optional[Sequence[str]] = None,
+         checkpointed_modules: Optional[Sequence] = None) -> MemoryPlan:
     """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
     ``opt_cfg``, a ``DistributedOptimizer`` on it) hold at ``world`` ranks after a gradient sync and a
     step: the same figures ``memory_usage()`` reports then, to the byte. With
@@ -107,9 +108,12 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     or None to plan the DDP alone (its optimizer then holds nothing); for DDP it needs
     ``cfg.use_distributed_optimizer``. fsdp_unit_modules (FSDP only): the module classes that form
     units, e.g. ``[GPT2Block]``. micro_batches (FSDP only; DDP's bytes do not depend on it): per
-    iteration, the first ones under ``no_sync``. The FSDP plan is of a training loop without
-    activation recompute (``torch.utils.checkpoint`` re-gathers a unit inside its backward, which
-    it does not replay). It replays the units in module-tree order, or (FSDP only) in
+    iteration, the first ones under ``no_sync``. checkpointed_modules (FSDP only; DDP's bytes do
+    not depend on it): the module classes whose forward ``torch.utils.checkpoint`` re-runs in
+    backward (what HF's ``gradient_checkpointing_enable()`` wraps: the decoder layer class), so
+    the plan replays that re-run's gathers: with fine-grained units a layer's units are gathered
+    together again for its backward (docs/plan.md). None: no activation recompute. The FSDP plan
+    replays the units in module-tree order, or (FSDP only) in
     ``forward_order``: the names of the units' modules in the order the model's forward calls them,
     as ``FullyShardedDataParallel.forward_order`` reports after a forward; where the two differ
     (fine-grained units of a Llama layer) only the latter gives the gathered peaks to the byte.
@@ -128,7 +132,9 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
             or not 1 <= micro_batches <= _MICRO_BATCHES_MAX:
         raise ValueError(f"micro_batches={micro_batches!r} is not valid: an int, 1..{_MICRO_BATCHES_MAX}")
     if cfg.use_megatron_fsdp:
-        return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches, forward_order)
+        return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches, forward_order,
+                          checkpointed_modules)
+    check_unit_module_classes(checkpointed_modules, "checkpointed_modules")
     if forward_order is not None:
         raise ValueError("forward_order is given but cfg.use_megatron_fsdp is False: it orders FSDP's units")
     if fsdp_unit_modules is not None:
@@ -150,14 +156,15 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
 
 def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig,
                opt_cfg: OptimizerConfig | None, fsdp_unit_modules: Optional[Sequence],
-               micro_batches: int, forward_order: Optional[Sequence[str]]) -> MemoryPlan:
+               micro_batches: int, forward_order: Optional[Sequence[str]],
+               checkpointed_modules: Optional[Sequence]) -> MemoryPlan:
     params = _planned_params(module)
     dtype = params[0][1].dtype
     names, tensors = [n for n, _ in params], [p for _, p in params]
     # FullyShardedDataParallel's own rules, called as it calls them: which params are MXFP8 (the
     # DDP's plain nn.Linear and HF Conv1D weights, those in units only, and which copy each
-    # one's forward reads), the fine-grained gather (without a
-    # recompute: the plan replays none), and the units.
+    # one's forward reads), the fine-grained gather (with no recompute granularity: Megatron's
+    # names the policy takes, which a torch.utils.checkpoint around a layer is not), and the units.
     mxfp8_flags = unit_mxfp8_flags(module, params, cfg, fsdp_unit_modules)
     fine = decide_fine_grained(cfg, any(mxfp8_flags), None, [])
     units = fsdp_units(module, names, tensors, fsdp_unit_modules, fine)
@@ -167,7 +174,9 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     fsdp_cfg = cfg.to_fsdp_cpp(_DTYPES[dtype])
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
-    hooked = [(list(h.params), h.unit) for h in in_forward_order(units.hooked, forward_order)]
+    ordered = in_forward_order(units.hooked, forward_order)
+    regions = recompute_regions(module, ordered, checkpointed_modules)
+    hooked = [(list(h.params), h.unit, region) for h, region in zip(ordered, regions)]
     colwise = colwise_forward_flags(_mxfp8_kinds(module, tensors, mxfp8_flags), len(tensors))
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
                               None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
