@@ -142,10 +142,12 @@ double DistributedOptimizer::local_grad_sum_of_squares() const {
 
 StepResult DistributedOptimizer::step() {
   StepResult result;
-  // The norm travels as an f32 pair (hi + lo) so the all-reduce keeps most of the f64 sum.
+  // The norm travels as an f32 pair (hi + lo) so the all-reduce keeps most of the f64 sum. An
+  // infinite hi (an Inf gradient, or a sum beyond f32's range) carries no low part: inf - inf would
+  // make the norm NaN where torch and Megatron report Inf.
   const double local = local_grad_sum_of_squares();
   float pair[2] = {static_cast<float>(local), 0.0f};
-  pair[1] = static_cast<float>(local - static_cast<double>(pair[0]));
+  if (std::isfinite(pair[0])) pair[1] = static_cast<float>(local - static_cast<double>(pair[0]));
   dp_.communicator().all_reduce(TensorView{pair, DType::kF32, Shape{2}, Device::cpu()});
   result.grad_norm = std::sqrt(static_cast<double>(pair[0]) + static_cast<double>(pair[1]));
   if (!std::isfinite(result.grad_norm)) {

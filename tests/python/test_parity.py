@@ -2,8 +2,10 @@
 DistributedDataParallel (gloo) + torch.optim.AdamW with the same clipping, on a plain MLP, an
 HF GPT2LMHeadModel (random init, tied embedding) and an HF LlamaForCausalLM (grouped-query
 attention, RMSNorm, untied head), 20 steps in F32: every step's loss within 1e-5
-relative, with overlap on and off, several bucket sizes, accumulation under no_sync, and
-gradient_accumulation_fusion on and off.
+relative, with overlap on and off, three bucket sizes per model (one bucket, a few, one per
+param or close to it: the count each gives is asserted), accumulation under no_sync, and
+gradient_accumulation_fusion on and off. A NaN, +Inf or -Inf gradient on one rank skips the step
+on every rank.
 """
 import copy
 
@@ -89,8 +91,12 @@ def train_reference(module, batch_fn, loss_fn, rank, micro_batches):
     return losses
 
 
-def train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, ddp_config, fusion=True):
+def train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, ddp_config, fusion=True, buckets=None):
     model = mxt.DistributedDataParallel(module, ddp_config, gradient_accumulation_fusion=fusion)
+    # The bucket size must really have split the buffer as the case says, or the cases with
+    # different sizes could all be running one bucket.
+    if buckets is not None:
+        assert model.num_buckets == buckets, f"bucket_size {ddp_config.bucket_size}: {model.num_buckets} buckets"
     # The weights of the Linear / Conv1D / Embedding modules are fused, or none is.
     assert any(model.fused_params) == fusion
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(optimizer="adam", lr=LR, weight_decay=WD,
@@ -117,14 +123,34 @@ CASES = [
     ("mlp", True, None, 1, True),
     ("mlp", True, 2000, 1, True),
     ("mlp", True, 2000, 3, True),
+    ("mlp", True, 500, 1, True),
     ("gpt2", False, None, 1, True),
     ("gpt2", True, 5000, 2, True),
+    ("gpt2", True, 1000, 1, True),
     ("mlp", True, 2000, 3, False),
     ("gpt2", False, None, 1, False),
     ("gpt2", True, 5000, 2, False),
     ("llama", True, 5000, 2, True),
+    ("llama", True, 1000, 1, True),
     ("llama", False, None, 1, False),
 ]
+
+# The buckets each (model, bucket_size) gives, the same at every dp (Megatron's rule: params in
+# reverse order, a bucket closes once it holds bucket_size elements or more, so a param is never
+# split). None, or overlap off whatever the size, is one bucket. The smallest sizes are at or
+# near one bucket per param group the rule can make: MLP 3 (its 4096- and 2048-element weights
+# each close one), GPT-2 10, Llama 16.
+BUCKETS = {("mlp", None): 1, ("mlp", 2000): 2, ("mlp", 500): 3,
+           ("gpt2", None): 1, ("gpt2", 5000): 7, ("gpt2", 1000): 10,
+           ("llama", None): 1, ("llama", 5000): 6, ("llama", 1000): 16}
+
+
+def test_bucket_sizes_give_distinct_bucket_counts():
+    """The parity cases cover three bucket counts per model, more buckets for smaller sizes."""
+    for name in MODELS:
+        sizes = sorted({b for m, o, b, _, _ in CASES if m == name and o and b is not None}, reverse=True)
+        counts = [BUCKETS[name, None]] + [BUCKETS[name, b] for b in sizes]
+        assert counts[0] == 1 and len(counts) >= 3 and counts == sorted(set(counts)), (name, counts)
 
 
 @pytest.mark.parametrize("name,overlap,bucket_size,micro_batches,fusion", CASES)
@@ -137,7 +163,8 @@ def test_losses_match_torch_ddp_adamw(ranks, name, overlap, bucket_size, micro_b
     config = mxt.DistributedDataParallelConfig(overlap_grad_reduce=overlap, use_distributed_optimizer=True,
                                                bucket_size=bucket_size, grad_reduce_in_fp32=True)
     expected = train_reference(reference, batch_fn, loss_fn, rank, micro_batches)
-    got = train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, config, fusion)
+    got = train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, config, fusion,
+                      buckets=BUCKETS[name, bucket_size if overlap else None])
     assert len(got) == STEPS
     # The losses must move, or matching them proves nothing.
     assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])
@@ -216,32 +243,59 @@ def test_sgd_losses_match_torch_sgd(ranks):
         assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
 
 
-def test_nonfinite_grads_skip_the_step_on_every_rank(ranks):
-    """A NaN gradient on one rank makes the global grad norm NaN: every rank's step reports
-    update_successful False and leaves the params as they were (as mxddp train skips the step)."""
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_nonfinite_grads_skip_the_step_on_every_rank(ranks, bad):
+    """A NaN, +Inf or -Inf gradient on one rank makes the global grad norm NaN or +Inf: every
+    rank's step reports update_successful False and leaves the params as they were (as mxddp
+    train skips the step), and the next, finite step goes through with finite params."""
     rank, world = ranks
     torch.manual_seed(3)
     module = make_mlp()
     model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True,
                                                                                   grad_reduce_in_fp32=True))
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-2))
+    hook = None
     try:
         before = [p.detach().clone() for p in module.parameters()]
         opt.zero_grad()
         x, y = mlp_batch(rank, 0, 0)
         if rank == world - 1:
-            x[0, 0] = float("nan")
+            if bad == "nan":
+                # From the input: every param's grad is NaN, the fused Linear weights' too.
+                x[0, 0] = float("nan")
+            else:
+                # An Inf input would reach the grads as NaN (the LayerNorm of an Inf row), so
+                # one element of the LayerNorm weight's grad is set to it instead, before the
+                # DDP's hook adds it into main_grad: one Inf in the whole grad buffer.
+                def poison(grad, value=float(bad)):
+                    grad = grad.clone()
+                    grad[0] = value
+                    return grad
+
+                hook = module[2].weight.register_hook(poison)
         mlp_loss(model, (x, y)).backward()
         model.finish_grad_sync()
         update_successful, grad_norm, _ = opt.step()
-        assert not update_successful and grad_norm != grad_norm  # NaN
+        assert not update_successful, f"rank {rank}: a {bad} grad on rank {world - 1} did not skip the step"
+        if bad == "nan":
+            assert grad_norm != grad_norm, grad_norm  # NaN
+        else:
+            assert grad_norm == float("inf"), grad_norm  # the norm of -Inf is +Inf too
         for p, b in zip(module.parameters(), before):
             assert torch.equal(p.detach(), b)
-        # The next, finite step goes through.
+        # The next, finite step goes through, and nothing of the bad grad was kept (in the main
+        # params or the Adam moments) to reach the params.
+        if hook is not None:
+            hook.remove()
         opt.zero_grad()
         mlp_loss(model, mlp_batch(rank, 1, 0)).backward()
         model.finish_grad_sync()
-        assert opt.step()[0]
+        update_successful, grad_norm, _ = opt.step()
+        assert update_successful and 0 < grad_norm < float("inf")
+        for p, b in zip(module.parameters(), before):
+            assert torch.isfinite(p).all() and not torch.equal(p.detach(), b)
     finally:
+        if hook is not None:
+            hook.remove()
         opt.close()
         model.close()
