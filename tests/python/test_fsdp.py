@@ -9,6 +9,8 @@ step's loss within 1e-5 (relative, F32) of the reference's, the trained params a
 released after each step and nothing left gathered.
 """
 import copy
+import os
+import time
 
 import pytest
 import torch
@@ -166,8 +168,17 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
     initial, expected, trained = reference(name, rank, world, micro_batches)
     module = copy.deepcopy(initial)
     set_recompute(name, module, recompute)
+    # The recompute runs: the first unit's forward runs again in each micro-batch's backward. (Its
+    # first submodule with params counts the calls: HF re-runs a layer's forward without the
+    # layer's own hooks, its submodules' run.)
+    first_unit = next(m for m in module.modules() if isinstance(m, tuple(MODELS[name][3]())))
+    counted = next(m for m in first_unit.modules()
+                   if m is not first_unit and next(m.parameters(recurse=False), None) is not None)
+    forward_calls = []
+    counted.register_forward_pre_hook(lambda *_: forward_calls.append(None))
     config = fsdp_config(strategy, overlap, fine_grained)
     got, (gathers, releases, peak, forward_order) = train_fsdp(name, module, rank, micro_batches, config)
+    assert len(forward_calls) == STEPS * micro_batches * (2 if recompute else 1), len(forward_calls)
     # Training moves the params, or matching them proves nothing.
     assert max((p - trained[n]).abs().max().item() for n, p in initial.named_parameters()) > 1e-3
     for step, (e, g) in enumerate(zip(expected, got)):
@@ -185,6 +196,23 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
     assert (gathers > 0) == (strategy == "optim_grads_params") and (peak["values"] > 0) == (gathers > 0)
     for n, p in module.named_parameters():
         torch.testing.assert_close(p, trained[n], rtol=1e-4, atol=1e-4, msg=lambda m: f"param {n}: {m}")
+
+
+def test_the_injected_delay_is_on_where_asked(ranks):
+    """The injected-delay runs (CTest sets MXDDP_TEST_COLLECTIVE_DELAY_US=min,max) do delay: every
+    all-reduce starts after a draw from [min, max] us on each rank, so 20 of them take at least
+    20 min + 2 (max - min) us but with probability 4e-13 (the sum of 20 uniform draws on [0, 1]
+    falls below 2 that rarely: Irwin-Hall). Without the variable there is nothing to check."""
+    delay = os.environ.get("MXDDP_TEST_COLLECTIVE_DELAY_US")
+    if not delay:
+        pytest.skip("no injected delay asked for (MXDDP_TEST_COLLECTIVE_DELAY_US unset)")
+    low_us, high_us = (int(v) for v in delay.split(","))
+    assert high_us > low_us
+    one = torch.zeros(1)
+    start = time.perf_counter()
+    for _ in range(20):
+        mxt.all_reduce(one)
+    assert time.perf_counter() - start >= (20 * low_us + 2 * (high_us - low_us)) * 1e-6
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -243,16 +271,21 @@ def test_views_only_while_gathered(ranks):
 
     def probe(mod, _args, _out):
         seen["inside"] = mod.fc.weight.detach().clone()
+        # A view of the C++ FSDP's gathered storage, not a copy: the same address as the binding's
+        # own view of that param's gathered values.
+        seen["ptrs"] = mod.fc.weight.data_ptr(), model._cpp.param(index).data_ptr()
 
     module.blocks[1].register_forward_hook(probe)  # registered first: runs before FSDP's post-hook
     model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", False, False),
                                          fsdp_unit_modules=[Block])
+    index = [n for n, _ in model.registered_params()].index("blocks.1.fc.weight")
     try:
         weight = module.blocks[1].fc.weight
         assert weight.shape == (64, 64) and torch.isnan(weight).all() and weight.untyped_storage().nbytes() <= 4
         mlp_loss(model, mlp_batch(rank, 0, 0)).backward()
         model.finish_grad_sync()
         assert torch.isfinite(seen["inside"]).all()
+        assert seen["ptrs"][0] == seen["ptrs"][1], seen["ptrs"]
         assert torch.isnan(weight).all()
     finally:
         model.close()
@@ -437,6 +470,41 @@ class ConvMlp(torch.nn.Module):
             h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if self.recompute else block(h)
         return self.head(h)
 
+
+
+@pytest.mark.parametrize("fine_grained", [False, True])
+def test_hf_gradient_checkpointing_of_mxfp8_units(ranks, fine_grained):
+    """HF's gradient checkpointing re-runs a layer's forward in backward without the layer's own
+    hooks (transformers checkpoints forward, not __call__): with a unit per GPT2Block only its
+    submodules' pre-forwards run then, and the re-run reads the forward's MXFP8 copies, which the
+    backward's gather does not bring. The unit's MXFP8 modules gather them for it. The losses are
+    those of the run without recompute, bit for bit (the same quantized weights, the same ops), every
+    gather is released, and the gathered peaks are the plan's with checkpointed_modules."""
+    rank, world = ranks
+    block = gpt2_block_class()
+
+    def run(recompute):
+        torch.manual_seed(0)
+        module = make_gpt2().to(torch.bfloat16)
+        initial = copy.deepcopy(module)
+        set_recompute("gpt2", module, recompute)
+        config = fsdp_config("optim_grads_params", True, fine_grained, fp8_param_gather=True)
+        model = mxt.FullyShardedDataParallel(module, config, fsdp_unit_modules=[block])
+        assert sum(model._cpp.is_mxfp8(i) for i in range(len(model.registered_params()))) == 8  # the Conv1Ds
+        opt = optimizer(model)
+        try:
+            losses = train_steps(model, opt, gpt2_loss, gpt2_batch, rank, 1)
+            assert model._cpp.gathers_started == model._cpp.releases_done
+            peak, order = model.peak_gathered_bytes(), model.forward_order
+        finally:
+            opt.close()
+            model.close()
+        planned = mxt.plan(initial, world, config, None, fsdp_unit_modules=[block], forward_order=order,
+                           checkpointed_modules=[block] if recompute else None)
+        assert peak == planned.peak_gathered_bytes, (recompute, peak, planned.peak_gathered_bytes)
+        return losses
+
+    assert run(True) == run(False)
 
 @pytest.mark.parametrize("fine_grained,recompute", [(False, False), (True, False), (False, True), (True, True)])
 def test_conv1d_and_linear_mxfp8_weights_in_one_unit_train_as_ddp_s(ranks, fine_grained, recompute):

@@ -179,6 +179,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._reported = [False] * len(self._params)
         self._unit_pending = [len(u) for u in self.units.units]
         self._unit_backward_started = [False] * len(self.units.units)
+        self._unit_rerun = [False] * len(self.units.units)  # its forward re-run in this backward has gathered
         self._units_called: Optional[list[int]] = None  # the units the running forward called, in order
         self._forward_order: Optional[list[str]] = None
         self._unit_names = {h.unit: h.name for h in self.units.hooked if h.unit >= 0}
@@ -194,6 +195,8 @@ class FullyShardedDataParallel(DataParallelModule):
                     for owner in owners[id(p)]:
                         mxfp8.install(owner, self._cpp, i, token)
                         self._mxfp8_modules.append(owner)
+                        if self._unit_of[i] >= 0:
+                            self._hooks.append(owner.register_forward_pre_hook(self._make_rerun_gather(self._unit_of[i])))
                 else:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
@@ -248,8 +251,26 @@ class FullyShardedDataParallel(DataParallelModule):
         def hook(_module, _args) -> None:
             if self._units_called is not None:
                 self._units_called.append(unit)
+            if self._unit_backward_started[unit]:
+                self._unit_rerun[unit] = True
             self._cpp.before_forward(params)
             self._view(params)
+
+        return hook
+
+    def _make_rerun_gather(self, unit: int):
+        """A pre-forward hook on a unit's MXFP8 module. A re-run of the unit's forward inside its
+        backward reads the forward's MXFP8 copies, which the backward's gather does not hold, and
+        HF's layers re-run only their forward (transformers checkpoints ``forward``, not
+        ``__call__``, so that module hooks stay outside the checkpoint): the unit's own pre-forward
+        does not run then. Its first MXFP8 module gathers for it, as the pre-forward of a recompute
+        does; the copies stay to the unit's post-backward, as no post-forward runs either."""
+        params = self.units.units[unit]
+
+        def hook(_module, _args) -> None:
+            if self._unit_backward_started[unit] and not self._unit_rerun[unit]:
+                self._unit_rerun[unit] = True
+                self._cpp.before_forward(params)
 
         return hook
 
@@ -332,6 +353,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._stand_in(params)
         self._cpp.after_backward(params)
         self._unit_backward_started[unit] = False
+        self._unit_rerun[unit] = False
 
     def _complete_backward(self) -> None:
         """Reports every param that took no gradient in the last backward (a zero one), so that
