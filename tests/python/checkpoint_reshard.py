@@ -3,9 +3,11 @@ global batch per step (each rank its contiguous share of it), whose per-step los
 batch's mean, so a run at any dp computes the same losses up to the reduction order.
 
 Imported by the test (the uninterrupted run and the save, at the test's dp) and run as a script
-for the continuation at another dp (`python checkpoint_reshard.py resume DIR BUCKET OUT.json`
-alone for dp 1, under `mpirun -np 4` for dp 4): it loads the checkpoint, trains to STEPS and
-writes the losses of the steps after it, with the iteration the load returned.
+at another dp (alone for dp 1, under `mpirun -np 4` for dp 4):
+`python checkpoint_reshard.py resume DIR KIND OUT.json` loads the checkpoint, trains to STEPS and
+writes the losses of the steps after it, with the iteration the load returned;
+`python checkpoint_reshard.py save DIR KIND OUT.json` trains SAVE_AT steps, saves into DIR and
+writes those steps' losses.
 """
 import json
 import sys
@@ -77,8 +79,21 @@ def resume(load_dir, bucket_size, out):
     model.close()
 
 
+def save(save_dir, bucket_size, out):
+    rank, world = mxt.init(timeout_s=120)
+    model, opt = make_model(rank, world, bucket_size)
+    losses = train_steps(model, opt, 0, SAVE_AT, rank, world)
+    mxt.save_checkpoint(save_dir, model, opt, SAVE_AT)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"world": world, "losses": losses}, f)
+    opt.close()
+    model.close()
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 5 or sys.argv[1] != "resume":
-        sys.exit("usage: checkpoint_reshard.py resume DIR BUCKET_SIZE|none|fsdp:STRATEGY OUT.json")
+    if len(sys.argv) != 5 or sys.argv[1] not in ("resume", "save"):
+        sys.exit("usage: checkpoint_reshard.py resume|save DIR BUCKET_SIZE|none|fsdp:STRATEGY OUT.json")
     kind = sys.argv[3]
-    resume(sys.argv[2], None if kind == "none" else kind if kind.startswith("fsdp:") else int(kind), sys.argv[4])
+    kind = None if kind == "none" else kind if kind.startswith("fsdp:") else int(kind)
+    (resume if sys.argv[1] == "resume" else save)(sys.argv[2], kind, sys.argv[4])

@@ -1,7 +1,8 @@
 """Checkpoints of the package (mxt.save_checkpoint / load_checkpoint): the history layout of
-`mxddp train --save`, a round trip, resharding across bucket sizes (bitwise) and dp 1 and 4 (1e-6),
-`mxddp ckpt inspect/export` on the package's saves, interchange with `mxddp train` through the
-torch GPT (mxddp.torch.gpt), and hostile input that must leave the model and optimizer as they were.
+`mxddp train --save`, a round trip, resharding across bucket sizes (bitwise) and dp 1, 2 and 4
+(1e-6) between DDP and every FSDP strategy, `mxddp ckpt inspect/export` on the package's saves,
+interchange with `mxddp train` (DDP and FSDP, at 1, 2 and 4 ranks) through the torch GPT
+(mxddp.torch.gpt), and hostile input that must leave the model and optimizer as they were.
 
 `mxddp train` and `mxddp ckpt` run from the build (MXDDP_CLI, which CTest sets; else
 build/release/mxddp under the repository), in child processes without the MPI launcher's
@@ -167,30 +168,73 @@ def test_ddp_and_fsdp_checkpoints_interchange(ranks, saved_run, shared_dir, stra
     torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64), expected, rtol=1e-6, atol=0)
 
 
+def reshard_child(mode, ckpt, np, kind):
+    """checkpoint_reshard.py `mode` ("resume" or "save") on checkpoint dir `ckpt` as a job of np
+    ranks (kind: "none", a bucket size or "fsdp:<strategy>"); its JSON result."""
+    out = ckpt.parent / f"{mode}_{ckpt.name}_dp{np}_{kind.replace(':', '_')}.json"
+    cmd = [sys.executable, str(HERE / "checkpoint_reshard.py"), mode, str(ckpt), kind, str(out)]
+    if np > 1:
+        mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+        cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
+    r = subprocess.run(cmd, env=plain_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text())
+
+
+def assert_continues(losses, reference):
+    """Another dp or grouping sums the batch and the gradients in another order: f32 rounding only."""
+    torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64),
+                               torch.tensor(reference[reshard.SAVE_AT:], dtype=torch.float64), rtol=1e-6, atol=0)
+
+
 def test_a_save_at_dp2_continues_at_dp1_and_dp4(ranks, saved_run):
     rank, world = ranks
     if world != 2:
         pytest.skip("saves at dp 2 (python_mpirun_np2)")
     ckpt, reference = saved_run
-    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
-
-    def continue_at(np, bucket):
-        out = ckpt.parent / f"dp{np}_{bucket}.json"
-        cmd = [sys.executable, str(HERE / "checkpoint_reshard.py"), "resume", str(ckpt), bucket, str(out)]
-        if np > 1:
-            cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + cmd
-        r = subprocess.run(cmd, env=plain_env(), capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        return json.loads(out.read_text())
-
-    results = on_rank0(ranks, lambda: [continue_at(1, "none"), continue_at(4, "200"),
-                                       continue_at(1, "fsdp:optim_grads_params"), continue_at(4, "fsdp:optim_grads")])
+    kinds = [(1, "none"), (4, "200"), (1, "fsdp:optim_grads_params"), (4, "fsdp:optim_grads")]
+    results = on_rank0(ranks, lambda: [reshard_child("resume", ckpt, np, kind) for np, kind in kinds])
     for r in results:
         assert r["iteration"] == reshard.SAVE_AT and r["step_count"] == reshard.STEPS, r
-        # Another dp sums the batch and the gradients in another order: f32 rounding only.
-        torch.testing.assert_close(torch.tensor(r["losses"], dtype=torch.float64),
-                                   torch.tensor(reference[reshard.SAVE_AT:], dtype=torch.float64), rtol=1e-6, atol=0)
+        assert_continues(r["losses"], reference)
     assert [r["world"] for r in results] == [1, 4, 1, 4]
+
+
+def test_fsdp_saves_continue_at_other_dps_in_fsdp_and_ddp(ranks, saved_run, shared_dir):
+    """Each FSDP strategy's own save at dp 2 continues at dp 1 and 4, under another strategy or
+    DDP; a save at dp 4 (FSDP and DDP) continues here at dp 2, in DDP and FSDP."""
+    rank, world = ranks
+    if world != 2:
+        pytest.skip("saves at dp 2 (python_mpirun_np2)")
+    ddp_ckpt, reference = saved_run
+    # [strategy saved at dp 2] where it continues: (dp, kind)
+    plan = {"no_shard": (4, "300"), "optim": (1, "fsdp:optim_grads_params"), "optim_grads": (4, "fsdp:no_shard"),
+            "optim_grads_params": (1, "none")}
+    for strategy in plan:
+        model, opt = reshard.make_model(rank, world, "fsdp:" + strategy)
+        assert reshard.train_steps(model, opt, 0, reshard.SAVE_AT, rank, world) == pytest.approx(
+            reference[:reshard.SAVE_AT], rel=1e-6)
+        mxt.save_checkpoint(shared_dir / f"fsdp_{strategy}", model, opt, reshard.SAVE_AT)
+        close(model, opt)
+    dist.barrier()
+    results = on_rank0(ranks, lambda: [reshard_child("resume", shared_dir / f"fsdp_{s}", np, kind)
+                                       for s, (np, kind) in plan.items()])
+    for r, (np, _) in zip(results, plan.values()):
+        assert (r["world"], r["iteration"], r["step_count"]) == (np, reshard.SAVE_AT, reshard.STEPS), r
+        assert_continues(r["losses"], reference)
+    # Saved at dp 4, by FSDP (optim_grads_params) and by DDP: here at dp 2 in the other kind.
+    saves = on_rank0(ranks, lambda: [reshard_child("save", shared_dir / "dp4_fsdp", 4, "fsdp:optim_grads_params"),
+                                     reshard_child("save", shared_dir / "dp4_ddp", 4, "100")])
+    for s in saves:
+        assert s["world"] == 4
+        torch.testing.assert_close(torch.tensor(s["losses"], dtype=torch.float64),
+                                   torch.tensor(reference[:reshard.SAVE_AT], dtype=torch.float64), rtol=1e-6, atol=0)
+    for saved, kind in (("dp4_fsdp", 300), ("dp4_ddp", "fsdp:optim")):
+        model, opt = reshard.make_model(rank, world, kind)
+        assert mxt.load_checkpoint(shared_dir / saved, model, opt)[0] == reshard.SAVE_AT
+        assert opt.step_count == reshard.SAVE_AT
+        assert_continues(reshard.train_steps(model, opt, reshard.SAVE_AT, reshard.STEPS, rank, world), reference)
+        close(model, opt)
 
 
 # ---- mxddp ckpt inspect / export read the package's saves ----
@@ -376,15 +420,31 @@ def test_the_torch_gpt_has_mxddp_s_param_list():
                                   "seq_length": 64}
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
-def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ranks, shared_dir, kind):
+def tiny_with(micro_batch_size):
+    """TINY with another micro-batch size."""
+    args = list(TINY)
+    args[args.index("--micro-batch-size") + 1] = str(micro_batch_size)
+    return args
+
+
+# (the package's wrapper; mxddp train's ranks, micro-batch size and data-parallel flags). 4 ranks
+# take a micro-batch of 1 (the global batch is 4); every sequence is the same split, so the
+# gradients do not depend on how the batch is cut.
+TRAIN_SAVES = [("ddp", 2, 2, []), ("fsdp", 2, 2, []),
+               ("ddp", 4, 1, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"]),
+               ("fsdp", 1, 2, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"])]
+
+
+@pytest.mark.parametrize("kind,train_ranks,micro_batch_size,train_flags", TRAIN_SAVES)
+def test_mxddp_train_s_save_loads_into_the_torch_gpt_with_its_validation_loss(ranks, shared_dir, kind, train_ranks,
+                                                                              micro_batch_size, train_flags):
     data, _, valid = gpt_data(ranks, shared_dir)
     save = shared_dir / "train_save"
 
     def train():
-        r = run_cli("train", *TINY, "--ranks", "2", "--backend", "local", "--train-iters", "3", "--data", data,
-                    "--valid-fraction", "0.5", "--eval-iters", "1", "--eval-interval", "0", "--save", save,
-                    "--report", shared_dir / "train.json")
+        r = run_cli("train", *tiny_with(micro_batch_size), "--ranks", train_ranks, "--backend", "local",
+                    "--train-iters", "3", "--data", data, "--valid-fraction", "0.5", "--eval-iters", "1",
+                    "--eval-interval", "0", "--save", save, "--report", shared_dir / "train.json", *train_flags)
         assert r.returncode == 0, r.stdout + r.stderr
         return json.loads((shared_dir / "train.json").read_text())
 

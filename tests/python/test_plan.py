@@ -472,24 +472,31 @@ def gpt2_fsdp_loss(model, rank, dtype):
     return gpt2_loss(model, rank)
 
 
-# (id, model, loss, strategy, overlap, micro-batches, fine-grained, MXFP8 weights)
-FSDP_RUN_CASES = [(f"{m}-{s}-{'overlap-mb3' if ov else 'serial-mb1'}", m, s, ov, 3 if ov else 1, False, False)
+# (id, model, loss, strategy, overlap, micro-batches, fine-grained, MXFP8 weights, other config fields)
+FSDP_RUN_CASES = [(f"{m}-{s}-{'overlap-mb3' if ov else 'serial-mb1'}", m, s, ov, 3 if ov else 1, False, False, {})
                   for m in ("mlp", "gpt2") for s in STRATEGIES for ov in (False, True)] + [
-    ("gpt2-optim_grads_params-fine-mb3", "gpt2", "optim_grads_params", True, 3, True, False),
-    ("mlp-mxfp8-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, True),
-    ("mlp-mxfp8-fine-serial-mb2", "mlp", "optim_grads_params", False, 2, True, True),
+    ("gpt2-optim_grads_params-fine-mb3", "gpt2", "optim_grads_params", True, 3, True, False, {}),
+    ("mlp-mxfp8-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, True, {}),
+    ("mlp-mxfp8-fine-serial-mb2", "mlp", "optim_grads_params", False, 2, True, True, {}),
     # HF GPT-2's Conv1D weights: MXFP8 with the column-wise copy gathered for forward.
-    ("gpt2-mxfp8-overlap-mb3", "gpt2", "optim_grads_params", True, 3, False, True),
+    ("gpt2-mxfp8-overlap-mb3", "gpt2", "optim_grads_params", True, 3, False, True, {}),
+    # The prefetch's budget: a small communication unit gathers less ahead than the default; with a
+    # large one, the double buffer holds two units at most.
+    ("mlp-small-comm-unit-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, False,
+     {"suggested_communication_unit_size": 1000}),
+    ("mlp-double-buffer-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, False,
+     {"suggested_communication_unit_size": 100_000, "fsdp_double_buffer": True}),
 ]
 
 
-@pytest.mark.parametrize("name,model_name,strategy,overlap,micro_batches,fine,mx", FSDP_RUN_CASES,
+@pytest.mark.parametrize("name,model_name,strategy,overlap,micro_batches,fine,mx,extra", FSDP_RUN_CASES,
                          ids=[c[0] for c in FSDP_RUN_CASES])
 def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, strategy, overlap, micro_batches,
-                                                       fine, mx):
+                                                       fine, mx, extra):
     """The FSDP plan is what FullyShardedDataParallel and its optimizer hold after three iterations of
     micro_batches micro-batches (the first ones under no_sync), per category, live and peak, and the
-    most it gathered at once per slot, to the byte."""
+    most it gathered at once per slot, to the byte. The other fields (extra) change what is gathered
+    at once, or their case would show nothing."""
     rank, world = ranks
     gc.collect()
     assert set(live_bytes().values()) == {0}, live_bytes()
@@ -498,10 +505,17 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
     module = (BlockMlp() if model_name == "mlp" else gpt2()).to(dtype)
     units = [Block] if model_name == "mlp" else [gpt2_block()]
     loss_fn = block_mlp_loss if model_name == "mlp" else gpt2_fsdp_loss
-    cfg = fsdp_config(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=overlap,
-                      overlap_param_gather=overlap, megatron_fsdp_enable_fine_grained_param_gather=fine or None,
-                      fp8_param_gather=mx)
+    fields = dict(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
+                  megatron_fsdp_enable_fine_grained_param_gather=fine or None, fp8_param_gather=mx)
+    cfg = fsdp_config(**fields, **extra)
     planned = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches)
+    if extra:
+        # The same config without the field the case is about: the double buffer against its large
+        # budget alone, a communication unit against the default one.
+        base = {k: v for k, v in extra.items() if k != "fsdp_double_buffer"} if "fsdp_double_buffer" in extra else {}
+        baseline = mxt.plan(module, world, fsdp_config(**fields, **base), ADAM, fsdp_unit_modules=units,
+                            micro_batches=micro_batches)
+        assert planned.peak_gathered_bytes["values"] < baseline.peak_gathered_bytes["values"], (planned, baseline)
     _C.reset_memory_peaks()
     model = mxt.FullyShardedDataParallel(module, cfg, units)
     opt = mxt.DistributedOptimizer(model, ADAM)
