@@ -11,15 +11,18 @@
 # Writes DIR/rtt_TAG.txt, DIR/comm_TAG.json, DIR/train_TAG_CASE.json and .out (TAG: RATE_LATENCY),
 # then bench/multihost_plot.py draws and tabulates them against the ring model of the link.
 #
-#   multihost_sweep.sh BUILD_DIR OUT_DIR [RATES] [LATENCIES]
+#   multihost_sweep.sh BUILD_DIR OUT_DIR [RATES] [LATENCIES] [LOSS]
 #     RATES: space-separated tc rates, "none" for an unshaped link (default "1gbit 2500mbit 5gbit
 #     10gbit 25gbit none"); LATENCIES: "veth" for the harness's veth links (no latency added), or
 #     a one-way host-to-host latency in microseconds through the harness's delaying wires
-#     (--latency-us); default "veth".
+#     (--latency-us); default "veth". LOSS: the share of packets each link drops, each direction,
+#     in percent (the harness's --loss), for comm_bench and mxddp train at every setting; default 0.
+#     The file names do not carry it: one OUT_DIR per loss.
 set -eu
 build=$1 out=$2
 rates=${3:-1gbit 2500mbit 5gbit 10gbit 25gbit none}
 latencies=${4:-veth}
+loss=${5:-0}
 here=$(cd "$(dirname "$0")" && pwd)
 harness=$here/../scripts/multihost/multihost.sh
 mkdir -p "$out"
@@ -38,11 +41,12 @@ for lat in $latencies; do
   [ "$lat" = veth ] || links="--latency-us $lat"
   for rate in $rates; do
     tag=${rate}_$lat
-    echo "== link $rate, latency $lat"
+    echo "== link $rate, latency $lat, loss $loss%"
+    # The round trip without loss: udp_rtt.py gives up on a lost datagram, and loss adds no latency.
     # shellcheck disable=SC2086
     "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" $links -- sh "$here/multihost_rtt.sh" > "$out/rtt_$tag.txt" 2>&1
     # shellcheck disable=SC2086
-    "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" $links -- \
+    "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" --loss "$loss" $links -- \
       "$build/bench/comm_bench" --backend mpi --ops all_reduce,reduce_scatter,all_gather \
       --min-bytes 16777216 --max-bytes 16777216 --runs 3 --json "$out/comm_$tag.json" > "$out/comm_$tag.out" 2>&1
     for c in ddp fsdp_coarse fsdp_fine; do
@@ -52,7 +56,7 @@ for lat in $latencies; do
         fsdp_fine) flags="--use-megatron-fsdp --overlap-grad-reduce --overlap-param-gather --megatron-fsdp-enable-fine-grained-param-gather" ;;
       esac
       # shellcheck disable=SC2086
-      "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" $links -- \
+      "$harness" --hosts 2 --ranks-per-host 1 --rate "$rate" --loss "$loss" $links -- \
         "$build/mxddp" train --backend mpi $model $flags --report "$out/train_${tag}_$c.json" > "$out/train_${tag}_$c.out" 2>&1
     done
   done

@@ -10,8 +10,9 @@
 #       The last checkpoint is intact: resumed on the healthy host alone (4 ranks on host 0), the
 #       iterations after it have bitwise the losses of an uninterrupted run.
 #   link_fault.sh MXDDP DIR loss1     1% packet loss on every link, both ways: the same losses,
-#                                     bitwise, as the run without loss (the slow-down is measured
-#                                     in bench/, not here)
+#                                     bitwise, as the run without loss (the slow-down is not
+#                                     measured here: bench/multihost_sweep.sh with LOSS 1, figures
+#                                     in docs/multihost.md, Faults)
 #
 # Exits 77 (skipped) where network namespaces cannot be made, saying why.
 set -u
