@@ -51,6 +51,9 @@ struct MemoryPlanOptions {
   // plan_fsdp_memory: the micro-batches of each iteration (the first micro_batches - 1 under
   // no_sync). The trainer's plans take theirs from the config.
   int micro_batches = 1;
+  // plan_fsdp_memory: [param] whether its modules' backward adds its weight gradient into
+  // main_grad itself (mxddp.torch's gradient accumulation fusion); empty: none is.
+  std::vector<bool> fused_grads;
 };
 
 // What the bytes are made of, for the comparison with the closed forms.
@@ -128,7 +131,9 @@ struct FsdpHookedModule {
 //     (a param read by several modules reports once, at its first reader: torch accumulates it);
 //     with sharded grads (optim_grads, optim_grads_params) the non-unit params' reports are held
 //     back until the last of them arrives, then main_grad of each and grad_ready of each, in
-//     arrival order;
+//     arrival order; a fused non-unit param (opts.fused_grads) is not held back: main_grad(p) where
+//     backward first reaches a module naming it (its last reader in forward: the Function adds
+//     dW there), grad_ready(p) at its first reader's;
 //   recompute: as backward reaches a region's last module, after its before_backward (a unit's),
 //     the region's units' forwards run again, before_forward(params) and after_forward(params)
 //     each in order (the checkpoint's re-run), then that module's reports. A region's modules are

@@ -84,6 +84,14 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
               "the param list's {} elements are more than mxddp plans: their bytes would not fit in a 64-bit count", n);
   check_fsdp_config(config, params, units);
   const std::vector<int> first_use = check_hooked_modules(params, units, hooked);
+  MXDDP_CHECK(opts.fused_grads.empty() || opts.fused_grads.size() == params.size(),
+              "fused_grads has {} flags for {} params; valid: none, or one per param", opts.fused_grads.size(),
+              params.size());
+  auto fused = [&](int p) { return !opts.fused_grads.empty() && opts.fused_grads[static_cast<size_t>(p)]; };
+  // [param] the last hooked module naming it: where backward first reaches it.
+  std::vector<int> last_use(params.size(), -1);
+  for (size_t j = 0; j < hooked.size(); ++j)
+    for (int p : hooked[j].params) last_use[static_cast<size_t>(p)] = static_cast<int>(j);
 
   MemoryTracker tracker;
   DataParallelSim dpsim(tracker, nullptr);
@@ -92,20 +100,29 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
 
   // [hooked module] its params as backward reports them: a unit's in decreasing registration
   // index; a non-unit module's in reverse list order, those it reads first.
+  // A fused non-unit param is reported where its first reader ends its backward too, but its
+  // main_grad comes earlier (fused_first_grads), at its last reader's.
   std::vector<std::vector<int>> backward_reports(hooked.size());
+  std::vector<std::vector<int>> fused_first_grads(hooked.size());
   for (size_t j = 0; j < hooked.size(); ++j) {
     const FsdpHookedModule& h = hooked[j];
     std::vector<int>& r = backward_reports[j];
-    for (auto it = h.params.rbegin(); it != h.params.rend(); ++it)
+    for (auto it = h.params.rbegin(); it != h.params.rend(); ++it) {
       if (h.unit >= 0 || first_use[static_cast<size_t>(*it)] == static_cast<int>(j)) r.push_back(*it);
+      if (h.unit < 0 && fused(*it) && last_use[static_cast<size_t>(*it)] == static_cast<int>(j))
+        fused_first_grads[j].push_back(*it);
+    }
     if (h.unit >= 0) std::sort(r.begin(), r.end(), std::greater<>());
   }
   // The non-unit params, gathered together as a forward starts (a module may read them outside
   // its own forward: a tied head reads the embedding's weight).
   std::vector<int> non_unit_params;
+  size_t held_back_max = 0;  // the non-unit params whose reports are held back: the unfused ones
   for (size_t p = 0; p < params.size(); ++p)
-    if (first_use[p] >= 0 && hooked[static_cast<size_t>(first_use[p])].unit < 0)
+    if (first_use[p] >= 0 && hooked[static_cast<size_t>(first_use[p])].unit < 0) {
       non_unit_params.push_back(static_cast<int>(p));
+      if (!fused(static_cast<int>(p))) ++held_back_max;
+    }
   // With sharded grads the non-unit params' grads are handed over together once the last arrives
   // (all main_grad, then all grad_ready): taking a final norm's at once would allocate the
   // non-unit bucket's unsharded grads at the start of backward.
@@ -131,10 +148,16 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
           dpsim.after_forward(hooked[k].params);
         }
       }
+      for (int p : fused_first_grads[j]) dpsim.main_grad(p);
       for (int p : backward_reports[j]) {
+        if (h.unit < 0 && fused(p)) {
+          if (last_use[static_cast<size_t>(p)] != static_cast<int>(j)) dpsim.main_grad(p);  // (its other uses')
+          dpsim.grad_ready(p);
+          continue;
+        }
         if (h.unit < 0 && defer_non_unit) {
           deferred.push_back(p);
-          if (deferred.size() < non_unit_params.size()) continue;
+          if (deferred.size() < held_back_max) continue;
           for (int d : deferred) dpsim.main_grad(d);
           for (int d : deferred) dpsim.grad_ready(d);
           deferred.clear();

@@ -51,15 +51,27 @@ std::vector<FsdpHookedModule> hooked_modules_of(const GenericModel& m) {
 // last op saved a tensor).
 enum class ReRun { kAfterPreBackward, kBeforePreBackward };
 
+// fused: [param] (empty: none) its modules add its gradient into main_grad in their backward
+// (gradient accumulation fusion): a non-unit one takes main_grad at its last reader's backward and
+// reports at its first reader's, never held back.
 void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHookedModule>& hooked,
-                       int num_params, ReRun re_run = ReRun::kAfterPreBackward) {
+                       int num_params, ReRun re_run = ReRun::kAfterPreBackward,
+                       const std::vector<bool>& fused = {}) {
   std::vector<int> first_reader(static_cast<size_t>(num_params), -1);
+  std::vector<int> last_reader(static_cast<size_t>(num_params), -1);
   for (size_t j = 0; j < hooked.size(); ++j)
-    for (int p : hooked[j].params)
+    for (int p : hooked[j].params) {
       if (first_reader[static_cast<size_t>(p)] < 0) first_reader[static_cast<size_t>(p)] = static_cast<int>(j);
+      last_reader[static_cast<size_t>(p)] = static_cast<int>(j);
+    }
+  auto is_fused = [&](int p) { return !fused.empty() && fused[static_cast<size_t>(p)]; };
   std::vector<int> non_unit;
+  size_t held_back_max = 0;
   for (int p = 0; p < num_params; ++p)
-    if (hooked[static_cast<size_t>(first_reader[static_cast<size_t>(p)])].unit < 0) non_unit.push_back(p);
+    if (hooked[static_cast<size_t>(first_reader[static_cast<size_t>(p)])].unit < 0) {
+      non_unit.push_back(p);
+      if (!is_fused(p)) ++held_back_max;
+    }
   if (!non_unit.empty()) fsdp.before_forward(non_unit);
   for (const FsdpHookedModule& h : hooked) {
     if (h.unit < 0) continue;
@@ -94,15 +106,22 @@ void drive_micro_batch(FullyShardedDataParallel& fsdp, const std::vector<FsdpHoo
       fsdp.after_backward(h.params);
       continue;
     }
+    for (auto it = h.params.rbegin(); it != h.params.rend(); ++it)
+      if (is_fused(*it) && last_reader[static_cast<size_t>(*it)] == static_cast<int>(j)) fsdp.main_grad(*it);
     for (auto it = h.params.rbegin(); it != h.params.rend(); ++it) {
       if (first_reader[static_cast<size_t>(*it)] != static_cast<int>(j)) continue;
+      if (is_fused(*it)) {
+        fsdp.main_grad(*it);  // this reader's dW, added in (allocated at the last reader's)
+        fsdp.grad_ready(*it);
+        continue;
+      }
       if (!defer) {
         fsdp.main_grad(*it);
         fsdp.grad_ready(*it);
         continue;
       }
       held.push_back(*it);
-      if (held.size() < non_unit.size()) continue;
+      if (held.size() < held_back_max) continue;
       for (int p : held) fsdp.main_grad(p);
       for (int p : held) fsdp.grad_ready(p);
     }
@@ -119,7 +138,7 @@ struct Measured {
 // states them.
 Measured measure(Communicator& comm, const GenericModel& model, const std::vector<FsdpHookedModule>& hooked,
                  const FsdpConfig& fc, std::optional<OptimizerType> opt, int micro_batches, int iterations,
-                 ReRun re_run) {
+                 ReRun re_run, const std::vector<bool>& fused = {}) {
   MemoryTracker tracker;
   std::vector<std::vector<float>> init;
   std::vector<TensorView> views;
@@ -135,9 +154,9 @@ Measured measure(Communicator& comm, const GenericModel& model, const std::vecto
     for (int m = 0; m < micro_batches; ++m) {
       if (m + 1 < micro_batches) {
         auto scope = fsdp.no_sync();
-        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()), re_run);
+        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()), re_run, fused);
       } else {
-        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()), re_run);
+        drive_micro_batch(fsdp, hooked, static_cast<int>(model.specs.size()), re_run, fused);
       }
     }
     fsdp.finish_grad_sync();
@@ -156,14 +175,14 @@ Measured measure(Communicator& comm, const GenericModel& model, const std::vecto
 bool plan_equals_run(const GenericModel& model, const FsdpConfig& fc, std::optional<OptimizerType> opt, int dp,
                      int micro_batches, const std::string& what,
                      const std::vector<FsdpHookedModule>* hooked_given = nullptr,
-                     ReRun re_run = ReRun::kAfterPreBackward) {
+                     ReRun re_run = ReRun::kAfterPreBackward, const std::vector<bool>& fused = {}) {
   const std::vector<FsdpHookedModule> hooked = hooked_given ? *hooked_given : hooked_modules_of(model);
   const MemoryPlan plan = plan_fsdp_memory(model.specs, model.units, hooked, fc, opt,
-                                           {.dp = dp, .micro_batches = micro_batches});
+                                           {.dp = dp, .micro_batches = micro_batches, .fused_grads = fused});
   std::vector<Measured> ranks(static_cast<size_t>(dp));
   run_local(dp, [&](Communicator& comm) {
     ranks[static_cast<size_t>(comm.rank())] = measure(comm, model, hooked, fc, opt, micro_batches, /*iterations=*/3,
-                                                      re_run);
+                                                      re_run, fused);
   });
   for (int r = 0; r < dp; ++r) {
     const Measured& m = ranks[static_cast<size_t>(r)];
@@ -363,6 +382,49 @@ TEST(FsdpMemoryPlanRecompute, RegionsReRunInEitherOrderEqualTheRun) {
     }
 }
 
+// Gradient accumulation fusion: fused non-unit params take their unsharded grads where backward
+// first reaches them and are not held back; every other param as before. Each structure with
+// non-unit params (a tied one read first and last among them), each strategy: the run holds what
+// the plan says, and where the tied weight's last reader comes first in backward with sharded
+// grads the plan differs from the unfused one (the non-unit bucket's grads come there, not after
+// the first reader), or the equality would show nothing.
+TEST(FsdpMemoryPlanFusion, FusedNonUnitGradsEqualTheRun) {
+  for (StructureClass structure : {StructureClass::kNonUnitFirst, StructureClass::kNonUnitMiddle,
+                                   StructureClass::kNonUnitLast, StructureClass::kTiedFirstLast})
+    for (const StrategyVariant& v : kVariants) {
+      if (v.mxfp8) continue;
+      const GenericModel model = make_generic_model(structure, 8, false, false);
+      const std::vector<FsdpHookedModule> hooked = hooked_modules_of(model);
+      std::vector<bool> fused(model.specs.size(), false);
+      std::vector<int> first_reader(model.specs.size(), -1);
+      for (size_t j = 0; j < hooked.size(); ++j)
+        for (int p : hooked[j].params)
+          if (first_reader[static_cast<size_t>(p)] < 0) first_reader[static_cast<size_t>(p)] = static_cast<int>(j);
+      int fused_count = 0;
+      for (size_t p = 0; p < fused.size(); ++p)  // every other non-unit param, the tied one among them
+        if (hooked[static_cast<size_t>(first_reader[p])].unit < 0 && (p % 2 == 0 || model.specs[p].shared_embedding))
+          fused[p] = true, ++fused_count;
+      ASSERT_GT(fused_count, 0) << model.describe();
+      for (int micro_batches : {1, 3}) {
+        FsdpConfig fc;
+        fc.data_parallel_sharding_strategy = v.strategy;
+        fc.overlap_grad_reduce = fc.overlap_param_gather = micro_batches == 3;
+        fc.param_dtype = DType::kF32;
+        const std::string what = fmt::format("{} {} fused mb {}", model.describe(), sharding_strategy_name(v.strategy),
+                                             micro_batches);
+        ASSERT_TRUE(plan_equals_run(model, fc, OptimizerType::kAdam, 2, micro_batches, what, &hooked,
+                                    ReRun::kAfterPreBackward, fused));
+        if (fsdp_shards_grads(v.strategy) && structure == StructureClass::kTiedFirstLast) {
+          const MemoryPlan unfused = plan_fsdp_memory(model.specs, model.units, hooked, fc, OptimizerType::kAdam,
+                                                      {.dp = 2, .micro_batches = micro_batches});
+          const MemoryPlan with = plan_fsdp_memory(model.specs, model.units, hooked, fc, OptimizerType::kAdam,
+                                                   {.dp = 2, .micro_batches = micro_batches, .fused_grads = fused});
+          EXPECT_NE(with.overall.peak_bytes, unfused.overall.peak_bytes) << what;
+        }
+      }
+    }
+}
+
 // Hooked modules that break plan.h's rules are refused, naming what is wrong.
 TEST(FsdpMemoryPlanGathers, RefusesHookedModulesThatBreakTheRules) {
   const std::vector<ParamSpec> params = {{"embed", Shape{16, 8}}, {"l0.w", Shape{8, 8}}, {"l0.b", Shape{8}},
@@ -395,6 +457,7 @@ TEST(FsdpMemoryPlanGathers, RefusesHookedModulesThatBreakTheRules) {
                                                               "modules ended before it");
   refused({{{0}, -1}, {{1, 2}, 0, -2}, {{3}, 1}, {{4}, -1}}, "hooked module 1 has recompute region -2");
   refused(good, "micro_batches 0 is not valid", {.dp = 2, .micro_batches = 0});
+  refused(good, "fused_grads has 2 flags for 5 params", {.dp = 2, .fused_grads = {true, false}});
   refused(good, "dp 0 is not valid", {.dp = 0});
   EXPECT_THROW(plan_fsdp_memory(params, {}, good, fc, std::nullopt, {.dp = 2}), Error) << "FSDP needs a unit";
 }

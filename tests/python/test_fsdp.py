@@ -137,12 +137,18 @@ def train_steps(model, opt, loss_fn, batch_fn, rank, micro_batches):
     return losses
 
 
-def train_fsdp(name, module, rank, micro_batches, config):
+def train_fsdp(name, module, rank, micro_batches, config, fusion=True):
     _, batch_fn, loss_fn, units = MODELS[name]
-    model = mxt.FullyShardedDataParallel(module, config, fsdp_unit_modules=units())
+    model = mxt.FullyShardedDataParallel(module, config, fsdp_unit_modules=units(),
+                                         gradient_accumulation_fusion=fusion)
+    # F32: every 2-D weight of a Linear, Conv1D or Embedding adds its dW into main_grad itself, or none.
+    fusable = {n for n, p in module.named_parameters() if p.ndim == 2 and "norm" not in n and "ln_" not in n}
+    assert {n for (n, _), f in zip(model.registered_params(), model.fused_params) if f} == (fusable if fusion else set())
     opt = optimizer(model)
     try:
         losses = train_steps(model, opt, loss_fn, batch_fn, rank, micro_batches)
+        # Fused or not, no .grad outlives its hook; a fused weight never gets one.
+        assert all(p.grad is None for p in module.parameters())
         gathered = (model._cpp.gathers_started, model._cpp.releases_done, model.peak_gathered_bytes(),
                     model.forward_order)
     finally:
@@ -213,6 +219,71 @@ def test_the_injected_delay_is_on_where_asked(ranks):
     for _ in range(20):
         mxt.all_reduce(one)
     assert time.perf_counter() - start >= (20 * low_us + 2 * (high_us - low_us)) * 1e-6
+
+
+@pytest.mark.parametrize("name,strategy", [(n, s) for n in ("mlp", "gpt2", "llama") for s in STRATEGIES])
+def test_without_gradient_accumulation_fusion_too(ranks, name, strategy):
+    """gradient_accumulation_fusion=False (every gradient through the post-accumulate-grad hook, the
+    non-unit ones held back together) gives torch's losses too, overlapped over 3 micro-batches, and
+    the same gathers."""
+    rank, world = ranks
+    initial, expected, trained = reference(name, rank, world, 3)
+    config = fsdp_config(strategy, True, False)
+    got, (gathers, releases, peak, _) = train_fsdp(name, copy.deepcopy(initial), rank, 3, config, fusion=False)
+    assert gathers == releases
+    for step, (e, g) in enumerate(zip(expected, got)):
+        assert abs(g - e) <= 1e-5 * abs(e), f"rank {rank} step {step}: mxddp {g!r}, torch {e!r}"
+    planned = mxt.plan(copy.deepcopy(initial), world, config, None, fsdp_unit_modules=MODELS[name][3](),
+                       micro_batches=3, gradient_accumulation_fusion=False)
+    assert peak == planned.peak_gathered_bytes
+
+
+class HandTiedLm(torch.nn.Module):
+    """An embedding whose table the head reads by hand (``h @ embed.weight.t()``), outside the
+    Embedding's forward: a fused non-unit weight with a gradient of its own beside its dW."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(40, 24)
+        self.blocks = torch.nn.ModuleList([Block(24, 24), Block(24, 24)])
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = block(h)
+        return h @ self.embed.weight.t()
+
+
+@pytest.mark.parametrize("strategy", ["no_shard", "optim_grads_params"])
+def test_a_fused_weight_read_outside_its_module(ranks, strategy):
+    """The read's gradient is added into main_grad beside the fused dW, once per backward: the
+    losses of the run without fusion (within f32 rounding: fused dW accumulates in another order)."""
+    rank, world = ranks
+
+    def run(fusion):
+        torch.manual_seed(0)
+        module = HandTiedLm()
+        model = mxt.FullyShardedDataParallel(module, fsdp_config(strategy, True, False), fsdp_unit_modules=[Block],
+                                             gradient_accumulation_fusion=fusion)
+        assert model.fused_params[[n for n, _ in model.registered_params()].index("embed.weight")] == fusion
+        opt = optimizer(model)
+
+        def loss_fn(m, ids):
+            return torch.nn.functional.cross_entropy(m(ids).reshape(-1, 40), ids.roll(1, -1).reshape(-1))
+
+        def batch_fn(r, step, micro):
+            return torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(100 * step + 10 * micro + r))
+
+        try:
+            return train_steps(model, opt, loss_fn, batch_fn, rank, 2)
+        finally:
+            opt.close()
+            model.close()
+
+    fused, unfused = run(True), run(False)
+    assert abs(unfused[-1] - unfused[0]) > 1e-3 * unfused[0]  # the losses move
+    for f, u in zip(fused, unfused):
+        assert abs(f - u) <= 1e-6 * abs(u), (fused, unfused)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -486,6 +486,10 @@ FSDP_RUN_CASES = [(f"{m}-{s}-{'overlap-mb3' if ov else 'serial-mb1'}", m, s, ov,
      {"suggested_communication_unit_size": 1000}),
     ("mlp-double-buffer-overlap-mb3", "mlp", "optim_grads_params", True, 3, False, False,
      {"suggested_communication_unit_size": 100_000, "fsdp_double_buffer": True}),
+    # Gradient accumulation fusion off (the wrapper's argument; on everywhere else): the tied
+    # embedding's gradient comes through the hook and is held back with the other non-unit ones.
+    ("gpt2-no-fusion-overlap-mb3", "gpt2", "optim_grads_params", True, 3, False, False,
+     {"gradient_accumulation_fusion": False}),
 ]
 
 
@@ -496,7 +500,7 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
     """The FSDP plan is what FullyShardedDataParallel and its optimizer hold after three iterations of
     micro_batches micro-batches (the first ones under no_sync), per category, live and peak, and the
     most it gathered at once per slot, to the byte. The other fields (extra) change what is gathered
-    at once, or their case would show nothing."""
+    at once (fusion: the grads), or their case would show nothing."""
     rank, world = ranks
     gc.collect()
     assert set(live_bytes().values()) == {0}, live_bytes()
@@ -507,8 +511,14 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
     loss_fn = block_mlp_loss if model_name == "mlp" else gpt2_fsdp_loss
     fields = dict(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
                   megatron_fsdp_enable_fine_grained_param_gather=fine or None, fp8_param_gather=mx)
+    extra = dict(extra)
+    fusion = extra.pop("gradient_accumulation_fusion", True)
     cfg = fsdp_config(**fields, **extra)
-    planned = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches)
+    planned = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches,
+                       gradient_accumulation_fusion=fusion)
+    if not fusion:
+        fused = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches)
+        assert planned.total_peak_bytes != fused.total_peak_bytes, (planned, fused)
     if extra:
         # The same config without the field the case is about: the double buffer against its large
         # budget alone, a communication unit against the default one.
@@ -517,7 +527,7 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
                             micro_batches=micro_batches)
         assert planned.peak_gathered_bytes["values"] < baseline.peak_gathered_bytes["values"], (planned, baseline)
     _C.reset_memory_peaks()
-    model = mxt.FullyShardedDataParallel(module, cfg, units)
+    model = mxt.FullyShardedDataParallel(module, cfg, units, gradient_accumulation_fusion=fusion)
     opt = mxt.DistributedOptimizer(model, ADAM)
     try:
         assert model.num_units == planned.num_units

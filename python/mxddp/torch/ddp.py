@@ -114,13 +114,13 @@ def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]]) -> list[bool]:
 
 
 def _fusion_flags(owners: dict[int, list[torch.nn.Module]], params: list[tuple[str, torch.nn.Parameter]],
-                  marks: list[bool], main_grads: list[torch.Tensor], mxfp8_flags: list[bool]) -> list[bool]:
+                  marks: list[bool], main_grad_dtype: torch.dtype, mxfp8_flags: list[bool]) -> list[bool]:
     """Which registered params have their weight gradient accumulated into main_grad by their
     modules' backward (gradient_accumulation_fusion): every owner a fusable module, only
     embeddings where main_grad is F32 and the params BF16 (``grad_fusion.is_fusable``), not MXFP8,
-    and not marked ``gradient_accumulation_fusion = False``."""
-    return [bool(marked and not is_mxfp8 and grad_fusion.is_fusable(p, owners.get(id(p), []), main_grad.dtype))
-            for (_, p), marked, main_grad, is_mxfp8 in zip(params, marks, main_grads, mxfp8_flags)]
+    and not marked ``gradient_accumulation_fusion = False``. The DDP's and the FSDP's rule."""
+    return [bool(marked and not is_mxfp8 and grad_fusion.is_fusable(p, owners.get(id(p), []), main_grad_dtype))
+            for (_, p), marked, is_mxfp8 in zip(params, marks, mxfp8_flags)]
 
 
 class DistributedDataParallel(DataParallelModule):
@@ -177,7 +177,7 @@ class DistributedDataParallel(DataParallelModule):
         self._init_sync_state()
         owners = grad_fusion.param_owners(module)
         main_grads = [self._cpp.main_grad(i) for i in range(len(self._params))]
-        self.fused_params = _fusion_flags(owners, params, fusion_marks, main_grads, mxfp8_flags)
+        self.fused_params = _fusion_flags(owners, params, fusion_marks, main_grads[0].dtype, mxfp8_flags)
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         with torch.no_grad():
             for i, p in enumerate(self._params):

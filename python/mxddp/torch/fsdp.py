@@ -16,7 +16,9 @@ The C++ hooks are driven by torch module hooks (docs/python.md says why these):
     (``register_multi_grad_hook``, mode "any": when the first output's gradient is computed);
   - pre-backward: ``before_backward`` re-gathers the unit and the params view it again;
   - a param's post-accumulate-grad hook adds ``param.grad`` into its ``main_grad`` (FSDP's
-    transient unsharded grads) and reports it ready; a unit's post-backward (``after_backward``:
+    transient unsharded grads) and reports it ready; with gradient accumulation fusion (the
+    default, DDP's rule: ``grad_fusion.py``) a weight's modules add its dW into ``main_grad``
+    themselves and its ready token reports it; a unit's post-backward (``after_backward``:
     release, reduce-scatter) runs when its last param has reported.
 Saved views. An op may save for backward not the param but a view of it (``F.linear`` saves
 ``weight.t()``), which points at the storage of the gather in forward, released after the unit's
@@ -42,7 +44,7 @@ from torch.utils._pytree import tree_flatten
 from mxddp import _C
 from mxddp.torch import grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
-from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
+from mxddp.torch.ddp import _DTYPES, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds, _trainable_params
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -103,6 +105,17 @@ def unit_mxfp8_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.P
     return flags
 
 
+def fusion_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],
+                 config: DistributedDataParallelConfig, mxfp8_flags: list[bool],
+                 gradient_accumulation_fusion: bool) -> list[bool]:
+    """[param] whether its modules' backward adds its weight gradient into main_grad (the FSDP's
+    transient unsharded grads), by the DDP's rule (ddp.py's _fusion_flags; MXFP8 weights' Functions
+    add theirs anyway)."""
+    marks = [m and gradient_accumulation_fusion for m in _fusion_marks(params)]
+    main_grad_dtype = torch.float32 if config.grad_reduce_in_fp32 else params[0][1].dtype
+    return _fusion_flags(grad_fusion.param_owners(module), params, marks, main_grad_dtype, mxfp8_flags)
+
+
 def colwise_forward_flags(kinds: dict[int, str], num_params: int) -> list[bool]:
     """Per param, from the MXFP8 params' kinds (``_mxfp8_kinds``): whether it is an MXFP8 weight
     whose forward reads the column-wise copy (an HF Conv1D's W [in, out]); the C++ FSDP then gathers
@@ -128,7 +141,8 @@ class FullyShardedDataParallel(DataParallelModule):
     units (e.g. ``[GPT2Block]``); None makes the whole module one unit (gathered for its forward
     and again for its backward, as FSDP2's ``fully_shard`` on the root alone). ``recompute_granularity`` / ``recompute_modules`` (Megatron's
     TransformerConfig fields) say what the caller recomputes, for the recompute-aware policy only:
-    the recompute itself is the caller's (``torch.utils.checkpoint``).
+    the recompute itself is the caller's (``torch.utils.checkpoint``). ``gradient_accumulation_fusion``:
+    as DistributedDataParallel's (``fused_params`` says which params it fuses).
 
     The training loop is DDP's: ``opt.zero_grad()``; micro-batches under ``no_sync()`` and the last
     one outside; ``model.finish_grad_sync()``; ``opt.step()``. With ``optim_grads_params`` a
@@ -139,8 +153,10 @@ class FullyShardedDataParallel(DataParallelModule):
 
     def __init__(self, module: torch.nn.Module, config: Optional[DistributedDataParallelConfig] = None,
                  fsdp_unit_modules: Optional[Sequence[type]] = None, *, recompute_granularity: Optional[str] = None,
-                 recompute_modules: Optional[Sequence[str]] = None):
+                 recompute_modules: Optional[Sequence[str]] = None, gradient_accumulation_fusion: bool = True):
         super().__init__()
+        if not isinstance(gradient_accumulation_fusion, bool):
+            raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
         config = DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True) \
             if config is None else config
         if not isinstance(config, DistributedDataParallelConfig):
@@ -156,6 +172,9 @@ class FullyShardedDataParallel(DataParallelModule):
         self._names = [n for n, _ in params]
         self._params = [p for _, p in params]
         flags = unit_mxfp8_flags(module, params, config, fsdp_unit_modules)
+        # Checked before the C++ FSDP exists, so a refusal leaves nothing allocated.
+        self.fused_params = fusion_flags(module, params, config, flags, gradient_accumulation_fusion)
+        self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.fine_grained_param_gather = decide_fine_grained(config, any(flags), recompute_granularity, modules)
         self.units: FsdpUnits = fsdp_units(module, self._names, self._params, fsdp_unit_modules,
                                            self.fine_grained_param_gather)
@@ -173,7 +192,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
         self._hooks: list = []
-        self._mxfp8_modules: list[torch.nn.Module] = []
+        self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
         self._grads_live = False
         self._reported = [False] * len(self._params)
@@ -194,9 +213,16 @@ class FullyShardedDataParallel(DataParallelModule):
                     self._hooks.append(token.register_post_accumulate_grad_hook(self._make_token_hook(i)))
                     for owner in owners[id(p)]:
                         mxfp8.install(owner, self._cpp, i, token)
-                        self._mxfp8_modules.append(owner)
+                        self._replaced_forwards.append(owner)
                         if self._unit_of[i] >= 0:
                             self._hooks.append(owner.register_forward_pre_hook(self._make_rerun_gather(self._unit_of[i])))
+                elif self.fused_params[i]:
+                    p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
+                    token = grad_fusion.new_ready_token()
+                    self._hooks += self._register_fused_ready_hooks(i, token)
+                    for owner in owners[id(p)]:
+                        grad_fusion.install(owner, self._cpp, i, token)
+                        self._replaced_forwards.append(owner)
                 else:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
@@ -208,6 +234,9 @@ class FullyShardedDataParallel(DataParallelModule):
                 self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
         self._non_unit_params = self.units.non_unit_params
         self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
+        # The non-unit params whose gradients come through the hook, and are held back (a fused
+        # one adds its dW into main_grad itself).
+        self._deferred_count = sum(1 for i in self._non_unit_params if not self.fused_params[i])
         self._deferred: list[tuple[int, Optional[torch.Tensor]]] = []  # non-unit grads not yet handed over
 
     # ---- the hooks ----
@@ -307,7 +336,7 @@ class FullyShardedDataParallel(DataParallelModule):
             if self._defer_non_unit and self._unit_of[index] < 0:
                 self._backward_seen = True
                 self._deferred.append((index, grad))
-                if len(self._deferred) == len(self._non_unit_params):
+                if len(self._deferred) == self._deferred_count:
                     self._flush_deferred()
                 return
             if grad is not None:
@@ -328,6 +357,26 @@ class FullyShardedDataParallel(DataParallelModule):
                 self._cpp.main_grad(index).add_(grad)
         for index, _ in deferred:
             self._report(index)
+
+    def _register_fused_ready_hooks(self, index: int, token: torch.Tensor) -> list:
+        """A fused param is ready once every use in this backward has added its dW into its
+        main_grad (grad_fusion.py), and a read of the weight outside its modules (a non-unit weight,
+        gathered for the whole forward, read by hand) has given the Parameter a gradient, added in
+        as the hook path adds it: the DDP's rule (ddp.py)."""
+        param = self._params[index]
+
+        def ready(grads) -> None:
+            direct = grads[1]
+            if direct is not None:
+                self._cpp.main_grad(index).add_(direct)
+            self._report(index)
+
+        def drop_grad(leaf: torch.Tensor) -> None:
+            leaf.grad = None
+
+        return [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
+                token.register_post_accumulate_grad_hook(drop_grad),
+                param.register_post_accumulate_grad_hook(drop_grad)]
 
     def _make_token_hook(self, index: int):
         def hook(token: torch.Tensor) -> None:
@@ -495,9 +544,9 @@ class FullyShardedDataParallel(DataParallelModule):
         self._cpp.close()
 
     def _remove_hooks(self) -> None:
-        for owner in self._mxfp8_modules:
+        for owner in self._replaced_forwards:
             grad_fusion.restore_forward(owner)
-        self._mxfp8_modules = []
+        self._replaced_forwards = []
         for h in self._hooks:
             h.remove()
         self._hooks = []

@@ -26,7 +26,7 @@ import torch
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
-from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, unit_mxfp8_flags
+from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, fusion_flags, unit_mxfp8_flags
 from mxddp.torch.fsdp_units import check_unit_module_classes, fsdp_units, in_forward_order, recompute_regions
 
 # Micro-batches per iteration: the planner replays at most four (later ones repeat), so the bound
@@ -93,7 +93,7 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
          opt_cfg: OptimizerConfig | None = None, fsdp_unit_modules: Optional[Sequence] = None,
          micro_batches: int = 1, forward_order: Optional[Sequence[str]] = None,
-         checkpointed_modules: Optional[Sequence] = None) -> MemoryPlan:
+         checkpointed_modules: Optional[Sequence] = None, gradient_accumulation_fusion: bool = True) -> MemoryPlan:
     """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
     ``opt_cfg``, a ``DistributedOptimizer`` on it) hold at ``world`` ranks after a gradient sync and a
     step: the same figures ``memory_usage()`` reports then, to the byte. With
@@ -112,7 +112,9 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     not depend on it): the module classes whose forward ``torch.utils.checkpoint`` re-runs in
     backward (what HF's ``gradient_checkpointing_enable()`` wraps: the decoder layer class), so
     the plan replays that re-run's gathers: with fine-grained units a layer's units are gathered
-    together again for its backward (docs/plan.md). None: no activation recompute. The FSDP plan
+    together again for its backward (docs/plan.md). None: no activation recompute.
+    gradient_accumulation_fusion (FSDP only): as the wrapper's (True, its default, has a fused
+    non-unit weight's unsharded grads from its last reader's backward on). The FSDP plan
     replays the units in module-tree order, or (FSDP only) in
     ``forward_order``: the names of the units' modules in the order the model's forward calls them,
     as ``FullyShardedDataParallel.forward_order`` reports after a forward; where the two differ
@@ -131,9 +133,11 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
             or not 1 <= micro_batches <= _MICRO_BATCHES_MAX:
         raise ValueError(f"micro_batches={micro_batches!r} is not valid: an int, 1..{_MICRO_BATCHES_MAX}")
+    if not isinstance(gradient_accumulation_fusion, bool):
+        raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
     if cfg.use_megatron_fsdp:
         return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches, forward_order,
-                          checkpointed_modules)
+                          checkpointed_modules, gradient_accumulation_fusion)
     check_unit_module_classes(checkpointed_modules, "checkpointed_modules")
     if forward_order is not None:
         raise ValueError("forward_order is given but cfg.use_megatron_fsdp is False: it orders FSDP's units")
@@ -157,7 +161,7 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
 def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig,
                opt_cfg: OptimizerConfig | None, fsdp_unit_modules: Optional[Sequence],
                micro_batches: int, forward_order: Optional[Sequence[str]],
-               checkpointed_modules: Optional[Sequence]) -> MemoryPlan:
+               checkpointed_modules: Optional[Sequence], gradient_accumulation_fusion: bool) -> MemoryPlan:
     params = _planned_params(module)
     dtype = params[0][1].dtype
     names, tensors = [n for n, _ in params], [p for _, p in params]
@@ -178,9 +182,10 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     regions = recompute_regions(module, ordered, checkpointed_modules)
     hooked = [(list(h.params), h.unit, region) for h, region in zip(ordered, regions)]
     colwise = colwise_forward_flags(_mxfp8_kinds(module, tensors, mxfp8_flags), len(tensors))
+    fused = fusion_flags(module, params, cfg, mxfp8_flags, gradient_accumulation_fusion)
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
                               None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
-                              colwise if any(colwise) else [])
+                              colwise if any(colwise) else [], fused if any(fused) else [])
     return _memory_plan(out, strategy=cfg.data_parallel_sharding_strategy, num_units=len(units.units))
 
 
