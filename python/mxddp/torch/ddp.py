@@ -242,29 +242,14 @@ class DistributedDataParallel(DataParallelModule):
         return hook
 
     def _register_fused_ready_hooks(self, index: int, token: torch.Tensor) -> list:
-        """A fused param is ready once every use in this backward has added its dW into main_grad:
-        the fused modules' uses through its ready token (grad_fusion.py), and a read of the weight
-        anywhere else in the graph (`x @ lin.weight.t()`, a tied table sliced by hand) through the
-        Parameter's own gradient, which is added in as the hook path adds it. register_multi_grad_hook
-        (mode "all") waits for both where both take part in this backward and for the one that does
-        otherwise, so the param is reported once either way."""
+        """grad_fusion.register_ready_hooks: the param reports once every use has added its part."""
         cpp, param = self._cpp, self._params[index]
 
-        def ready(grads) -> None:
-            direct = grads[1]
-            if direct is not None:
-                param.main_grad.add_(direct)
+        def report() -> None:
             self._grads_pending_sync = True
             cpp.grad_ready(index)
 
-        def drop_grad(leaf: torch.Tensor) -> None:
-            # Autograd stores the gradient after the multi-grad hook ran: the token's carries
-            # nothing, the Parameter's is in main_grad by then.
-            leaf.grad = None
-
-        return [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
-                token.register_post_accumulate_grad_hook(drop_grad),
-                param.register_post_accumulate_grad_hook(drop_grad)]
+        return grad_fusion.register_ready_hooks(token, param, lambda: param.main_grad, report)
 
     def _make_grad_hook(self, index: int):
         cpp = self._cpp

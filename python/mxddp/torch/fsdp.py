@@ -219,7 +219,8 @@ class FullyShardedDataParallel(DataParallelModule):
                 elif self.fused_params[i]:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     token = grad_fusion.new_ready_token()
-                    self._hooks += self._register_fused_ready_hooks(i, token)
+                    self._hooks += grad_fusion.register_ready_hooks(
+                        token, p, lambda i=i: self._cpp.main_grad(i), lambda i=i: self._report(i))
                     for owner in owners[id(p)]:
                         grad_fusion.install(owner, self._cpp, i, token)
                         self._replaced_forwards.append(owner)
@@ -357,26 +358,6 @@ class FullyShardedDataParallel(DataParallelModule):
                 self._cpp.main_grad(index).add_(grad)
         for index, _ in deferred:
             self._report(index)
-
-    def _register_fused_ready_hooks(self, index: int, token: torch.Tensor) -> list:
-        """A fused param is ready once every use in this backward has added its dW into its
-        main_grad (grad_fusion.py), and a read of the weight outside its modules (a non-unit weight,
-        gathered for the whole forward, read by hand) has given the Parameter a gradient, added in
-        as the hook path adds it: the DDP's rule (ddp.py)."""
-        param = self._params[index]
-
-        def ready(grads) -> None:
-            direct = grads[1]
-            if direct is not None:
-                self._cpp.main_grad(index).add_(direct)
-            self._report(index)
-
-        def drop_grad(leaf: torch.Tensor) -> None:
-            leaf.grad = None
-
-        return [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
-                token.register_post_accumulate_grad_hook(drop_grad),
-                param.register_post_accumulate_grad_hook(drop_grad)]
 
     def _make_token_hook(self, index: int):
         def hook(token: torch.Tensor) -> None:

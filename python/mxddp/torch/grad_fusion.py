@@ -51,6 +51,31 @@ def token_grad() -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32)
 
 
+def register_ready_hooks(token: torch.Tensor, param: torch.nn.Parameter, main_grad: Callable[[], torch.Tensor],
+                         report: Callable[[], None]) -> list:
+    """A fused param is ready once every use in this backward has added its dW into main_grad: the
+    fused modules' uses through its ready ``token``, and a read of the weight anywhere else in the
+    graph (``x @ lin.weight.t()``, a tied table read by hand) through the Parameter's own gradient,
+    which is added into ``main_grad()`` as the hook path adds it. register_multi_grad_hook (mode
+    "all") waits for both where both take part in this backward and for the one that does
+    otherwise, then ``report()`` runs, once either way. Returns the hook handles."""
+
+    def ready(grads) -> None:
+        direct = grads[1]
+        if direct is not None:
+            main_grad().add_(direct)
+        report()
+
+    def drop_grad(leaf: torch.Tensor) -> None:
+        # Autograd stores the gradient after the multi-grad hook ran: the token's carries nothing,
+        # the Parameter's is in main_grad by then.
+        leaf.grad = None
+
+    return [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
+            token.register_post_accumulate_grad_hook(drop_grad),
+            param.register_post_accumulate_grad_hook(drop_grad)]
+
+
 def accumulate_product_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """main_grad += a @ b in one GEMM (beta 1), in main_grad's dtype (the operands are cast when
     they differ, as TransformerEngine's fused wgrad into an F32 main_grad)."""
