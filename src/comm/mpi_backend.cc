@@ -186,7 +186,9 @@ class MpiBackend final : public CommBackend {
             return stall_message(collective_name(call.kind), seq_,
                                  "every rank reached it, but this rank's header sends did not complete", all_peers());
           return stall_message(collective_name(call.kind), seq_,
-                               "these ranks have not reached it (they issued no header for it)", missing);
+                               "these ranks have not reached it (they issued no header for it: each stopped, or is "
+                               "held in an earlier collective by a peer that did)",
+                               missing);
         });
     for (int r = 0; r < size_; ++r) {
       const auto seq = static_cast<uint64_t>(headers_[static_cast<size_t>(kHeaderFields * r)]);
