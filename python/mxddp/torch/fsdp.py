@@ -205,6 +205,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._backward_seen = False
         self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
         owners = grad_fusion.param_owners(module)
+        unit_modules = {id(h.module) for h in self.units.hooked if h.unit >= 0}
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if flags[i]:
@@ -214,7 +215,7 @@ class FullyShardedDataParallel(DataParallelModule):
                     for owner in owners[id(p)]:
                         mxfp8.install(owner, self._cpp, i, token)
                         self._replaced_forwards.append(owner)
-                        if self._unit_of[i] >= 0:
+                        if self._unit_of[i] >= 0 and id(owner) not in unit_modules:  # (a unit's own pre-forward runs)
                             self._hooks.append(owner.register_forward_pre_hook(self._make_rerun_gather(self._unit_of[i])))
                 elif self.fused_params[i]:
                     p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
