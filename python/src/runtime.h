@@ -29,6 +29,7 @@ class Runtime {
   Communicator& comm() { return *comm_; }
   MemoryTracker& tracker() { return tracker_; }
   int64_t timeout_ms() const { return timeout_ms_; }
+  const CollectiveDelay& collective_delay() const { return delay_; }  // what the communicator injects
 
   // Objects that hold the communicator (DDPs, optimizers) register while open.
   void add_user() { ++users_; }

@@ -36,6 +36,13 @@ void bind_runtime(nb::module_& m) {
       nb::arg("timeout_ms"), nb::arg("delay_min_us") = 0, nb::arg("delay_max_us") = 0,
       "Initializes MPI and the world communicator once per process; returns (rank, world_size). delay_*_us: each "
       "all-reduce, reduce-scatter and all-gather starts after a uniform random delay in [min, max] (0, 0: none).");
+  m.def(
+      "collective_delay_us",
+      [] {
+        const CollectiveDelay& d = Runtime::get().collective_delay();
+        return std::make_pair(d.min_us, d.max_us);
+      },
+      "(min, max): the delay the world communicator injects before each collective ((0, 0): none).");
   m.def("is_initialized", &Runtime::initialized);
   m.def("finalize", &Runtime::finalize, "Destroys the communicator and finalizes MPI (every DDP closed first).");
   m.def("rank", [] { return Runtime::get().comm().rank(); });

@@ -11,8 +11,8 @@
 #       iterations after it have bitwise the losses of an uninterrupted run.
 #   link_fault.sh MXDDP DIR loss1     1% packet loss on every link, both ways: the same losses,
 #                                     bitwise, as the run without loss (the slow-down is not
-#                                     measured here: bench/multihost_sweep.sh with LOSS 1, figures
-#                                     in docs/multihost.md, Faults)
+#                                     measured here: docs/multihost.md, Faults, gives it and the
+#                                     harness command that measured it)
 #
 # Exits 77 (skipped) where network namespaces cannot be made, saying why.
 set -u

@@ -135,7 +135,8 @@ def test_bf16_params_match_a_torch_f32_master_reference(ranks, name, grad_reduce
     # one per micro-batch's dW added into the BF16 main_grad (above). Measured at dp 2 and 4: hook path
     # 0 and 1 of 59,904 GPT-2 weight elements, at most 0.02% of a tensor; fused 0.6% and 1.4% of a
     # tensor at most. A wrong gradient moves most of a tensor's elements the wrong way.
-    far_share_max = (0.005 if tolerance == 2 ** -7 else 0.0005) * world
+    fused_rounding = fusion and not grad_reduce_in_fp32 and micro_batches > 1  # (above: one rounding less)
+    far_share_max = (0.005 if fused_rounding else 0.0002) * world
     for (n, a), (_, b) in zip(module.named_parameters(), reference.named_parameters()):
         assert a.dtype == torch.bfloat16
         assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n

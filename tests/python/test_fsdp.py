@@ -9,6 +9,7 @@ step's loss within 1e-5 (relative, F32) of the reference's, the trained params a
 released after each step and nothing left gathered.
 """
 import copy
+import gc
 import os
 import time
 
@@ -205,15 +206,17 @@ def test_losses_match_torch_ddp_adamw(ranks, name, strategy, overlap, micro_batc
 
 
 def test_the_injected_delay_is_on_where_asked(ranks):
-    """The injected-delay runs (CTest sets MXDDP_TEST_COLLECTIVE_DELAY_US=min,max) do delay: every
-    all-reduce starts after a draw from [min, max] us on each rank, so 20 of them take at least
-    20 min + 2 (max - min) us but with probability 4e-13 (the sum of 20 uniform draws on [0, 1]
-    falls below 2 that rarely: Irwin-Hall). Without the variable there is nothing to check."""
+    """The injected-delay runs (CTest sets MXDDP_TEST_COLLECTIVE_DELAY_US=min,max) do delay: the
+    world communicator injects that range (the C++ delay is tested on its own in
+    fsdp_jitter_test), and 20 all-reduces take at least 20 min + 2 (max - min) us, which the sum of
+    20 uniform draws misses with probability 4e-13 (Irwin-Hall). Without the variable, none."""
     delay = os.environ.get("MXDDP_TEST_COLLECTIVE_DELAY_US")
     if not delay:
+        assert mxddp._C.collective_delay_us() == (0, 0)
         pytest.skip("no injected delay asked for (MXDDP_TEST_COLLECTIVE_DELAY_US unset)")
     low_us, high_us = (int(v) for v in delay.split(","))
     assert high_us > low_us
+    assert mxddp._C.collective_delay_us() == (low_us, high_us)
     one = torch.zeros(1)
     start = time.perf_counter()
     for _ in range(20):
@@ -547,32 +550,43 @@ class ConvMlp(torch.nn.Module):
 def test_hf_gradient_checkpointing_of_mxfp8_units(ranks, fine_grained):
     """HF's gradient checkpointing re-runs a layer's forward in backward without the layer's own
     hooks (transformers checkpoints forward, not __call__): with a unit per GPT2Block only its
-    submodules' pre-forwards run then, and the re-run reads the forward's MXFP8 copies, which the
-    backward's gather does not bring. The unit's MXFP8 modules gather them for it. The losses are
-    those of the run without recompute, bit for bit (the same quantized weights, the same ops), every
-    gather is released, and the gathered peaks are the plan's with checkpointed_modules."""
+    submodules' hooks run then, and the re-run reads the forward's MXFP8 copies, which the
+    backward's gather does not bring. The unit's MXFP8 modules gather them for it and release the
+    row-wise ones after the last of them. The re-run runs (a submodule's forward twice per step),
+    the losses are those of the run without recompute, bit for bit (the same quantized weights, the
+    same ops), every gather is released, and what the run holds is the plan's with
+    checkpointed_modules, per category and per gather slot."""
     rank, world = ranks
     block = gpt2_block_class()
+    opt_cfg = mxt.OptimizerConfig(lr=LR, weight_decay=WD, adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_eps=EPS,
+                                  clip_grad=CLIP)
 
     def run(recompute):
         torch.manual_seed(0)
         module = make_gpt2().to(torch.bfloat16)
         initial = copy.deepcopy(module)
         set_recompute("gpt2", module, recompute)
+        calls = []
+        module.transformer.h[0].attn.c_attn.register_forward_pre_hook(lambda *_: calls.append(None))
         config = fsdp_config("optim_grads_params", True, fine_grained, fp8_param_gather=True)
+        gc.collect()
+        assert not any(live for live, _ in mxt.memory_usage().values())
+        mxddp._C.reset_memory_peaks()
         model = mxt.FullyShardedDataParallel(module, config, fsdp_unit_modules=[block])
         assert sum(model._cpp.is_mxfp8(i) for i in range(len(model.registered_params()))) == 8  # the Conv1Ds
-        opt = optimizer(model)
+        opt = mxt.DistributedOptimizer(model, opt_cfg)
         try:
             losses = train_steps(model, opt, gpt2_loss, gpt2_batch, rank, 1)
             assert model._cpp.gathers_started == model._cpp.releases_done
-            peak, order = model.peak_gathered_bytes(), model.forward_order
+            peak, order, usage = model.peak_gathered_bytes(), model.forward_order, mxt.memory_usage()
         finally:
             opt.close()
             model.close()
-        planned = mxt.plan(initial, world, config, None, fsdp_unit_modules=[block], forward_order=order,
+        assert len(calls) == STEPS * (2 if recompute else 1)
+        planned = mxt.plan(initial, world, config, opt_cfg, fsdp_unit_modules=[block], forward_order=order,
                            checkpointed_modules=[block] if recompute else None)
         assert peak == planned.peak_gathered_bytes, (recompute, peak, planned.peak_gathered_bytes)
+        assert usage == planned.memory_usage(), (recompute, usage, planned)
         return losses
 
     assert run(True) == run(False)

@@ -14,8 +14,8 @@ import torch
 import mxddp.torch as mxt
 from test_parity import make_mlp, mlp_batch, mlp_loss
 
-LATE_S = 0.5
-# A thread that sleeps 1 ms between ticks makes ~LATE_S / 1 ms = 500 of them while the GIL is
+LATE_S = 1.0
+# A thread that sleeps 1 ms between ticks makes ~LATE_S / 1 ms = 1000 of them while the GIL is
 # free, fewer on a loaded machine; with the GIL held it makes at most the one or two it was about
 # to make when the call began.
 MIN_TICKS = 20
@@ -80,7 +80,8 @@ def check(rank, what, measured):
         return
     elapsed, ticks = measured
     # Rank 0 must really have waited for the late rank inside the call, or the ticks prove nothing.
-    assert elapsed >= 0.6 * LATE_S, f"{what} returned after {elapsed:.2f} s without waiting for the late rank"
+    # (Most of LATE_S: rank 0 may leave the lining-up all-reduce late on a loaded machine.)
+    assert elapsed >= 0.3 * LATE_S, f"{what} returned after {elapsed:.2f} s without waiting for the late rank"
     assert ticks >= MIN_TICKS, (f"{what}: another Python thread ticked {ticks} times in the {elapsed:.2f} s rank 0 "
                                 "waited in C++ for a late rank (~1 per ms when the GIL is free): the call holds "
                                 "the GIL")

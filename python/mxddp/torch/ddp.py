@@ -101,6 +101,12 @@ def _mxfp8_kinds(module: torch.nn.Module, params: list[torch.nn.Parameter], flag
     return {i: mxfp8.weight_kind(p, owners[id(p)]) for i, p in enumerate(params) if flags[i]}
 
 
+def _check_fusion_flag(gradient_accumulation_fusion) -> None:
+    """The wrappers' (and mxt.plan's) ``gradient_accumulation_fusion`` argument: a bool."""
+    if not isinstance(gradient_accumulation_fusion, bool):
+        raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
+
+
 def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]]) -> list[bool]:
     """Each param's attribute ``gradient_accumulation_fusion`` (absent: True), checked."""
     marks = []
@@ -150,8 +156,7 @@ class DistributedDataParallel(DataParallelModule):
     def __init__(self, module: torch.nn.Module, config: DistributedDataParallelConfig | None = None, *,
                  gradient_accumulation_fusion: bool = True):
         super().__init__()
-        if not isinstance(gradient_accumulation_fusion, bool):
-            raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
+        _check_fusion_flag(gradient_accumulation_fusion)
         config = DistributedDataParallelConfig() if config is None else config
         if not isinstance(config, DistributedDataParallelConfig):
             raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(config).__name__}")

@@ -44,7 +44,8 @@ from torch.utils._pytree import tree_flatten
 from mxddp import _C
 from mxddp.torch import grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
-from mxddp.torch.ddp import _DTYPES, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds, _trainable_params
+from mxddp.torch.ddp import (_DTYPES, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
+                              _trainable_params)
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -155,8 +156,7 @@ class FullyShardedDataParallel(DataParallelModule):
                  fsdp_unit_modules: Optional[Sequence[type]] = None, *, recompute_granularity: Optional[str] = None,
                  recompute_modules: Optional[Sequence[str]] = None, gradient_accumulation_fusion: bool = True):
         super().__init__()
-        if not isinstance(gradient_accumulation_fusion, bool):
-            raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
+        _check_fusion_flag(gradient_accumulation_fusion)
         config = DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True) \
             if config is None else config
         if not isinstance(config, DistributedDataParallelConfig):
@@ -198,7 +198,11 @@ class FullyShardedDataParallel(DataParallelModule):
         self._reported = [False] * len(self._params)
         self._unit_pending = [len(u) for u in self.units.units]
         self._unit_backward_started = [False] * len(self.units.units)
-        self._unit_rerun = [False] * len(self.units.units)  # its forward re-run in this backward has gathered
+        # For a unit's MXFP8 modules standing in for its hooks in a re-run (_register_rerun_hooks):
+        self._unit_in_forward = [False] * len(self.units.units)  # between its own pre- and post-forward
+        self._unit_forwarded = [False] * len(self.units.units)  # ran with grad; its backward not yet done
+        self._unit_rerun = [False] * len(self.units.units)  # a re-run without its hooks has gathered
+        self._rerun_left = [0] * len(self.units.units)  # its MXFP8 modules yet to run in that re-run
         self._units_called: Optional[list[int]] = None  # the units the running forward called, in order
         self._forward_order: Optional[list[str]] = None
         self._unit_names = {h.unit: h.name for h in self.units.hooked if h.unit >= 0}
@@ -206,6 +210,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._gathered_storage: dict[int, int] = {}  # storage address -> param, for params viewing a gather
         owners = grad_fusion.param_owners(module)
         unit_modules = {id(h.module) for h in self.units.hooked if h.unit >= 0}
+        rerun_owners: dict[int, dict[int, torch.nn.Module]] = {}  # unit -> its MXFP8 submodules, by id
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if flags[i]:
@@ -215,10 +220,12 @@ class FullyShardedDataParallel(DataParallelModule):
                     for owner in owners[id(p)]:
                         mxfp8.install(owner, self._cpp, i, token)
                         self._replaced_forwards.append(owner)
-                        if self._unit_of[i] >= 0 and id(owner) not in unit_modules:  # (a unit's own pre-forward runs)
-                            self._hooks.append(owner.register_forward_pre_hook(self._make_rerun_gather(self._unit_of[i])))
-                elif self.fused_params[i]:
-                    p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
+                        # A fine-grained unit is the module itself, whose own hooks run in a re-run.
+                        if self._unit_of[i] >= 0 and id(owner) not in unit_modules:
+                            rerun_owners.setdefault(self._unit_of[i], {})[id(owner)] = owner
+                    continue
+                p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
+                if self.fused_params[i]:
                     token = grad_fusion.new_ready_token()
                     self._hooks += grad_fusion.register_ready_hooks(
                         token, p, lambda i=i: self._cpp.main_grad(i), lambda i=i: self._report(i))
@@ -226,8 +233,9 @@ class FullyShardedDataParallel(DataParallelModule):
                         grad_fusion.install(owner, self._cpp, i, token)
                         self._replaced_forwards.append(owner)
                 else:
-                    p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
+        for unit, modules in rerun_owners.items():
+            self._register_rerun_hooks(unit, list(modules.values()))
         # Units only: the non-unit params are gathered when the wrapper's forward starts, since a
         # model may read them outside their module's forward (a tied LM head reading the embedding).
         for h in self.units.hooked:
@@ -282,33 +290,48 @@ class FullyShardedDataParallel(DataParallelModule):
         def hook(_module, _args) -> None:
             if self._units_called is not None:
                 self._units_called.append(unit)
-            if self._unit_backward_started[unit]:
-                self._unit_rerun[unit] = True
+            self._unit_in_forward[unit] = True
             self._cpp.before_forward(params)
             self._view(params)
 
         return hook
 
-    def _make_rerun_gather(self, unit: int):
-        """A pre-forward hook on a unit's MXFP8 module. A re-run of the unit's forward inside its
-        backward reads the forward's MXFP8 copies, which the backward's gather does not hold, and
-        HF's layers re-run only their forward (transformers checkpoints ``forward``, not
-        ``__call__``, so that module hooks stay outside the checkpoint): the unit's own pre-forward
-        does not run then. Its first MXFP8 module gathers for it, as the pre-forward of a recompute
-        does; the copies stay to the unit's post-backward, as no post-forward runs either."""
+    def _register_rerun_hooks(self, unit: int, modules: list[torch.nn.Module]) -> None:
+        """Hooks on the MXFP8 submodules of a unit module (not fine-grained). A re-run of the unit's
+        forward inside its backward reads the forward's MXFP8 copies, which the backward's gather
+        does not hold, and HF's layers re-run only their forward (transformers checkpoints
+        ``forward``, not ``__call__``, so that module hooks stay outside the checkpoint): the unit's
+        own pre- and post-forward do not run then. Its MXFP8 modules stand in for them: the first
+        one's pre-forward gathers as a recompute's pre-forward does, and once each has run (a re-run
+        calls each once), the last one's post-forward releases the row-wise copies as a
+        recompute's post-forward does, so the run holds what mxt.plan replays."""
         params = self.units.units[unit]
 
-        def hook(_module, _args) -> None:
-            if self._unit_backward_started[unit] and not self._unit_rerun[unit]:
+        def pre(_module, _args) -> None:
+            # A re-run: the unit ran forward (a backward will follow) and its own pre-forward did
+            # not run now, before or after its pre-backward (whichever the layer's last op makes first).
+            if self._unit_forwarded[unit] and not self._unit_in_forward[unit] and not self._unit_rerun[unit]:
                 self._unit_rerun[unit] = True
+                self._rerun_left[unit] = len(modules)
                 self._cpp.before_forward(params)
 
-        return hook
+        def post(_module, _args, _output) -> None:
+            if self._rerun_left[unit] > 0:
+                self._rerun_left[unit] -= 1
+                if self._rerun_left[unit] == 0:
+                    self._cpp.after_forward(params)
+
+        for m in modules:
+            self._hooks.append(m.register_forward_pre_hook(pre))
+            self._hooks.append(m.register_forward_hook(post))
 
     def _make_post_forward(self, indices: tuple[int, ...], unit: int):
         params = list(indices)
 
         def hook(_module, _args, output):
+            self._unit_in_forward[unit] = False
+            if torch.is_grad_enabled():
+                self._unit_forwarded[unit] = True
             if self._cpp.phase != "recompute":  # a recompute's backward reads the values next
                 self._stand_in(params)
             self._cpp.after_forward(params)
@@ -384,7 +407,9 @@ class FullyShardedDataParallel(DataParallelModule):
         self._stand_in(params)
         self._cpp.after_backward(params)
         self._unit_backward_started[unit] = False
+        self._unit_forwarded[unit] = False
         self._unit_rerun[unit] = False
+        self._rerun_left[unit] = 0
 
     def _complete_backward(self) -> None:
         """Reports every param that took no gradient in the last backward (a zero one), so that

@@ -25,7 +25,7 @@ import torch
 
 from mxddp import _C
 from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
-from mxddp.torch.ddp import _DTYPES, _mxfp8_flags, _mxfp8_kinds, _trainable_params
+from mxddp.torch.ddp import _DTYPES, _check_fusion_flag, _mxfp8_flags, _mxfp8_kinds, _trainable_params
 from mxddp.torch.fsdp import colwise_forward_flags, decide_fine_grained, fusion_flags, unit_mxfp8_flags
 from mxddp.torch.fsdp_units import check_unit_module_classes, fsdp_units, in_forward_order, recompute_regions
 
@@ -133,8 +133,7 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
             or not 1 <= micro_batches <= _MICRO_BATCHES_MAX:
         raise ValueError(f"micro_batches={micro_batches!r} is not valid: an int, 1..{_MICRO_BATCHES_MAX}")
-    if not isinstance(gradient_accumulation_fusion, bool):
-        raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
+    _check_fusion_flag(gradient_accumulation_fusion)
     if cfg.use_megatron_fsdp:
         return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches, forward_order,
                           checkpointed_modules, gradient_accumulation_fusion)
