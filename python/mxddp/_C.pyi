@@ -100,6 +100,8 @@ class FsdpConfig:
     fsdp_double_buffer: bool
     grad_reduce_in_fp32: bool
     param_dtype: str
+    @property
+    def grad_dtype(self) -> str: ...
     def __init__(self) -> None: ...
 
 class FullyShardedDataParallel(DataParallel):

@@ -55,7 +55,10 @@ void bind_fsdp_config(nb::module_& m) {
       .def_rw("grad_reduce_in_fp32", &FsdpConfig::grad_reduce_in_fp32)
       .def_prop_rw(
           "param_dtype", [](const FsdpConfig& c) { return std::string(dtype_name(c.param_dtype)); },
-          [](FsdpConfig& c, const std::string& name) { c.param_dtype = parse_param_dtype(name); });
+          [](FsdpConfig& c, const std::string& name) { c.param_dtype = parse_param_dtype(name); })
+      .def_prop_ro(
+          "grad_dtype", [](const FsdpConfig& c) { return std::string(dtype_name(fsdp_grad_dtype(c))); },
+          "The unsharded grads' and main_grad's dtype: f32 with grad_reduce_in_fp32, else param_dtype.");
 }
 
 }  // namespace

@@ -107,15 +107,16 @@ def _check_fusion_flag(gradient_accumulation_fusion) -> None:
         raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
 
 
-def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]]) -> list[bool]:
-    """Each param's attribute ``gradient_accumulation_fusion`` (absent: True), checked."""
+def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]], enabled: bool) -> list[bool]:
+    """Each param's attribute ``gradient_accumulation_fusion`` (absent: True), checked, and the
+    wrapper's ``enabled``."""
     marks = []
     for name, p in params:
         marked = getattr(p, "gradient_accumulation_fusion", None)
         if marked not in (None, True, False):
             raise TypeError(f"param '{name}' has gradient_accumulation_fusion={marked!r}; "
                             "valid: True, False (or no attribute)")
-        marks.append(marked is not False)
+        marks.append(enabled and marked is not False)
     return marks
 
 
@@ -167,7 +168,7 @@ class DistributedDataParallel(DataParallelModule):
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
         mxfp8_flags = _mxfp8_flags(module, params, config)
         # Checked before the C++ DDP exists, so a refusal leaves nothing allocated.
-        fusion_marks = [m and gradient_accumulation_fusion for m in _fusion_marks(params)]
+        fusion_marks = _fusion_marks(params, gradient_accumulation_fusion)
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
         # and BF16 copies are taken from them (and the optimizer's main params too).
         self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),

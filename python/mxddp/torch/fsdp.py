@@ -112,8 +112,10 @@ def fusion_flags(module: torch.nn.Module, params: list[tuple[str, torch.nn.Param
     """[param] whether its modules' backward adds its weight gradient into main_grad (the FSDP's
     transient unsharded grads), by the DDP's rule (ddp.py's _fusion_flags; MXFP8 weights' Functions
     add theirs anyway)."""
-    marks = [m and gradient_accumulation_fusion for m in _fusion_marks(params)]
-    main_grad_dtype = torch.float32 if config.grad_reduce_in_fp32 else params[0][1].dtype
+    marks = _fusion_marks(params, gradient_accumulation_fusion)
+    param_dtype = params[0][1].dtype
+    grad_dtype = config.to_fsdp_cpp(_DTYPES[param_dtype]).grad_dtype  # the C++ FSDP's rule
+    main_grad_dtype = next(t for t, name in _DTYPES.items() if name == grad_dtype)
     return _fusion_flags(grad_fusion.param_owners(module), params, marks, main_grad_dtype, mxfp8_flags)
 
 
@@ -200,8 +202,9 @@ class FullyShardedDataParallel(DataParallelModule):
         self._unit_backward_started = [False] * len(self.units.units)
         # For a unit's MXFP8 modules standing in for its hooks in a re-run (_register_rerun_hooks):
         self._unit_in_forward = [False] * len(self.units.units)  # between its own pre- and post-forward
-        self._unit_forwarded = [False] * len(self.units.units)  # ran with grad; its backward not yet done
-        self._unit_rerun = [False] * len(self.units.units)  # a re-run without its hooks has gathered
+        # Ran forward with grad, and no re-run without its hooks has gathered for it since; cleared
+        # by its post-backward.
+        self._rerun_pending = [False] * len(self.units.units)
         self._rerun_left = [0] * len(self.units.units)  # its MXFP8 modules yet to run in that re-run
         self._units_called: Optional[list[int]] = None  # the units the running forward called, in order
         self._forward_order: Optional[list[str]] = None
@@ -310,8 +313,8 @@ class FullyShardedDataParallel(DataParallelModule):
         def pre(_module, _args) -> None:
             # A re-run: the unit ran forward (a backward will follow) and its own pre-forward did
             # not run now, before or after its pre-backward (whichever the layer's last op makes first).
-            if self._unit_forwarded[unit] and not self._unit_in_forward[unit] and not self._unit_rerun[unit]:
-                self._unit_rerun[unit] = True
+            if self._rerun_pending[unit] and not self._unit_in_forward[unit]:
+                self._rerun_pending[unit] = False
                 self._rerun_left[unit] = len(modules)
                 self._cpp.before_forward(params)
 
@@ -331,7 +334,7 @@ class FullyShardedDataParallel(DataParallelModule):
         def hook(_module, _args, output):
             self._unit_in_forward[unit] = False
             if torch.is_grad_enabled():
-                self._unit_forwarded[unit] = True
+                self._rerun_pending[unit] = True
             if self._cpp.phase != "recompute":  # a recompute's backward reads the values next
                 self._stand_in(params)
             self._cpp.after_forward(params)
@@ -407,8 +410,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._stand_in(params)
         self._cpp.after_backward(params)
         self._unit_backward_started[unit] = False
-        self._unit_forwarded[unit] = False
-        self._unit_rerun[unit] = False
+        self._rerun_pending[unit] = False
         self._rerun_left[unit] = 0
 
     def _complete_backward(self) -> None:

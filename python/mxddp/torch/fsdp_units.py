@@ -74,9 +74,12 @@ def recompute_regions(module: torch.nn.Module, hooked: list[HookedModule],
         if isinstance(sub, classes) and not any(name == r or _is_below(name, r) for r in roots):
             roots.append(name)
     regions = [next((i for i, r in enumerate(roots) if h.name == r or _is_below(h.name, r)), -1) for h in hooked]
+    ended: set[int] = set()  # regions some module after them has left
     for j in range(1, len(regions)):
+        if regions[j - 1] != regions[j]:
+            ended.add(regions[j - 1])
         r = regions[j]
-        if r >= 0 and r != regions[j - 1] and r in regions[:j]:
+        if r >= 0 and r in ended:
             raise ValueError(f"checkpointed module '{roots[r]}' holds modules the forward does not call one after "
                              f"another ('{hooked[j].name}' comes after '{hooked[j - 1].name}', outside it): a "
                              "recompute re-runs a module's forward as a whole, so the plan cannot replay this one")
