@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 preset="${1:-release}"
-source scripts/setup.sh "$preset"
+source scripts/setup.sh "$preset" --tests
 ctest --preset "$preset" -j2
