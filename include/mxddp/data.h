@@ -1,15 +1,17 @@
 // mxddp data: Megatron's preprocessed token data for the reference GPT (docs/data.md).
 //
 // Owns:
-//   IndexedDataset: one PREFIX.bin + PREFIX.idx pair in megatron-core's MMIDIDX layout, memory
-//   mapped, every field of the index checked against the two files' sizes before it is used;
+//   IndexedDataset: one PREFIX.bin + PREFIX.idx pair in megatron-core's MMIDIDX layout, the index
+//   read whole and every field of it checked against the two files' sizes before it is used, the
+//   tokens read from .bin as they are needed, and a .bin that changes under the run refused;
 //   parse_split / split_document_ranges: Megatron's --split "969,30,1" (train/valid/test by
 //   documents, with Megatron's rounding);
 //   GptSampleIndex: the GPT samples of one split of one dataset: documents concatenated in a
 //   seeded shuffled order per epoch, cut into windows of seq_length + 1 tokens, as many epochs as
 //   asked for;
 //   BlendedGptDataset: one or more weighted datasets (--data-path W1 P1 W2 P2 ...) blended sample
-//   by sample with Megatron's greedy rule, and the token-id check against the vocabulary.
+//   by sample with Megatron's greedy rule, and the token-id check against the vocabulary (at open,
+//   and again on every token a batch reads).
 //
 // A sample is named by its number in the split's stream only (the same number gives the same
 // tokens on every rank, at any data-parallel size and after a resume), so the trainer's consumed
@@ -25,6 +27,8 @@
 #include <vector>
 
 namespace mxddp {
+
+class InputFile;
 
 // ----------------------------------------------------------------------------------------------
 // One .bin/.idx pair
@@ -44,10 +48,10 @@ TokenDType token_dtype_of_code(int code, const std::string& where);
 
 class IndexedDataset {
  public:
-  // Maps PREFIX.bin and PREFIX.idx and checks the index: magic, version, dtype code, counts that
-  // fit the .idx size (overflow-checked), document indices from 0, non-decreasing, ending at the
-  // sequence count, sequence lengths >= 0, pointers aligned, in order, not overlapping and inside
-  // .bin. Throws Error naming the file and the field.
+  // Reads PREFIX.idx whole, opens PREFIX.bin (kept open, read as needed) and checks the index:
+  // magic, version, dtype code, counts that fit the .idx size (overflow-checked), document indices
+  // from 0, non-decreasing, ending at the sequence count, sequence lengths >= 0, pointers aligned,
+  // in order, not overlapping and inside .bin. Throws Error naming the file and the field.
   explicit IndexedDataset(const std::string& prefix);
   ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
@@ -59,8 +63,8 @@ class IndexedDataset {
   const TokenDType& dtype() const { return dtype_; }
   int64_t num_sequences() const { return num_sequences_; }
   int64_t num_documents() const { return num_documents_; }
-  int64_t bin_bytes() const { return bin_bytes_; }
-  std::span<const char> idx_bytes() const { return {idx_, static_cast<size_t>(idx_bytes_)}; }
+  int64_t bin_bytes() const { return bin_bytes_; }  // at open
+  std::span<const char> idx_bytes() const { return {idx_.data(), idx_.size()}; }
 
   // Sequences [first, last) of document d (the .idx "document indices").
   int64_t document_first_sequence(int64_t d) const;
@@ -69,8 +73,14 @@ class IndexedDataset {
   int64_t sequence_pointer(int64_t s) const;  // byte offset in .bin
   int64_t document_tokens(int64_t d) const;   // the sum of its sequences' lengths
 
-  // tokens [count] <- tokens [offset, offset + count) of sequence s, widened to int64.
+  // tokens [count] <- tokens [offset, offset + count) of sequence s, widened to int64. Throws Error
+  // naming .bin when it has become too short for them (it shrank under the run).
   void read_sequence(int64_t s, int64_t offset, int64_t count, int64_t* tokens) const;
+  // "" while .bin's size and modification time are what they were at open, else how they differ.
+  std::string change_since_open() const;
+  // Throws Error naming .bin when change_since_open() is not "": the file changed under the run
+  // (the tokens read since may be another dataset's).
+  void check_unchanged() const;
 
   // Every token of documents [first, last): throws Error naming the first id < 0 or >= vocab_size,
   // its document and the file; adds each token's count to counts (sized vocab_size) when given.
@@ -79,9 +89,8 @@ class IndexedDataset {
  private:
   std::string prefix_;
   TokenDType dtype_;
-  const char* idx_ = nullptr;  // the mapped .idx
-  int64_t idx_bytes_ = 0;
-  const char* bin_ = nullptr;  // the mapped .bin (null when empty)
+  std::vector<char> idx_;           // the whole .idx, as read at open
+  std::unique_ptr<InputFile> bin_;  // .bin, open for the dataset's life
   int64_t bin_bytes_ = 0;
   int64_t num_sequences_ = 0;
   int64_t num_documents_ = 0;  // the index's document count - 1
@@ -109,11 +118,12 @@ std::array<int64_t, 4> split_document_ranges(const std::array<double, 3>& weight
 
 class GptSampleIndex {
  public:
-  // Documents [doc_first, doc_last) of data; seed names the shuffles (the trainer derives it from
-  // --seed, the dataset's place in the blend and the split). Throws Error naming the dataset and
-  // split when its tokens cannot make one sample of seq_length + 1.
-  GptSampleIndex(const IndexedDataset& data, int64_t doc_first, int64_t doc_last, int seq_length, uint64_t seed,
-                 const std::string& what);
+  // Documents [doc_first, doc_last) of data; token ids must be below vocab_size; seed names the
+  // shuffles (the trainer derives it from --seed, the dataset's place in the blend and the split).
+  // Throws Error naming the dataset and split when its tokens cannot make one sample of
+  // seq_length + 1.
+  GptSampleIndex(const IndexedDataset& data, int64_t doc_first, int64_t doc_last, int seq_length, int64_t vocab_size,
+                 uint64_t seed, const std::string& what);
 
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
   int64_t tokens() const { return tokens_; }
@@ -121,7 +131,9 @@ class GptSampleIndex {
   // epoch). Epoch e orders the documents by a shuffle seeded with (seed, e), concatenates them and
   // cuts samples_per_epoch windows, window w starting at token w x seq_length (consecutive windows
   // share one token, as Megatron's); the samples of the epoch are those windows in a second seeded
-  // shuffle. Not thread-safe: the index keeps the last epochs it built.
+  // shuffle. Every token id is checked as it is copied: one outside [0, vocab_size) throws Error
+  // naming it, its document and byte and the file. Not thread-safe: the index keeps the last
+  // epochs it built.
   void fill(int64_t sample, int32_t* tokens) const;
 
  private:
@@ -132,10 +144,14 @@ class GptSampleIndex {
     std::vector<int64_t> windows;       // [samples_per_epoch]: the window of each sample
   };
   const Epoch& epoch(int64_t number) const;
+  // Throws the Error for token `id`, token `position` of `document` (`in_sequence` of `sequence`).
+  [[noreturn]] void refuse_token(int64_t id, int64_t document, int64_t position, int64_t sequence,
+                                 int64_t in_sequence) const;
 
   const IndexedDataset& data_;
   int64_t doc_first_, doc_last_;
   int seq_length_;
+  int64_t vocab_size_;
   uint64_t seed_;
   int64_t tokens_ = 0;
   int64_t samples_per_epoch_ = 0;
@@ -182,7 +198,9 @@ class BlendedGptDataset {
   // is O(datasets) a sample, going back restarts from 0.
   std::pair<int, int64_t> locate(DataSplit s, int64_t sample) const;
 
-  // tokens [count, seq_length + 1] <- blended samples [first, first + count) of the split.
+  // tokens [count, seq_length + 1] <- blended samples [first, first + count) of the split (a
+  // batch). Then every dataset's .bin is checked to be unchanged since open, so a file rewritten
+  // under the run ends it at the next batch with an Error naming the file.
   void fill(DataSplit s, int64_t first, int count, int32_t* tokens) const;
 
   // Entropy of the training split's token frequencies over every dataset, weighted by the blend,
@@ -195,6 +213,8 @@ class BlendedGptDataset {
     int64_t next = 0;
     std::vector<int64_t> taken;  // [datasets]: samples each has had before `next`
   };
+  void fill_samples(DataSplit s, int64_t first, int count, int32_t* tokens) const;  // fill's reads
+
   BlendedGptDatasetOptions options_;
   std::vector<std::unique_ptr<IndexedDataset>> datasets_;
   std::vector<double> weights_;

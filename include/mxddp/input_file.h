@@ -36,12 +36,21 @@ class InputFile {
   void read_exact(void* dst, size_t bytes);
   // The whole file: size_bytes() bytes from the start.
   std::vector<char> read_all();
+  // Up to `bytes` bytes at byte `offset` (pread: the position is untouched, so threads may share
+  // the file). Returns how many were read: fewer only where the file ends. Throws naming the file
+  // if a read fails.
+  size_t read_at(int64_t offset, void* dst, size_t bytes) const;
+  // How the file differs from what fstat said at open: "" when its size and modification time are
+  // the same, else e.g. "it had 1600 bytes when it was opened and has 800 now". The check a
+  // reader makes between reads of a file it keeps open (a dataset read through a whole run).
+  std::string change_since_open() const;
 
  private:
   std::string path_;
   std::string what_;
   int fd_ = -1;
   int64_t size_bytes_ = 0;
+  int64_t modified_ns_ = 0;  // st_mtim at open
 };
 
 }  // namespace mxddp

@@ -11,6 +11,7 @@
 # Paths the fuzzer hands out as outputs are always names inside the invocation's own working
 # directory (its own FIFO, device node copies, symbolic links), never a system path: a regressed
 # binary that replaces its target then replaces only a sandbox file.
+import json
 import math
 import os
 import re
@@ -34,6 +35,8 @@ TRAIN_TINY = ["--ranks", "2", "--train-iters", "2", "--num-layers", "2", "--hidd
 # What a TEXT option's value names, where the help cannot say.
 ROLES = {
     ("train", "--data"): "in-file", ("train", "--load"): "in-ckpt", ("train", "--save"): "out-dir",
+    # An indexed dataset PREFIX (or a text file), and a Hugging Face GPT-2 directory (issue 40).
+    ("train", "--data-path"): "in-indexed", ("train", "--load-hf"): "in-hf",
     ("train", "--report"): "out-file", ("quantize", "--input"): "in-quant",
     ("quantize", "--out-data"): "out-file", ("quantize", "--out-scales"): "out-file",
     ("ckpt inspect", "dir"): "in-ckpt", ("layout", "--shapes"): "shapes", ("layout", "--bucket-size"): "bucket",
@@ -206,7 +209,9 @@ def judge_path(role, text, special):
     if role.startswith("in-"):
         good = {"in-file": ("good:data", "good:quant-input", "link_file", "regfile"),
                 "in-quant": ("good:quant-input", "good:quant-input2", "link_quant"),
-                "in-ckpt": ("good:ckpt", "good:link-ckpt")}[role]
+                "in-ckpt": ("good:ckpt", "good:link-ckpt"),
+                "in-indexed": ("good:indexed", "good:data", "link_file", "regfile"),  # a text file is text data
+                "in-hf": ("good:hf",)}[role]
         return ("valid", kind) if kind in good else ("nonsense", kind or "missing file")
     if text == "-":
         return "ambiguous", "'-' (stdout to some tools)"
@@ -316,6 +321,70 @@ class Fixtures:
         self.link_ckpt = os.path.join(root, "link_ck")
         if not os.path.lexists(self.link_ckpt):
             os.symlink(self.ckpt, self.link_ckpt)
+        # Indexed datasets of the data's bytes: intact, and with one id (4112) past the vocabulary.
+        self.indexed = os.path.join(root, "indexed")
+        self.indexed_bad_ids = os.path.join(root, "indexed_bad_ids")
+        docs = [list(line.encode()) for line in ("the quick brown fox jumps over the lazy dog. " * 400).split(". ")]
+        write_indexed(self.indexed, docs)
+        docs[7][3] = 4112
+        write_indexed(self.indexed_bad_ids, docs)
+        # Hugging Face GPT-2 directories of TRAIN_TINY's model: finite, and with a NaN or an Inf in
+        # one weight (refused at load naming the tensor).
+        self.hf = os.path.join(root, "hf")
+        self.hf_nan = os.path.join(root, "hf_nan")
+        self.hf_inf = os.path.join(root, "hf_inf")
+        write_hf_gpt2(self.hf, None)
+        write_hf_gpt2(self.hf_nan, ("transformer.h.1.mlp.c_fc.weight", 37, math.nan))
+        write_hf_gpt2(self.hf_inf, ("transformer.wte.weight", 100, -math.inf))
+
+
+def write_indexed(prefix, docs):
+    """PREFIX.bin + PREFIX.idx (megatron-core's MMIDIDX, uint16): one sequence per document."""
+    with open(prefix + ".bin", "wb") as f:
+        for d in docs:
+            f.write(struct.pack(f"<{len(d)}H", *d))
+    pointers, at = [], 0
+    for d in docs:
+        pointers.append(at)
+        at += 2 * len(d)
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+        f.write(struct.pack(f"<{len(docs)}i", *[len(d) for d in docs]))
+        f.write(struct.pack(f"<{len(docs)}q", *pointers))
+        f.write(struct.pack(f"<{len(docs) + 1}q", *range(len(docs) + 1)))
+
+
+def write_hf_gpt2(directory, poison):
+    """config.json + model.safetensors (F32) of a GPT-2 with TRAIN_TINY's sizes (2 layers, hidden
+    32, 2 heads, n_positions 32, vocabulary 256), small deterministic weights; poison: (tensor,
+    element, value) written over one of them."""
+    os.makedirs(directory, exist_ok=True)
+    h, layers = 32, 2
+    shapes = {"transformer.wte.weight": [256, h], "transformer.wpe.weight": [32, h],
+              "transformer.ln_f.weight": [h], "transformer.ln_f.bias": [h]}
+    for layer in range(layers):
+        for name, shape in (("ln_1.weight", [h]), ("ln_1.bias", [h]), ("attn.c_attn.weight", [h, 3 * h]),
+                            ("attn.c_attn.bias", [3 * h]), ("attn.c_proj.weight", [h, h]), ("attn.c_proj.bias", [h]),
+                            ("ln_2.weight", [h]), ("ln_2.bias", [h]), ("mlp.c_fc.weight", [h, 4 * h]),
+                            ("mlp.c_fc.bias", [4 * h]), ("mlp.c_proj.weight", [4 * h, h]), ("mlp.c_proj.bias", [h])):
+            shapes[f"transformer.h.{layer}.{name}"] = shape
+    header, data = {}, bytearray()
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        ones = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+        values = [1.0 if ones else ((i * 7919) % 1000) / 25000.0 - 0.02 for i in range(numel)]
+        if poison and poison[0] == name:
+            values[poison[1]] = poison[2]
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + 4 * numel]}
+        data += struct.pack(f"<{numel}f", *values)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+    config = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=256, n_positions=32, n_embd=h,
+                  n_layer=layers, n_head=2, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
 
 
 def make_specials(cwd):
@@ -359,6 +428,13 @@ def path_values(role, fx, rng):
         values += [("path:good", fx.data, "good:data"), ("path:good-binary", fx.quant, "good:quant-input")]
     if role == "in-quant":
         values += [("path:good", fx.quant2, "good:quant-input2"), ("path:text-file", fx.data, "data-size")]
+    if role == "in-indexed":
+        values += [("path:good", fx.indexed, "good:indexed"), ("path:good-bin-name", fx.indexed + ".bin", "good:indexed"),
+                   ("path:text-file", fx.data, "good:data"),
+                   ("path:ids-past-vocabulary", fx.indexed_bad_ids, "ids past the vocabulary")]
+    if role == "in-hf":
+        values += [("path:good", fx.hf, "good:hf"), ("path:nan-weight", fx.hf_nan, "a NaN weight"),
+                   ("path:inf-weight", fx.hf_inf, "an Inf weight"), ("path:ckpt-not-hf", fx.ckpt, "an mxddp checkpoint")]
     if role == "in-ckpt":
         values += [("path:good", fx.ckpt, "good:ckpt"), ("path:good-symlink", fx.link_ckpt, "good:link-ckpt"),
                    ("path:data-file", fx.data, "file")]

@@ -24,6 +24,10 @@ const char* file_kind(mode_t mode) {
   return "not a regular file";
 }
 
+int64_t modified_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 }  // namespace
 
 InputFile::InputFile(std::string path, std::string_view what) : path_(std::move(path)), what_(what) {
@@ -42,6 +46,7 @@ InputFile::InputFile(std::string path, std::string_view what) : path_(std::move(
     MXDDP_FAIL("{} '{}' is {}, not a regular file: give a regular file", what_, path_, file_kind(st.st_mode));
   }
   size_bytes_ = static_cast<int64_t>(st.st_size);
+  modified_ns_ = modified_ns(st);
 }
 
 InputFile::~InputFile() {
@@ -66,6 +71,30 @@ std::vector<char> InputFile::read_all() {
   std::vector<char> bytes(static_cast<size_t>(size_bytes_));
   read_exact(bytes.data(), bytes.size());
   return bytes;
+}
+
+size_t InputFile::read_at(int64_t offset, void* dst, size_t bytes) const {
+  auto* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, out + done, bytes - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    MXDDP_CHECK(n >= 0, "{} '{}': reading {} bytes at byte {} failed: {}", what_, path_, bytes, offset,
+                std::strerror(errno));
+    if (n == 0) break;  // the end of the file
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+std::string InputFile::change_since_open() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return fmt::format("fstat failed: {}", std::strerror(errno));
+  const auto size = static_cast<int64_t>(st.st_size);
+  if (size != size_bytes_) return fmt::format("it had {} bytes when it was opened and has {} now", size_bytes_, size);
+  if (modified_ns(st) != modified_ns_)
+    return fmt::format("it was modified after it was opened (same size, {} bytes)", size);
+  return "";
 }
 
 }  // namespace mxddp

@@ -1,5 +1,6 @@
 // read_hf_gpt2_params (hf.h): a Hugging Face GPT-2 model.safetensors as mxddp's GPT params.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -20,6 +21,33 @@ bool is_mask_buffer(std::string_view name) {
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+// Element `flat` of a row-major tensor of `shape` as its index, e.g. [0, 37].
+std::string index_text(int64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] > 0 ? flat % shape[d] : 0;
+    flat = shape[d] > 0 ? flat / shape[d] : 0;
+  }
+  return shape_text(index);
+}
+
+// Refuses a tensor holding NaN or +-Inf, named as the file names it (values in the file's layout).
+// Loaded, such a weight makes iteration 1's loss NaN, which the trainer's check can only blame on
+// the gradients.
+void check_finite(const std::string& path, const std::string& name, const hf::StTensor& t,
+                  const std::vector<float>& values, const std::string& ours) {
+  int64_t nan = 0, inf = 0, first = -1;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i])) [[likely]] continue;
+    ++(std::isnan(values[i]) ? nan : inf);
+    if (first < 0) first = static_cast<int64_t>(i);
+  }
+  MXDDP_CHECK(first < 0, "'{}': tensor '{}' ({} {}{}) holds {} non-finite value{} ({} NaN, {} +-Inf), the first at "
+              "element {} {} = {}: a model to load must be finite", path, name, t.dtype, shape_text(t.shape), ours,
+              nan + inf, nan + inf == 1 ? "" : "s", nan, inf, first, index_text(first, t.shape),
+              values[static_cast<size_t>(std::max<int64_t>(first, 0))]);
+}
 
 }  // namespace
 
@@ -74,6 +102,7 @@ HfGpt2Params read_hf_gpt2_params(const std::string& dir, const GptConfig& model)
     MXDDP_CHECK(t.shape == expected, "'{}': tensor '{}' has shape {} ({}); GPT-2 of config.json's sizes needs {}", path,
                 it->second, shape_text(t.shape), t.dtype, shape_text(expected));
     std::vector<float> v = hf::tensor_f32(file, it->second);
+    check_finite(path, it->second, t, v, fmt::format(", mxddp's {}", specs[i].name));
     if (names[i].transposed) v = hf::transpose(v, expected[0], expected[1]);
     if (i == 1) v.resize(static_cast<size_t>(specs[i].shape.numel()));  // the first seq_length positions
     out.values[i] = std::move(v);
@@ -85,7 +114,9 @@ HfGpt2Params read_hf_gpt2_params(const std::string& dir, const GptConfig& model)
   // A file with an untied head (saved by hand) must hold the embedding again, or the model is not ours.
   if (const auto head = file.tensors.find("lm_head.weight"); head != file.tensors.end()) {
     const std::vector<int64_t> wte_shape = {model.vocab_size, model.hidden_size};
-    MXDDP_CHECK(head->second.shape == wte_shape && hf::tensor_f32(file, "lm_head.weight") == out.values[0],
+    const std::vector<float> head_values = hf::tensor_f32(file, "lm_head.weight");
+    check_finite(path, "lm_head.weight", head->second, head_values, "");
+    MXDDP_CHECK(head->second.shape == wte_shape && head_values == out.values[0],
                 "'{}': lm_head.weight differs from the token embedding (wte); mxddp's LM head is tied to it", path);
   }
   out.safetensors_crc32 = ckpt::crc32_of(file.bytes);

@@ -29,9 +29,13 @@ void seeded_shuffle(std::vector<T>& v, uint64_t seed) {
 // ---- GptSampleIndex
 
 GptSampleIndex::GptSampleIndex(const IndexedDataset& data, int64_t doc_first, int64_t doc_last, int seq_length,
-                               uint64_t seed, const std::string& what)
-    : data_(data), doc_first_(doc_first), doc_last_(doc_last), seq_length_(seq_length), seed_(seed) {
+                               int64_t vocab_size, uint64_t seed, const std::string& what)
+    : data_(data), doc_first_(doc_first), doc_last_(doc_last), seq_length_(seq_length), vocab_size_(vocab_size),
+      seed_(seed) {
   MXDDP_CHECK(seq_length >= 1, "--seq-length {} is not valid: at least 1", seq_length);
+  // The model takes int32 ids: a larger vocabulary could not be told apart from a cut-off id.
+  MXDDP_CHECK(vocab_size >= 1 && vocab_size <= INT32_MAX, "vocabulary size {} is not valid: 1..{}", vocab_size,
+              INT32_MAX);
   MXDDP_CHECK(0 <= doc_first && doc_first <= doc_last && doc_last <= data.num_documents(),
               "{}: documents [{}, {}) are not in the dataset's {}", what, doc_first, doc_last, data.num_documents());
   for (int64_t d = doc_first; d < doc_last; ++d) tokens_ += data.document_tokens(d);
@@ -74,21 +78,40 @@ void GptSampleIndex::fill(int64_t sample, int32_t* tokens) const {
   while (need > 0) {
     MXDDP_ASSERT(doc < e.documents.size());
     const int64_t d = e.documents[doc];
+    int64_t sequence_start = 0;  // in the document
     for (int64_t s = data_.document_first_sequence(d); s < data_.document_end_sequence(d) && need > 0; ++s) {
       const int64_t length = data_.sequence_length(s);
       if (offset >= length) {
         offset -= length;
+        sequence_start += length;
         continue;
       }
       const int64_t take = std::min(length - offset, need);
       buffer.resize(static_cast<size_t>(take));
       data_.read_sequence(s, offset, take, buffer.data());
-      for (int64_t i = 0; i < take; ++i) *tokens++ = static_cast<int32_t>(buffer[static_cast<size_t>(i)]);
+      // Every id was checked when the dataset was opened; this compare per token catches a file
+      // changed under the run since, before the id indexes the embedding.
+      for (int64_t i = 0; i < take; ++i) {
+        const int64_t id = buffer[static_cast<size_t>(i)];
+        if (id < 0 || id >= vocab_size_) [[unlikely]]
+          refuse_token(id, d, sequence_start + offset + i, s, offset + i);
+        *tokens++ = static_cast<int32_t>(id);
+      }
       need -= take;
+      sequence_start += length;
       offset = 0;
     }
     ++doc;
   }
+}
+
+void GptSampleIndex::refuse_token(int64_t id, int64_t document, int64_t position, int64_t sequence,
+                                  int64_t in_sequence) const {
+  const std::string change = data_.change_since_open();
+  MXDDP_FAIL("token id {} (token {} of document {}, sequence {}, byte {} of '{}') is not valid: the vocabulary has {} "
+             "tokens (ids 0..{}){}", id, position, document, sequence,
+             data_.sequence_pointer(sequence) + in_sequence * data_.dtype().bytes, data_.bin_path(), vocab_size_,
+             vocab_size_ - 1, change.empty() ? "" : "; the file changed under the run: " + change);
 }
 
 // ---- BlendedGptDataset
@@ -128,13 +151,14 @@ BlendedGptDataset::BlendedGptDataset(BlendedGptDatasetOptions options) : options
                                            data_split_name(split), blend[k].prefix, options_.split[0],
                                            options_.split[1], options_.split[2], data.num_documents());
       if (split == DataSplit::kTrain) {  // training needs every dataset's samples: an error now
-        indexes[0] = std::make_unique<GptSampleIndex>(data, first, last, options_.seq_length,
+        indexes[0] = std::make_unique<GptSampleIndex>(data, first, last, options_.seq_length, options_.vocab_size,
                                                       model::mix_hash(options_.seed, k, 0), what);
         continue;
       }
       try {  // evaluation's splits may be empty: an error only when read (has_split says)
         indexes[static_cast<size_t>(s)] = std::make_unique<GptSampleIndex>(
-            data, first, last, options_.seq_length, model::mix_hash(options_.seed, k, static_cast<uint64_t>(s)), what);
+            data, first, last, options_.seq_length, options_.vocab_size,
+            model::mix_hash(options_.seed, k, static_cast<uint64_t>(s)), what);
       } catch (const Error&) {
       }
     }
@@ -182,6 +206,12 @@ std::pair<int, int64_t> BlendedGptDataset::locate(DataSplit s, int64_t sample) c
 }
 
 void BlendedGptDataset::fill(DataSplit s, int64_t first, int count, int32_t* tokens) const {
+  fill_samples(s, first, count, tokens);
+  // After the reads (data.h, indexed_dataset.cc): a change that began before now is seen.
+  for (const auto& data : datasets_) data->check_unchanged();
+}
+
+void BlendedGptDataset::fill_samples(DataSplit s, int64_t first, int count, int32_t* tokens) const {
   const int64_t row = int64_t{options_.seq_length} + 1;
   for (int i = 0; i < count; ++i) {
     const auto [k, local] = locate(s, first + i);
@@ -189,7 +219,7 @@ void BlendedGptDataset::fill(DataSplit s, int64_t first, int count, int32_t* tok
     if (index == nullptr) {
       // Rebuilding it throws the error that says why the split has no samples.
       const auto [a, b] = documents(k, s);
-      GptSampleIndex(*datasets_[static_cast<size_t>(k)], a, b, options_.seq_length, 0,
+      GptSampleIndex(*datasets_[static_cast<size_t>(k)], a, b, options_.seq_length, options_.vocab_size, 0,
                      fmt::format("the {} split of '{}' (--split weights {}, {}, {})", data_split_name(s),
                                  options_.blend[static_cast<size_t>(k)].prefix, options_.split[0], options_.split[1],
                                  options_.split[2]));

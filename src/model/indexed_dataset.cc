@@ -1,5 +1,25 @@
-// IndexedDataset (data.h): megatron-core's MMIDIDX .bin/.idx pair, memory-mapped and checked
-// field by field before use, and Megatron's --split over its documents.
+// IndexedDataset (data.h): megatron-core's MMIDIDX .bin/.idx pair, checked field by field before
+// use, and Megatron's --split over its documents.
+//
+// Neither file is memory-mapped, because a run reads them for hours and someone may rewrite them
+// in place meanwhile (preprocessing again into the same PREFIX): a mapped file that shrinks makes
+// the next read of a page past its end a SIGBUS, and one rewritten at the same size feeds the run
+// another dataset's tokens without a word. Instead:
+//   - the .idx is read whole at open (20 bytes a sequence: typically a few percent of the .bin,
+//     and every byte of it is checked and checksummed at open anyway), so what was checked is
+//     what is used;
+//   - the .bin stays open and each piece of a sequence is read with pread into the caller's
+//     buffer: the copy a map would make anyway, and a file that has become shorter gives a short
+//     read, which is an error naming it, never a fault. (Catching SIGBUS around reads of a map
+//     would need a per-thread sigsetjmp region, with ranks as threads; pread needs nothing.)
+//   - after each batch (BlendedGptDataset::fill, a micro-batch), fstat: a .bin whose size or
+//     modification time is not what it was at open changed under the run, which ends with an
+//     error naming it. Checked after the reads, it sees any write that began before it (Linux's
+//     local file systems set the time before a write changes the data); a same-size rewrite in
+//     the clock tick of the file's previous write is the one change it can miss, and even then
+//     every token id is checked where it is copied. A .bin replaced by a rename is no change for
+//     the run: its descriptor still reads the old, intact file.
+//   One fstat per batch and a compare per token cost nothing next to a training step.
 //
 // The .idx layout (little-endian), as megatron-core's _IndexWriter writes it:
 //   magic        9 bytes  "MMIDIDX\0\0"
@@ -12,8 +32,6 @@
 //   documents    i64[D]   sequence index where each document starts; the last is S
 //   (modes       i8[S]    only in multimodal indexes: accepted and not read)
 #include <mxddp/data.h>
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,20 +53,6 @@ T load(const char* p) {
   T v;
   std::memcpy(&v, p, sizeof(T));  // the arrays need not be aligned in a hostile file
   return v;
-}
-
-// A read-only private mapping of a whole regular file (nullptr for an empty one). InputFile has
-// refused FIFOs, devices and directories by then.
-const char* map_file(const InputFile& in) {
-  if (in.size_bytes() == 0) return nullptr;
-  void* p = ::mmap(nullptr, static_cast<size_t>(in.size_bytes()), PROT_READ, MAP_PRIVATE, in.fd(), 0);
-  MXDDP_CHECK(p != MAP_FAILED, "'{}' cannot be memory-mapped ({} bytes): {}", in.path(), in.size_bytes(),
-              std::strerror(errno));
-  return static_cast<const char*>(p);
-}
-
-void unmap(const char* p, int64_t bytes) {
-  if (p != nullptr) ::munmap(const_cast<char*>(p), static_cast<size_t>(bytes));
 }
 
 }  // namespace
@@ -74,96 +78,87 @@ TokenDType token_dtype_of_code(int code, const std::string& where) {
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const std::string idx_name = idx_path(), bin_name = bin_path();
   InputFile idx_file(idx_name, "--data-path index");
-  InputFile bin_file(bin_name, "--data-path data");
-  idx_bytes_ = idx_file.size_bytes();
-  bin_bytes_ = bin_file.size_bytes();
+  bin_ = std::make_unique<InputFile>(bin_name, "--data-path data");
+  const int64_t idx_bytes = idx_file.size_bytes();
+  bin_bytes_ = bin_->size_bytes();
   const std::string at = fmt::format("'{}'", idx_name);
-  MXDDP_CHECK(idx_bytes_ >= kHeaderBytes, "{} is truncated: {} bytes, but the MMIDIDX header alone is {}", at,
-              idx_bytes_, kHeaderBytes);
-  idx_ = map_file(idx_file);
-  try {
-    bin_ = map_file(bin_file);
-    MXDDP_CHECK(std::memcmp(idx_, kMagic, sizeof kMagic) == 0,
-                "{} is not a Megatron indexed dataset index: its magic (first 9 bytes) is not \"MMIDIDX\\0\\0\"", at);
-    const auto version = load<uint64_t>(idx_ + 9);
-    MXDDP_CHECK(version == 1, "{}: version {} is not supported; valid: 1", at, version);
-    dtype_ = token_dtype_of_code(static_cast<unsigned char>(idx_[17]), at);
-    const auto sequences = load<uint64_t>(idx_ + 18);
-    const auto documents = load<uint64_t>(idx_ + 26);
-    // Each count is bounded by the file before any product is formed: no product overflows then.
-    MXDDP_CHECK(sequences <= static_cast<uint64_t>(idx_bytes_) / 12,
-                "{}: sequence count {} does not fit the file's {} bytes (12 bytes per sequence)", at, sequences,
-                idx_bytes_);
-    MXDDP_CHECK(documents >= 1 && documents <= static_cast<uint64_t>(idx_bytes_) / 8,
-                "{}: document count {} is not valid: at least 1 (the first document index, 0) and it must fit the "
-                "file's {} bytes", at, documents, idx_bytes_);
-    num_sequences_ = static_cast<int64_t>(sequences);
-    num_documents_ = static_cast<int64_t>(documents) - 1;
-    lengths_at_ = kHeaderBytes;
-    pointers_at_ = lengths_at_ + 4 * num_sequences_;
-    documents_at_ = pointers_at_ + 8 * num_sequences_;
-    const int64_t end = documents_at_ + 8 * (num_documents_ + 1);
-    MXDDP_CHECK(end == idx_bytes_ || end + num_sequences_ == idx_bytes_,
-                "{} has {} bytes but its counts (sequence count {}, document count {}) say {} (or {} with sequence "
-                "modes): the file is truncated or the counts are wrong", at, idx_bytes_, num_sequences_,
-                num_documents_ + 1, end, end + num_sequences_);
+  MXDDP_CHECK(idx_bytes >= kHeaderBytes, "{} is truncated: {} bytes, but the MMIDIDX header alone is {}", at,
+              idx_bytes, kHeaderBytes);
+  idx_ = idx_file.read_all();
+  const char* idx = idx_.data();
+  MXDDP_CHECK(std::memcmp(idx, kMagic, sizeof kMagic) == 0,
+              "{} is not a Megatron indexed dataset index: its magic (first 9 bytes) is not \"MMIDIDX\\0\\0\"", at);
+  const auto version = load<uint64_t>(idx + 9);
+  MXDDP_CHECK(version == 1, "{}: version {} is not supported; valid: 1", at, version);
+  dtype_ = token_dtype_of_code(static_cast<unsigned char>(idx[17]), at);
+  const auto sequences = load<uint64_t>(idx + 18);
+  const auto documents = load<uint64_t>(idx + 26);
+  // Each count is bounded by the file before any product is formed: no product overflows then.
+  MXDDP_CHECK(sequences <= static_cast<uint64_t>(idx_bytes) / 12,
+              "{}: sequence count {} does not fit the file's {} bytes (12 bytes per sequence)", at, sequences,
+              idx_bytes);
+  MXDDP_CHECK(documents >= 1 && documents <= static_cast<uint64_t>(idx_bytes) / 8,
+              "{}: document count {} is not valid: at least 1 (the first document index, 0) and it must fit the "
+              "file's {} bytes", at, documents, idx_bytes);
+  num_sequences_ = static_cast<int64_t>(sequences);
+  num_documents_ = static_cast<int64_t>(documents) - 1;
+  lengths_at_ = kHeaderBytes;
+  pointers_at_ = lengths_at_ + 4 * num_sequences_;
+  documents_at_ = pointers_at_ + 8 * num_sequences_;
+  const int64_t end = documents_at_ + 8 * (num_documents_ + 1);
+  MXDDP_CHECK(end == idx_bytes || end + num_sequences_ == idx_bytes,
+              "{} has {} bytes but its counts (sequence count {}, document count {}) say {} (or {} with sequence "
+              "modes): the file is truncated or the counts are wrong", at, idx_bytes, num_sequences_,
+              num_documents_ + 1, end, end + num_sequences_);
 
-    // Document indices: from 0, non-decreasing, ending at the sequence count.
-    MXDDP_CHECK(load<int64_t>(idx_ + documents_at_) == 0, "{}: document index 0 is {}; valid: 0", at,
-                load<int64_t>(idx_ + documents_at_));
-    for (int64_t d = 1; d <= num_documents_; ++d) {
-      const auto prev = load<int64_t>(idx_ + documents_at_ + 8 * (d - 1));
-      const auto cur = load<int64_t>(idx_ + documents_at_ + 8 * d);
-      MXDDP_CHECK(cur >= prev && cur <= num_sequences_,
-                  "{}: document index {} is {} (the previous is {}); valid: non-decreasing, at most the sequence "
-                  "count {}", at, d, cur, prev, num_sequences_);
-    }
-    MXDDP_CHECK(load<int64_t>(idx_ + documents_at_ + 8 * num_documents_) == num_sequences_,
-                "{}: the last document index is {} but the sequence count is {}; they must be equal", at,
-                load<int64_t>(idx_ + documents_at_ + 8 * num_documents_), num_sequences_);
+  // Document indices: from 0, non-decreasing, ending at the sequence count.
+  MXDDP_CHECK(load<int64_t>(idx + documents_at_) == 0, "{}: document index 0 is {}; valid: 0", at,
+              load<int64_t>(idx + documents_at_));
+  for (int64_t d = 1; d <= num_documents_; ++d) {
+    const auto prev = load<int64_t>(idx + documents_at_ + 8 * (d - 1));
+    const auto cur = load<int64_t>(idx + documents_at_ + 8 * d);
+    MXDDP_CHECK(cur >= prev && cur <= num_sequences_,
+                "{}: document index {} is {} (the previous is {}); valid: non-decreasing, at most the sequence "
+                "count {}", at, d, cur, prev, num_sequences_);
+  }
+  MXDDP_CHECK(load<int64_t>(idx + documents_at_ + 8 * num_documents_) == num_sequences_,
+              "{}: the last document index is {} but the sequence count is {}; they must be equal", at,
+              load<int64_t>(idx + documents_at_ + 8 * num_documents_), num_sequences_);
 
-    // Sequences: lengths >= 0, pointers aligned, in order, not overlapping, inside .bin.
-    const int64_t width = dtype_.bytes;
-    int64_t previous_end = 0;
-    for (int64_t s = 0; s < num_sequences_; ++s) {
-      const auto length = load<int32_t>(idx_ + lengths_at_ + 4 * s);
-      const auto pointer = load<int64_t>(idx_ + pointers_at_ + 8 * s);
-      MXDDP_CHECK(length >= 0, "{}: sequence length {} is {}; valid: 0 or more", at, s, length);
-      MXDDP_CHECK(pointer >= previous_end && pointer % width == 0,
-                  "{}: sequence pointer {} is {}; valid: a multiple of the token width {} ({}) at or after the "
-                  "previous sequence's end {} (pointers in order, not overlapping)", at, s, pointer, width,
-                  dtype_.name, previous_end);
-      // length < 2^31 and width <= 8, so the product fits; the sum is checked against the file.
-      const int64_t seq_end = pointer <= bin_bytes_ ? pointer + length * width : -1;
-      MXDDP_CHECK(seq_end >= 0 && seq_end <= bin_bytes_,
-                  "{}: sequence {} ({} tokens of {} at byte {}) ends past '{}', which has {} bytes", at, s, length,
-                  dtype_.name, pointer, bin_name, bin_bytes_);
-      previous_end = seq_end;
-    }
-  } catch (...) {
-    unmap(idx_, idx_bytes_);
-    unmap(bin_, bin_bytes_);
-    throw;
+  // Sequences: lengths >= 0, pointers aligned, in order, not overlapping, inside .bin.
+  const int64_t width = dtype_.bytes;
+  int64_t previous_end = 0;
+  for (int64_t s = 0; s < num_sequences_; ++s) {
+    const auto length = load<int32_t>(idx + lengths_at_ + 4 * s);
+    const auto pointer = load<int64_t>(idx + pointers_at_ + 8 * s);
+    MXDDP_CHECK(length >= 0, "{}: sequence length {} is {}; valid: 0 or more", at, s, length);
+    MXDDP_CHECK(pointer >= previous_end && pointer % width == 0,
+                "{}: sequence pointer {} is {}; valid: a multiple of the token width {} ({}) at or after the "
+                "previous sequence's end {} (pointers in order, not overlapping)", at, s, pointer, width,
+                dtype_.name, previous_end);
+    // length < 2^31 and width <= 8, so the product fits; the sum is checked against the file.
+    const int64_t seq_end = pointer <= bin_bytes_ ? pointer + length * width : -1;
+    MXDDP_CHECK(seq_end >= 0 && seq_end <= bin_bytes_,
+                "{}: sequence {} ({} tokens of {} at byte {}) ends past '{}', which has {} bytes", at, s, length,
+                dtype_.name, pointer, bin_name, bin_bytes_);
+    previous_end = seq_end;
   }
 }
 
-IndexedDataset::~IndexedDataset() {
-  unmap(idx_, idx_bytes_);
-  unmap(bin_, bin_bytes_);
-}
+IndexedDataset::~IndexedDataset() = default;
 
 int64_t IndexedDataset::document_first_sequence(int64_t d) const {
   MXDDP_ASSERT(d >= 0 && d <= num_documents_);
-  return load<int64_t>(idx_ + documents_at_ + 8 * d);
+  return load<int64_t>(idx_.data() + documents_at_ + 8 * d);
 }
 int64_t IndexedDataset::document_end_sequence(int64_t d) const { return document_first_sequence(d + 1); }
 int64_t IndexedDataset::sequence_length(int64_t s) const {
   MXDDP_ASSERT(s >= 0 && s < num_sequences_);
-  return load<int32_t>(idx_ + lengths_at_ + 4 * s);
+  return load<int32_t>(idx_.data() + lengths_at_ + 4 * s);
 }
 int64_t IndexedDataset::sequence_pointer(int64_t s) const {
   MXDDP_ASSERT(s >= 0 && s < num_sequences_);
-  return load<int64_t>(idx_ + pointers_at_ + 8 * s);
+  return load<int64_t>(idx_.data() + pointers_at_ + 8 * s);
 }
 
 int64_t IndexedDataset::document_tokens(int64_t d) const {
@@ -174,18 +169,40 @@ int64_t IndexedDataset::document_tokens(int64_t d) const {
 
 void IndexedDataset::read_sequence(int64_t s, int64_t offset, int64_t count, int64_t* tokens) const {
   MXDDP_ASSERT(offset >= 0 && count >= 0 && offset + count <= sequence_length(s));
-  const char* p = bin_ + sequence_pointer(s) + offset * dtype_.bytes;
-  for (int64_t i = 0; i < count; ++i, p += dtype_.bytes) {
+  // The file's bytes go into the front of `tokens` (count x width <= count x 8 bytes) and are
+  // widened in place from the last token back: token i's bytes lie at or before its int64 slot,
+  // and the slots written so far lie after every token not yet widened.
+  const auto bytes = static_cast<size_t>(count * dtype_.bytes);
+  const int64_t at = sequence_pointer(s) + offset * dtype_.bytes;
+  const size_t got = bin_->read_at(at, tokens, bytes);
+  if (got < bytes) {
+    check_unchanged();  // says how it changed
+    MXDDP_FAIL("'{}' ended at byte {} while sequence {} needs bytes [{}, {}); it had {} bytes when opened", bin_path(),
+               at + static_cast<int64_t>(got), s, at, at + static_cast<int64_t>(bytes), bin_bytes_);
+  }
+  const char* raw = reinterpret_cast<const char*>(tokens);
+  for (int64_t i = count - 1; i >= 0; --i) {
+    const char* p = raw + i * dtype_.bytes;
+    int64_t v = 0;
     switch (dtype_.code) {
-      case 1: tokens[i] = load<uint8_t>(p); break;
-      case 2: tokens[i] = load<int8_t>(p); break;
-      case 3: tokens[i] = load<int16_t>(p); break;
-      case 4: tokens[i] = load<int32_t>(p); break;
-      case 5: tokens[i] = load<int64_t>(p); break;
-      case 8: tokens[i] = load<uint16_t>(p); break;
+      case 1: v = load<uint8_t>(p); break;
+      case 2: v = load<int8_t>(p); break;
+      case 3: v = load<int16_t>(p); break;
+      case 4: v = load<int32_t>(p); break;
+      case 5: v = load<int64_t>(p); break;
+      case 8: v = load<uint16_t>(p); break;
       default: MXDDP_ASSERT(false);
     }
+    tokens[i] = v;
   }
+}
+
+std::string IndexedDataset::change_since_open() const { return bin_->change_since_open(); }
+
+void IndexedDataset::check_unchanged() const {
+  const std::string change = change_since_open();
+  MXDDP_CHECK(change.empty(), "'{}' changed under the run: {}; a dataset must not be rewritten while a run reads it "
+              "(write the new one under another PREFIX, and resume from the last checkpoint)", bin_path(), change);
 }
 
 void IndexedDataset::check_token_ids(int64_t first, int64_t last, int64_t vocab_size,

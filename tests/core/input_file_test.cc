@@ -84,5 +84,33 @@ TEST_F(InputFileTest, FileThatShrankAfterOpenIsAnError) {
   EXPECT_NE(e.find("ended after 4 of 10 bytes"), std::string::npos) << e;
 }
 
+// pread at an offset: the bytes there, fewer only where the file ends (a dataset that shrank under
+// the run gives a short read, not the SIGBUS a memory map would).
+TEST_F(InputFileTest, ReadAtStopsShortWhereTheFileEnds) {
+  std::ofstream(path("f"), std::ios::binary) << "0123456789";
+  const InputFile in(path("f"), "--data-path data");
+  char buf[4] = {};
+  ASSERT_EQ(in.read_at(3, buf, 4), 4u);
+  EXPECT_EQ(std::string(buf, 4), "3456");
+  ASSERT_EQ(::truncate(path("f").c_str(), 5), 0);
+  ASSERT_EQ(in.read_at(3, buf, 4), 2u);
+  EXPECT_EQ(std::string(buf, 2), "34");
+  EXPECT_EQ(in.read_at(9, buf, 4), 0u);
+}
+
+// A file kept open through a run: a rewrite of the same size is seen by its modification time, a
+// truncation by its size. (The time is set back first: the file system's clock is coarse, and the
+// test's rewrite could otherwise fall in the tick of the first write.)
+TEST_F(InputFileTest, ChangeSinceOpenSeesARewriteAndATruncation) {
+  std::ofstream(path("f"), std::ios::binary) << "0123456789";
+  fs::last_write_time(path("f"), fs::last_write_time(path("f")) - std::chrono::hours(1));
+  const InputFile in(path("f"), "--data-path data");
+  EXPECT_EQ(in.change_since_open(), "");
+  std::fstream(path("f"), std::ios::in | std::ios::out | std::ios::binary) << "abc";
+  EXPECT_EQ(in.change_since_open(), "it was modified after it was opened (same size, 10 bytes)");
+  ASSERT_EQ(::truncate(path("f").c_str(), 4), 0);
+  EXPECT_EQ(in.change_since_open(), "it had 10 bytes when it was opened and has 4 now");
+}
+
 }  // namespace
 }  // namespace mxddp

@@ -4,6 +4,7 @@
 // in whatever pieces) and the blend's proportions; and the text check of --data files.
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -219,7 +220,7 @@ TEST_F(IndexedDatasetTest, EachEpochCutsTheShuffledDocumentsIntoContiguousWindow
   const std::vector<Document> docs = numbered_documents(20, 10, 2);
   const IndexedDataset d(write("epochs", encode(docs, 4)));
   const int seq = 8;
-  const GptSampleIndex index(d, 5, 15, seq, 42, "test");  // documents 5..14
+  const GptSampleIndex index(d, 5, 15, seq, 100000, 42, "test");  // documents 5..14
   int64_t tokens = 0;
   for (int k = 5; k < 15; ++k) tokens += d.document_tokens(k);
   EXPECT_EQ(index.tokens(), tokens);
@@ -248,7 +249,8 @@ TEST_F(IndexedDatasetTest, EachEpochCutsTheShuffledDocumentsIntoContiguousWindow
 TEST_F(IndexedDatasetTest, SamplesAreSeededAndTheSameInAnyReadingOrder) {
   const IndexedDataset d(write("order", encode(numbered_documents(30, 5), 4)));
   const int seq = 6;
-  const GptSampleIndex a(d, 0, 30, seq, 7, "a"), b(d, 0, 30, seq, 7, "b"), other(d, 0, 30, seq, 8, "other");
+  const GptSampleIndex a(d, 0, 30, seq, 100000, 7, "a"), b(d, 0, 30, seq, 100000, 7, "b"),
+      other(d, 0, 30, seq, 100000, 8, "other");
   const int64_t per_epoch = a.samples_per_epoch();
   auto sample = [&](const GptSampleIndex& index, int64_t s) {
     std::vector<int32_t> t(seq + 1);
@@ -273,7 +275,7 @@ TEST_F(IndexedDatasetTest, SamplesAreSeededAndTheSameInAnyReadingOrder) {
 
 TEST_F(IndexedDatasetTest, TooFewTokensForOneSampleIsAnErrorNamingTheSplit) {
   const IndexedDataset d(write("short", encode({{{1, 2, 3}}}, 4)));
-  EXPECT_NE(error_of([&] { GptSampleIndex(d, 0, 1, 3, 0, "the train split of 'x'"); })
+  EXPECT_NE(error_of([&] { GptSampleIndex(d, 0, 1, 3, 10, 0, "the train split of 'x'"); })
                 .find("the train split of 'x' holds 3 tokens (documents 0..1), but one sample of --seq-length 3 needs 4"),
             std::string::npos);
 }
@@ -337,6 +339,90 @@ TEST_F(IndexedDatasetTest, BlendsFollowTheirWeightsAndReadTheSameSamplesOnAnyDp)
   BlendedGptDatasetOptions zero = options;
   zero.blend[1].weight = 0;
   EXPECT_NE(error_of([&] { BlendedGptDataset x(zero); }).find("--data-path weight 0"), std::string::npos);
+}
+
+// ---- A .bin (or .idx) that changes while a run reads it (issue 40, item 4)
+
+// 20 documents of 400 tokens, ids (7d + i) % 256, uint16: byte 2 x (400d + i) of .bin is token i
+// of document d; the .bin's 16000 bytes span 4 pages, so a truncated map faults (SIGBUS). The
+// .bin's time is set an hour back, so a rewrite always gives it another mtime (the file system's
+// clock is coarse: a rewrite in the same tick as the write would keep it).
+class DataChangedUnderTheRun : public IndexedDatasetTest {
+ protected:
+  static constexpr int kDocs = 20, kTokens = 400, kSeq = 16, kVocab = 300;
+
+  std::string write_dataset(const std::string& name) {
+    std::vector<Document> docs;
+    for (int d = 0; d < kDocs; ++d) {
+      std::vector<int64_t> seq;
+      for (int i = 0; i < kTokens; ++i) seq.push_back((7 * d + i) % 256);
+      docs.push_back({seq});
+    }
+    const std::string prefix = write(name, encode(docs, 8));
+    fs::last_write_time(prefix + ".bin", fs::last_write_time(prefix + ".bin") - std::chrono::hours(1));
+    return prefix;
+  }
+  static BlendedGptDatasetOptions options(const std::string& prefix) {
+    return {.blend = {{1.0, prefix}}, .split = parse_split("1,0,0"), .seq_length = kSeq, .seed = 5, .vocab_size = kVocab};
+  }
+  // Every training sample of the first epoch, so every token of the file is read: "(no error)" or
+  // the error.
+  static std::string read_epoch(const BlendedGptDataset& data) {
+    const int samples = (kDocs * kTokens - 1) / kSeq;
+    std::vector<int32_t> tokens(static_cast<size_t>(samples) * (kSeq + 1));
+    return error_of([&] { data.fill(DataSplit::kTrain, 0, samples, tokens.data()); });
+  }
+  // Writes `bytes` over the .bin at `offset`, in place (the same inode, as `dd conv=notrunc`).
+  static void overwrite(const std::string& path, int64_t offset, const std::string& bytes) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+};
+
+TEST_F(DataChangedUnderTheRun, ABinTruncatedUnderTheRunEndsItNamingTheFileNotWithSigbus) {
+  const std::string prefix = write_dataset("shrinks");
+  const BlendedGptDataset data(options(prefix));
+  ASSERT_EQ(read_epoch(data), "(no error)");
+  fs::resize_file(prefix + ".bin", kDocs * kTokens);  // half of its 16000 bytes
+  const std::string e = read_epoch(data);
+  EXPECT_NE(e.find("'" + prefix + ".bin' changed under the run: it had 16000 bytes when it was opened and has 8000 "
+                   "now"), std::string::npos) << e;
+}
+
+TEST_F(DataChangedUnderTheRun, IdsPastTheVocabularyWrittenUnderTheRunAreRefusedWhereRead) {
+  const std::string prefix = write_dataset("ids");
+  const BlendedGptDataset data(options(prefix));
+  ASSERT_EQ(read_epoch(data), "(no error)");
+  // Token 5 of document 3 becomes 4112 (0x1010), and the file's time is put back: the batch fill's
+  // per-token check alone can see it.
+  const auto mtime = fs::last_write_time(prefix + ".bin");
+  overwrite(prefix + ".bin", 2 * (kTokens * 3 + 5), std::string("\x10\x10", 2));
+  fs::last_write_time(prefix + ".bin", mtime);
+  const std::string e = read_epoch(data);
+  EXPECT_NE(e.find("token id 4112 (token 5 of document 3, sequence 3, byte 2410 of '" + prefix + ".bin') is not valid: "
+                   "the vocabulary has 300 tokens (ids 0..299)"), std::string::npos) << e;
+}
+
+TEST_F(DataChangedUnderTheRun, ASameSizeRewriteEndsTheRunAtTheNextBatch) {
+  const std::string prefix = write_dataset("rewritten");
+  const BlendedGptDataset data(options(prefix));
+  ASSERT_EQ(read_epoch(data), "(no error)");
+  overwrite(prefix + ".bin", 0, std::string(2 * kTokens, '\x01'));  // document 0 all 257: ids still valid
+  const std::string e = read_epoch(data);
+  EXPECT_NE(e.find("'" + prefix + ".bin' changed under the run: it was modified after it was opened (same size, "
+                   "16000 bytes)"), std::string::npos) << e;
+}
+
+TEST_F(DataChangedUnderTheRun, TheIndexIsReadWholeAtOpenSoItsChangesCannotReachTheRun) {
+  const std::string prefix = write_dataset("index");
+  const BlendedGptDataset data(options(prefix));
+  const int row = kSeq + 1;
+  std::vector<int32_t> before(8 * row), after(8 * row);
+  data.fill(DataSplit::kTrain, 0, 8, before.data());
+  fs::resize_file(prefix + ".idx", 0);  // was memory-mapped: the next read of it faulted (SIGBUS)
+  EXPECT_EQ(error_of([&] { data.fill(DataSplit::kTrain, 0, 8, after.data()); }), "(no error)");
+  EXPECT_EQ(after, before);
 }
 
 TEST(TextCheck, OnlyUtf8WithoutNulIsText) {
