@@ -1,11 +1,16 @@
 // `mxddp train`: see train_cmd.h. Rank 0 prints and writes the report; every rank trains.
 #include "train_cmd.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +20,7 @@
 #include <thread>
 
 #include <mxddp/comm.h>
+#include <mxddp/launch_check.h>
 #include <mxddp/output_file.h>
 #include <mxddp/quant.h>
 
@@ -42,6 +48,19 @@ const CLI::Validator kPositiveInt = integer_in(1, kIntMax);
 const CLI::Validator kPositiveInt64 = integer_in(1, kInt64Max);
 const CLI::Validator kIterations = integer_in(0, kInt64Max);
 const CLI::Validator kNonNegativeFloat = real_in(0, kFloatMax, Storage::kFloat);
+
+// The signals --exit-signal can name (Megatron's spellings: signal.Signals names).
+struct StopSignal {
+  int number;
+  const char* name;
+};
+constexpr std::array<StopSignal, 4> kStopSignals = {
+    {{SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}}};
+std::vector<std::string> stop_signal_names() {
+  std::vector<std::string> names;
+  for (const StopSignal& s : kStopSignals) names.emplace_back(s.name);
+  return names;
+}
 
 // The check of a described field's range (config_fields.h) for a flag stored as T: an infinite end
 // is T's own limit.
@@ -240,8 +259,16 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
   exit->add_option("--exit-duration-in-mins", c.exit_duration_in_mins,
                    "Stop after the first iteration that ends this many minutes after the start (0: never)")
       ->transform(kNonNegativeFloat);
-  exit->add_flag("--exit-signal-handler", a.exit_signal_handler,
-                 "On SIGTERM, finish the iteration, save, and exit with status 0 (a preempted job loses nothing)");
+  CLI::Option* handler =
+      exit->add_flag("--exit-signal-handler", a.exit_signal_handler,
+                     "On SIGTERM or SIGUSR1 (or --exit-signal's), finish the current iteration, save, and exit with "
+                     "status 0 (a preempted job loses nothing). Under mpirun, send SIGUSR1 to mpirun: it passes "
+                     "SIGUSR1 on, but kills the ranks 1 s after passing on a SIGTERM (docs/train.md, Stopping cleanly)");
+  exit->add_option("--exit-signal", a.exit_signal,
+                   "With --exit-signal-handler, the one signal that stops the run (Megatron's flag; default: SIGTERM "
+                   "and SIGUSR1)")
+      ->check(CLI::IsMember(stop_signal_names()))
+      ->needs(handler);
 
   auto* out = cmd->add_option_group("output");
   out->add_option("--report", a.report, "Write a JSON report here")->transform(non_empty_path());
@@ -261,15 +288,62 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
 
 namespace {
 
-// --exit-signal-handler: SIGTERM sets this flag (a lock-free atomic store is async-signal-safe);
-// the training loop polls it after each iteration.
-std::atomic<bool> g_sigterm_received{false};
-extern "C" void on_sigterm(int) { g_sigterm_received.store(true); }
-void install_sigterm_flag() {
-  struct sigaction action {};
-  action.sa_handler = on_sigterm;
-  sigemptyset(&action.sa_mask);
-  MXDDP_CHECK(sigaction(SIGTERM, &action, nullptr) == 0, "--exit-signal-handler: cannot install a SIGTERM handler");
+// --exit-signal-handler. The handler stores the signal (a lock-free atomic store is
+// async-signal-safe) and writes a line made beforehand (write(2) is async-signal-safe too); the
+// training loop polls the flag after each iteration (TrainCallbacks::stop_requested).
+static_assert(std::atomic<int>::is_always_lock_free);
+std::atomic<int> g_stop_signal{0};  // the last stop signal received; 0: none
+// What the handler writes for each of kStopSignals; written before the handler is installed and
+// never after, so the handler only reads it. Plain arrays: nothing to destroy at exit, when a late
+// signal can still arrive.
+struct ReceivedLine {
+  std::array<char, 1024> text{};
+  size_t size = 0;
+};
+std::array<ReceivedLine, kStopSignals.size()> g_received_lines;
+
+extern "C" void on_stop_signal(int number) {
+  g_stop_signal.store(number);
+  for (size_t i = 0; i < kStopSignals.size(); ++i)
+    if (kStopSignals[i].number == number)
+      static_cast<void>(::write(STDOUT_FILENO, g_received_lines[i].text.data(), g_received_lines[i].size));
+}
+
+const char* stop_signal_name(int number) {
+  for (const StopSignal& s : kStopSignals)
+    if (s.number == number) return s.name;
+  return "?";
+}
+
+// The line a rank prints when the signal arrives: who got it, and what happens now.
+std::string received_line(const char* signal_name, const TrainArgs& a) {
+  const std::optional<Launcher> launcher = detect_mpi_launcher();
+  const std::string who = launcher ? fmt::format("rank {} (pid {})", launcher->rank, ::getpid())
+                                   : fmt::format("(pid {})", ::getpid());
+  const std::string save = a.config.save_dir.empty() ? " (no --save: nothing is saved)"
+                                                     : fmt::format(" and saves it to '{}'", a.config.save_dir);
+  return fmt::format("mxddp train {}: received {}: every rank stops after the current iteration{}\n", who,
+                     signal_name, save);
+}
+
+// Catches --exit-signal's signal, or SIGTERM and SIGUSR1: SIGTERM is what Slurm, Kubernetes and a
+// plain kill send; SIGUSR1 is what mpirun forwards without killing the ranks after it.
+void install_stop_signal_handler(const TrainArgs& a) {
+  for (size_t i = 0; i < kStopSignals.size(); ++i) {
+    const StopSignal& s = kStopSignals[i];
+    const bool caught = a.exit_signal.empty() ? (s.number == SIGTERM || s.number == SIGUSR1) : a.exit_signal == s.name;
+    if (!caught) continue;
+    const std::string line = received_line(s.name, a);
+    ReceivedLine& slot = g_received_lines[i];
+    slot.size = std::min(line.size(), slot.text.size());  // a --save path near PATH_MAX is cut short
+    std::copy_n(line.begin(), slot.size, slot.text.begin());
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    action.sa_flags = SA_RESTART;  // a system call the signal lands in goes on, as it would without the handler
+    sigemptyset(&action.sa_mask);
+    MXDDP_CHECK(sigaction(s.number, &action, nullptr) == 0, "--exit-signal-handler: cannot install a {} handler: {}",
+                s.name, std::strerror(errno));
+  }
 }
 
 // Rank 0's view of the run on stdout (under MPI only rank 0 writes): a bar redrawn in place on an
@@ -361,7 +435,12 @@ void print_summary(const TrainConfig& c, const TrainResult& r, int dp) {
   std::printf("trained iterations %lld..%lld: loss %.4f -> %.4f (unigram entropy of the data %.4f nats)\n",
               static_cast<long long>(r.steps.front().iteration), static_cast<long long>(r.steps.back().iteration),
               r.steps.front().loss, r.steps.back().loss, r.unigram_entropy);
-  if (!r.evals.empty()) std::printf("final validation loss %.4f\n", r.evals.back().loss);
+  // A stop requested by a signal skips the evaluation due at its iteration: the last one is older.
+  if (!r.evals.empty() && r.evals.back().iteration == r.steps.back().iteration)
+    std::printf("final validation loss %.4f\n", r.evals.back().loss);
+  else if (!r.evals.empty())
+    std::printf("last validation loss %.4f (after iteration %lld)\n", r.evals.back().loss,
+                static_cast<long long>(r.evals.back().iteration));
   std::printf("throughput %.0f tokens/s on %d ranks, %.2f GFLOP/s of model math\n", r.tokens_per_second, dp,
               r.tokens_per_second * c.model.train_flops_per_token() / 1e9);
   const RankMemory& m = r.memory_by_rank.front();
@@ -392,16 +471,46 @@ std::string recompute_banner(const TrainConfig& c) {
   return "";
 }
 
-// A report that cannot be written should fail now, not after the training. Like --save, missing
-// parent directories are created; an existing target must be a regular file (output_file.h).
-void prepare_report_path(const std::string& path) {
-  if (path.empty()) return;
+// An output file this run writes, checked before the run starts: its missing parent directories
+// created (as its writer would), what check_output_file_path checks (not a directory, FIFO, device
+// or link), and then a probe file created beside it, written and removed, which finds what the
+// types cannot: a read-only mount, a directory this user cannot write, a full disk, a file system
+// that holds no files (/proc). in_place: the file is written where it is (--metrics-file), so an
+// existing one must also open for writing; otherwise it is replaced by a rename and only its
+// directory counts (--report). Throws Error naming what and path.
+void check_output_writable(const std::string& path, std::string_view what, bool in_place) {
   const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
-  std::error_code ec;
-  std::filesystem::create_directories(parent, ec);
-  MXDDP_CHECK(std::filesystem::is_directory(parent), "--report '{}': {} is not a directory and cannot be created{}",
-              path, parent.string(), ec ? " (" + ec.message() + ")" : "");
-  check_output_file_path(path, "--report");
+  std::error_code create_ec, ec;
+  std::filesystem::create_directories(parent, create_ec);
+  MXDDP_CHECK(std::filesystem::is_directory(parent, ec), "{} '{}': {} is not a directory and cannot be created{}", what,
+              path, parent.string(), create_ec ? " (" + create_ec.message() + ")" : "");
+  check_output_file_path(path, what);
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  const std::string probe = (parent / fmt::format(".{}.{}.{}.probe", std::filesystem::path(path).filename().string(),
+                                                  host, ::getpid())).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  MXDDP_CHECK(fd >= 0, "{} '{}' cannot be written: a file cannot be created in {} ({})", what, path, parent.string(),
+              std::strerror(errno));
+  const bool written = ::write(fd, "\n", 1) == 1;
+  const int write_errno = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  MXDDP_CHECK(written, "{} '{}' cannot be written: writing a byte to a new file in {} failed ({})", what, path,
+              parent.string(), std::strerror(write_errno));
+  if (!in_place || !std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;
+  const int existing = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);  // changes nothing
+  MXDDP_CHECK(existing >= 0, "{} '{}' exists and cannot be opened for writing ({})", what, path, std::strerror(errno));
+  ::close(existing);
+}
+
+// Every output of the run, checked on this process before any rank starts, so that one that
+// cannot be written fails the run now and not after its iterations. --save's contents, its lock
+// and whether every rank sees rank 0's directory are train()'s checks (Trainer::check_run).
+void check_outputs(const TrainArgs& a) {
+  if (!a.report.empty()) check_output_writable(a.report, "--report", false);
+  if (!a.metrics_file.empty()) check_output_writable(a.metrics_file, "--metrics-file", true);
+  if (!a.config.save_dir.empty()) check_output_dir_path(a.config.save_dir, "--save");
 }
 
 // The compute line of the banner, with the threads train() is about to give each rank.
@@ -453,17 +562,34 @@ void finish_train_config(TrainArgs& a) {
 
 int run_train_command(int argc, char** argv, TrainArgs& a) {
   finish_train_config(a);
-  prepare_report_path(a.report);
-  if (!a.metrics_file.empty()) check_output_file_path(a.metrics_file, "--metrics-file");
-  // train() checks --save too, but only after the banner; a bad path should stop the command first.
-  if (!a.config.save_dir.empty()) check_output_dir_path(a.config.save_dir, "--save");
+  if (a.exit_signal_handler) install_stop_signal_handler(a);
+  const bool mpi = resolve_backend(a.backend, a.ranks_option->count() > 0, a.ranks, detect_mpi_launcher()) == "mpi";
+  // Under MPI each process is one rank, which may run on another host with another view of the
+  // file system: its verdict goes into the first collective, so that an output one rank cannot
+  // write refuses the run on every rank, naming that rank (the ranks given different paths by an
+  // MPMD line included: which host gets rank 0 is the launcher's choice). The local backend's
+  // ranks share this process's view: it refuses here.
+  std::optional<std::string> output_problem;
+  if (mpi) {
+    try {
+      check_outputs(a);
+      output_problem = "";
+    } catch (const Error& e) {
+      output_problem = e.what();
+    }
+  } else {
+    check_outputs(a);
+  }
 
-  if (a.exit_signal_handler) install_sigterm_flag();
   // Every rank gets the same stop_requested (or none): the ranks agree on it by a collective.
   TrainCallbacks every_rank;
-  if (a.exit_signal_handler) every_rank.stop_requested = [] { return g_sigterm_received.load(); };
+  if (a.exit_signal_handler) {
+    every_rank.stop_requested = [] { return g_stop_signal.load() != 0; };
+    every_rank.stop_cause = [] { return fmt::format("--exit-signal-handler: {}", stop_signal_name(g_stop_signal.load())); };
+  }
 
-  auto run_rank = [&a, &every_rank](Communicator& comm) -> TrainResult {
+  auto run_rank = [&a, &every_rank, &output_problem](Communicator& comm) -> TrainResult {
+    if (output_problem) throw_if_any_rank_failed(comm, *output_problem);
     // A bad flag fails before the banner, on every rank alike (rank 0 alone failing here would
     // leave the others in train()'s first collective).
     a.config.validate(comm.size());
@@ -489,6 +615,7 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
     if (!a.metrics_file.empty()) metrics.emplace(a.metrics_file, !a.config.load_dir.empty());
     TrainCallbacks callbacks = rank0_callbacks(progress, metrics ? &*metrics : nullptr, a.config);
     callbacks.stop_requested = every_rank.stop_requested;
+    callbacks.stop_cause = every_rank.stop_cause;
     TrainResult r = train(comm, a.config, callbacks);
     if (metrics) metrics->memory(r.memory_by_rank);
     progress.message("");
@@ -505,7 +632,7 @@ int run_train_command(int argc, char** argv, TrainArgs& a) {
     return r;
   };
 
-  if (resolve_backend(a.backend, a.ranks_option->count() > 0, a.ranks, detect_mpi_launcher()) == "mpi") {
+  if (mpi) {
     MpiRuntime runtime(&argc, &argv);
     std::unique_ptr<Communicator> comm;
     run_or_abort_job("train", [&] {

@@ -38,11 +38,12 @@ struct TrainArgs {
   const CLI::Option* log_interval_option = nullptr;  // given: plain lines even on a terminal
   std::string report;
   std::string metrics_file;
-  bool exit_signal_handler = false;
+  bool exit_signal_handler = false;  // a stop signal finishes the iteration, saves, exits 0
+  std::string exit_signal;            // --exit-signal: the one signal that does; "": SIGTERM and SIGUSR1
   MegatronFlags megatron;            // Megatron's spellings without an mxddp flag of their own
   DataFlags data;                    // --data-path, --split, the vocabulary and tokenizer flags
   const CLI::Option* bucket_size_option = nullptr;  // whether --ddp-bucket-size was given
-  std::vector<std::string> notes;    // what those flags changed or did not, for the banner  // --exit-signal-handler: SIGTERM stops after the iteration, saved  // --metrics-file: JSON lines as training goes (metrics_log.h)
+  std::vector<std::string> notes;    // what those flags changed or did not, for the banner
   TrainConfig config;
 };
 

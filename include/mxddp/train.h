@@ -190,10 +190,16 @@ struct TrainCallbacks {
   std::function<void(int64_t iteration, const std::string& dir)> on_save;
   // Resuming with a schedule or batch other than the checkpoint's: one message per difference.
   std::function<void(const std::string& message)> on_warning;
-  // Polled after every iteration on every rank (e.g. a SIGTERM flag, Megatron's
-  // --exit-signal-handler); true on any rank stops the run as exit_interval does. Set it on every
-  // rank or on none: the ranks agree on it through a collective.
+  // Polled after every iteration on every rank (e.g. a signal's flag, Megatron's
+  // --exit-signal-handler); true on any rank stops the run after that iteration, every rank
+  // together (they agree through a collective). Such a stop is a preemption with a deadline, so it
+  // saves (with save_dir) before the evaluation due at that iteration, which it skips (saying so
+  // through on_warning). Set it on every rank or on none.
   std::function<bool()> stop_requested;
+  // What stop_requested's true stands for, named in TrainResult::exit_reason ("a stop was requested
+  // (--exit-signal-handler: SIGUSR1)"); asked on the ranks whose stop_requested said true. Unset:
+  // "TrainCallbacks::stop_requested".
+  std::function<std::string()> stop_cause;
   // Tests and benchmarks: decorate the DDP or FSDP object before the model and the optimizer are
   // built on it (e.g. to inject delays into its hooks or to read its event log). Returns the
   // object they will use; it must forward to the one it is given, which it then owns.

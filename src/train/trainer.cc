@@ -2,9 +2,14 @@
 // the DDP or FSDP, the distributed optimizer and the GPT for this rank, resume from a checkpoint, run
 // the iterations, evaluate, save, and gather what every rank used in memory; train() drives it.
 // TrainConfig's own checks and schedule are in train_config.cc.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -90,6 +95,42 @@ void warn_on_resume_differences(const std::map<std::string, std::string>& meta, 
 }
 
 
+// Rank 0's text on every rank: its length, then its bytes.
+std::string broadcast_from_rank0(Communicator& comm, std::string text) {
+  uint64_t length = text.size();
+  comm.broadcast(TensorView{&length, DType::kU8, Shape{8}, Device::cpu()}).wait();
+  text.resize(length);
+  if (length > 0)
+    comm.broadcast(TensorView{text.data(), DType::kU8, Shape{static_cast<int64_t>(length)}, Device::cpu()}).wait();
+  return text;
+}
+
+// The first line of a small file (at most 4 KiB is read), or nullopt with `why` when it cannot be
+// opened. Rank 0 also flushes it to the file server (fsync), so that other hosts of a network file
+// system that caches writes read what it wrote.
+std::optional<std::string> read_first_line(const std::string& path, bool flush, std::string& why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  if (flush) static_cast<void>(::fsync(fd));  // best effort: a local file system needs none
+  char buffer[4096];
+  const ssize_t n = ::pread(fd, buffer, sizeof buffer, 0);
+  ::close(fd);
+  std::string text(buffer, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  return text.substr(0, text.find('\n'));
+}
+
+// A line from a file anyone may write, for a message: control and non-ASCII bytes as '?', cut short.
+std::string shown(std::string text) {
+  constexpr size_t kShownMax = 200;
+  if (text.size() > kShownMax) text = text.substr(0, kShownMax) + "...";
+  for (char& ch : text)
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+  return text;
+}
+
 }  // namespace
 
 // ---- Trainer: set-up phases
@@ -137,7 +178,46 @@ void Trainer::check_run() {
     error = e.what();
   }
   throw_if_any_rank_failed(comm_, error);
+  check_save_dir_shared();
   set_compute_threads(rank_compute_threads(config_, comm_));
+}
+
+void Trainer::check_save_dir_shared() {
+  if (config_.save_dir.empty() || comm_.size() == 1) return;
+  // Rank 0 holds the lock now, and its lock file holds its pid, host and start time: text no other
+  // run's lock file holds. A rank that reads something else there sees another directory.
+  const std::string lock_path = (std::filesystem::path(config_.save_dir) / kSaveLockFile).string();
+  std::string why;
+  const std::string rank0_text =
+      broadcast_from_rank0(comm_, comm_.rank() == 0 ? read_first_line(lock_path, true, why).value_or("") : "");
+  std::string error;
+  if (comm_.rank() != 0) {
+    // Made here too, as each rank's save would: a lookup of the path this rank made before rank 0
+    // created it may be cached as "missing" by a network file system's client; mkdir asks the server.
+    std::error_code ec;
+    std::filesystem::create_directories(config_.save_dir, ec);
+    std::optional<std::string> mine;
+    // A few tries: some network file systems show another host's new file only after a moment.
+    constexpr int kTries = 10;
+    constexpr auto kPause = std::chrono::milliseconds(100);
+    for (int attempt = 0; attempt < kTries; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(kPause);
+      mine = read_first_line(lock_path, false, why);
+      if (mine == rank0_text) break;
+    }
+    if (mine != rank0_text)
+      error = fmt::format(
+          "--save '{}' is not the directory rank 0 saves to: rank 0 has just written its lock file '{}' ('{}'), and "
+          "this rank {}. Every rank writes its own part of each checkpoint into --save, so it must be one directory "
+          "shared by every rank's host (a network or parallel file system), not a directory on each host's own disk",
+          config_.save_dir, lock_path, shown(rank0_text),
+          mine ? fmt::format("reads another run's text there ('{}')", shown(*mine))
+               : fmt::format("cannot open it ({})", why));
+    else if (::faccessat(AT_FDCWD, config_.save_dir.c_str(), W_OK, AT_EACCESS) != 0)
+      error = fmt::format("--save '{}' cannot be written by this rank ({}); every rank writes its own part of each "
+                          "checkpoint there", config_.save_dir, std::strerror(errno));
+  }
+  throw_if_any_rank_failed(comm_, error);
 }
 
 void Trainer::load_data() {
@@ -356,18 +436,28 @@ void Trainer::mark_steady_state() {
 
 bool Trainer::after_iteration(int64_t iteration) {
   const bool last = iteration == config_.train_iters;
+  // Decided first: a requested stop is a preemption whose scheduler kills the job after a grace
+  // time, so its save must not wait behind an evaluation (which can take longer than an iteration).
+  ExitDecision exit = exit_decision(iteration);
   const int64_t hash_interval = config_.check_weight_hash_across_dp_replicas_interval;
   if (hash_interval > 0 && iteration % hash_interval == 0) check_weight_hashes(iteration);
-  if (config_.eval_iters > 0 && (last || (config_.eval_interval > 0 && iteration % config_.eval_interval == 0)))
+  const bool eval_due =
+      config_.eval_iters > 0 && (last || (config_.eval_interval > 0 && iteration % config_.eval_interval == 0));
+  if (eval_due && !exit.requested) {
     evaluate(iteration);
+    // A signal that came during the evaluation stops the run now, not after one more iteration.
+    if (exit.reason.empty() && callbacks_.stop_requested) exit = exit_decision(iteration);
+  } else if (eval_due && comm_.rank() == 0 && callbacks_.on_warning) {
+    callbacks_.on_warning(fmt::format("{}: the evaluation due after iteration {} is skipped, to {} at once", exit.reason,
+                                      iteration, config_.save_dir.empty() ? "stop" : "save"));
+  }
+  const bool stopping = last || !exit.reason.empty();
   const bool saving =
-      !config_.save_dir.empty() && (last || (config_.save_interval > 0 && iteration % config_.save_interval == 0));
+      !config_.save_dir.empty() && (stopping || (config_.save_interval > 0 && iteration % config_.save_interval == 0));
   if (saving) save_checkpoint(iteration);
-  if (last) return false;
-  std::string reason = exit_reason(iteration);
-  if (reason.empty()) return true;
-  if (!config_.save_dir.empty() && !saving) save_checkpoint(iteration);
-  result_.exit_reason = std::move(reason);
+  if (!stopping) return true;
+  // The last iteration is no early stop, whatever else was due there.
+  if (!last) result_.exit_reason = exit.reason;
   return false;
 }
 
@@ -396,19 +486,28 @@ void Trainer::evaluate(int64_t iteration, const std::string& split) {
 
 // Whether to stop after this iteration, the same answer on every rank: --exit-interval needs no
 // agreement; the clock and stop_requested (a signal) are each rank's own, so the ranks agree on
-// the maximum.
-std::string Trainer::exit_reason(int64_t iteration) {
-  if (config_.exit_interval > 0 && iteration % config_.exit_interval == 0)
-    return fmt::format("--exit-interval {}", config_.exit_interval);
+// the maximum of each.
+Trainer::ExitDecision Trainer::exit_decision(int64_t iteration) {
   const bool agree_on_exit = config_.exit_duration_in_mins > 0 || callbacks_.stop_requested;
-  if (!agree_on_exit) return "";
-  const double minutes = std::chrono::duration<double>(Clock::now() - start_time_).count() / 60;
-  uint8_t flags[2] = {static_cast<uint8_t>(config_.exit_duration_in_mins > 0 && minutes >= config_.exit_duration_in_mins),
-                      static_cast<uint8_t>(callbacks_.stop_requested && callbacks_.stop_requested())};
-  comm_.all_reduce(TensorView{flags, DType::kU8, Shape{2}, Device::cpu()}, {.op = ReduceOp::kMax});
-  if (flags[1]) return "a stop was requested (--exit-signal-handler: SIGTERM)";
-  if (flags[0]) return fmt::format("--exit-duration-in-mins {} reached", config_.exit_duration_in_mins);
-  return "";
+  uint8_t flags[2] = {0, 0};  // [the clock passed --exit-duration-in-mins, a stop was requested]
+  bool requested_here = false;
+  if (agree_on_exit) {
+    const double minutes = std::chrono::duration<double>(Clock::now() - start_time_).count() / 60;
+    requested_here = callbacks_.stop_requested && callbacks_.stop_requested();
+    flags[0] = static_cast<uint8_t>(config_.exit_duration_in_mins > 0 && minutes >= config_.exit_duration_in_mins);
+    flags[1] = static_cast<uint8_t>(requested_here);
+    comm_.all_reduce(TensorView{flags, DType::kU8, Shape{2}, Device::cpu()}, {.op = ReduceOp::kMax});
+  }
+  if (flags[1]) {
+    const std::string cause = !requested_here          ? "on another rank"
+                              : callbacks_.stop_cause ? callbacks_.stop_cause()
+                                                      : "TrainCallbacks::stop_requested";
+    return {fmt::format("a stop was requested ({})", cause), true};
+  }
+  if (config_.exit_interval > 0 && iteration % config_.exit_interval == 0)
+    return {fmt::format("--exit-interval {}", config_.exit_interval), false};
+  if (flags[0]) return {fmt::format("--exit-duration-in-mins {} reached", config_.exit_duration_in_mins), false};
+  return {};
 }
 
 // ---- The end of the run

@@ -1,8 +1,8 @@
 // The training loop behind train() (train.h), as one object per rank whose phases are named
 // member functions: set up (check the run, load the data, build the DDP or FSDP, the distributed
 // optimizer and the GPT), load a checkpoint, run the iterations (each: zero_grad, the
-// micro-batches, finish_grad_sync, the step; then the replica check, evaluation, save and the
-// exit decision), finish (the final param sync, throughput and every rank's memory).
+// micro-batches, finish_grad_sync, the step; then the exit decision, the replica check,
+// evaluation and save), finish (the final param sync, throughput and every rank's memory).
 //
 // Private to src/train: train() is the public entry point, and drives it as
 //   Trainer t(comm, config, callbacks);  // set up
@@ -50,6 +50,9 @@ class Trainer {
   // Every rank the same job (launch_check.h), the config, --save and its lock, the memory the run
   // needs, the compute threads.
   void check_run();
+  // With --save and more than one rank: every rank sees rank 0's lock file in it (the directory is
+  // shared by every rank's host) and can write there; otherwise every rank throws, naming the ranks.
+  void check_save_dir_shared();
   void load_data();             // the training and validation splits; every rank the same data
   void build_data_parallel();   // DDP or FSDP over the GPT's params, wrapped when the callbacks ask
   void build_optimizer_and_model();
@@ -60,15 +63,19 @@ class Trainer {
   // Stops the run (every rank together) on a NaN or Inf loss or gradient, unless that check is off.
   void check_finite(const StepRecord& rec, const StepResult& step);
   void mark_steady_state();              // after the first iteration: peaks from here are steady
-  // The replica check, evaluation, save and exit decision due after `iteration` (1-based);
+  // The exit decision, replica check, evaluation and save due after `iteration` (1-based);
   // returns false when the run stops there.
   bool after_iteration(int64_t iteration);
   void check_weight_hashes(int64_t iteration);
   // The mean loss over eval_iters global batches of a split (eval_split_names), all-reduced.
   void evaluate(int64_t iteration, const std::string& split = "validation");
   void save_checkpoint(int64_t iteration);
-  // Why to stop after `iteration`, the same on every rank; "" to go on.
-  std::string exit_reason(int64_t iteration);
+  // Whether to stop after `iteration`, the same on every rank.
+  struct ExitDecision {
+    std::string reason;      // why; "" to go on
+    bool requested = false;  // by TrainCallbacks::stop_requested (a signal): save before anything else
+  };
+  ExitDecision exit_decision(int64_t iteration);
 
   RankMemory rank_memory() const;
   int accumulation_steps() const { return config_.accumulation_steps(comm_.size()); }
