@@ -278,10 +278,11 @@ add_test(NAME ckpt_export_ddp_safetensors_package
                  ${ckpt_export_dir}/ddp/model_f32.safetensors ${ckpt_export_dir}/ddp/model_bf16.safetensors)
 set_tests_properties(ckpt_export_ddp_safetensors_package PROPERTIES FIXTURES_REQUIRED ckpt_export_files_ddp
                      PASS_REGULAR_EXPRESSION "^safetensors [0-9.]+ reads the same 28 tensors\n$" SKIP_RETURN_CODE 77)
-# An export replaces an existing regular file at --out (atomically) and leaves no temporary.
-add_test(NAME ckpt_export_replaces_existing_file
-         COMMAND sh -c "d=${ckpt_export_dir}/replace && rm -rf $d && mkdir -p $d && echo old > $d/model.safetensors && $<TARGET_FILE:mxddp_cli> ckpt export ${ckpt_export_dir}/ddp/ck --out $d/model.safetensors --dtype bf16 && cmp $d/model.safetensors ${ckpt_export_dir}/ddp/model_bf16.safetensors && echo same bytes, left: $(ls -A $d)")
-set_tests_properties(ckpt_export_replaces_existing_file PROPERTIES FIXTURES_REQUIRED "ckpt_export_ck_ddp;ckpt_export_files_ddp"
+# With --overwrite, an export replaces a previous export at --out (atomically) and leaves no
+# temporary; a file it did not write is never replaced (tests/checkpoint/export_targets.sh).
+add_test(NAME ckpt_export_replaces_previous_export
+         COMMAND sh -c "d=${ckpt_export_dir}/replace && rm -rf $d && mkdir -p $d && cp ${ckpt_export_dir}/ddp/model_f32.safetensors $d/model.safetensors && $<TARGET_FILE:mxddp_cli> ckpt export ${ckpt_export_dir}/ddp/ck --out $d/model.safetensors --dtype bf16 --overwrite && cmp $d/model.safetensors ${ckpt_export_dir}/ddp/model_bf16.safetensors && echo same bytes, left: $(ls -A $d)")
+set_tests_properties(ckpt_export_replaces_previous_export PROPERTIES FIXTURES_REQUIRED "ckpt_export_ck_ddp;ckpt_export_files_ddp"
                      PASS_REGULAR_EXPRESSION "same bytes, left: model.safetensors\n$")
 
 # ---- bad input: an error naming the value, a non-zero exit, and no output file left ----
@@ -321,10 +322,10 @@ ckpt_export_rejects(ckpt_export_rejects_out_directory
   "error: .*--out '.*/model.safetensors' is a directory; writing would replace it"
   "mkdir $d/model.safetensors && $m ckpt export $ck --out $d/model.safetensors")
 ckpt_export_rejects(ckpt_export_rejects_out_in_checkpoint
-  "error: .*--out '.*/ck/model.safetensors' is inside the checkpoint directory '.*/ck'"
+  "error: .*--out '.*/ck/model.safetensors' is inside the checkpoint '.*/ck'"
   "cp -r $ck $d/ck && $m ckpt export $d/ck --out $d/ck/model.safetensors")
 ckpt_export_rejects(ckpt_export_rejects_out_in_save_dir
-  "error: .*--out '.*/ck/model.safetensors' is inside the checkpoint directory '.*/ck'"
+  "error: .*--out '.*/ck/model.safetensors' is inside the checkpoint history '.*/ck'"
   "mkdir $d/ck && cp -r $ck $d/ck/iter_0000002 && echo 2 > $d/ck/latest_checkpointed_iteration.txt && $m ckpt export $d/ck --out $d/ck/model.safetensors")
 ckpt_export_rejects(ckpt_export_rejects_missing_out
   "error: .*--out is required" "$m ckpt export $ck")

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/checkpoint_history.h>
 #include <mxddp/train.h>
 
 namespace mxddp::app {
@@ -32,10 +33,15 @@ int run_ckpt_command(const CkptArgs& args) {
 
 namespace {
 
-// The checkpoint layer's checks and the GPT's (the param list its saved model config implies).
+// The checkpoint layer's checks and the GPT's (the param list its saved model config implies),
+// read again when another run's save changed the history meanwhile (a file it removed is not damage).
 CheckpointInfo inspect(const std::string& dir) {
-  CheckpointInfo info = inspect_checkpoint(checkpoint_dir_to_read(dir));
-  for (std::string& problem : gpt_checkpoint_problems(info)) info.problems.push_back(std::move(problem));
+  CheckpointInfo info;
+  checkpoint_history::read_while_unchanged(dir, [&] {
+    info = inspect_checkpoint(checkpoint_dir_to_read(dir));
+    for (std::string& problem : gpt_checkpoint_problems(info)) info.problems.push_back(std::move(problem));
+    return info.ok();
+  });
   return info;
 }
 

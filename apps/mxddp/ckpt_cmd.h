@@ -2,9 +2,11 @@
 //   inspect DIR [--json]: prints what a checkpoint (a --save directory's newest) holds and runs
 //     every check a load runs that does not need the model (manifest checksum, file sizes and
 //     CRC-32s, safetensors headers, each tensor's dtype and size, the coverage of every param), as
-//     text (columns sized to the longest name) or one JSON object.
-//   export DIR --out FILE [--dtype f32|bf16]: the params whole, in one safetensors file
-//     (ckpt_export.h).
+//     text (columns sized to the longest name) or one JSON object. A history that another run's
+//     save changes during the read is read again (checkpoint_history::read_while_unchanged): what
+//     that save removed is not reported as damage.
+//   export DIR --out FILE [--dtype f32|bf16] [--overwrite]: the params whole, in one safetensors
+//     file (ckpt_export.h).
 #pragma once
 
 #include <string>

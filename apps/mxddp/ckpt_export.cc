@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include <mxddp/checkpoint.h>
+#include <mxddp/checkpoint_history.h>
 #include <mxddp/hf.h>
 #include <mxddp/output_file.h>
 #include <mxddp/train.h>
@@ -41,25 +42,49 @@ constexpr const char* kHelp =
     "(MXFP8 params) have FP32 main params too and are exported the same way: the export holds those, not the "
     "MXFP8 payloads and scales. --dtype bf16 rounds them to nearest even. The file's __metadata__ (string "
     "values) holds mxddp_model_config (the model config as one JSON object), mxddp_iteration, mxddp_step, "
-    "mxddp_checkpoint_metadata, mxddp_dtype, mxddp_source and mxddp_qkv_layout. --out is written atomically "
-    "(a temporary name, then a rename).\n\n"
+    "mxddp_checkpoint_metadata, mxddp_dtype, mxddp_source, mxddp_qkv_layout and mxddp_export (the mark of a file "
+    "this command wrote). --out is written atomically (a temporary name, then a rename); it may not be inside any "
+    "checkpoint history or checkpoint, and an existing --out is replaced only when it is a previous export and "
+    "--overwrite is given.\n\n"
     "Layout: the LM head is tied to embedding.word_embeddings.weight [V, C] (no separate output weight); "
     "embedding.position_embeddings.weight is [T, C]. The fused attention weight: ";
 
-// Refuses --out inside the checkpoint directory or the --save history holding it: saves replace a
-// checkpoint directory as a whole and prune a history's iter_ directories (deleting the export),
-// `mxddp train --save` refuses a history that holds other files, and a checkpoint file's name
-// (manifest.json) would replace that file.
-void check_out_not_in_checkpoint(const CkptExportArgs& a, const std::string& resolved) {
+// Refuses an --out that is, or lies inside, a checkpoint history or checkpoint (any, not only the
+// one exported; links and '..' resolved): saves replace a checkpoint directory as a whole and prune
+// a history's iter_ directories (deleting the export), `mxddp train --save` refuses a history that
+// holds other files, and a checkpoint file's name (manifest.json, a rank file, the tracker) would
+// replace that file.
+void check_out_outside_checkpoints(const std::string& out) {
+  const auto place = checkpoint_history::checkpoint_place_of(out);
+  if (!place) return;
   std::error_code ec;
-  const fs::path parent = fs::absolute(fs::path(a.out), ec).parent_path();
-  for (const std::string& dir : {a.dir, a.dir + ".partial", a.dir + ".old", resolved}) {
-    std::error_code ec2;
-    MXDDP_CHECK(!fs::equivalent(parent, dir, ec2), "--out '{}' is inside the checkpoint directory '{}', which saves "
-                "replace or prune (deleting the export; a later `mxddp train --save` there refuses a directory "
-                "holding other files), and a checkpoint file's name would replace that file: give a path outside it",
-                a.out, dir);
+  const bool is_it = fs::equivalent(out, place->dir, ec);
+  // Say so when the path reaches the checkpoint through a link or '..' rather than by its name.
+  const std::string lexical = fs::absolute(out, ec).lexically_normal().string();
+  const bool by_name = lexical == place->dir || lexical.starts_with(place->dir + "/");
+  MXDDP_FAIL("--out '{}' {} the {} '{}'{}: saves there replace and prune what it holds (deleting the export), and an "
+             "export there would replace a checkpoint's own files (manifest.json, rank files, the tracker). Give a "
+             "path outside every checkpoint and checkpoint history", out, is_it ? "is" : "is inside", place->kind, place->dir,
+             by_name ? "" : " (links and '..' resolved)");
+}
+
+// An existing --out is replaced only when it is a previous export (it carries the export's mark)
+// and --overwrite asks for it; a file or directory the export did not write is never replaced.
+void check_out_replaceable(const CkptExportArgs& a) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(a.out, ec))) return;
+  if (a.format == "hf") {
+    check_hf_output_dir(a.out);  // new, empty, or a previous export as it wrote it
+    if (fs::is_empty(a.out, ec)) return;
+  } else {
+    check_output_file_path(a.out, "--out");  // a regular file, not a link or a directory
+    MXDDP_CHECK(is_marked_export(a.out, "safetensors"),
+                "--out '{}' exists and is not a file `mxddp ckpt export` wrote (it lacks the mark {} = safetensors "
+                "in a safetensors __metadata__): an export never replaces a file it did not write. Give a new name "
+                "or move the file away", a.out, kExportMarkerKey);
   }
+  MXDDP_CHECK(a.overwrite, "--out '{}' holds a previous export (`mxddp ckpt export` wrote it): pass --overwrite to "
+              "replace it, or give a new name", a.out);
 }
 
 // Paragraphs wrapped at `width` columns (CLI11 prints a footer as it is).
@@ -124,6 +149,9 @@ CLI::App* add_ckpt_export_command(CLI::App& ckpt, CkptExportArgs& args) {
                   "GPT2LMHeadModel.from_pretrained loads: config.json, model.safetensors; docs/hf.md)")
       ->check(CLI::IsMember({"safetensors", "hf"}))
       ->capture_default_str();
+  cmd->add_flag("--overwrite", args.overwrite,
+               "Replace --out when it holds a previous export (a file or directory `mxddp ckpt export` wrote, which "
+               "carries its mark); anything else at --out is never replaced");
   cmd->add_option("--eos-token-id", args.eos_token_id,
                   "--format hf: bos_token_id and eos_token_id in config.json (default: 50256, GPT-2's <|endoftext|>, "
                   "when the vocabulary holds it; otherwise null)");
@@ -138,12 +166,13 @@ void run_ckpt_export(const CkptExportArgs& args) {
   if (hf) {
     MXDDP_CHECK(a.dtype == "model" || a.dtype == "f32", "--dtype '{}' is not valid with --format hf: give model (the "
                 "values mxddp evaluates with) or f32 (the main params)", a.dtype);
-    check_hf_output_dir(a.out);
   } else {
     MXDDP_CHECK(a.dtype == "f32" || a.dtype == "bf16", "--dtype '{}' is not valid: give f32 or bf16", a.dtype);
     MXDDP_CHECK(!a.eos_token_id, "--eos-token-id is for --format hf (config.json)");
-    check_output_file_path(a.out, "--out");
   }
+  check_out_outside_checkpoints(a.out);
+  if (hf) check_hf_output_dir(a.out);
+  else check_output_file_path(a.out, "--out");
   const DType dtype = a.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   {
     std::error_code ec;
@@ -151,15 +180,19 @@ void run_ckpt_export(const CkptExportArgs& args) {
                      fs::exists(a.dir + ".old", ec);
     MXDDP_CHECK(any, "checkpoint directory '{}' does not exist", a.dir);
   }
-  const std::string dir = checkpoint_dir_to_read(a.dir);
-  check_out_not_in_checkpoint(a, dir);
+  check_out_replaceable(a);
 
   // The checkpoint layer's checks while reading, then the GPT's (the param list its saved model
-  // config implies): what `mxddp ckpt inspect` runs.
-  CheckpointParams params = read_checkpoint_params(dir);
-  const std::vector<std::string> gpt_problems = gpt_checkpoint_problems(params.info);
-  MXDDP_CHECK(gpt_problems.empty(), "checkpoint '{}' is damaged: {}", params.info.dir, fmt::join(gpt_problems, "; "));
+  // config implies): what `mxddp ckpt inspect` runs, read again when a save changed the history.
+  CheckpointParams params;
+  checkpoint_history::read_while_unchanged(a.dir, [&] {
+    params = read_checkpoint_params(checkpoint_dir_to_read(a.dir));
+    const std::vector<std::string> gpt_problems = gpt_checkpoint_problems(params.info);
+    MXDDP_CHECK(gpt_problems.empty(), "checkpoint '{}' is damaged: {}", params.info.dir, fmt::join(gpt_problems, "; "));
+    return true;
+  });
 
+  check_out_replaceable(a);  // again: the read takes a while, and --out may have appeared meanwhile
   if (hf) return export_hf(a, params);
   std::map<std::string, std::string> extra;
   if (!params.info.model_config.empty()) extra["mxddp_qkv_layout"] = kQkvLayout;

@@ -4,7 +4,9 @@
 // optimizer's master copy; MXFP8 runs have them too), assembled from every data-parallel rank's
 // slices as a load at dp 1 would, after every check `mxddp ckpt inspect` runs
 // (read_checkpoint_params, then gpt_checkpoint_problems). --dtype bf16 rounds them to nearest
-// even. --out is checked before any work and written atomically (temporary name, rename).
+// even. --out is checked before any work and written atomically (temporary name, rename): never
+// inside a checkpoint history or checkpoint, and an existing one only when it is a previous export
+// (its mark: mxddp_export in the safetensors __metadata__) and --overwrite is given.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@ struct CkptExportArgs {
   std::string dtype;  // "" : the format's default (safetensors: f32; hf: model)
   std::string format = "safetensors";  // or "hf": a Hugging Face GPT-2 directory (docs/hf.md)
   std::optional<int64_t> eos_token_id;  // --format hf: bos/eos in config.json
+  bool overwrite = false;               // replace an existing --out that is a previous export
 };
 
 // Adds `export` under the `ckpt` command.

@@ -136,9 +136,19 @@ CheckpointParams read_checkpoint_params(const std::string& dir);
 // numbers, as the manifest stores it; "{}" when none was saved); "mxddp_step", the optimizer
 // step; "mxddp_iteration", the checkpoint metadata's "iteration" when it has one;
 // "mxddp_checkpoint_metadata", all of that metadata as one JSON object; "mxddp_dtype", "f32" or
-// "bf16"; "mxddp_source", what the values are; then extra_metadata (which may not redefine these).
-// Nothing depends on where the checkpoint lies or the dp it was saved at.
+// "bf16"; "mxddp_source", what the values are; kExportMarkerKey, "safetensors"; then
+// extra_metadata (which may not redefine these). Nothing depends on where the checkpoint lies or
+// the dp it was saved at.
 std::vector<char> encode_checkpoint_params_safetensors(const CheckpointParams& params, DType dtype,
                                                        const std::map<std::string, std::string>& extra_metadata = {});
+
+// The "__metadata__" key that marks a safetensors file `mxddp ckpt export` wrote: "safetensors"
+// for encode_checkpoint_params_safetensors' file, "hf" for an HF export's model.safetensors. An
+// export replaces an existing file only when it carries the mark (and the user asks: --overwrite),
+// never a file it did not write.
+inline constexpr const char* kExportMarkerKey = "mxddp_export";
+// Whether path is a readable safetensors file whose header's __metadata__ has kExportMarkerKey
+// equal to marker. Reads the header only; never throws for what the file holds.
+bool is_marked_export(const std::string& path, const std::string& marker);
 
 }  // namespace mxddp

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <mxddp/checkpoint.h>
@@ -32,16 +34,49 @@ std::string iteration_dir(const std::string& save_dir, int64_t iteration);
 // iter_ directories (an mxddp history). `what` names the directory in the message ("--save").
 void check_save_dir(const std::string& save_dir, const std::string& what = "--save");
 
-// After iteration's checkpoint is complete: points the tracker at it, then removes the oldest
-// iter_ directories below it so that keep_last remain (0: keep all). Directories of later
-// iterations (left by a run that went further and was resumed from an older save) are kept.
+// After iteration's checkpoint is complete: points the tracker at it, clears what interrupted
+// saves of other iterations left (an iter_N.partial or iter_N.old that is the only complete copy
+// of N becomes iter_N, as the next save of N would make it; any other is removed), then removes
+// the oldest iter_ directories below it so that keep_last remain (0: keep all). Directories of
+// later iterations (left by a run that went further and was resumed from an older save) are kept.
+// The caller holds the history's lock (SaveDirLock), so no live writer owns those leftovers.
 void commit(const std::string& save_dir, int64_t iteration, int keep_last);
+
+// Readers of a history that another run writes. A save with keep_last removes the checkpoint the
+// tracker named a moment before, so a reader that resolved it and then finds a file missing has
+// met a save, not damage. A reader tells the two apart by the history's state: the tracker's text
+// and the manifest (its CRC-32) of the checkpoint that text names, with its .partial and .old
+// copies; for a directory without a tracker, its own manifest. It changes with every save.
+inline constexpr int kReadTries = 10;
+std::string reader_state(const std::string& dir);
+
+// Runs read, which reads the checkpoint dir means (resolving it itself) and returns whether it
+// found that checkpoint sound, or throws Error. When read found problems or threw, and dir's
+// reader_state changed meanwhile, read runs again (at most kReadTries times in all, after a short
+// pause each); after the last, Error says that dir is being written, naming it. When the state
+// did not change, read's outcome stands: a file missing while the tracker stayed is damage.
+// Returns read's last result.
+bool read_while_unchanged(const std::string& dir, const std::function<bool()>& read);
+
+// Where an output must not go: the checkpoint history or checkpoint that path is, or lies inside.
+// Symbolic links and '..' are resolved (realpath of path's nearest existing ancestor), then that
+// directory and each above it is looked at. A history holds the tracker file or the lock file, or
+// is the parent of the iter_NNNNNNN[.partial|.old] directory the path goes through; a checkpoint
+// holds rank_00000.safetensors or an mxddp manifest.json.
+struct CheckpointPlace {
+  std::string dir;   // the directory found (resolved)
+  std::string kind;  // "checkpoint history" or "checkpoint"
+};
+std::optional<CheckpointPlace> checkpoint_place_of(const std::string& path);
 
 }  // namespace checkpoint_history
 
 // The checkpoint a load of dir means: the iter_ directory dir's latest_checkpointed_iteration.txt
 // names, or dir itself when it is one checkpoint (holds manifest.json). Throws Error naming dir
-// and what it holds otherwise.
+// and what it holds otherwise. When the named iter_ directory is gone because the tracker moved
+// meanwhile (a save with keep_last), the tracker is read again (checkpoint_history::kReadTries
+// times at most, then Error says that dir is being written). The tracker's text is quoted in
+// errors with control characters and other non-printable bytes escaped.
 std::string resolve_checkpoint_dir(const std::string& dir);
 
 inline constexpr const char* kSaveLockFile = "mxddp.lock";
@@ -83,7 +118,10 @@ std::string save_checkpoint_to_history(const std::string& save_dir, int64_t iter
 
 // Collective: the checkpoint load_dir means (resolve_checkpoint_dir, on every rank: a missing or
 // unreadable one is an Error on every rank), loaded into optimizer as load_checkpoint does (every
-// check first; a failure leaves the run as it was). Returns the directory loaded and its metadata.
+// check first; a failure leaves the run as it was). Every rank must find the same checkpoint (its
+// path and its manifest's CRC-32), or the load is refused on every rank. A failure while load_dir
+// changed under any rank (another run saving into it) is retried as read_while_unchanged retries.
+// Returns the directory loaded and its metadata.
 struct HistoryLoadResult {
   std::string dir;
   std::map<std::string, std::string> metadata;

@@ -80,9 +80,12 @@ struct HfGpt2Export {
 HfGpt2Export encode_hf_gpt2(const CheckpointParams& params, const HfExportOptions& options = {});
 
 // Writes DIR/config.json and DIR/model.safetensors as one step: into DIR.partial (fsynced), then
-// renamed to DIR. DIR must not exist, be an empty directory, or hold only a previous export's
-// files (config.json, model.safetensors), which are replaced; anything else there is refused,
-// naming the file, before anything is written.
+// renamed to DIR. DIR must not exist, be an empty directory, or hold a previous export exactly as
+// write_hf_gpt2 wrote it: config.json and model.safetensors only, model.safetensors marked
+// (`mxddp_export: hf` in its __metadata__, with `mxddp_export_config_crc32`, the CRC-32 of the
+// config.json written beside it) and config.json unchanged; anything else is refused, naming the
+// file, before anything is written. Whether a previous export is replaced (--overwrite) is the
+// caller's choice. Any failure removes DIR.partial and leaves a previous export in place.
 void check_hf_output_dir(const std::string& dir);
 void write_hf_gpt2(const std::string& dir, const HfGpt2Export& files);
 

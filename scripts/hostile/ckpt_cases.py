@@ -14,7 +14,10 @@ import os
 import random
 import re
 import shutil
+import signal
 import struct
+import subprocess
+import time
 import zlib
 
 import runner
@@ -24,6 +27,7 @@ MODEL_FLAGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-head
 RANK0 = "rank_00000.safetensors"
 RANK1 = "rank_00001.safetensors"
 MANIFEST = "manifest.json"
+TRACKER = "latest_checkpointed_iteration.txt"
 CHECKSUM_KEY = "manifest_crc32"  # version 2 manifests; absent from version 1
 # Resealed edits of these fields make a self-consistent checkpoint that a save with other settings
 # could have written (records of the saving run's settings), so a load may accept them.
@@ -56,6 +60,8 @@ def model_flags(overrides=None):
 
 
 def make_sources(binary, root, timeout_s, mem_limit):
+    """Each source's checkpoint directory (the newest of the --save history a run writes), and
+    "history": the base run's whole history (tracker, iter_0000002) for the history cases."""
     paths = {}
     for name, (overrides, ranks) in SOURCES.items():
         path = os.path.join(root, "sources", name)
@@ -64,7 +70,10 @@ def make_sources(binary, root, timeout_s, mem_limit):
         result = runner.run(argv, root, max(timeout_s, 120), mem_limit)
         if result["rc"] != 0:
             raise SystemExit(f"making checkpoint {name} failed: {' '.join(argv)}\n{result['stderr']}")
-        paths[name] = path
+        with open(os.path.join(path, TRACKER)) as f:
+            paths[name] = os.path.join(path, "iter_%07d" % int(f.read().strip()))
+        if name == "base":
+            paths["history"] = path
     return paths
 
 
@@ -247,13 +256,16 @@ def path_name(path):
 
 
 class Case:
-    def __init__(self, category, name, build, source="base", inspect="fail", train="fail"):
+    def __init__(self, category, name, build, source="base", inspect="fail", train="fail", check=None):
         self.category = category
         self.name = name
         self.build = build
         self.source = source
         self.expect_inspect = inspect  # "fail", "ok" or "any"
         self.expect_train = train      # "fail", "ok" or "any"
+        # Instead of inspect + resume: check(binary, case_root, ck, timeout_s, mem_limit) runs its own
+        # commands and returns (verdict, first result, second result, files_changed).
+        self.check = check
 
 
 def generate(sources, rng):
@@ -648,6 +660,118 @@ def generate(sources, rng):
                           ("sgd", "optimizer sgd")):
         add("other-model", f"checkpoint of {label} into the 2-head adam model", nothing, source=source,
             inspect="any", train="fail")
+    cases += history_cases(sources)
+    return cases
+
+
+# ---- the history around checkpoints (issue 40 items 3, 9, 15) ----
+# Each runs in a copy of the base run's history (ck: the tracker, iter_0000002) and says
+# "detected" when mxddp held, "missed-by-<what>" when not.
+
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _verdict(results, held, what):
+    if any(r["crashed"] for r in results):
+        return "crash"
+    if any(r["timed_out"] for r in results):
+        return "hang"
+    return "detected" if held else "missed-by-" + what
+
+
+def export_refused(source, out, *extra, prepare=None):
+    """`ckpt export SOURCE --out OUT`: must fail with an error and leave every file as it was."""
+    def check(binary, root, ck, timeout_s, mem_limit):
+        if prepare:
+            prepare(root, ck)
+        before = runner.snapshot(root)
+        r = runner.run([binary, "ckpt", "export", source, "--out", out(root, ck), *extra], root, timeout_s, mem_limit)
+        diff = runner.snapshot_diff(before, runner.snapshot(root))
+        return _verdict([r], r["rc"] != 0 and r["has_mxddp_error"] and not diff, "export"), r, r, diff
+    return check
+
+
+def history_cases(sources):
+    cases = []
+    add = lambda name, check: cases.append(Case("history", name, None, source="history", check=check))
+    j = os.path.join
+    other = sources["dp1"]  # a checkpoint of another run, exported into this history's files
+    add("export over a checkpoint's manifest.json", export_refused(other, lambda root, ck: j(ck, "iter_0000002", MANIFEST)))
+    add("export over a checkpoint's rank file", export_refused(other, lambda root, ck: j(ck, "iter_0000002", RANK1)))
+    add("export over the history's tracker", export_refused(other, lambda root, ck: j(ck, TRACKER)))
+    add("export into a checkpoint through a symbolic link", export_refused(
+        other, lambda root, ck: j(root, "link", RANK0),
+        prepare=lambda root, ck: os.symlink(j(ck, "iter_0000002"), j(root, "link"))))
+    add("export into a checkpoint through missing/..", export_refused(
+        other, lambda root, ck: j(root, "missing", "..", "ck", "iter_0000002", "x.safetensors")))
+    add("export --format hf onto the history", export_refused(other, lambda root, ck: ck, "--format", "hf"))
+
+    def foreign_config(root, ck):
+        os.makedirs(j(root, "hf"))
+        write_bytes(j(root, "hf", "config.json"), b'{"mine": 1}\n')
+    for flag in ([], ["--overwrite"]):
+        label = ", --overwrite" if flag else ""
+        add("export --format hf over a directory with another config.json" + label, export_refused(
+            other, lambda root, ck: j(root, "hf"), "--format", "hf", *flag, prepare=foreign_config))
+        add("export over a file it did not write" + label, export_refused(
+            other, lambda root, ck: j(root, "theirs.safetensors"), *flag,
+            prepare=lambda root, ck: write_bytes(j(root, "theirs.safetensors"), b"theirs")))
+
+    def escaped_tracker(binary, root, ck, timeout_s, mem_limit):
+        write_bytes(j(ck, TRACKER), b"2\x1b]0;title\x07\x1b[31m" + b"9" * 40 + b"\n")
+        runs = [runner.run([binary, "ckpt", "inspect", ck], root, timeout_s, mem_limit),
+                runner.run(resume_argv(binary, ck), root, timeout_s, mem_limit)]
+        held = all(r["rc"] != 0 and r["has_mxddp_error"] and not CONTROL_CHARS.search(r["stderr"]) for r in runs)
+        return _verdict(runs, held, "escaping"), runs[0], runs[1], []
+    add("tracker holding terminal escape sequences", escaped_tracker)
+
+    def stale_partials(binary, root, ck, timeout_s, mem_limit):
+        for it in (1, 3):  # saves killed half-way, of iterations this resume does not save
+            os.makedirs(j(ck, "iter_%07d.partial" % it))
+            write_bytes(j(ck, "iter_%07d.partial" % it, RANK0), b"half")
+        r = runner.run([binary, "train", "--ranks", "2", *MODEL_FLAGS, "--train-iters", "4", "--save-interval", "2",
+                        "--keep-last", "1", "--load", ck, "--save", ck], root, timeout_s, mem_limit)
+        left = sorted(os.listdir(ck))
+        held = r["rc"] == 0 and left == ["iter_0000004", TRACKER]
+        return _verdict([r], held, "train"), r, r, [] if held else [f"left {left}"]
+    add("stale iter_N.partial after a resume with --keep-last", stale_partials)
+
+    def no_saves(binary, root, ck, timeout_s, mem_limit):
+        shutil.rmtree(ck)
+        os.makedirs(ck)
+        write_bytes(j(ck, "mxddp.lock"), b"")  # a run killed before its first save
+        r = runner.run([binary, "ckpt", "inspect", ck], root, timeout_s, mem_limit)
+        held = r["rc"] != 0 and r["has_mxddp_error"] and ".partial" not in r["error_line"]
+        return _verdict([r], held, "inspect"), r, r, []
+    add("inspect of a history with no save yet", no_saves)
+
+    def readers_during_saves(binary, root, ck, timeout_s, mem_limit, seconds=6):
+        """ckpt inspect in a loop while a run saves every iteration with --keep-last 1."""
+        writer = subprocess.Popen([binary, "train", "--ranks", "2", *MODEL_FLAGS, "--train-iters", "1000000",
+                                   "--save-interval", "1", "--keep-last", "1", "--load", ck, "--save", ck],
+                                  cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env=runner.child_env(), start_new_session=True)
+        def tracked():
+            with open(j(ck, TRACKER), "rb") as f:
+                return f.read()
+        first = tracked()
+        runs, bad = [], None
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and writer.poll() is None:
+                r = runner.run([binary, "ckpt", "inspect", ck], root, timeout_s, mem_limit)
+                runs.append(r)
+                if r["rc"] != 0 and bad is None:
+                    bad = r
+            writer_ran = writer.poll() is None  # it saved throughout, until stopped here
+        finally:
+            os.killpg(writer.pid, signal.SIGKILL)
+            writer.wait()
+        if not runs or not writer_ran or tracked() == first:
+            raise RuntimeError(f"the writer did not save during the reads ({len(runs)} reads, exit {writer.returncode})")
+        last = bad or runs[-1]
+        return _verdict(runs, bad is None, "inspect"), last, last, []
+    add("ckpt inspect while another run saves with --keep-last 1 (6 s)", readers_during_saves)
     return cases
 
 
@@ -686,6 +810,8 @@ def run_case(binary, root, sources, case_id, case, timeout_s, mem_limit, keep_al
     os.makedirs(case_root)
     ck = os.path.join(case_root, "ck")
     shutil.copytree(sources[case.source], ck, symlinks=True)
+    if case.check:
+        return run_check_case(binary, case_id, case, case_root, ck, timeout_s, mem_limit, keep_all)
     try:
         case.build(case_root, ck)
     except Exception as e:  # a builder that does not fit this checkpoint format: say so, go on
@@ -705,6 +831,26 @@ def run_case(binary, root, sources, case_id, case, timeout_s, mem_limit, keep_al
         "inspect": inspect, "train": train,
     }
     if not keep_all and verdict in ("detected", "control-ok") and not diff:
+        shutil.rmtree(case_root, ignore_errors=True)
+        record["dir"] = None
+    return record
+
+
+def run_check_case(binary, case_id, case, case_root, ck, timeout_s, mem_limit, keep_all):
+    try:
+        verdict, first, second, diff = case.check(binary, case_root, ck, timeout_s, mem_limit)
+    except Exception as e:  # the harness, not mxddp: say so, go on
+        return {"id": case_id, "category": case.category, "name": case.name, "source": case.source,
+                "expect_inspect": case.expect_inspect, "expect_train": case.expect_train,
+                "classification": "harness-error", "files_changed": [], "dir": case_root,
+                "error": f"{type(e).__name__}: {e}"[:500], "inspect": None, "train": None}
+    record = {
+        "id": case_id, "category": case.category, "name": case.name, "source": case.source,
+        "expect_inspect": case.expect_inspect, "expect_train": case.expect_train,
+        "classification": verdict, "files_changed": diff, "dir": case_root,
+        "inspect": first, "train": second,
+    }
+    if not keep_all and verdict == "detected" and not diff:
         shutil.rmtree(case_root, ignore_errors=True)
         record["dir"] = None
     return record

@@ -105,14 +105,6 @@ std::vector<char> encode_rank_file(const DistributedOptimizer& opt, const std::s
       tensors, {{"format", ckpt::kManifestFormat}, {"rank", std::to_string(rank)}, {"save_id", save_id}});
 }
 
-// Rank 0, before a save: an interrupted publish is completed or rolled back, so D is the newest
-// intact checkpoint (or absent) before D.partial is cleared for the new save.
-void recover_interrupted_publish(const std::string& dir) {
-  if (fs::exists(dir)) return;
-  if (ckpt::has_manifest(dir + ".partial")) fs::rename(dir + ".partial", dir);
-  else if (ckpt::has_manifest(dir + ".old")) fs::rename(dir + ".old", dir);
-}
-
 void publish(const std::string& partial, const std::string& dir, bool overwrite) {
   const fs::path target(dir);
   if (fs::exists(target)) {
@@ -137,7 +129,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
   opt.force_param_sync();
   agreed(comm, "checkpoint save (preparing the directory)", [&] {
     if (comm.rank() != 0) return;
-    recover_interrupted_publish(dir);
+    ckpt::recover_interrupted_publish(dir);  // D is then the newest intact copy, before D.partial is cleared
     MXDDP_CHECK(options.overwrite || !fs::exists(dir), "'{}' already exists; pass overwrite to replace it", dir);
     fs::remove_all(partial);
     fs::create_directories(partial);

@@ -12,6 +12,7 @@
 #include <mxddp/checkpoint.h>
 
 #include "manifest.h"
+#include "safetensors.h"
 
 namespace mxddp {
 
@@ -108,6 +109,7 @@ std::vector<char> encode_checkpoint_params_safetensors(const CheckpointParams& p
                                             : "main params (the optimizer's FP32 master copy), assembled whole, "
                                               "rounded to bf16 (nearest even)"}};
   if (const auto it = info.metadata.find("iteration"); it != info.metadata.end()) metadata["mxddp_iteration"] = it->second;
+  metadata[kExportMarkerKey] = "safetensors";
   for (const auto& [key, value] : extra_metadata) {
     MXDDP_CHECK(!metadata.count(key), "export metadata key '{}' is one mxddp sets itself", key);
     metadata[key] = value;
@@ -146,6 +148,13 @@ std::vector<char> encode_checkpoint_params_safetensors(const CheckpointParams& p
     data += v.size() * elem;
   }
   return file;
+}
+
+bool is_marked_export(const std::string& path, const std::string& marker) {
+  const auto metadata = ckpt::read_safetensors_metadata(path);
+  if (!metadata) return false;
+  const auto it = metadata->find(kExportMarkerKey);
+  return it != metadata->end() && it->second == marker;
 }
 
 }  // namespace mxddp

@@ -6,10 +6,12 @@
 
 #include <fmt/ranges.h>
 
+#include <mxddp/checkpoint_history.h>
 #include <mxddp/optim.h>
 
 #include "file_io.h"
 #include "json_int.h"
+#include "printable.h"
 
 namespace mxddp::ckpt {
 
@@ -123,6 +125,37 @@ Manifest parse_manifest(const json& j, const std::string& path) {
   return m;
 }
 
+// Why dir, which has no manifest.json, is not a checkpoint: what it is or holds, and what is valid.
+std::string missing_manifest_message(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (!fs::exists(st)) return fmt::format("checkpoint directory '{}' does not exist", dir);
+  constexpr const char* kValid = "a checkpoint is a directory holding manifest.json and rank_NNNNN.safetensors "
+                                 "files; a --save history holds latest_checkpointed_iteration.txt naming its newest "
+                                 "iter_NNNNNNN directory";
+  if (!fs::is_directory(st)) return fmt::format("'{}' is not a checkpoint: it is not a directory ({})", dir, kValid);
+  std::vector<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec))
+    names.push_back(printable_text(entry.path().filename().string()));
+  std::sort(names.begin(), names.end());
+  constexpr size_t kNamesShown = 8;
+  std::string holds = "it is empty";
+  if (!names.empty()) {
+    const size_t shown = std::min(names.size(), kNamesShown);
+    holds = fmt::format("it holds {}{}", fmt::join(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                        names.size() > shown ? fmt::format(" and {} more", names.size() - shown) : "");
+  }
+  // mxddp.lock alone: a history whose run took the lock and has not completed a save (or never will).
+  const bool history = std::find(names.begin(), names.end(), kSaveLockFile) != names.end();
+  const bool partial = fs::exists(dir + ".partial", ec);
+  return fmt::format("'{}' is not a checkpoint: no manifest.json; {}{}{} ({})", dir, holds,
+                     history ? ": a --save history with no completed save yet (its lock file is there, no "
+                               "latest_checkpointed_iteration.txt)" : "",
+                     partial ? fmt::format("; '{}.partial' is a save of it that was interrupted before its manifest "
+                                           "was written, never loaded", dir) : "",
+                     kValid);
+}
+
 }  // namespace
 
 std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
@@ -134,6 +167,12 @@ std::string slice_name(std::string_view kind, const std::string& param, const Ra
 std::string manifest_path(const std::string& dir) { return (fs::path(dir) / "manifest.json").string(); }
 
 bool has_manifest(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "manifest.json"); }
+
+void recover_interrupted_publish(const std::string& dir) {
+  if (fs::exists(dir)) return;
+  if (has_manifest(dir + ".partial")) fs::rename(dir + ".partial", dir);
+  else if (has_manifest(dir + ".old")) fs::rename(dir + ".old", dir);
+}
 
 std::string checkpoint_to_read(const std::string& dir) {
   if (fs::exists(dir)) return dir;
@@ -159,8 +198,7 @@ std::string seal_manifest(json m) {
 
 Manifest read_manifest(const std::string& dir) {
   const std::string path = manifest_path(dir);
-  MXDDP_CHECK(fs::exists(path), "'{}' is not a checkpoint: no manifest.json (an interrupted save leaves "
-              "'{}.partial' instead)", dir, dir);
+  MXDDP_CHECK(fs::exists(path), "{}", missing_manifest_message(dir));
   const std::vector<char> bytes = read_file(path);
   json j;
   try {

@@ -46,6 +46,9 @@ std::string manifest_path(const std::string& dir);
 // no later run deletes the only intact copy.
 bool has_manifest(const std::string& dir);
 std::string checkpoint_to_read(const std::string& dir);
+// Before a save of D (rank 0), and for the interrupted saves a history commit clears: an
+// interrupted publish is completed or rolled back, so D is the newest intact checkpoint (or absent).
+void recover_interrupted_publish(const std::string& dir);
 
 struct ManifestSlice {
   std::string file;

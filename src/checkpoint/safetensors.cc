@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <mxddp/input_file.h>
+
 #include "json_int.h"
 
 namespace mxddp::ckpt {
@@ -128,6 +130,30 @@ std::map<std::string, TensorEntry> decode_safetensors(const std::vector<char>& f
   MXDDP_CHECK(next == data_bytes, "'{}': {} bytes after the last tensor's data; tensors must tile the data region", what,
               data_bytes - next);
   return entries;
+}
+
+std::optional<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path) {
+  constexpr uint64_t kHeaderBytesMax = 100 << 20;  // the format's own limit on the header
+  try {
+    InputFile file(path, "safetensors file");
+    unsigned char length[8];
+    if (file.size_bytes() < 8) return std::nullopt;
+    file.read_exact(length, sizeof length);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | length[i];
+    if (n > kHeaderBytesMax || n > static_cast<uint64_t>(file.size_bytes()) - 8) return std::nullopt;
+    std::string text(static_cast<size_t>(n), '\0');
+    file.read_exact(text.data(), text.size());
+    const nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!header.is_object()) return std::nullopt;
+    std::map<std::string, std::string> metadata;
+    if (const auto it = header.find("__metadata__"); it != header.end() && it->is_object())
+      for (const auto& [key, value] : it->items())
+        if (value.is_string()) metadata[key] = value.get<std::string>();
+    return metadata;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace mxddp::ckpt

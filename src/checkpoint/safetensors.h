@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,10 @@ struct TensorEntry {
 // `what` names the file in errors.
 std::map<std::string, TensorEntry> decode_safetensors(const std::vector<char>& file, const std::string& what,
                                                       std::map<std::string, std::string>* metadata_out = nullptr);
+
+// The "__metadata__" of the safetensors file at path, read from its header alone (string values
+// only), or nullopt when path is not a readable regular file with a safetensors header that is a
+// JSON object (another kind of file). For telling a file mxddp wrote from one it did not.
+std::optional<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path);
 
 }  // namespace mxddp::ckpt

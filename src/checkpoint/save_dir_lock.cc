@@ -15,18 +15,21 @@
 
 #include <mxddp/core.h>
 
+#include "printable.h"
+
 namespace mxddp {
 
 namespace {
 
-// The holder's description as the lock file holds it (at most 4 KiB of it, one line).
+// The holder's description as the lock file holds it (its first line, escaped: anyone who can
+// write the history can write the file).
 std::string read_holder(int fd) {
   char text[4096];
   const ssize_t n = pread(fd, text, sizeof text - 1, 0);
   if (n <= 0) return "";
   std::string out(text, static_cast<size_t>(n));
   out = out.substr(0, out.find('\n'));
-  return out;
+  return ckpt::printable_text(out, 200);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <mxddp/hf.h>
 
 #include "../checkpoint/file_io.h"
+#include "../checkpoint/safetensors.h"
 #include "hf_gpt2_names.h"
 #include "hf_safetensors.h"
 
@@ -20,6 +21,38 @@ constexpr int64_t kGpt2EndOfText = 50256;  // GPT-2's <|endoftext|>, Megatron's 
 
 // The files an export writes: what may be replaced in an existing --out.
 bool is_export_file(const std::string& name) { return name == "config.json" || name == "model.safetensors"; }
+
+// model.safetensors' __metadata__ key holding the CRC-32 of the config.json written beside it, so
+// that a config.json replaced after the export is not taken for the export's own.
+constexpr const char* kConfigCrcKey = "mxddp_export_config_crc32";
+
+// Throws Error unless the non-empty directory dir holds a previous export exactly as an export
+// wrote it: config.json and model.safetensors only, the latter marked (kExportMarkerKey "hf"), the
+// former the one the mark's CRC-32 names.
+void check_previous_export(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    MXDDP_CHECK(is_export_file(e.path().filename().string()) && e.is_regular_file(ec),
+                "--out '{}' holds '{}', which an export does not write: give a new directory, an empty one or a "
+                "previous export (config.json and model.safetensors only, as `mxddp ckpt export` wrote them), which "
+                "--overwrite replaces", dir, e.path().filename().string());
+  const std::string model = (fs::path(dir) / "model.safetensors").string();
+  const auto metadata = ckpt::read_safetensors_metadata(model);
+  const bool marked = metadata && metadata->count(kExportMarkerKey) && metadata->at(kExportMarkerKey) == "hf";
+  MXDDP_CHECK(marked, "--out '{}' is not a previous export of `mxddp ckpt export --format hf`: {}; an export "
+              "replaces only a directory it wrote (with --overwrite). Give a new directory or an empty one", dir,
+              !fs::exists(model, ec) ? "it holds config.json but no model.safetensors"
+                                     : "its model.safetensors does not carry the export's mark (mxddp_export: hf in "
+                                       "its __metadata__)");
+  const std::string config = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config, ec)) return;  // the export's model.safetensors alone: nothing of anyone else's
+  const auto recorded = metadata->find(kConfigCrcKey);
+  const std::string crc = fmt::format("{:08x}", ckpt::crc32_of(ckpt::read_file(config)));
+  MXDDP_CHECK(recorded != metadata->end() && recorded->second == crc,
+              "--out '{}': its config.json is not the one the export wrote (CRC-32 {}; the export recorded {}): it "
+              "was edited or replaced since, so --overwrite would lose it. Move it away or give a new directory",
+              dir, crc, recorded == metadata->end() ? "none" : recorded->second);
+}
 
 }  // namespace
 
@@ -63,14 +96,6 @@ HfGpt2Export encode_hf_gpt2(const CheckpointParams& params, const HfExportOption
     if (names[i].transposed) std::swap(shape[0], shape[1]);
     tensors.push_back({std::string(hf::kPrefix) + names[i].name, shape, values[i].data()});
   }
-  std::map<std::string, std::string> metadata = {
-      {"format", "pt"},  // transformers refuses a file without it
-      {"mxddp_model_config", nlohmann::json(info.model_config).dump()},
-      {"mxddp_step", std::to_string(info.step)},
-      {"mxddp_values", out.values}};
-  if (const auto it = info.metadata.find("iteration"); it != info.metadata.end()) metadata["mxddp_iteration"] = it->second;
-  out.safetensors = hf::encode_f32_safetensors(tensors, metadata);
-
   nlohmann::ordered_json eos = nullptr;
   if (options.eos_token_id) {
     MXDDP_CHECK(*options.eos_token_id >= 0 && *options.eos_token_id < model.vocab_size,
@@ -108,6 +133,16 @@ HfGpt2Export encode_hf_gpt2(const CheckpointParams& params, const HfExportOption
       // F32 tensors, computed in f32 by from_pretrained (whose default reads this).
       {"dtype", "float32"}};
   out.config_json = config.dump(2) + "\n";
+
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},  // transformers refuses a file without it
+      {"mxddp_model_config", nlohmann::json(info.model_config).dump()},
+      {"mxddp_step", std::to_string(info.step)},
+      {"mxddp_values", out.values},
+      {kExportMarkerKey, "hf"},
+      {kConfigCrcKey, fmt::format("{:08x}", ckpt::crc32_of(out.config_json))}};
+  if (const auto it = info.metadata.find("iteration"); it != info.metadata.end()) metadata["mxddp_iteration"] = it->second;
+  out.safetensors = hf::encode_f32_safetensors(tensors, metadata);
   return out;
 }
 
@@ -121,11 +156,9 @@ void check_hf_output_dir(const std::string& dir) {
   }
   MXDDP_CHECK(fs::is_directory(st), "--out '{}' exists and is not a directory: --format hf writes a directory "
               "(config.json, model.safetensors)", dir);
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    MXDDP_CHECK(is_export_file(e.path().filename().string()) && e.is_regular_file(ec),
-                "--out '{}' holds '{}', which an export does not write: give a new directory, an empty one or a "
-                "previous export (config.json and model.safetensors only), which is replaced", dir,
-                e.path().filename().string());
+  const bool empty = fs::is_empty(dir, ec);
+  MXDDP_CHECK(!ec, "--out '{}' cannot be listed: {}", dir, ec.message());
+  if (!empty) check_previous_export(dir);
 }
 
 void write_hf_gpt2(const std::string& dir, const HfGpt2Export& files) {
@@ -147,6 +180,9 @@ void write_hf_gpt2(const std::string& dir, const HfGpt2Export& files) {
     }
   fs::create_directories(partial, ec);
   MXDDP_CHECK(!ec, "--out '{}': cannot create '{}': {}", dir, partial, ec.message());
+  // Whatever fails from here (a full disk, a file-size limit, memory) removes what this export
+  // wrote and leaves a previous export in place, as before the export.
+  bool swapped_out = false;
   try {
     ckpt::write_file_atomic((fs::path(partial) / "model.safetensors").string(), files.safetensors);
     ckpt::write_file_atomic((fs::path(partial) / "config.json").string(),
@@ -154,15 +190,19 @@ void write_hf_gpt2(const std::string& dir, const HfGpt2Export& files) {
     // The new directory complete on disk, then in place; a previous export is swapped out first.
     const bool replace = fs::exists(dir, ec);
     if (replace) fs::rename(dir, old);
+    swapped_out = replace;
     fs::rename(partial, dir);
+    swapped_out = false;
     if (replace) fs::remove_all(old);
     ckpt::fsync_directory(fs::absolute(dir).parent_path().string());
-  } catch (const fs::filesystem_error& e) {
+  } catch (...) {
+    if (swapped_out) fs::rename(old, dir, ec);
     fs::remove_all(partial, ec);
-    MXDDP_FAIL("--out '{}': {}", dir, e.what());
-  } catch (const Error&) {
-    fs::remove_all(partial, ec);
-    throw;
+    try {
+      throw;
+    } catch (const fs::filesystem_error& e) {
+      MXDDP_FAIL("--out '{}': {}", dir, e.what());
+    }
   }
 }
 

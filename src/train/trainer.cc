@@ -300,24 +300,15 @@ int64_t Trainer::first_sequence(int m) const {
 
 void Trainer::load_checkpoint() {
   if (config_.load_dir.empty()) return;
-  std::string load_dir, manifest_crc;
-  std::string error;
-  try {
-    load_dir = resolve_checkpoint_dir(config_.load_dir);  // a history's newest, or one checkpoint
-    const std::vector<char> manifest = InputFile((std::filesystem::path(load_dir) / "manifest.json").string(),
-                                                 "checkpoint manifest").read_all();
-    manifest_crc = fmt::format("{:08x}", ckpt::crc32_of(manifest));
-  } catch (const Error& e) {  // (anything else, e.g. std::bad_alloc, ends the process as it did)
-    error = e.what();
-  }
-  throw_if_any_rank_failed(comm_, error);
-  // A history's newest can differ between ranks that read it at different moments of another
-  // run's save, or on hosts that see different copies.
-  check_same_job(comm_, {{"the checkpoint --load resolves to", load_dir}, {"its manifest.json crc32", manifest_crc}},
-                 "the checkpoint each rank would load");
-  // The model config is compared before anything changes: a model with other heads can have
-  // the same param shapes and would load silently.
-  const auto meta = mxddp::load_checkpoint(load_dir, *optimizer_, {.model_config = config_.model.fields()});
+  // A history's newest (or one checkpoint), the same one on every rank (ranks that read the tracker
+  // at different moments of another run's save, or hosts that see different copies, are refused),
+  // read again when another run's save changes the history meanwhile. The model config is compared
+  // before anything changes: a model with other heads can have the same param shapes and would
+  // load silently.
+  const HistoryLoadResult loaded =
+      load_checkpoint_from_history(config_.load_dir, *optimizer_, {.model_config = config_.model.fields()});
+  const std::string& load_dir = loaded.dir;
+  const std::map<std::string, std::string>& meta = loaded.metadata;
   MXDDP_CHECK(meta.count("iteration") > 0, "checkpoint '{}' was not written by mxddp train: its metadata has no iteration",
               load_dir);
   result_.start_iteration = checkpoint_metadata_count(meta, "iteration", load_dir);

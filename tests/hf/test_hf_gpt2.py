@@ -168,7 +168,8 @@ def test_export_replaces_a_previous_export_and_refuses_other_directories(work, t
     ckpt, _ = trained
     out = d / "again"
     mxddp("ckpt", "export", ckpt, "--format", "hf", "--out", out)
-    mxddp("ckpt", "export", ckpt, "--format", "hf", "--out", out, "--eos-token-id", "10")
+    assert "--overwrite" in refused("ckpt", "export", ckpt, "--format", "hf", "--out", out, "--eos-token-id", "10")
+    mxddp("ckpt", "export", ckpt, "--format", "hf", "--out", out, "--eos-token-id", "10", "--overwrite")
     assert json.load(open(out / "config.json"))["eos_token_id"] == 10
     assert not os.path.exists(str(out) + ".partial") and not os.path.exists(str(out) + ".old")
     (out / "notes.txt").write_text("mine")
@@ -390,6 +391,23 @@ def test_load_hf_refuses_wrong_tensors(work):
     rewrite_safetensors(int_dtype / "model.safetensors", lambda t: t.__setitem__(
         "transformer.ln_f.bias", torch.zeros(32, dtype=torch.int32)))
     assert "dtype I32 is not read here; valid: F32, BF16, F16" in load_hf_error(d, int_dtype)
+
+
+@pytest.mark.parametrize("dtype, name", [(torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16")])
+def test_load_hf_refuses_non_finite_weights_naming_the_tensor(work, dtype, name):
+    """NaN and Inf in the file are refused at load with the tensor, the count and the first element,
+    in the file's own layout and dtype, instead of a NaN loss at iteration 1 blamed on the gradients."""
+    d, _ = work
+    hf_dir = save_random_gpt2(d / f"non_finite_{name}", dtype=dtype)
+
+    def poison(t):
+        w = t["transformer.h.0.attn.c_attn.weight"]  # [32, 96] as HF's Conv1D stores it
+        w[2, 5], w[3, 0], w[7, 1] = float("nan"), float("inf"), float("-inf")
+    rewrite_safetensors(hf_dir / "model.safetensors", poison)
+    err = load_hf_error(d, hf_dir)
+    assert f"tensor 'transformer.h.0.attn.c_attn.weight' ({name} [32, 96], mxddp's " \
+           "decoder.layers.0.self_attention.linear_qkv.weight) holds 3 non-finite values (1 NaN, 2 +-Inf), the first " \
+           "at element 197 [2, 5] = nan: a model to load must be finite" in err, err
 
 
 def test_load_hf_refuses_contradicting_flags_and_too_small_a_vocabulary(work):
