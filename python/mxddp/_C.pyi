@@ -21,6 +21,8 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> None: ...
 def broadcast(tensor: torch.Tensor, root: int = 0) -> None: ...
 def barrier() -> None: ...
 def abort(code: int) -> None: ...
+def all_gather_bytes(data: bytes) -> list[bytes]:
+    """Collective: every rank's bytes in rank order; every rank passes the same number of bytes."""
 
 class DdpConfig:
     grad_reduce_in_fp32: bool
@@ -143,6 +145,8 @@ class DistributedOptimizer:
     def __init__(self, ddp: DataParallel, config: OptimizerConfig) -> None: ...
     def step(self) -> tuple[bool, float, float]:
         """(skipped, grad_norm, clip_coeff)."""
+    def nonfinite_grad_params(self) -> list[int]:
+        """Collective, after finish_grad_sync: the params whose reduced gradients hold a NaN or Inf."""
     def zero_grad(self) -> None: ...
     def force_param_sync(self) -> None: ...
     lr: float
@@ -163,7 +167,10 @@ def plan_fsdp_memory(params: list[tuple[str, list[int], bool, bool]], units: lis
     peak_gathered_bytes, layout}: the planner's bytes per rank of an FSDP driven as mxddp.torch drives it."""
 def save_checkpoint(save_dir: str, optimizer: DistributedOptimizer, iteration: int, metadata: dict[str, str],
                     model_config: list[tuple[str, str]], keep_last: int) -> str:
-    """Collective. Saves into save_dir/iter_NNNNNNN and points the history's tracker at it."""
+    """Collective. Saves into save_dir/iter_NNNNNNN and points the history's tracker at it; rank 0 holds
+    save_dir's lock from then until release_save_locks()."""
+def release_save_locks() -> None:
+    """Releases every save directory lock this process holds (mxddp.torch.shutdown)."""
 def load_checkpoint(load_dir: str, optimizer: DistributedOptimizer, model_config: list[tuple[str, str]],
                     count_metadata: list[str]) -> tuple[str, dict[str, str]]:
     """Collective. Loads a history's newest checkpoint (or one); returns (directory, metadata)."""

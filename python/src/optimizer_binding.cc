@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.h"
 #include "runtime.h"
@@ -68,6 +69,14 @@ void bind_optimizer(nb::module_& m) {
              return std::make_tuple(r.skipped, r.grad_norm, r.clip_coeff);
            },
            "Collective. Returns (skipped, grad_norm, clip_coeff); skipped when the grad norm is NaN or Inf.")
+      .def("nonfinite_grad_params",
+           [](PyOptimizer& s) {
+             DistributedOptimizer& opt = s.optimizer();
+             nb::gil_scoped_release release;
+             return opt.nonfinite_grad_params();
+           },
+           "Collective, after finish_grad_sync. The params (registration indices, increasing) whose reduced "
+           "gradients hold a NaN or Inf on any rank.")
       .def("zero_grad",
            [](PyOptimizer& s) {
              DistributedOptimizer& opt = s.optimizer();

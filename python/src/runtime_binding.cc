@@ -1,5 +1,6 @@
 // mxddp._C's process-level entry points: MPI start and end, the memory tracker's figures, and the
-// few collectives a script needs beside its model (agreeing on a port, averaging a loss).
+// few collectives a script needs beside its model (agreeing on a port, averaging a loss) or the
+// package needs to compare what the ranks wrap (all_gather_bytes).
 #include <mpi.h>
 
 #include <nanobind/nanobind.h>
@@ -85,6 +86,28 @@ void bind_runtime(nb::module_& m) {
         MPI_Abort(MPI_COMM_WORLD, code);
       },
       nb::arg("code"), "Ends every rank of the job at once (MPI_Abort): a rank that cannot go on.");
+  m.def(
+      "all_gather_bytes",
+      [](nb::bytes data) {
+        Communicator& comm = Runtime::get().comm();
+        const auto size = static_cast<int64_t>(data.size());
+        MXDDP_CHECK(size > 0, "all_gather_bytes: give at least one byte");
+        std::string mine(data.c_str(), data.size());
+        std::string all(static_cast<size_t>(size) * static_cast<size_t>(comm.size()), '\0');  // [ranks][size]
+        {
+          nb::gil_scoped_release release;
+          comm.all_gather(TensorView{mine.data(), DType::kU8, Shape{size}, Device::cpu()},
+                          TensorView{all.data(), DType::kU8, Shape{static_cast<int64_t>(all.size())}, Device::cpu()})
+              .wait();
+        }
+        nb::list out;
+        for (size_t r = 0; r < static_cast<size_t>(comm.size()); ++r)
+          out.append(nb::bytes(all.data() + r * static_cast<size_t>(size), static_cast<size_t>(size)));
+        return out;
+      },
+      nb::arg("data"),
+      "Collective: every rank's bytes, in rank order. Every rank must pass the same number of bytes (a digest, "
+      "a length, a padded text).");
   m.def("barrier", [] {
     nb::gil_scoped_release release;
     Runtime::get().comm().barrier().wait();

@@ -53,9 +53,9 @@ SaveDirLock::SaveDirLock(const std::string& save_dir, const std::string& what) {
       fd_ = -1;
       MXDDP_CHECK(err != EWOULDBLOCK,
                   "{} '{}' is being written by another live run ({}); two runs saving into one checkpoint "
-                  "history would mix their iterations. Wait for it to end, stop it, or give this run another --save. "
+                  "history would mix their iterations. Wait for it to end, stop it, or give this run another {}. "
                   "(A run that ended or was killed leaves no lock: the lock in '{}' goes with its process)",
-                  what, save_dir, holder.empty() ? "its lock file names no holder" : holder, path_);
+                  what, save_dir, holder.empty() ? "its lock file names no holder" : holder, what, path_);
       MXDDP_FAIL("{} '{}': its lock file '{}' cannot be locked: {}", what, save_dir, path_, std::strerror(err));
     }
     struct stat locked {}, named {};
@@ -79,8 +79,14 @@ SaveDirLock::SaveDirLock(const std::string& save_dir, const std::string& what) {
 
 SaveDirLock::~SaveDirLock() {
   if (fd_ < 0) return;
-  ::unlink(path_.c_str());  // while still locked, so no other run locks the file being removed
-  ::close(fd_);             // closing the last descriptor releases the flock
+  // Only the file this run locked, while still locked, so no other run locks the file being
+  // removed: a history removed and made again under a long run (a Python run holds its lock from
+  // the first save on) may hold another run's lock file by now.
+  struct stat locked {}, named {};
+  if (::fstat(fd_, &locked) == 0 && ::lstat(path_.c_str(), &named) == 0 && locked.st_dev == named.st_dev &&
+      locked.st_ino == named.st_ino)
+    ::unlink(path_.c_str());
+  ::close(fd_);  // closing the last descriptor releases the flock
 }
 
 }  // namespace mxddp

@@ -14,7 +14,7 @@ cmake -S . -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMXDDP_SANITIZE
   -DPython_EXECUTABLE="$PWD/$venv/bin/python" >/dev/null
 cmake --build "$out" --target _C -j2
 rm -rf "$out/pkg" && mkdir -p "$out/pkg"
-cp -r python/mxddp "$out/pkg/" && cp "$out"/python/_C*.so "$out/pkg/mxddp/"
+cp -r python/mxddp "$out/pkg/" && cp "$out"/python_pkg/mxddp/_C*.so "$out/pkg/mxddp/"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
   -x LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \

@@ -104,7 +104,9 @@ def test_save_writes_the_history_layout_and_load_restores_params_and_step(ranks,
     reshard.train_steps(model, opt, 2, 4, rank, world)
     mxt.save_checkpoint(shared_dir / "h", model, opt, 4, keep_last=1)
     dist.barrier()
-    assert sorted(p.name for p in (shared_dir / "h").iterdir()) == ["iter_0000004", "latest_checkpointed_iteration.txt"]
+    # mxddp.lock: rank 0 holds it from the first save to the end of the run.
+    assert sorted(p.name for p in (shared_dir / "h").iterdir()) == ["iter_0000004", "latest_checkpointed_iteration.txt",
+                                                                    "mxddp.lock"]
     after_4 = snapshot(model, opt)
     reshard.train_steps(model, opt, 4, 5, rank, world)
     iteration, meta = mxt.load_checkpoint(shared_dir / "h", model, opt)  # the history's newest
@@ -116,6 +118,68 @@ def test_save_writes_the_history_layout_and_load_restores_params_and_step(ranks,
     mxt.save_checkpoint(shared_dir / "h2", model, opt, 2, metadata={"note": "x"})
     _, meta = mxt.load_checkpoint(shared_dir / "h2", model, opt)
     assert meta == {"iteration": "2", "note": "x"}
+    close(model, opt)
+
+
+# ---- the history's lock: held from the first save to the end of the run ----
+
+SAVE_FROM_ANOTHER_RUN = """
+import sys, torch, mxddp, mxddp.torch as mxt
+mxt.init()
+module = torch.nn.Linear(4, 4)
+model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True))
+opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-3))
+try:
+    mxt.save_checkpoint(sys.argv[1], model, opt, 7)
+except mxddp.Error as e:
+    print("refused:", e)
+else:
+    print("saved")
+"""
+
+
+def test_another_run_cannot_save_into_a_history_this_run_saved_into(ranks, shared_dir):
+    """Between this run's saves, another run (a process of its own, one rank) is refused, named;
+    this run's own saves go on, and the history holds only them."""
+    rank, world = ranks
+    model, opt = reshard.make_model(rank, world, None)
+    reshard.train_steps(model, opt, 0, 1, rank, world)
+    mxt.save_checkpoint(shared_dir / "h", model, opt, 1)
+    pid = [os.getpid()]
+    dist.broadcast_object_list(pid, src=0)
+
+    def other_run():
+        r = subprocess.run([sys.executable, "-c", SAVE_FROM_ANOTHER_RUN, str(shared_dir / "h")], env=plain_env(),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    out = on_rank0(ranks, other_run)
+    assert f"refused: rank 0: save directory '{shared_dir / 'h'}' is being written by another live run (pid " \
+           f"{pid[0]} on host" in out, out
+    mxt.save_checkpoint(shared_dir / "h", model, opt, 2)
+    dist.barrier()
+    assert sorted(p.name for p in (shared_dir / "h").iterdir()) == [
+        "iter_0000001", "iter_0000002", "latest_checkpointed_iteration.txt", "mxddp.lock"]
+    close(model, opt)
+
+
+def test_a_history_removed_under_the_run_is_locked_again_at_the_next_save(ranks, shared_dir):
+    rank, world = ranks
+    model, opt = reshard.make_model(rank, world, None)
+    mxt.save_checkpoint(shared_dir / "h", model, opt, 1)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(shared_dir / "h")
+    dist.barrier()
+    mxt.save_checkpoint(str(shared_dir / "h") + "/", model, opt, 2)  # another spelling of the same directory
+    dist.barrier()
+    assert sorted(p.name for p in (shared_dir / "h").iterdir()) == [
+        "iter_0000002", "latest_checkpointed_iteration.txt", "mxddp.lock"]
+    out = on_rank0(ranks, lambda: subprocess.run(
+        [sys.executable, "-c", SAVE_FROM_ANOTHER_RUN, str(shared_dir / "h")], env=plain_env(), capture_output=True,
+        text=True, timeout=300).stdout)
+    assert "refused:" in out and "is being written by another live run" in out, out
     close(model, opt)
 
 

@@ -14,7 +14,7 @@ from mxddp.torch.config import DistributedDataParallelConfig, OptimizerConfig
 from mxddp.torch.ddp import DistributedDataParallel
 from mxddp.torch.fsdp import FullyShardedDataParallel
 from mxddp.torch.launch import init, is_initialized, rank, shutdown, world_size
-from mxddp.torch.optimizer import DistributedOptimizer
+from mxddp.torch.optimizer import DistributedOptimizer, SkippedStepWarning
 from mxddp.torch.plan import MemoryPlan, plan
 from mxddp.torch.checkpoint import load_checkpoint, save_checkpoint
 from mxddp import _C
@@ -38,4 +38,4 @@ def broadcast(tensor, root: int = 0) -> None:
 __all__ = ["init", "is_initialized", "rank", "world_size", "shutdown", "DistributedDataParallelConfig",
            "DistributedDataParallel", "OptimizerConfig", "DistributedOptimizer", "memory_usage", "all_reduce",
            "broadcast", "save_checkpoint", "load_checkpoint"]
-__all__ += ["plan", "MemoryPlan", "FullyShardedDataParallel"]
+__all__ += ["plan", "MemoryPlan", "FullyShardedDataParallel", "SkippedStepWarning"]

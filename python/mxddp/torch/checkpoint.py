@@ -88,8 +88,11 @@ def save_checkpoint(save_dir: PathLike, model: DataParallelModule, optimizer: Di
     and ``mxddp ckpt inspect`` read it as the GPT's config (``mxddp.torch.gpt.GPT.model_config()``),
     so leave it out for other models (put what you need in ``metadata``).
 
-    save_dir must be new, empty or a checkpoint history; rank 0 holds its ``mxddp.lock`` during
-    the save, so a run writing the same history (``mxddp train --save``) is refused, named.
+    save_dir must be new, empty or a checkpoint history. Rank 0 takes its ``mxddp.lock`` at this
+    run's first save into it and holds it until ``mxddp.torch.shutdown()`` (at interpreter exit) or
+    the process's end, as ``mxddp train --save`` does for its run: another run saving into it (this
+    package or ``mxddp train``) meanwhile is refused on every rank, naming the directory and the
+    holder (pid, host, since when), and so is this save while another run holds it.
     Frozen params and module buffers (e.g. BatchNorm statistics) are not saved.
     """
     _check_pair(model, optimizer, "save_checkpoint")

@@ -13,6 +13,12 @@ from mxddp import _C
 
 
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+# Skipped steps in a row that OptimizerConfig allows by default: a NaN or Inf that persists this
+# long (a NaN in a param) will not go away, and bf16/f32 training has no loss scaler whose
+# overflows would skip steps on purpose.
+DEFAULT_MAX_CONSECUTIVE_SKIPPED_STEPS = 10
+# OptimizerConfig's numeric fields (the C++ optimizer's floats).
+_FLOAT_FIELDS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum", "clip_grad")
 FINE_GRAINED_POLICIES = ("megatron", "recompute-aware")
 
 
@@ -130,6 +136,11 @@ class DistributedDataParallelConfig:
         _refuse_unless("nccl_ub", self.nccl_ub, False, "mxddp's collectives run over MPI, not NCCL")
         _refuse_unless("delay_wgrad_compute", self.delay_wgrad_compute, False, "mxddp does not split wgrad")
 
+    def agreement_items(self) -> list[tuple[str, str]]:
+        """Every field as ``("DistributedDataParallelConfig.<field>", repr(value))``: what every rank
+        must give alike (``agreement.py``)."""
+        return [(f"DistributedDataParallelConfig.{f.name}", repr(getattr(self, f.name))) for f in fields(self)]
+
     def _check_ddp(self) -> None:
         why = "it is an FSDP field: set use_megatron_fsdp=True and wrap with mxddp.torch.FullyShardedDataParallel"
         _refuse_unless("data_parallel_sharding_strategy", self.data_parallel_sharding_strategy, "no_shard", why)
@@ -196,6 +207,11 @@ class OptimizerConfig:
     optimizer: "adam" (AdamW: decoupled weight decay) or "sgd" (momentum). Weight decay applies to
     params of two or more dimensions only (not to biases and norms), as Megatron's default param
     groups. clip_grad: max global grad norm (0 disables clipping).
+
+    max_consecutive_skipped_steps (mxddp's own): how many steps in a row ``step()`` may skip (a NaN
+    or Inf global grad norm: nothing is updated) before the next skip raises ``mxddp.Error``; 0
+    raises at the first, as Megatron's ``--check-for-nan-in-loss-and-grad``; None never raises.
+    The first skip of a run of them warns (``SkippedStepWarning``) naming the norm and the params.
     """
 
     optimizer: str = "adam"
@@ -206,16 +222,29 @@ class OptimizerConfig:
     adam_eps: float = 1e-08
     sgd_momentum: float = 0.9
     clip_grad: float = 1.0
+    max_consecutive_skipped_steps: Optional[int] = DEFAULT_MAX_CONSECUTIVE_SKIPPED_STEPS
 
     def __post_init__(self) -> None:
+        limit = self.max_consecutive_skipped_steps
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"max_consecutive_skipped_steps must be None (never raise) or an int >= 0; got {limit!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer={self.optimizer!r} is not supported; valid: 'adam', 'sgd'")
         if self.lr is None:
             raise ValueError("lr must be set (Megatron's OptimizerConfig leaves it None; mxddp needs a value)")
-        for name in ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum", "clip_grad"):
+        for name in _FLOAT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number; got {value!r}")
+
+    def agreement_items(self) -> list[tuple[str, str]]:
+        """Every field as ``("OptimizerConfig.<field>", value)``, numbers as the floats the C++
+        optimizer takes (so ``lr=1`` and ``lr=1.0`` agree): what every rank must give alike."""
+        def text(name: str) -> str:
+            value = getattr(self, name)
+            return repr(float(value)) if name in _FLOAT_FIELDS else repr(value)
+
+        return [(f"OptimizerConfig.{f.name}", text(f.name)) for f in fields(self)]
 
     def to_cpp(self) -> "_C.OptimizerConfig":
         c = _C.OptimizerConfig()

@@ -4,7 +4,9 @@ Construction registers the module's trainable params (``named_parameters()`` ord
 param such as a tied embedding once, frozen params left out as Megatron does) with the C++ DDP,
 which places them by mxddp's layout (reverse order, padding, buckets) in one contiguous param
 buffer and one grad buffer. Each param's values are copied in, and then the param *is* a view of
-the param buffer (``param.data``), with ``param.main_grad`` a view of the grad buffer. With
+the param buffer (``param.data``), with ``param.main_grad`` a view of the grad buffer. Before any
+of it, every rank's params (names, shapes, dtypes, order) and config are compared
+(``agreement.py``): ranks that differ are refused together. With
 ``gradient_accumulation_fusion`` (the default) the weights of plain ``nn.Linear``, HF ``Conv1D`` and
 ``nn.Embedding`` modules have their gradient accumulated into ``main_grad`` by the module's own
 backward and are reported ready through a token (``grad_fusion.py``; a read of such a weight outside
@@ -27,7 +29,7 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import grad_fusion, launch, mxfp8
+from mxddp.torch import agreement, grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -157,18 +159,25 @@ class DistributedDataParallel(DataParallelModule):
     def __init__(self, module: torch.nn.Module, config: DistributedDataParallelConfig | None = None, *,
                  gradient_accumulation_fusion: bool = True):
         super().__init__()
-        _check_fusion_flag(gradient_accumulation_fusion)
-        config = DistributedDataParallelConfig() if config is None else config
-        if not isinstance(config, DistributedDataParallelConfig):
-            raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(config).__name__}")
-        params = _trainable_params(module)
+
+        def describe():
+            _check_fusion_flag(gradient_accumulation_fusion)
+            cfg = DistributedDataParallelConfig() if config is None else config
+            if not isinstance(cfg, DistributedDataParallelConfig):
+                raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(cfg).__name__}")
+            params = _trainable_params(module)
+            mxfp8_flags = _mxfp8_flags(module, params, cfg)
+            fusion_marks = _fusion_marks(params, gradient_accumulation_fusion)
+            items = agreement.param_items([n for n, _ in params], [p for _, p in params], mxfp8_flags) + \
+                cfg.agreement_items() + [("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))]
+            return (cfg, params, mxfp8_flags, fusion_marks), items
+
+        # Checked, and compared across ranks, before the C++ DDP exists, so a refusal leaves nothing allocated.
+        config, params, mxfp8_flags, fusion_marks = agreement.agree("DistributedDataParallel", describe)
         self.module = module
         self.ddp_config = config
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
-        mxfp8_flags = _mxfp8_flags(module, params, config)
-        # Checked before the C++ DDP exists, so a refusal leaves nothing allocated.
-        fusion_marks = _fusion_marks(params, gradient_accumulation_fusion)
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
         # and BF16 copies are taken from them (and the optimizer's main params too).
         self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),
@@ -207,6 +216,7 @@ class DistributedDataParallel(DataParallelModule):
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(i)))
         if config.overlap_param_gather:
             self._register_param_gather_hooks(module)
+        self._record_param_places()
 
     def _register_param_gather_hooks(self, module: torch.nn.Module) -> None:
         # Megatron's forward pre-hook: a module waits only for the gathers of its own params.
@@ -271,6 +281,7 @@ class DistributedDataParallel(DataParallelModule):
         return hook
 
     def forward(self, *args, **kwargs):
+        self._check_params_in_place("forward")
         if self._awaiting_zero_grad:
             raise RuntimeError("forward after DistributedOptimizer.step() without opt.zero_grad(): with "
                                "reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params, and "
@@ -280,6 +291,7 @@ class DistributedDataParallel(DataParallelModule):
     def finish_grad_sync(self) -> None:
         """Issues what has not been issued, waits for every collective: main_grad then holds the
         reduced grads (this rank's shard of them with the distributed optimizer)."""
+        self._check_params_in_place("finish_grad_sync")
         self._cpp.finish_grad_sync()
         self._grads_pending_sync = False
 

@@ -3,7 +3,8 @@
 Construction finds the units (``fsdp_units.py``: every module of a class in ``fsdp_unit_modules``,
 or with the fine-grained param gather each weighted submodule of one) and hands the trainable
 params, the units and the initial values to the C++ ``FullyShardedDataParallel``, which keeps on
-each rank what ``data_parallel_sharding_strategy`` keeps (docs/fsdp.md has the table).
+each rank what ``data_parallel_sharding_strategy`` keeps (docs/fsdp.md has the table). The params,
+the config and the units are compared across ranks first (``agreement.py``).
 
 The C++ hooks are driven by torch module hooks (docs/python.md says why these):
   - the wrapper's forward gathers the non-unit params first (``before_forward``), kept until the
@@ -33,6 +34,10 @@ With params that are not sharded (``no_shard``, ``optim``, ``optim_grads``) the 
 the resident param storage for the model's whole life, and only the hooks' waits and reductions
 remain. A param that took no gradient in a backward (unused) is reported with a zero gradient
 when the gradients are synchronized or the next forward starts.
+
+Every swap of a param's ``.data`` goes through ``_set_data``, which re-records its pointer for the
+check that a param was not replaced after wrapping (``wrapper.py``), made at the start of the
+wrapper's forward (before any swap) and of ``finish_grad_sync``.
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
-from mxddp.torch import grad_fusion, launch, mxfp8
+from mxddp.torch import agreement, grad_fusion, launch, mxfp8
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
                               _trainable_params)
@@ -158,28 +163,38 @@ class FullyShardedDataParallel(DataParallelModule):
                  fsdp_unit_modules: Optional[Sequence[type]] = None, *, recompute_granularity: Optional[str] = None,
                  recompute_modules: Optional[Sequence[str]] = None, gradient_accumulation_fusion: bool = True):
         super().__init__()
-        _check_fusion_flag(gradient_accumulation_fusion)
-        config = DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True) \
-            if config is None else config
-        if not isinstance(config, DistributedDataParallelConfig):
-            raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(config).__name__}")
-        if not config.use_megatron_fsdp:
-            raise ValueError("FullyShardedDataParallel needs a config with use_megatron_fsdp=True (and "
-                             "use_distributed_optimizer=True); for DDP use mxddp.torch.DistributedDataParallel")
-        modules = _check_recompute(recompute_granularity, recompute_modules)
-        params = _trainable_params(module)
+
+        def describe():
+            _check_fusion_flag(gradient_accumulation_fusion)
+            cfg = DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True) \
+                if config is None else config
+            if not isinstance(cfg, DistributedDataParallelConfig):
+                raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(cfg).__name__}")
+            if not cfg.use_megatron_fsdp:
+                raise ValueError("FullyShardedDataParallel needs a config with use_megatron_fsdp=True (and "
+                                 "use_distributed_optimizer=True); for DDP use mxddp.torch.DistributedDataParallel")
+            modules = _check_recompute(recompute_granularity, recompute_modules)
+            params = _trainable_params(module)
+            names, tensors = [n for n, _ in params], [p for _, p in params]
+            flags = unit_mxfp8_flags(module, params, cfg, fsdp_unit_modules)
+            fused = fusion_flags(module, params, cfg, flags, gradient_accumulation_fusion)
+            fine_grained = decide_fine_grained(cfg, any(flags), recompute_granularity, modules)
+            units = fsdp_units(module, names, tensors, fsdp_unit_modules, fine_grained)
+            items = agreement.param_items(names, tensors, flags) + cfg.agreement_items() + [
+                ("FSDP units (each unit's params)", repr(units.units)),
+                ("recompute_granularity", repr(recompute_granularity)), ("recompute_modules", repr(modules)),
+                ("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))]
+            return (cfg, params, flags, fused, fine_grained, units), items
+
+        # Checked, and compared across ranks, before the C++ FSDP exists, so a refusal leaves nothing allocated.
+        config, params, flags, self.fused_params, self.fine_grained_param_gather, self.units = \
+            agreement.agree("FullyShardedDataParallel", describe)
         self.module = module
         self.ddp_config = config
         self.param_dtype = params[0][1].dtype
         self._names = [n for n, _ in params]
         self._params = [p for _, p in params]
-        flags = unit_mxfp8_flags(module, params, config, fsdp_unit_modules)
-        # Checked before the C++ FSDP exists, so a refusal leaves nothing allocated.
-        self.fused_params = fusion_flags(module, params, config, flags, gradient_accumulation_fusion)
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
-        self.fine_grained_param_gather = decide_fine_grained(config, any(flags), recompute_granularity, modules)
-        self.units: FsdpUnits = fsdp_units(module, self._names, self._params, fsdp_unit_modules,
-                                           self.fine_grained_param_gather)
         self._unit_of = [-1] * len(self._params)
         for u, members in enumerate(self.units.units):
             for i in members:
@@ -251,6 +266,7 @@ class FullyShardedDataParallel(DataParallelModule):
         # one adds its dW into main_grad itself).
         self._deferred_count = sum(1 for i in self._non_unit_params if not self.fused_params[i])
         self._deferred: list[tuple[int, Optional[torch.Tensor]]] = []  # non-unit grads not yet handed over
+        self._record_param_places()
 
     # ---- the hooks ----
 
@@ -259,9 +275,8 @@ class FullyShardedDataParallel(DataParallelModule):
         if self._shards_params:
             for i in indices:
                 if not self._mxfp8[i]:
-                    p = self._params[i]
-                    p.data = self._cpp.param(i)
-                    self._gathered_storage[p.untyped_storage().data_ptr()] = i
+                    self._set_data(i, self._cpp.param(i))
+                    self._gathered_storage[self._params[i].untyped_storage().data_ptr()] = i
 
     def _stand_in(self, indices) -> None:
         """The torch params of these indices let go of the storage the C++ FSDP is about to free."""
@@ -270,7 +285,7 @@ class FullyShardedDataParallel(DataParallelModule):
                 if not self._mxfp8[i]:
                     p = self._params[i]
                     self._gathered_storage.pop(p.untyped_storage().data_ptr(), None)
-                    p.data = mxfp8.stand_in(p.shape, p.dtype)
+                    self._set_data(i, mxfp8.stand_in(p.shape, p.dtype))
 
     def _pack(self, t: torch.Tensor):
         if not self._gathered_storage or t.layout != torch.strided or t.device.type != "cpu":
@@ -431,6 +446,8 @@ class FullyShardedDataParallel(DataParallelModule):
     # ---- the module and the training loop ----
 
     def forward(self, *args, **kwargs):
+        # First: the swaps below would overwrite a replaced .data, and the replacement would go unseen.
+        self._check_params_in_place("forward")
         self._complete_backward()
         if self._non_unit_params:  # gathered now, kept until the gradients are synchronized
             self._cpp.before_forward(self._non_unit_params)
@@ -454,6 +471,7 @@ class FullyShardedDataParallel(DataParallelModule):
     def finish_grad_sync(self) -> None:
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
         reduced gradients. Releases the non-unit params."""
+        self._check_params_in_place("finish_grad_sync")
         self._complete_backward()
         self._stand_in(self._non_unit_params)
         self._cpp.finish_grad_sync()
@@ -480,6 +498,10 @@ class FullyShardedDataParallel(DataParallelModule):
     def _after_zero_grad(self) -> None:
         super()._after_zero_grad()
         self._grads_live = False
+
+    def _params_holding_values(self) -> list[int]:
+        # optim_grads_params: between iterations every param is a stand-in (its unit released).
+        return [] if self._shards_params else super()._params_holding_values()
 
     def peak_gathered_bytes(self) -> dict[str, int]:
         """This rank's most bytes gathered at once per slot since construction or the last reset:

@@ -2,7 +2,7 @@
 
 ``init()`` starts MPI and mxddp's world communicator once per process and tears both down at
 interpreter exit (after closing every DistributedDataParallel and DistributedOptimizer still open,
-since MPI must outlive them).
+since MPI must outlive them, and releasing the checkpoint directory locks the run holds).
 """
 from __future__ import annotations
 
@@ -91,7 +91,10 @@ def world_size() -> int:
 
 def shutdown() -> None:
     """Closes every open optimizer and DDP (their params keep their values in storage of their
-    own) and finalizes MPI. Runs at interpreter exit; MPI cannot be started again after it."""
+    own), releases the locks of the checkpoint histories this run saved into (held since its first
+    save into each, so that no other run writes them meanwhile) and finalizes MPI. Runs at
+    interpreter exit; MPI cannot be started again after it."""
+    _C.release_save_locks()
     for opt in list(_open_optimizers):
         opt.close()
     for model in list(_open_models):

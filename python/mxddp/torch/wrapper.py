@@ -1,6 +1,15 @@
 """What ``DistributedDataParallel`` and ``FullyShardedDataParallel`` share as torch modules: the
-C++ handle (``_cpp``, a ``_C.DataParallel``), the registered params, ``no_sync``, and the state the
-optimizer and the checkpoints read and reset (whether reported grads await their sync)."""
+C++ handle (``_cpp``, a ``_C.DataParallel``), the registered params, ``no_sync``, the state the
+optimizer and the checkpoints read and reset (whether reported grads await their sync), and the
+check that the registered params are still the ones the module trains with.
+
+That check: a param replaced after wrapping (``module.fc.weight = nn.Parameter(...)``, or
+``param.data = new``, or ``module.to(dtype)``, which replaces every ``.data``) would be silent, the
+new tensor never trained and this rank's values apart from the others'. So the wrapper records
+where each param sits in the module (owner and attribute) and the data pointer it gave the param
+(mxddp's buffer, a gathered unit's storage, or a stand-in), re-recorded whenever it changes
+``.data`` itself, and compares both at every forward and ``finish_grad_sync``: a dict look-up and a
+``data_ptr()`` per param."""
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +22,59 @@ from mxddp.torch import mxfp8
 
 class DataParallelModule(torch.nn.Module):
     """The base of the two wrappers. A subclass sets ``_cpp``, ``_names``, ``_params``,
-    ``_mxfp8_kind`` (index -> 'linear' or 'conv1d' for its MXFP8 params) and ``ddp_config`` and
-    calls ``_init_sync_state()`` in its constructor."""
+    ``_mxfp8_kind`` (index -> 'linear' or 'conv1d' for its MXFP8 params) and ``ddp_config``, calls
+    ``_init_sync_state()`` in its constructor and ``_record_param_places()`` once the params have
+    their data, then changes a param's ``.data`` only through ``_set_data`` and calls
+    ``_check_params_in_place`` at the start of its forward and finish_grad_sync."""
+
+    def _record_param_places(self) -> None:
+        """Records, after the params were given their data, every (module, attribute) holding a
+        registered param (a shared one in each of its modules) and each param's data pointer."""
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        self._param_places: list[tuple[torch.nn.Module, str, str, int]] = []  # (owner, attribute, its name, index)
+        seen: set[tuple[int, str]] = set()
+        for prefix, owner in self.module.named_modules(remove_duplicate=False):
+            for attr, p in owner._parameters.items():
+                if p is not None and id(p) in index_of and (id(owner), attr) not in seen:
+                    seen.add((id(owner), attr))
+                    self._param_places.append((owner, attr, f"{prefix}.{attr}" if prefix else attr, index_of[id(p)]))
+        self._data_ptrs = [p.data_ptr() for p in self._params]
+        self._data_replaced: set[int] = set()  # found by _set_data before it overwrote the .data
+
+    def _set_data(self, index: int, data: torch.Tensor) -> None:
+        """param.data = data, for the wrappers' own swaps (FSDP's gather and release): the pointer
+        is re-recorded, and a .data someone else replaced meanwhile is remembered, not lost."""
+        p = self._params[index]
+        if p.data_ptr() != self._data_ptrs[index]:
+            self._data_replaced.add(index)
+        p.data = data
+        self._data_ptrs[index] = p.data_ptr()
+
+    def _check_params_in_place(self, where: str) -> None:
+        """Raises RuntimeError naming the first registered param that was replaced after wrapping."""
+        if self._cpp.closed:
+            return
+        wrapper = type(self).__name__
+        for owner, attr, qualified, i in self._param_places:
+            if owner._parameters.get(attr) is not self._params[i]:
+                raise RuntimeError(
+                    f"{where}: param '{self._names[i]}' was replaced after wrapping: the module's '{qualified}' is "
+                    f"no longer the Parameter {wrapper} registered (a new nn.Parameter assigned to it?). mxddp trains "
+                    "the registered one, so the new one would never train. Copy new values into the param instead "
+                    "(`with torch.no_grad(): param.copy_(values)`), or build the module as it should be before "
+                    "wrapping it")
+        for i, p in enumerate(self._params):
+            if i in self._data_replaced or p.data_ptr() != self._data_ptrs[i]:
+                raise RuntimeError(
+                    f"{where}: param '{self._names[i]}' no longer holds the storage {wrapper} gave it: its .data was "
+                    "replaced after wrapping (`param.data = ...`, or .to()/.half()/.float() on the wrapped module). "
+                    "mxddp trains and synchronizes its own buffers, so the new tensor would never train and this "
+                    "rank would hold other values than the rest. Copy new values in instead "
+                    "(`with torch.no_grad(): param.copy_(values)`), or convert the module before wrapping it")
+
+    def _params_holding_values(self) -> list[int]:
+        """The registered params whose torch tensor holds their values now (not a NaN stand-in)."""
+        return [i for i in range(len(self._params)) if i not in self._mxfp8_kind]
 
     def _init_sync_state(self) -> None:
         # Set when a grad is reported, cleared by finish_grad_sync: the optimizer refuses to step on
@@ -41,9 +101,11 @@ class DataParallelModule(torch.nn.Module):
 
     def _mxfp8_forward_values(self, index: int) -> torch.Tensor:
         """MXFP8 param ``index``'s values as its forward reads them (an nn.Linear's row-wise copy, a
-        Conv1D's column-wise one), dequantized into a new tensor: what a state dict or close() gives."""
+        Conv1D's column-wise one), dequantized into a new tensor of the registered dtype (which the
+        Parameter no longer has if it was converted after wrapping): what a state dict or close() gives."""
         p = self._params[index]
-        return mxfp8.dequantize(self._cpp, index, mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape, p.dtype)
+        return mxfp8.dequantize(self._cpp, index, mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape,
+                                self.param_dtype)
 
     def _state_dict_with(self, values: dict[int, torch.Tensor], args, kwargs) -> dict:
         """torch's state dict of the wrapper (keys ``module.<name>``, as torch's wrappers key them),
