@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 # A reproducible hostile-user campaign against mxddp (issue 15): damaged and crafted checkpoints
-# (part 1, ckpt_cases.py), fuzzed command lines (part 2, cli_fuzz.py) and mpirun MPMD launches whose
-# ranks disagree (part 3, mpmd_cases.py). Python 3 standard library only.
+# (part 1, ckpt_cases.py), fuzzed command lines (part 2, cli_fuzz.py), mpirun MPMD launches whose
+# ranks disagree (part 3, mpmd_cases.py) and the faults clusters produce: preemption, file-size and
+# address-space limits, data changed under a run (part 4, fault_cases.py). Python 3 standard
+# library only.
 #
 # Usage:
 #   scripts/hostile/campaign.py --mxddp build/release/mxddp --out /tmp/campaign [--seed 1]
-#       [--invocations 1000] [--jobs 2] [--timeout 30] [--long-timeout 10] [--parts ckpt,fuzz,mpmd]
-#       [--mem-limit-gib 6] [--keep-all]
+#       [--invocations 1000] [--jobs 2] [--timeout 30] [--long-timeout 10] [--parts ckpt,fuzz,mpmd,faults]
+#       [--fault-cases 40] [--mem-limit-gib 6] [--keep-all]
 #
 # Prints a summary table per part and the list of every missed / crashed / hung / silently
 # accepted / unclear case, deduplicated by pattern; writes OUT/results.json (every case: command,
@@ -31,12 +33,14 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_cases  # noqa: E402
 import cli_fuzz  # noqa: E402
+import fault_cases  # noqa: E402
 import mpmd_cases  # noqa: E402
 import runner  # noqa: E402
 
 CKPT_BAD = ("missed", "crash", "hang", "unclear-error", "control-failed", "harness-error")
 FUZZ_BAD = ("crash", "hang", "silently-accepted-nonsense", "other-error")
 MPMD_BAD = ("missed", "watchdog", "refused-other", "crash", "hang")
+FAULTS_BAD = fault_cases.BAD
 
 
 def progress(done, total, start, what):
@@ -236,6 +240,58 @@ def mpmd_report(records):
     return lines
 
 
+# ---- part 4 ----
+
+def run_faults_part(args, out, mem_limit):
+    root = os.path.join(out, "faults")
+    os.makedirs(root, exist_ok=True)
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("part 4 needs mpirun (Debian's openmpi-bin)")
+    ctx = fault_cases.Context(args.mxddp, mpirun, root, args.timeout, mem_limit)
+    fault_cases.make_fixtures(ctx)
+    cases = fault_cases.generate(random.Random(args.seed * 1000003 + 4), args.fault_cases)
+    if runner.is_sanitized(args.mxddp):
+        # A sanitizer's shadow memory needs terabytes of address space: every limit would refuse it.
+        cases = [c for c in cases if c["kind"] != "address-space"]
+    run = lambda i, case: fault_cases.run_case(ctx, case, args.keep_all)
+    # In-process cases side by side; mpirun cases one at a time, as part 3 (each runs 2 ranks, and
+    # a preempted one must not be slowed past its grace time by another).
+    local = [c for c in cases if c["launcher"] == "local"]
+    launched = [c for c in cases if c["launcher"] == "mpirun"]
+    records = parallel(args.jobs, run, local, "fault cases in one process") + \
+        parallel(1, run, launched, "fault cases under mpirun")
+    return sorted(records, key=lambda r: r["id"])
+
+
+def faults_report(records):
+    lines = []
+    rows = sorted({r["row"] for r in records})
+    counts = collections.Counter((r["row"], r["classification"]) for r in records)
+    lines += table(rows, list(fault_cases.CLASSES), counts, "fault \\ outcome")
+    c = collections.Counter(r["classification"] for r in records)
+    slowest = max(records, key=lambda r: r["wall_s"] or 0, default=None)
+    lines.append("")
+    others = "".join(f", {cls} {c[cls]}" for cls in FAULTS_BAD if c[cls])
+    lines.append(f"fault cases: {len(records)}; expected {c['expected']}{others}" +
+                 (f"; slowest run {slowest['wall_s']:.1f} s (case {slowest['id']})" if slowest else ""))
+    bad = [r for r in records if r["classification"] in FAULTS_BAD]
+    if bad:
+        lines.append("")
+        lines.append("cases not as expected (row / classification: what happened; e.g. the case and its command):")
+        groups = collections.defaultdict(list)
+        for r in bad:
+            groups[(r["row"], r["classification"], normalize(r["detail"]))].append(r)
+        for (row, cls, _), rs in sorted(groups.items()):
+            r = rs[0]
+            ids = ", ".join(str(x["id"]) for x in rs[:8]) + (", ..." if len(rs) > 8 else "")
+            lines.append(f"  [{row}] {cls} x{len(rs)} (cases {ids}): {r['detail'][:240]}")
+            lines.append(f"      e.g. {r['describe']}")
+            if r["argv"]:
+                lines.append(f"      {short_argv(r['argv'])[:400]}")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mxddp", required=True, help="the mxddp binary")
@@ -246,9 +302,12 @@ def main():
     parser.add_argument("--timeout", type=float, default=30, help="seconds per invocation before it counts as a hang")
     parser.add_argument("--long-timeout", type=float, default=10,
                         help="seconds for a valid but expensive invocation (a timeout is then not a hang)")
-    parser.add_argument("--parts", default="ckpt,fuzz,mpmd", help="a comma-separated subset of ckpt, fuzz, mpmd")
+    parser.add_argument("--parts", default="ckpt,fuzz,mpmd,faults",
+                        help="a comma-separated subset of ckpt, fuzz, mpmd, faults")
     parser.add_argument("--mpmd-timeout", type=float, default=45,
                         help="seconds per MPMD launch before it counts as a hang (the ranks' watchdog is 60 s)")
+    parser.add_argument("--fault-cases", type=int, default=40,
+                        help="part 4: how many fault cases to draw (preemption, ulimit -f, ulimit -v, data changed)")
     parser.add_argument("--mem-limit-gib", type=float, default=6,
                         help="address-space limit per invocation (0: none; never applied to a sanitized binary)")
     parser.add_argument("--keep-all", action="store_true", help="keep every case directory")
@@ -266,11 +325,14 @@ def main():
     sanitized = runner.is_sanitized(args.mxddp)
     mem_limit = 0 if sanitized or not args.mem_limit_gib else int(args.mem_limit_gib * (1 << 30))
     parts = set(args.parts.split(","))
+    if parts - {"ckpt", "fuzz", "mpmd", "faults"}:
+        raise SystemExit(f"--parts: {', '.join(sorted(parts - {'ckpt', 'fuzz', 'mpmd', 'faults'}))} unknown; "
+                         "valid: ckpt, fuzz, mpmd, faults")
     start = time.monotonic()
     st = os.stat(args.mxddp)
     meta = dict(mxddp=original, sha256=digest, mtime=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)),
-                sanitized=sanitized, seed=args.seed, invocations=args.invocations, jobs=args.jobs,
-                timeout_s=args.timeout, long_timeout_s=args.long_timeout, mem_limit_bytes=mem_limit)
+                sanitized=sanitized, seed=args.seed, invocations=args.invocations, fault_cases=args.fault_cases,
+                jobs=args.jobs, timeout_s=args.timeout, long_timeout_s=args.long_timeout, mem_limit_bytes=mem_limit)
     lines = [f"mxddp hostile campaign: {original} (mtime {meta['mtime']}, sha256 {digest[:12]}"
              f"{', sanitized' if sanitized else ''}), seed {args.seed}, jobs {args.jobs}, timeout {args.timeout:g} s"]
     results = dict(meta=meta)
@@ -299,6 +361,13 @@ def main():
         results["mpmd"] = records
         lines += ["", f"== part 3: MPMD launches whose ranks disagree ({len(records)}, "
                   f"{time.monotonic() - t0:.0f} s) =="] + mpmd_report(records)
+        save()
+    if "faults" in parts:
+        t0 = time.monotonic()
+        records = run_faults_part(args, out, mem_limit)
+        results["faults"] = records
+        lines += ["", f"== part 4: faults real clusters produce ({len(records)} cases, "
+                  f"{time.monotonic() - t0:.0f} s) =="] + faults_report(records)
     lines += ["", f"total run time {time.monotonic() - start:.0f} s"]
     results["summary"] = lines
     save()

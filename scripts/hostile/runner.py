@@ -43,7 +43,9 @@ def child_env():
     return env
 
 
-def _limits(mem_limit_bytes):
+def limits(mem_limit_bytes):
+    """The preexec_fn that applies the campaign's rlimits to a child (also for callers that start
+    the process themselves)."""
     def apply():
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core files from deliberate crashes
         if mem_limit_bytes:
@@ -63,21 +65,48 @@ def run(argv, cwd, timeout_s, mem_limit_bytes=0):
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=child_env(), start_new_session=True,
-                            preexec_fn=_limits(mem_limit_bytes))
+                            preexec_fn=limits(mem_limit_bytes))
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+    return result(argv, proc.returncode, timed_out, time.monotonic() - start, out, err)
+
+
+def kill_session(sid):
+    """SIGKILLs every process of the session a child started with start_new_session=True leads:
+    its process group, and the ranks mpirun puts in process groups of their own (a kill of
+    mpirun's group alone leaves them running)."""
+    for pid in [sid] + _session_members(sid):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        out, err = proc.communicate()
-    wall_s = time.monotonic() - start
+
+
+def _session_members(sid):
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == sid:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == sid:  # field 6 of stat: the session id
+            members.append(int(name))
+    return members
+
+
+def result(argv, rc, timed_out, wall_s, out, err):
+    """The record of one finished invocation (out and err as bytes), as run returns it; for callers
+    that start the process themselves (e.g. to act on it while it runs)."""
     out = out.decode("utf-8", "replace")
     err = err.decode("utf-8", "replace")
-    rc = proc.returncode
     text = err + "\n" + out
     sanitizer = SANITIZER_RE.search(text)
     crashed = (not timed_out) and (rc < 0 or rc >= 128 or sanitizer is not None)
