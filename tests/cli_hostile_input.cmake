@@ -136,7 +136,7 @@ mxddp_cli_rejects(cli_train_param_count_past_int64
 # run it.
 if(NOT MXDDP_SANITIZE)
   mxddp_cli_rejects(cli_out_of_memory_names_the_command
-    "mxddp: error: train ran out of memory \\(std::bad_alloc\\): the sizes its flags and input files ask for"
+    "mxddp: error: .*this run cannot fit in this process's address space: 1 rank here need at least 1 GiB \\(1 GiB each: [^)]*data 1 GiB\\) and .* is available \\(the address-space limit \\(ulimit -v, RLIMIT_AS\\) of 512 MiB"
     "ulimit -v 524288 && $m train --ranks 1 --corpus-bytes 1073741824")
 endif()
 

@@ -1,13 +1,21 @@
 // The mxddp command. Subcommands are added as their layers land; each reports errors as one line
 // on stderr and a non-zero exit status, never a stack trace.
+#include <malloc.h>
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 
 #include <CLI/CLI.hpp>
 
 #include <mxddp/comm.h>
+#include <mxddp/memory.h>
 
 #include "ckpt_cmd.h"
 #include "cli_checks.h"
@@ -68,9 +76,73 @@ int run_selfcheck(int argc, char** argv, const SelfcheckArgs& args) {
   return failures == 0 ? 0 : 1;
 }
 
+// ---- The process under resource limits (ulimit -f, ulimit -v) ----
+
+// A write past the file-size limit (ulimit -f) raises SIGXFSZ, whose default action kills the
+// process without a word and leaves its temporary files. Ignored, the write fails with EFBIG,
+// which the writers report naming the file and the limit, cleaning up as after a full disk.
+void ignore_file_size_signal() { std::signal(SIGXFSZ, SIG_IGN); }
+
+// glibc loads libgcc_s's unwinder the first time one of its own frames is unwound (an exception
+// thrown through pthread_once, as oneDNN's std::call_once does, or a thread's pthread_exit), and
+// when that load fails, as it does once memory is exhausted, it aborts the process with
+// "libgcc_s.so.1 must be installed for unwinding to work". A thread that exits through
+// pthread_exit makes it load now, while memory is plentiful; it stays loaded for the process.
+void load_unwinder_now() {
+  pthread_t thread;
+  if (::pthread_create(&thread, nullptr, [](void*) -> void* { ::pthread_exit(nullptr); }, nullptr) == 0)
+    ::pthread_join(thread, nullptr);
+}
+
+// Each malloc arena (one per thread that allocates, up to 8 per core) reserves 64 MiB of address
+// space. That costs nothing until an address-space limit (ulimit -v) counts it: a two-rank run's
+// threads reserved four arenas, 256 MiB of a 300 MiB limit, and failed with nothing of its own
+// allocated. Under such a limit the threads share one arena.
+void share_one_malloc_arena_under_address_space_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) ::mallopt(M_ARENA_MAX, 1);
+}
+
+// OpenMPI maps about 80 MiB as it starts (its components' libraries, shared-memory segments, the
+// stacks of its threads) and, when an address-space limit leaves no room for them, fails inside
+// MPI_Init with messages of its own or crashes. A process an MPI launcher started under such a
+// limit is refused before MPI starts, naming the limit.
+constexpr double kMpiStartAddressSpaceBytes = 128.0 * 1024 * 1024;
+
+void check_room_to_start_mpi() {
+  const std::optional<mxddp::AddressSpace> space = mxddp::address_space_limit();
+  if (!space || !mxddp::app::detect_mpi_launcher()) return;
+  const double room = space->limit_bytes - space->mapped_bytes;
+  MXDDP_CHECK(room >= kMpiStartAddressSpaceBytes,
+              "out of memory: the address-space limit (ulimit -v, RLIMIT_AS) of {} leaves {} beyond the {} this "
+              "process maps before MPI starts, and starting MPI needs about {} more (before any of the run's own "
+              "memory): raise ulimit -v",
+              mxddp::format_bytes(space->limit_bytes), mxddp::format_bytes(room),
+              mxddp::format_bytes(space->mapped_bytes), mxddp::format_bytes(kMpiStartAddressSpaceBytes));
+}
+
 }  // namespace
 
+// Every allocation of the command that fails throws mxddp::OutOfMemory, a std::bad_alloc naming
+// the bytes asked for, rather than a bare std::bad_alloc. (Sanitizer builds keep their own
+// operator new, which checks each new against its delete.) The default operator delete frees
+// with std::free, which matches std::malloc here.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+void* operator new(std::size_t bytes) {
+  for (;;) {
+    if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+    const std::new_handler handler = std::get_new_handler();
+    if (handler == nullptr) throw mxddp::OutOfMemory(bytes);
+    handler();
+  }
+}
+void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+#endif
+
 int main(int argc, char** argv) {
+  share_one_malloc_arena_under_address_space_limit();  // before any thread allocates
+  ignore_file_size_signal();
+  load_unwinder_now();
   CLI::App app{"mxddp: memory-lean data-parallel training runtime"};
   app.set_version_flag("--version", std::string("mxddp ") + MXDDP_VERSION);
   app.require_subcommand(1);
@@ -114,6 +186,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const std::string subcommand = app.get_subcommands().front()->get_name();
   try {
+    if (cmd->parsed() || train_cmd->parsed()) check_room_to_start_mpi();
     if (cmd->parsed()) return run_selfcheck(argc, argv, selfcheck);
     if (train_cmd->parsed()) return mxddp::app::run_train_command(argc, argv, train);
     if (plan_cmd->parsed()) mxddp::app::run_plan_command(plan);

@@ -16,7 +16,10 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <mxddp/core.h>
@@ -78,11 +81,36 @@ class MemoryTracker {
 // Host allocation
 // ----------------------------------------------------------------------------------------------
 
+// What a failed allocation throws: a std::bad_alloc, so every handler of one still applies, whose
+// what() names the request: "out of memory: could not allocate 1073741824 bytes for params". The
+// text is formatted into the object itself, since there may be no memory left for a string.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  // what_for: what the bytes were for (a memory category's name); empty when unknown.
+  explicit OutOfMemory(size_t bytes, std::string_view what_for = {}) noexcept;
+  const char* what() const noexcept override { return message_; }
+  size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;
+  char message_[128] = {};
+};
+
+// The address-space limit (ulimit -v, RLIMIT_AS) and what this process has mapped already: the
+// limit counts every mapping (libraries, thread stacks, malloc's reserved arenas), not only
+// allocated bytes. nullopt when unlimited.
+struct AddressSpace {
+  double limit_bytes = 0;
+  double mapped_bytes = 0;
+};
+std::optional<AddressSpace> address_space_limit();
+
 // Alignment of every host allocation: a cache line, and the vector width of AVX-512 loads.
 inline constexpr size_t kHostAlignmentBytes = 64;
 
 // One owning, aligned, tracked block of host memory. Move-only; frees (and un-charges) itself.
-// Contents are uninitialized.
+// Contents are uninitialized. Throws OutOfMemory, naming the bytes and the category, when the
+// allocation fails.
 class HostBuffer {
  public:
   HostBuffer() = default;

@@ -24,7 +24,13 @@ void check_output_dir_path(const std::string& path, std::string_view what);
 
 // Writes bytes to path: checks it (check_output_file_path), creates missing parent directories,
 // writes "<dir>/.<name>.partial", fsyncs it and renames it into place. Throws Error naming `what`,
-// the file and errno on any failure, and leaves no temporary behind.
+// the file and errno on any failure, and leaves nothing behind: no temporary, and none of the
+// directories it created.
 void write_output_file(const std::string& path, std::string_view bytes, std::string_view what);
+
+// A failed write's errno as text for a message: strerror(err), and for EFBIG the file-size limit
+// the write went past, "File too large: past the file size limit (ulimit -f) of 102400 bytes".
+// (The process must ignore SIGXFSZ for a write to fail with EFBIG rather than kill it.)
+std::string write_error_text(int err);
 
 }  // namespace mxddp

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <array>
 #include <chrono>
+#include <exception>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -120,6 +121,24 @@ void publish(const std::string& partial, const std::string& dir, bool overwrite)
   ckpt::fsync_directory(fs::absolute(target).parent_path().string());
 }
 
+// Removes D.partial (on rank 0) when a save fails after creating it, as from a full disk or a
+// file-size limit, so that a failed save leaves nothing; by then every rank has stopped writing,
+// since agreed() throws on every rank only after all of them ran.
+class RemovePartialOnFailure {
+ public:
+  RemovePartialOnFailure(std::string partial, bool owner) : partial_(std::move(partial)), owner_(owner) {}
+  ~RemovePartialOnFailure() {
+    if (!owner_ || std::uncaught_exceptions() == exceptions_) return;
+    std::error_code ec;
+    fs::remove_all(partial_, ec);
+  }
+
+ private:
+  std::string partial_;
+  bool owner_;
+  int exceptions_ = std::uncaught_exceptions();
+};
+
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const SaveOptions& options) {
@@ -134,6 +153,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
     fs::remove_all(partial);
     fs::create_directories(partial);
   });
+  const RemovePartialOnFailure remove_partial_on_failure(partial, comm.rank() == 0);
   // One id for this save, in the manifest and in every rank file, so that a rank file from another
   // save (of the same model, with its CRC fixed in the manifest) is caught.
   uint64_t save_id = 0;

@@ -11,6 +11,7 @@
 
 #include <mxddp/core.h>
 #include <mxddp/input_file.h>
+#include <mxddp/output_file.h>
 
 namespace mxddp::ckpt {
 
@@ -38,7 +39,7 @@ void write_file_atomic(const std::string& path, const std::vector<char>& bytes) 
       const int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      MXDDP_FAIL("writing '{}' failed after {} of {} bytes: {}", tmp, done, bytes.size(), std::strerror(err));
+      MXDDP_FAIL("writing '{}' failed after {} of {} bytes: {}", tmp, done, bytes.size(), write_error_text(err));
     }
     done += static_cast<size_t>(n);
   }
@@ -47,10 +48,13 @@ void write_file_atomic(const std::string& path, const std::vector<char>& bytes) 
   ::close(fd);
   if (!synced) {
     ::unlink(tmp.c_str());
-    MXDDP_FAIL("fsync of '{}' failed: {}", tmp, std::strerror(err));
+    MXDDP_FAIL("fsync of '{}' failed: {}", tmp, write_error_text(err));
   }
-  MXDDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "renaming '{}' to '{}' failed: {}", tmp, path,
-              std::strerror(errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int rename_err = errno;
+    ::unlink(tmp.c_str());
+    MXDDP_FAIL("renaming '{}' to '{}' failed: {}", tmp, path, std::strerror(rename_err));
+  }
   fsync_directory(target.parent_path().string());
 }
 

@@ -13,7 +13,8 @@ namespace mxddp::ckpt {
 // not a regular file (a FIFO or a directory in place of a manifest or rank file).
 std::vector<char> read_file(const std::string& path);
 // Writes bytes to path via path's directory's ".<name>.tmp", fsyncs, renames into place, and
-// fsyncs the directory. Throws Error naming the path and errno on failure.
+// fsyncs the directory. Throws Error naming the path and errno (for EFBIG, the file-size limit) on
+// failure, having removed the temporary.
 void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
 void fsync_directory(const std::string& dir);
 uint32_t crc32_of(std::span<const char> bytes);

@@ -16,24 +16,32 @@ void run_local(int size, const std::function<void(Communicator&)>& rank_fn, cons
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        rank_fn(group.communicator(r));
-      } catch (...) {
-        std::string what = "unknown exception";
+    try {
+      threads.emplace_back([&, r] {
         try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
+          rank_fn(group.communicator(r));
         } catch (...) {
+          std::string what = "unknown exception";
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          {
+            std::lock_guard lock(mutex);
+            if (!first_failure) first_failure = std::current_exception();
+          }
+          group.abort(fmt::format("rank {} failed: {}", r, what));
         }
-        {
-          std::lock_guard lock(mutex);
-          if (!first_failure) first_failure = std::current_exception();
-        }
-        group.abort(fmt::format("rank {} failed: {}", r, what));
-      }
-    });
+      });
+    } catch (...) {
+      // A rank whose thread cannot start (no memory left for its stack) ends the ranks already
+      // running, which would wait for it forever; a joinable std::thread destroyed would terminate.
+      group.abort(fmt::format("rank {} could not be started", r));
+      for (auto& t : threads) t.join();
+      throw;
+    }
   }
   for (auto& t : threads) t.join();
   if (first_failure) std::rethrow_exception(first_failure);

@@ -2,6 +2,7 @@
 #include <mxddp/output_file.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,13 +32,29 @@ const char* kind_of(fs::file_type type) {
   }
 }
 
-// The path's parent directories either exist as directories or can be created: the nearest
-// ancestor that exists must be a directory (a regular file there would make every save fail).
-void check_parent(const fs::path& path, const std::string& shown, std::string_view what) {
+// The nearest ancestor of path's parent that exists (the parent itself when it does).
+fs::path nearest_existing_parent(const fs::path& path) {
   fs::path ancestor = fs::absolute(path).parent_path();
   std::error_code ec;
   while (!fs::exists(fs::symlink_status(ancestor, ec)) && ancestor.has_relative_path())
     ancestor = ancestor.parent_path();
+  return ancestor;
+}
+
+// Removes the directories between path's parent and `existing` (exclusive) that a write created,
+// deepest first; one that is not empty (someone else wrote into it meanwhile) stays.
+void remove_created_parents(const fs::path& path, const fs::path& existing) {
+  std::error_code ec;
+  for (fs::path dir = fs::absolute(path).parent_path(); dir != existing && dir.has_relative_path();
+       dir = dir.parent_path())
+    if (!fs::remove(dir, ec)) break;
+}
+
+// The path's parent directories either exist as directories or can be created: the nearest
+// ancestor that exists must be a directory (a regular file there would make every save fail).
+void check_parent(const fs::path& path, const std::string& shown, std::string_view what) {
+  const fs::path ancestor = nearest_existing_parent(path);
+  std::error_code ec;
   MXDDP_CHECK(fs::is_directory(ancestor, ec), "{} '{}': {} is {}, not a directory, so the path cannot be created "
               "under it: give a path under a directory", what, shown, ancestor.string(),
               kind_of(fs::symlink_status(ancestor, ec).type()));
@@ -68,16 +85,23 @@ void check_output_dir_path(const std::string& path, std::string_view what) {
 void write_output_file(const std::string& path, std::string_view bytes, std::string_view what) {
   check_output_file_path(path, what);
   const fs::path target(path);
+  const fs::path existing = nearest_existing_parent(target);
   std::error_code ec;
   if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
   const std::string tmp = (target.parent_path() / fmt::format(".{}.partial", target.filename().string())).string();
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MXDDP_CHECK(fd >= 0, "{} '{}': cannot create '{}': {}", what, path, tmp, std::strerror(errno));
-  // Any failure from here on removes the temporary and names the step and errno.
+  if (fd < 0) {
+    const int err = errno;
+    remove_created_parents(target, existing);
+    MXDDP_FAIL("{} '{}': cannot create '{}': {}", what, path, tmp, std::strerror(err));
+  }
+  // Any failure from here on removes the temporary and the directories made for it, and names the
+  // step and errno.
   const auto fail = [&](const char* step, int err) {
     ::close(fd);
     ::unlink(tmp.c_str());
-    MXDDP_FAIL("{} '{}': {} '{}' failed: {}", what, path, step, tmp, std::strerror(err));
+    remove_created_parents(target, existing);
+    MXDDP_FAIL("{} '{}': {} '{}' failed: {}", what, path, step, tmp, write_error_text(err));
   };
   size_t done = 0;
   while (done < bytes.size()) {
@@ -90,13 +114,23 @@ void write_output_file(const std::string& path, std::string_view bytes, std::str
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    MXDDP_FAIL("{} '{}': closing '{}' failed: {}", what, path, tmp, std::strerror(err));
+    remove_created_parents(target, existing);
+    MXDDP_FAIL("{} '{}': closing '{}' failed: {}", what, path, tmp, write_error_text(err));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
+    remove_created_parents(target, existing);
     MXDDP_FAIL("{} '{}': renaming '{}' into place failed: {}", what, path, tmp, std::strerror(err));
   }
+}
+
+std::string write_error_text(int err) {
+  std::string text = std::strerror(err);
+  rlimit limit{};
+  if (err == EFBIG && ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    text += fmt::format(": past the file size limit (ulimit -f) of {} bytes", static_cast<uint64_t>(limit.rlim_cur));
+  return text;
 }
 
 }  // namespace mxddp

@@ -1,10 +1,29 @@
-// HostBuffer: the one place host memory is allocated, so the tracker sees every byte.
+// HostBuffer: the one place host memory is allocated, so the tracker sees every byte; OutOfMemory,
+// what an allocation that fails throws; and the address-space limit allocations run into.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <new>
 
 #include <mxddp/memory.h>
 
 namespace mxddp {
+
+OutOfMemory::OutOfMemory(size_t bytes, std::string_view what_for) noexcept : bytes_(bytes) {
+  std::snprintf(message_, sizeof(message_), "out of memory: could not allocate %zu bytes%s%.*s", bytes,
+                what_for.empty() ? "" : " for ", static_cast<int>(what_for.size()), what_for.data());
+}
+
+std::optional<AddressSpace> address_space_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  double pages = 0;  // /proc/self/statm's first field: the pages mapped, what the limit counts
+  std::ifstream("/proc/self/statm") >> pages;
+  return AddressSpace{static_cast<double>(limit.rlim_cur), pages * static_cast<double>(::sysconf(_SC_PAGESIZE))};
+}
 
 HostBuffer::HostBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tracker)
     : bytes_(bytes), category_(category), tracker_(&tracker) {
@@ -12,8 +31,7 @@ HostBuffer::HostBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tra
   // aligned_alloc wants a size that is a multiple of the alignment.
   const size_t padded = static_cast<size_t>(round_up(static_cast<int64_t>(bytes), kHostAlignmentBytes));
   data_ = std::aligned_alloc(kHostAlignmentBytes, padded);
-  MXDDP_CHECK(data_ != nullptr, "out of host memory allocating {} bytes for {}", bytes,
-              memory_category_name(category));
+  if (data_ == nullptr) throw OutOfMemory(bytes, memory_category_name(category));
   tracker_->on_allocate(category_, static_cast<int64_t>(bytes_));
 }
 

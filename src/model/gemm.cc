@@ -15,6 +15,8 @@
 // (weight-gradient products accumulate beta = 1 into main_grad).
 #include "gemm.h"
 
+#include <dlfcn.h>
+
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -221,11 +223,30 @@ void gemm(Op op_a, Op op_b, int m, int n, int k, float alpha, GemmOperand a, Gem
   state.stream.wait();
 }
 
+namespace {
+
+// OpenBLAS's cblas_dgemm, loaded on the first f64 product (only the gradient check makes any).
+// Linked, OpenBLAS would start a thread per core in every process that loads it, each mapping a
+// 128 MiB buffer, which under an address-space limit (ulimit -v) retries the map forever: the
+// mxddp command, which never multiplies in f64, spun a core and hung at exit.
+decltype(&cblas_dgemm) openblas_dgemm() {
+  static const decltype(&cblas_dgemm) dgemm = [] {
+    void* library = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    MXDDP_CHECK(library != nullptr, "the f64 products need OpenBLAS: {}", ::dlerror());
+    auto* fn = reinterpret_cast<decltype(&cblas_dgemm)>(::dlsym(library, "cblas_dgemm"));
+    MXDDP_CHECK(fn != nullptr, "libopenblas.so.0 has no cblas_dgemm: {}", ::dlerror());
+    return fn;
+  }();
+  return dgemm;
+}
+
+}  // namespace
+
 void gemm(Op op_a, Op op_b, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
           double beta, double* c, int ldc) {
   check_operands(op_a, op_b, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
-  cblas_dgemm(CblasRowMajor, op_a == Op::kT ? CblasTrans : CblasNoTrans, op_b == Op::kT ? CblasTrans : CblasNoTrans,
+  openblas_dgemm()(CblasRowMajor, op_a == Op::kT ? CblasTrans : CblasNoTrans, op_b == Op::kT ? CblasTrans : CblasNoTrans,
               m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
