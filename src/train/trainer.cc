@@ -20,6 +20,7 @@
 #include <mxddp/train.h>
 
 #include "../checkpoint/file_io.h"
+#include "../checkpoint/printable.h"
 #include "../plan/memory_floor.h"
 #include "trainer.h"
 
@@ -122,15 +123,6 @@ std::optional<std::string> read_first_line(const std::string& path, bool flush, 
   return text.substr(0, text.find('\n'));
 }
 
-// A line from a file anyone may write, for a message: control and non-ASCII bytes as '?', cut short.
-std::string shown(std::string text) {
-  constexpr size_t kShownMax = 200;
-  if (text.size() > kShownMax) text = text.substr(0, kShownMax) + "...";
-  for (char& ch : text)
-    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
-  return text;
-}
-
 }  // namespace
 
 // ---- Trainer: set-up phases
@@ -210,8 +202,8 @@ void Trainer::check_save_dir_shared() {
           "--save '{}' is not the directory rank 0 saves to: rank 0 has just written its lock file '{}' ('{}'), and "
           "this rank {}. Every rank writes its own part of each checkpoint into --save, so it must be one directory "
           "shared by every rank's host (a network or parallel file system), not a directory on each host's own disk",
-          config_.save_dir, lock_path, shown(rank0_text),
-          mine ? fmt::format("reads another run's text there ('{}')", shown(*mine))
+          config_.save_dir, lock_path, ckpt::printable_text(rank0_text, 200),
+          mine ? fmt::format("reads another run's text there ('{}')", ckpt::printable_text(*mine, 200))
                : fmt::format("cannot open it ({})", why));
     else if (::faccessat(AT_FDCWD, config_.save_dir.c_str(), W_OK, AT_EACCESS) != 0)
       error = fmt::format("--save '{}' cannot be written by this rank ({}); every rank writes its own part of each "
