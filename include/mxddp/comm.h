@@ -55,15 +55,18 @@ class Work {
 // Per-operation options
 // ----------------------------------------------------------------------------------------------
 
+// Collectives move f32, bf16, u8, f64, i64, i32 and bool buffers; reductions are defined as
+// below for each. avg is refused for the integer types and bool, as torch refuses it for them.
 enum class ReduceOp : uint8_t {
-  kSum,  // f32: summed in f32; bf16: summed in f32, rounded once; u8: wraps modulo 256
-  kAvg,  // sum / size, in f32; f32 and bf16 only
-  kMax,  // NaN wins (a NaN on any rank gives NaN)
+  kSum,  // f32: summed in f32; bf16: summed in f32, rounded once; f64: in f64; u8, i32 and i64
+         // wrap modulo 2^bits; bool: logical or (a flag set on any rank)
+  kAvg,  // sum / size: f32 and bf16 in f32, f64 in f64; floats only
+  kMax,  // floats: NaN wins (a NaN on any rank gives NaN); bool: logical or
 };
 std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
-// prescale (sum and avg, f32 and bf16): every rank's input is multiplied by it, in f32, as it
-// enters the reduction (NCCL's PreMulSum): how DDP applies 1/dp without a separate pass over the
+// prescale (sum and avg of floats): every rank's input is multiplied by it (in f32; f64 in f64)
+// as it enters the reduction (NCCL's PreMulSum): how DDP applies 1/dp without a separate pass over the
 // gradients. The local backend fuses it into the reduction, bitwise equal to scaling each f32
 // input first; the MPI backend applies it to the reduced result (equal up to rounding). Every rank
 // must pass the same value.
@@ -241,8 +244,8 @@ struct MpiOptions {
 // The f32 staging the mpi backend holds for one reduction, in bytes (it keeps the largest so far,
 // charged as comm): a bf16 all-reduce of count elements widens them to f32 (4 x count); a bf16
 // reduce-scatter of count elements per rank widens the whole input and keeps the output block
-// (4 x count x (size + 1)). Anything else (f32 and u8 reductions, in place or not, gathers) needs
-// none: 0.
+// (4 x count x (size + 1)). Anything else (every other dtype's reductions, in place or not,
+// gathers) needs none: 0.
 int64_t mpi_staging_bytes(bool reduce_scatter, DType dtype, int64_t count, int size);
 
 // A communicator over all processes of MPI_COMM_WORLD (duplicated). Needs a live MpiRuntime.

@@ -78,13 +78,19 @@ enum class DType : uint8_t {
   kE5M2,  // OCP FP8 E5M2 (bias 15, max 57344, IEEE-like)
   kE8M0,  // OCP MX scale: an unsigned biased exponent (bias 127, 0xFF = NaN)
   kU8,    // raw bytes
+  // What torch users reduce besides floats (counts, metrics, flags); collectives only. Appended so
+  // the values above, which call headers and files carry as numbers, keep their meaning.
+  kF64,   // IEEE binary64
+  kI64,   // two's-complement int64
+  kI32,   // two's-complement int32
+  kBool,  // one byte, 0 or 1 (torch.bool); a nonzero byte reads as true
 };
-inline constexpr std::array<DType, 7> kAllDTypes = {DType::kF32,  DType::kBF16, DType::kF16,
-                                                    DType::kE4M3, DType::kE5M2, DType::kE8M0,
-                                                    DType::kU8};
+inline constexpr std::array<DType, 11> kAllDTypes = {DType::kF32,  DType::kBF16, DType::kF16, DType::kE4M3,
+                                                     DType::kE5M2, DType::kE8M0, DType::kU8,  DType::kF64,
+                                                     DType::kI64,  DType::kI32,  DType::kBool};
 
 size_t dtype_size_bytes(DType dtype);
-// "f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "u8".
+// "f32", "bf16", "f16", "e4m3", "e5m2", "e8m0", "u8", "f64", "i64", "i32", "bool".
 std::string_view dtype_name(DType dtype);
 // Inverse of dtype_name; throws Error naming the string and the valid names.
 DType parse_dtype(std::string_view name);

@@ -43,22 +43,29 @@ std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b) 
 
 namespace {
 
+bool is_float(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF64; }
+
 void check_buffer(const TensorView& t, std::string_view what, std::string_view op) {
-  MXDDP_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kU8,
-              "{}: {} has dtype {}; collectives take f32, bf16 or u8", op, what, dtype_name(t.dtype));
+  MXDDP_CHECK(is_float(t.dtype) || t.dtype == DType::kU8 || t.dtype == DType::kI64 || t.dtype == DType::kI32 ||
+                  t.dtype == DType::kBool,
+              "{}: {} has dtype {}; collectives take f32, bf16, f64, u8, i64, i32 or bool", op, what,
+              dtype_name(t.dtype));
   MXDDP_CHECK(t.device.is_cpu(), "{}: {} is on {}; the local and mpi backends take cpu buffers", op,
               what, to_string(t.device));
   MXDDP_CHECK(t.data != nullptr || t.numel() == 0, "{}: {} ({}) has a null data pointer", op, what,
               t.to_string());
 }
 
+// avg and prescale are float arithmetic: an integer average would have to round, and torch refuses
+// avg for integer and bool tensors too, so mxddp does the same rather than pick a rounding.
 void check_reduce_op(DType dtype, ReduceOp op, float prescale, std::string_view name) {
-  MXDDP_CHECK(!(dtype == DType::kU8 && op == ReduceOp::kAvg),
-              "{}: avg is defined for f32 and bf16; got u8 (use sum or max)", name);
+  MXDDP_CHECK(is_float(dtype) || op != ReduceOp::kAvg,
+              "{}: avg is defined for f32 and bf16, and f64 (floats only); got {} (use sum or max)", name, dtype_name(dtype));
   if (prescale == 1.0f) return;
   MXDDP_CHECK(std::isfinite(prescale), "{}: prescale must be finite; got {}", name, prescale);
   MXDDP_CHECK(op != ReduceOp::kMax, "{}: prescale {} applies to sum and avg, not max", name, prescale);
-  MXDDP_CHECK(dtype != DType::kU8, "{}: prescale {} applies to f32 and bf16, not u8", name, prescale);
+  MXDDP_CHECK(is_float(dtype), "{}: prescale {} applies to f32, bf16 and f64, not {}", name, prescale,
+              dtype_name(dtype));
 }
 
 // Accepts `part` being exactly block `index` (of part's size) of `whole` (in place) or disjoint

@@ -9,16 +9,19 @@
 // cannot hang its peers:
 //   1. arrival (with check_consistency): each rank sends its call header (sequence number, kind,
 //      dtype, count, op, root, prescale) to every peer and receives theirs, point to point and
-//      nonblocking, polled with a no-progress deadline. This is the consistency check's exchange,
-//      so it costs no extra message round; unlike the allgather it replaces, each peer's header
-//      lands in a request of its own, so a rank that times out knows exactly which peers have
-//      reached the collective and which have not. MPI's non-overtaking rule between a pair of ranks
-//      pairs the k-th header from a peer with this rank's k-th receive; the sequence number inside
-//      is checked anyway. p2p and collective traffic on one communicator never match each other, so
-//      the headers share comm_ (under a tag of their own). O(size) small messages per rank: right
-//      for the node-scale groups this backend serves.
+//      nonblocking, waited on with a no-progress deadline (wait_or_abort, which sleeps while a peer
+//      is late, so a rank waiting for one still computing leaves the cores to compute). This is the
+//      consistency check's exchange, so it costs no extra message round; unlike the allgather it
+//      replaces, each peer's header lands in a request of its own, so a rank that times out knows
+//      exactly which peers have reached the collective and which have not. MPI's non-overtaking
+//      rule between a pair of ranks pairs the k-th header from a peer with this rank's k-th
+//      receive; the sequence number inside is checked anyway. p2p and collective traffic on one
+//      communicator never match each other, so the headers share comm_ (under a tag of their own).
+//      O(size) small messages per rank: right for the node-scale groups this backend serves.
 //   2. data: the blocking MPI collective, as before (faster than OpenMPI's nonblocking ones; see
-//      mpi_watchdog.h), watched by a CallWatchdog thread. Once every header has arrived, a stall
+//      mpi_watchdog.h), watched by a CallWatchdog thread. After phase 1 it waits only on data in
+//      flight (without it, on late peers too); OpenMPI polls inside it, yielding the core between
+//      empty polls (MpiRuntime sets mpi_yield_when_idle). Once every header has arrived, a stall
 //      here can only be reported as waiting on every peer: MPI shows nothing of a collective's
 //      partial state.
 // No progress for MpiOptions::timeout_ms in phase 1, or phase 2 running that long, aborts the job
@@ -28,6 +31,7 @@
 // mxddp::Error with MPI's own error string.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -58,14 +62,29 @@ std::string mpi_error_string(int rc) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-// The wire type of a dtype: bf16 travels as raw 16-bit words (MPI cannot do arithmetic on it).
+// The wire type of a dtype: bf16 travels as raw 16-bit words (MPI cannot do arithmetic on it);
+// bool as C's _Bool (one byte, like torch.bool), which MPI's logical or reduces.
 MPI_Datatype wire_type(DType dtype) {
   switch (dtype) {
     case DType::kF32: return MPI_FLOAT;
     case DType::kBF16: return MPI_UINT16_T;
     case DType::kU8: return MPI_UNSIGNED_CHAR;
-    default: MXDDP_FAIL("the mpi backend moves f32, bf16 and u8; got {}", dtype_name(dtype));
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kBool: return MPI_C_BOOL;
+    case DType::kF16:
+    case DType::kE4M3:
+    case DType::kE5M2:
+    case DType::kE8M0: break;
   }
+  MXDDP_FAIL("the mpi backend moves f32, bf16, u8, f64, i64, i32 and bool; got {}", dtype_name(dtype));
+}
+
+// The f32 and f64 results that MPI only summed: avg's division and the prescale (reduce.h).
+void finish_float(const CollectiveCall& call, void* result, int size) {
+  if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(result), call.count, call.op, size, call.prescale);
+  if (call.dtype == DType::kF64) finish_in_place(static_cast<double*>(result), call.count, call.op, size, call.prescale);
 }
 
 // OpenMPI saturates MPI_SUM on MPI_UNSIGNED_CHAR; mxddp's u8 sum wraps modulo 256 on every backend.
@@ -268,7 +287,7 @@ class MpiBackend final : public CommBackend {
         MXDDP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, call.recv, count, wire_type(call.dtype), mpi_op(call.op, call.dtype), comm_),
                         "MPI_Allreduce");
       }
-      if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(call.recv), call.count, call.op, size_, call.prescale);
+      finish_float(call, call.recv, size_);
       return;
     }
     auto* data = static_cast<bf16_bits*>(call.recv);
@@ -308,7 +327,7 @@ class MpiBackend final : public CommBackend {
                                                  mpi_op(call.op, call.dtype), comm_),
                         "MPI_Reduce_scatter_block");
       }
-      if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(call.recv), call.count, call.op, size_, call.prescale);
+      finish_float(call, call.recv, size_);
       return;
     }
     // In place: MPI's in-place form leaves this rank's block at the start of the buffer, then
@@ -322,12 +341,14 @@ class MpiBackend final : public CommBackend {
                                                mpi_op(call.op, call.dtype), comm_),
                       "MPI_Reduce_scatter_block");
     }
-    if (call.dtype == DType::kF32) finish_in_place(static_cast<float*>(whole), call.count, call.op, size_, call.prescale);
+    finish_float(call, whole, size_);
     if (rank_ != 0) std::memcpy(call.recv, whole, block_bytes);  // disjoint blocks
   }
 
-  // avg is a sum followed by a division.
+  // avg is a sum followed by a division. bool's sum and max are both a logical or. Integer sums
+  // wrap: OpenMPI adds int32/int64 with the machine's two's-complement add, as the local backend.
   MPI_Op mpi_op(ReduceOp op, DType dtype) const {
+    if (dtype == DType::kBool) return MPI_LOR;
     if (op == ReduceOp::kMax) return MPI_MAX;
     return dtype == DType::kU8 ? u8_sum_ : MPI_SUM;
   }
@@ -355,6 +376,12 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   MXDDP_CHECK(!initialized, "MPI is already initialized; create one MpiRuntime per process");
+  // OpenMPI's blocking calls (the data phase of every collective) poll their progress engine; with
+  // mpi_yield_when_idle the poll gives up the core between polls that find nothing. OpenMPI turns
+  // it on only when it sees more ranks than slots, not when a data loader, a second job or a CPU
+  // hog shares the cores; there a rank polling for a descheduled peer took the core that peer
+  // needed (issue 44). On an idle core the yield returns at once. A setting of the user's wins.
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   int provided = 0;
   MXDDP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   if (provided < MPI_THREAD_MULTIPLE) {

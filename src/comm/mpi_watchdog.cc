@@ -16,11 +16,20 @@ namespace mxddp {
 
 namespace {
 
-// Past this long without a completion the loop yields the core between tests: a wait that long
-// is waiting on a peer, not on data in flight, and the core is better left to this rank's compute
-// threads (OpenMPI's own blocking calls yield the same way when cores are oversubscribed). Before
-// it the loop only tests, so short collectives see no added latency.
-constexpr auto kSpinBeforeYield = std::chrono::microseconds(200);
+// Past this long without a completion the loop sleeps between tests: a wait that long is waiting
+// on a peer (still computing, or descheduled), not on a message in flight, and the core belongs to
+// this rank's compute threads and to whatever else shares the machine. Yielding instead (as this
+// loop did) keeps the thread runnable: it burns an idle core whole, and on a busy one it is picked
+// again and again, each time taking the core (and a context switch) from a thread with work to do
+// (issue 44). Before it the loop only tests, so a peer that arrives within microseconds costs no
+// added latency.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
+// Each sleep is a quarter of the time waited since the last completion, within [kSleepMin,
+// kSleepMax]. A peer's arrival is then noticed at most one sleep late: a quarter more on a short
+// wait, kSleepMax on a long one (a step's waits are milliseconds to seconds), plus the kernel's
+// timer slack (50 us by default) on each sleep.
+constexpr auto kSleepMin = std::chrono::microseconds(10);
+constexpr auto kSleepMax = std::chrono::microseconds(1000);
 
 // A gap this long between two polls means this rank itself was not running (stopped, descheduled,
 // its VM paused); that time is left out of the idle time. Otherwise a rank continued after SIGSTOP
@@ -57,7 +66,11 @@ void wait_or_abort(std::span<MPI_Request> requests, std::span<int> indices, int6
     }
     const auto idle = now - last_progress;
     if (idle >= timeout) abort_job_on_stall(describe_stall());
-    if (idle >= kSpinBeforeYield) std::this_thread::yield();
+    if (idle >= kSpinBeforeSleep) {
+      // The deadline check above runs after every sleep, and a sleep is at most 1 ms: the watchdog
+      // still fires within timeout_ms + 1 ms of the last progress.
+      std::this_thread::sleep_for(std::clamp<std::chrono::steady_clock::duration>(idle / 4, kSleepMin, kSleepMax));
+    }
   }
 }
 

@@ -4,8 +4,10 @@
 // A blocking MPI call cannot be given a deadline and MPI cannot cancel a collective, so a peer
 // that stops (SIGSTOP, a hung driver, a livelocked host) would hold every other rank inside MPI
 // forever. Two tools, one per phase of an MPI collective (see mpi_backend.cc):
-//   - wait_or_abort: a polling wait on nonblocking requests with a no-progress deadline, for the
-//     arrival exchange, where each completed request tells which peer arrived;
+//   - wait_or_abort: a wait on nonblocking requests with a no-progress deadline, for the arrival
+//     exchange, where each completed request tells which peer arrived. It tests for 50 us, then
+//     sleeps between tests (a quarter of the time waited so far, 10 us to 1 ms), so a rank waiting
+//     for a late peer leaves the cores to the ranks still computing (issue 44);
 //   - CallWatchdog: a thread that watches the blocking MPI collective the progress thread is in and
 //     aborts once it has run for timeout_ms. The data phase stays a blocking call because
 //     OpenMPI's nonblocking collectives (libnbc) run all_reduce 1.5 to 1.9x slower than its

@@ -1,9 +1,11 @@
 // reduce_arrays, copy_to_many: see reduce.h. Floats go to the per-ISA kernels (reduce_kernels.h),
-// picked once from the CPU's features; u8 (rare: flags, counts) stays a plain tiled loop.
+// picked once from the CPU's features; u8 stays a plain tiled loop and f64, i64, i32 and bool (rare:
+// flags, counts, metrics) a scalar one.
 #include "reduce.h"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "reduce_kernels.h"
 
@@ -57,6 +59,42 @@ void reduce_u8(ReduceOp op, const void* const* inputs, int n_inputs, int64_t cou
   }
 }
 
+// f64, i64, i32 and bool (counts, metrics and flags: small buffers, so a scalar loop). Element by
+// element, all inputs are read before any output is written, so an output that is an input is safe.
+// f64 accumulates in f64 in input order; integers add in their unsigned twin (wrapping modulo 2^bits
+// rather than signed overflow, which is undefined); bool is a logical or for sum and max, written as
+// 0 or 1.
+template <typename T>
+void reduce_scalar(ReduceOp op, const void* const* inputs, int n_inputs, int64_t count, void* const* outputs,
+                   int n_outputs, double prescale) {
+  const auto in = [&](int k, int64_t i) { return static_cast<const T*>(inputs[k])[i]; };
+  for (int64_t i = 0; i < count; ++i) {
+    T acc;
+    if constexpr (std::is_same_v<T, bool>) {
+      // Read as bytes: a torch bool tensor holds 0 or 1, but any nonzero byte counts as set.
+      uint8_t any = 0;
+      for (int k = 0; k < n_inputs; ++k) any |= static_cast<const uint8_t*>(inputs[k])[i];
+      acc = any != 0;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      acc = in(0, i) * prescale;
+      for (int k = 1; k < n_inputs; ++k) {
+        const T x = in(k, i);
+        if (op == ReduceOp::kMax) acc = (x > acc || x != x) ? x : acc;
+        else acc += x * prescale;
+      }
+      if (op == ReduceOp::kAvg) acc /= static_cast<T>(n_inputs);
+    } else {
+      using U = std::make_unsigned_t<T>;
+      acc = in(0, i);
+      for (int k = 1; k < n_inputs; ++k) {
+        const T x = in(k, i);
+        acc = op == ReduceOp::kMax ? std::max(acc, x) : static_cast<T>(static_cast<U>(acc) + static_cast<U>(x));
+      }
+    }
+    for (int j = 0; j < n_outputs; ++j) static_cast<T*>(outputs[j])[i] = acc;
+  }
+}
+
 reduce_kernels::Combine combine_of(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return reduce_kernels::Combine::kSum;
@@ -97,9 +135,23 @@ void reduce_arrays_to(DType dtype, ReduceOp op, const void* const* inputs, int n
       MXDDP_ASSERT(op != ReduceOp::kAvg);
       reduce_u8(op, inputs, n_inputs, count, outputs, n_outputs);
       return;
-    default:
-      MXDDP_FAIL("reductions support f32, bf16 and u8; got {}", dtype_name(dtype));
+    case DType::kF64:
+      reduce_scalar<double>(op, inputs, n_inputs, count, outputs, n_outputs, prescale);
+      return;
+    case DType::kI64:
+    case DType::kI32:
+    case DType::kBool:
+      MXDDP_ASSERT(op != ReduceOp::kAvg && prescale == 1.0f);
+      if (dtype == DType::kI64) reduce_scalar<int64_t>(op, inputs, n_inputs, count, outputs, n_outputs, 1.0);
+      else if (dtype == DType::kI32) reduce_scalar<int32_t>(op, inputs, n_inputs, count, outputs, n_outputs, 1.0);
+      else reduce_scalar<bool>(op, inputs, n_inputs, count, outputs, n_outputs, 1.0);
+      return;
+    case DType::kF16:
+    case DType::kE4M3:
+    case DType::kE5M2:
+    case DType::kE8M0: break;
   }
+  MXDDP_FAIL("reductions support f32, bf16, u8, f64, i64, i32 and bool; got {}", dtype_name(dtype));
 }
 
 void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
@@ -119,6 +171,15 @@ void copy_to_many(const void* src, void* const* dsts, int n_dsts, size_t bytes) 
 }
 
 std::string_view reduce_kernel_isa() { return kernel_choice().isa; }
+
+void finish_in_place(double* buffer, int64_t count, ReduceOp op, int size, float prescale) {
+  if (op == ReduceOp::kAvg) {
+    const auto d = static_cast<double>(size);
+    for (int64_t i = 0; i < count; ++i) buffer[i] /= d;
+  }
+  if (prescale != 1.0f)
+    for (int64_t i = 0; i < count; ++i) buffer[i] *= prescale;
+}
 
 void finish_in_place(float* buffer, int64_t count, ReduceOp op, int size, float prescale) {
   if (op == ReduceOp::kAvg) {

@@ -15,8 +15,9 @@ namespace mxddp {
 
 // out[i] = op(inputs[0][i], inputs[1][i], ..., inputs[n_inputs-1][i]) for i < count, combining in
 // input order (so the result is bitwise reproducible). f32 and bf16 accumulate in f32 and round
-// once; u8 sums wrap modulo 256. With prescale != 1 (sum and avg of f32 and bf16), each input is
-// multiplied by it in f32 as it is loaded. out may be exactly any input (the same address).
+// once; f64 accumulates in f64; u8, i32 and i64 sums wrap modulo 2^bits; bool's sum and max are a
+// logical or. With prescale != 1 (sum and avg of f32, bf16 and f64), each input is multiplied by
+// it (in f32; f64 in f64) as it is loaded. out may be exactly any input (the same address).
 void reduce_arrays(DType dtype, ReduceOp op, const void* const* inputs, int n_inputs, int64_t count,
                    void* out, float prescale = 1.0f);
 
@@ -46,5 +47,7 @@ std::string_view reduce_kernel_isa();
 // for avg and applying prescale to the result (bf16 is finished in f32 too, before its single
 // rounding).
 void finish_in_place(float* buffer, int64_t count, ReduceOp op, int size, float prescale);
+// The same for an f64 sum, in f64.
+void finish_in_place(double* buffer, int64_t count, ReduceOp op, int size, float prescale);
 
 }  // namespace mxddp

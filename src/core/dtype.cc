@@ -8,13 +8,17 @@ namespace mxddp {
 
 size_t dtype_size_bytes(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
+    case DType::kF64:
+    case DType::kI64: return 8;
+    case DType::kF32:
+    case DType::kI32: return 4;
     case DType::kBF16:
     case DType::kF16: return 2;
     case DType::kE4M3:
     case DType::kE5M2:
     case DType::kE8M0:
-    case DType::kU8: return 1;
+    case DType::kU8:
+    case DType::kBool: return 1;
   }
   MXDDP_FAIL("unknown dtype value {}", static_cast<int>(dtype));
 }
@@ -28,6 +32,10 @@ std::string_view dtype_name(DType dtype) {
     case DType::kE5M2: return "e5m2";
     case DType::kE8M0: return "e8m0";
     case DType::kU8: return "u8";
+    case DType::kF64: return "f64";
+    case DType::kI64: return "i64";
+    case DType::kI32: return "i32";
+    case DType::kBool: return "bool";
   }
   MXDDP_FAIL("unknown dtype value {}", static_cast<int>(dtype));
 }
@@ -35,7 +43,7 @@ std::string_view dtype_name(DType dtype) {
 DType parse_dtype(std::string_view name) {
   for (DType d : kAllDTypes)
     if (dtype_name(d) == name) return d;
-  MXDDP_FAIL("unknown dtype '{}'; valid: f32, bf16, f16, e4m3, e5m2, e8m0, u8", name);
+  MXDDP_FAIL("unknown dtype '{}'; valid: f32, bf16, f16, e4m3, e5m2, e8m0, u8, f64, i64, i32, bool", name);
 }
 
 float f16_to_f32(f16_bits h) {
