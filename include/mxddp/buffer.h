@@ -17,7 +17,8 @@
 //     shares a bucket like any param (as Megatron does).
 //   - With param_unit (FSDP), a bucket also closes where the unit changes.
 //   - Rank r's shard of a bucket [o, o + G) is [o + r*G/dp, o + (r+1)*G/dp), whatever the param
-//     boundaries are.
+//     boundaries are. An unpadded bucket (shard_unpadded_buckets) is cut at o + floor(r*G/dp), so
+//     its shards differ in size by at most one element (for a padded bucket it is the cut above).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,10 @@ struct LayoutOptions {
   // false leaves ParamLayout::shards empty: a memory plan needs only their sizes (a bucket's / dp),
   // and dp x buckets of them is the one part of a layout that grows with dp.
   bool compute_shards = true;
+  // Without the distributed optimizer: cut the (unpadded) buckets into dp shards all the same. Nothing
+  // is reduce-scattered or gathered by them; a replicated optimizer over DDP owns its rank's shard for
+  // the global grad norm and for checkpoints, so every element is counted and saved on exactly one rank.
+  bool shard_unpadded_buckets = false;
 };
 
 // Megatron's default bucket size: max(40,000,000, 1,000,000 x dp) elements when gradient reduction
@@ -102,8 +107,8 @@ struct ParamLayout {
   LayoutOptions options;
   std::vector<ParamPlacement> params;   // [num params], by registration index
   std::vector<BucketPlacement> buckets; // [num buckets], in buffer order
-  // [dp][num buckets]; filled with the distributed optimizer only (without it nothing is sharded),
-  // unless options.compute_shards is false.
+  // [dp][num buckets]; filled with the distributed optimizer or options.shard_unpadded_buckets (else
+  // nothing is sharded), unless options.compute_shards is false.
   std::vector<std::vector<BucketShard>> shards;
   int64_t numel = 0;  // the whole buffer, padding included
 

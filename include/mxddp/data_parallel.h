@@ -30,9 +30,9 @@ namespace mxddp {
 // One bucket as the optimizer sees it on this rank: its f32 main params and state hold `numel`
 // elements; `update` are the param elements it steps on, `owned` the ones this rank answers for
 // in the global grad norm and in checkpoints (every element of the model is owned by exactly one
-// rank). Sharded strategies update what they own; a replicated optimizer (FSDP no_shard) updates
-// the whole bucket and owns its layout shard. ShardParamRange::in_shard is the offset in the
-// optimizer's [numel] buffers and in grads() / params().
+// rank). Sharded strategies update what they own; a replicated optimizer (FSDP no_shard, DDP
+// without use_distributed_optimizer) updates the whole bucket and owns its layout shard.
+// ShardParamRange::in_shard is the offset in the optimizer's [numel] buffers and in grads() / params().
 struct OptimizerBucket {
   int64_t numel = 0;
   std::vector<ShardParamRange> update;
@@ -101,7 +101,7 @@ class DataParallel {
   [[nodiscard]] NoSyncScope no_sync() { return NoSyncScope(*this); }
 
   // ---- The optimizer's side ----
-  // The layout: buckets, and layout().shards[rank] (empty without sharding).
+  // The layout: buckets, and layout().shards[rank], the part of each bucket that rank owns.
   virtual const ParamLayout& layout() const = 0;
   virtual OptimizerBucket optimizer_bucket(int bucket) const = 0;
   virtual OptimizerBucketIo optimizer_io(int bucket) const = 0;

@@ -8,6 +8,15 @@
 // The param all-gather of the distributed optimizer and the MXFP8 param copies live in
 // src/ddp/param_sync.h and src/ddp/model_params.h; DDP owns one of each.
 //
+// The optimizer's side has two modes, as torch DDP and Megatron offer them:
+//   - use_distributed_optimizer (ZeRO-1): the optimizer updates this rank's shard of each bucket
+//     and the param all-gather brings every rank's params up to date;
+//   - without it, a replicated optimizer (torch DDP's default): the grads are all-reduced, every
+//     rank updates every param of every bucket (F32 main params and state for the whole model on
+//     each rank; an F32 param buffer is its own main param), and nothing is gathered. Each rank owns
+//     its layout shard (LayoutOptions::shard_unpadded_buckets) for the global grad norm and for
+//     checkpoints, so every element is counted and saved once, as under the distributed optimizer.
+//
 // Protocol, per iteration (a global batch of one or more micro-batches):
 //   zero_grad_buffer();
 //   for each micro-batch but the last:  { auto scope = ddp.no_sync(); forward; backward; }
@@ -167,7 +176,10 @@ class DistributedDataParallel final : public DataParallel {
   // Copies rank 0's param buffer to every rank.
   void broadcast_params();
 
-  // ---- The optimizer's side (DataParallel): buckets, shards, and the param sync.
+  // ---- The optimizer's side (DataParallel): buckets, shards, and the param sync. Without
+  // use_distributed_optimizer the optimizer is replicated: optimizer_bucket(b) updates the whole
+  // bucket and owns this rank's layout shard, optimizer_io(b) and initial_params(b) are the whole
+  // bucket, step_and_sync_params and force_param_sync gather nothing.
   const ParamLayout& layout() const override { return buffer_.layout(); }
   OptimizerBucket optimizer_bucket(int bucket) const override;
   OptimizerBucketIo optimizer_io(int bucket) const override;
@@ -175,7 +187,8 @@ class DistributedDataParallel final : public DataParallel {
   void step_and_sync_params(const std::function<void(int bucket)>& update) override;
   void start_iteration(const std::function<void()>& stage) override;
   void force_param_sync(const std::function<void()>& stage) override;
-  // Starts a param sync of what is staged in this rank's shards (see ParamSync::start).
+  // Starts a param sync of what is staged in this rank's shards (see ParamSync::start). Throws
+  // without use_distributed_optimizer, where every rank holds all of its params already.
   void start_param_sync(bool force_sync = false);
   bool param_sync_pending() const;
   int next_param_gather_group() const;
@@ -198,6 +211,7 @@ class DistributedDataParallel final : public DataParallel {
   void wait_all_issued();
   void reset_iteration();
   void check_finite(int bucket) const;
+  bool replicated_optimizer() const { return !config_.use_distributed_optimizer; }
 
   Communicator& comm_;
   DdpConfig config_;

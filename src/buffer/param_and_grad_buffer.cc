@@ -76,7 +76,8 @@ TensorView ParamAndGradBuffer::param_view(const TensorView& whole, int param) co
 }
 
 Range ParamAndGradBuffer::shard_range(int bucket, int rank) const {
-  MXDDP_CHECK(!layout_.shards.empty(), "shards exist only in the distributed optimizer's layout");
+  MXDDP_CHECK(!layout_.shards.empty(),
+              "this layout has no shards: they exist with use_distributed_optimizer or shard_unpadded_buckets");
   return layout_.shards.at(static_cast<size_t>(rank)).at(static_cast<size_t>(bucket)).range;
 }
 

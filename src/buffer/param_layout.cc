@@ -41,15 +41,19 @@ void validate(const std::vector<ParamSpec>& params, const LayoutOptions& options
 }
 
 // Cuts each bucket into dp shards and records which part of which param each shard holds.
+// A padded bucket divides evenly; an unpadded one is cut at floor(r * G / dp), which is the same
+// cut wherever G divides by dp.
 void compute_shards(ParamLayout& layout) {
   const int dp = layout.options.dp;
   layout.shards.assign(static_cast<size_t>(dp), {});
   for (const BucketPlacement& bucket : layout.buckets) {
-    const int64_t shard_size = bucket.range.size() / dp;
-    MXDDP_ASSERT(shard_size * dp == bucket.range.size());
+    const int64_t size = bucket.range.size();
+    MXDDP_ASSERT(!layout.options.use_distributed_optimizer || size % dp == 0);
+    // floor(size * r / dp), without forming size * r (which could overflow for a huge bucket).
+    auto cut = [&](int r) { return bucket.range.start + size / dp * r + size % dp * r / dp; };
     for (int r = 0; r < dp; ++r) {
       BucketShard shard;
-      shard.range = {bucket.range.start + r * shard_size, bucket.range.start + (r + 1) * shard_size};
+      shard.range = {cut(r), cut(r + 1)};
       for (int p : bucket.params) {
         const Range pr = layout.params[static_cast<size_t>(p)].range;
         const int64_t lo = std::max(pr.start, shard.range.start);
@@ -133,7 +137,7 @@ ParamLayout compute_param_layout(const std::vector<ParamSpec>& params, const Lay
   }
   if (!open.params.empty()) close_bucket(last_param_end);
   layout.numel = cursor;
-  if (padded && options.compute_shards) compute_shards(layout);
+  if ((padded || options.shard_unpadded_buckets) && options.compute_shards) compute_shards(layout);
   return layout;
 }
 

@@ -16,6 +16,8 @@ LayoutOptions DdpConfig::layout_options(int dp) const {
   o.dp = dp;
   o.bucket_size = overlap_grad_reduce ? (bucket_size ? bucket_size : default_bucket_size(dp, true)) : std::nullopt;
   o.use_distributed_optimizer = use_distributed_optimizer;
+  // A replicated optimizer owns its rank's shard of the unpadded buckets (ddp.h).
+  o.shard_unpadded_buckets = !use_distributed_optimizer;
   o.pad_buckets_for_high_nccl_busbw = pad_buckets_for_high_nccl_busbw;
   return o;
 }
@@ -213,11 +215,27 @@ bool DistributedDataParallel::param_sync_pending() const { return param_sync_->p
 int DistributedDataParallel::next_param_gather_group() const { return param_sync_->next_group(); }
 
 OptimizerBucket DistributedDataParallel::optimizer_bucket(int bucket) const {
-  const BucketShard& shard = buffer_.layout().shards.at(static_cast<size_t>(comm_.rank())).at(static_cast<size_t>(bucket));
-  return OptimizerBucket{.numel = shard.range.size(), .update = shard.params, .owned = shard.params};
+  const ParamLayout& layout = buffer_.layout();
+  MXDDP_CHECK(bucket >= 0 && bucket < static_cast<int>(layout.buckets.size()), "bucket {} out of range; valid: 0..{}",
+              bucket, layout.buckets.size() - 1);
+  const BucketShard& shard = layout.shards.at(static_cast<size_t>(comm_.rank())).at(static_cast<size_t>(bucket));
+  if (!replicated_optimizer())
+    return OptimizerBucket{.numel = shard.range.size(), .update = shard.params, .owned = shard.params};
+  // Replicated: the optimizer's views are the whole bucket, so offsets count from its start.
+  const BucketPlacement& b = layout.buckets[static_cast<size_t>(bucket)];
+  OptimizerBucket ob{.numel = b.range.size(), .update = {}, .owned = shard.params};
+  for (int p : b.params) {  // in buffer order
+    const Range r = layout.params[static_cast<size_t>(p)].range;
+    ob.update.push_back({p, r, {0, r.size()}, {r.start - b.range.start, r.end - b.range.start}});
+  }
+  const int64_t shard_at = shard.range.start - b.range.start;
+  for (ShardParamRange& r : ob.owned) r.in_shard = {r.in_shard.start + shard_at, r.in_shard.end + shard_at};
+  return ob;
 }
 
 OptimizerBucketIo DistributedDataParallel::optimizer_io(int bucket) const {
+  if (replicated_optimizer())
+    return OptimizerBucketIo{.grads = buffer_.bucket_grads(bucket), .params = buffer_.bucket_params(bucket)};
   // Under reuse the param shard is grad memory until the step is over: staging waits for
   // start_iteration.
   return OptimizerBucketIo{.grads = buffer_.grad_shard(bucket, comm_.rank()),
@@ -226,6 +244,7 @@ OptimizerBucketIo DistributedDataParallel::optimizer_io(int bucket) const {
 }
 
 TensorView DistributedDataParallel::initial_params(int bucket) const {
+  if (replicated_optimizer()) return buffer_.bucket_params(bucket);
   MXDDP_CHECK(param_sync_->param_buffer_holds_params(),
               "construct the DistributedOptimizer before the first zero_grad_buffer: with "
               "reuse_grad_buf_for_mxfp8_param_ag the initial params live in the grad buffer until then");
@@ -233,8 +252,12 @@ TensorView DistributedDataParallel::initial_params(int bucket) const {
 }
 
 void DistributedDataParallel::step_and_sync_params(const std::function<void(int bucket)>& update) {
-  MXDDP_CHECK(config_.use_distributed_optimizer,
-              "the distributed optimizer needs a DistributedDataParallel built with use_distributed_optimizer");
+  if (replicated_optimizer()) {
+    // Every rank updates (and stages) all of its params from the same all-reduced grads: there is
+    // nothing to gather.
+    for (int b = 0; b < static_cast<int>(buffer_.layout().buckets.size()); ++b) update(b);
+    return;
+  }
   // A forward that skipped a module (its pre-hook never ran) leaves that group's gather pending or
   // in flight; it reads the shards the update is about to write, so finish it first.
   if (param_sync_->pending()) param_sync_->complete();
@@ -261,7 +284,9 @@ void DistributedDataParallel::start_iteration(const std::function<void()>& stage
 }
 
 void DistributedDataParallel::force_param_sync(const std::function<void()>& stage) {
-  param_sync_->force(stage, [this] { zero_grad_buffer(); });
+  // Replicated: every rank re-stages all of its params itself; nothing is gathered.
+  if (replicated_optimizer()) stage();
+  else param_sync_->force(stage, [this] { zero_grad_buffer(); });
 }
 
 bool DistributedDataParallel::bucket_group_issued(int group) const {

@@ -76,13 +76,14 @@ MemoryPlan plan_ddp_memory(const std::vector<ParamSpec>& params, const DdpConfig
   constexpr int64_t kBytesPerElementMax = 64;
   MXDDP_CHECK(n <= std::numeric_limits<int64_t>::max() / kBytesPerElementMax,
               "the param list's {} elements are more than mxddp plans: their bytes would not fit in a 64-bit count", n);
-  MXDDP_CHECK(!optimizer || config.use_distributed_optimizer,
-              "the distributed optimizer needs a DistributedDataParallel built with use_distributed_optimizer");
   MemoryTracker tracker;
   const ParamLayout layout = charge_ddp_construction(params, config, dp, tracker);
   if (optimizer) {
     std::vector<int64_t> shard_numel;
-    for (const BucketPlacement& b : layout.buckets) shard_numel.push_back(b.range.size() / dp);
+    // Without use_distributed_optimizer the optimizer is replicated: every rank keeps main params
+    // and state for whole buckets.
+    for (const BucketPlacement& b : layout.buckets)
+      shard_numel.push_back(config.use_distributed_optimizer ? b.range.size() / dp : b.range.size());
     charge_optimizer_construction(shard_numel, *optimizer, config.param_dtype, tracker);
   }
   const MemoryUsage built = tracker.usage();
