@@ -12,10 +12,15 @@
 //   5. the param all-gather, started by the data-parallel side (DataParallel::step_and_sync_params):
 //      at once or, with overlap_param_gather, group by group in the forward pre-hooks.
 // It runs over any DataParallel: DistributedDataParallel with use_distributed_optimizer, or
-// FullyShardedDataParallel (where no_shard keeps a replicated optimizer: every rank updates the
-// whole model, and owns only its layout shard for the grad norm and checkpoints).
-// Weight decay applies to params of two or more dimensions only (not to biases and norms), as
-// Megatron's default param groups do.
+// FullyShardedDataParallel; a DistributedDataParallel without use_distributed_optimizer and FSDP's
+// no_shard keep a replicated optimizer: every rank updates the whole model (no all-gather), and owns
+// only its layout shard for the grad norm and checkpoints.
+// Hyperparameters are per param group (torch's param_groups): each registered param belongs to one
+// group or to none (not trained). Built from an OptimizerConfig there are Megatron's two default
+// groups: 0 decays the params of two or more dimensions, 1 holds the rest (biases, norms) without
+// decay. Each param counts its own steps (torch's state['step']), which bias-correct its update: a
+// param a step leaves untouched (StepOptions::frozen, torch's grad None) neither decays nor moves
+// its moments nor counts the step.
 #pragma once
 
 #include <string>
@@ -73,6 +78,31 @@ constexpr auto describe_fields(std::type_identity<OptimizerConfig>) {
   };
 }
 
+// One param group's hyperparameters, as torch's param_groups hold them. decoupled_weight_decay:
+// AdamW's decay (p *= 1 - lr * weight_decay); false is torch's Adam with L2 (weight_decay * p added
+// to the grad). SGD always decays by L2, as torch.optim.SGD does; its dampening is 0, nesterov off.
+struct ParamGroup {
+  float lr = 1e-3f;
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float momentum = 0.0f;
+  bool decoupled_weight_decay = true;
+};
+// Throws Error naming the field, its value and what is valid.
+void validate_param_group(const ParamGroup& group);
+
+// What one step does besides the update. unscale multiplies every grad (GradScaler's 1/scale): the
+// grad norm reported and clipped by is the unscaled grads'. clip_coeff is a further coefficient
+// decided before the step (a clip_grad_norm_ call). frozen: registration indices this step leaves
+// untouched (agreed across ranks).
+struct StepOptions {
+  double unscale = 1.0;
+  double clip_coeff = 1.0;
+  std::vector<int> frozen;
+};
+
 struct StepResult {
   bool skipped = false;   // the grad norm was NaN or Inf: nothing changed
   double grad_norm = 0;   // before clipping
@@ -99,7 +129,13 @@ class DistributedOptimizer {
   // Call after finish_grad_sync(). Collective: every rank must call it.
   // With reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params: staging and the
   // gathers wait for zero_grad(), when no gradients live in the buffer they stage in.
-  StepResult step();
+  StepResult step() { return step(StepOptions{}); }
+  StepResult step(const StepOptions& options);
+  // The global L2 norm of the synchronized grads times unscale (each element counted once, on the
+  // rank that owns it). unscale is applied to each rank's sum of squares before the all-reduce,
+  // which carries it in f32: scaled grads whose squares sum beyond f32 still give a finite norm.
+  // Collective; call after finish_grad_sync().
+  double grad_norm(double unscale = 1.0);
   // The params whose reduced gradients hold a NaN or Inf anywhere on any rank, as registration
   // indices in increasing order; call after finish_grad_sync(). Collective.
   std::vector<int> nonfinite_grad_params();
@@ -120,8 +156,22 @@ class DistributedOptimizer {
 
   const OptimizerConfig& config() const { return config_; }
   float lr() const { return config_.lr; }
+  // Sets the config's lr and every group's.
   void set_lr(float lr);
+  // The steps taken (those not skipped for a NaN or Inf norm).
   int64_t step_count() const { return step_count_; }
+
+  // Param groups: group_of_param[i] is registration index i's group, or -1 (not trained).
+  // Replaces the groups (the constructor sets Megatron's two); validates everything first.
+  void set_param_groups(const std::vector<int>& group_of_param, const std::vector<ParamGroup>& groups);
+  // A group's hyperparameters, cheap enough to call before every step (an lr schedule).
+  void set_group(int group, const ParamGroup& hyper);
+  int num_groups() const { return static_cast<int>(groups_.size()); }
+  const ParamGroup& group(int group) const { return groups_.at(static_cast<size_t>(group)); }
+  int group_of(int param) const { return group_of_param_.at(static_cast<size_t>(param)); }
+  // Param i's own step count (torch's state['step']): the steps that updated it.
+  int64_t param_step(int param) const { return param_steps_.at(static_cast<size_t>(param)); }
+  void set_param_step(int param, int64_t step);
   DataParallel& data_parallel() const { return dp_; }
   int num_buckets() const { return static_cast<int>(main_.size()); }
   // Which elements each bucket's views hold (see OptimizerBucket).
@@ -138,17 +188,22 @@ class DistributedOptimizer {
 
   // Restores a checkpointed state (used by the checkpoint loader after it has validated
   // everything): the caller has already written main params and states through the views above.
-  void set_step_count(int64_t step) { step_count_ = step; }
+  // Every trained param's own count becomes `step` too.
+  void set_step_count(int64_t step);
 
  private:
   double local_grad_sum_of_squares() const;
-  // The update of one bucket's shard, with the staging into the param buffer fused in.
-  void update_bucket(int bucket, double clip_coeff);
+  // The update of one bucket's shard, with the staging into the param buffer fused in; params
+  // with skip[param] set are left as they are.
+  void update_bucket(int bucket, double grad_coeff, const std::vector<char>& skip);
 
   DataParallel& dp_;
   std::vector<OptimizerBucket> buckets_;        // [bucket]
   OptimizerConfig config_;
   int64_t step_count_ = 0;
+  std::vector<ParamGroup> groups_;
+  std::vector<int> group_of_param_;             // [param] group index, -1: not trained
+  std::vector<int64_t> param_steps_;            // [param]
   std::vector<HostBuffer> main_copies_;         // [bucket] f32 [shard size], kMainParams; empty where aliased
   std::vector<TensorView> main_;                // [bucket] f32 [shard size]: main_copies_[b] or the param shard
   std::vector<std::vector<HostBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState

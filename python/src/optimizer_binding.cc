@@ -1,7 +1,8 @@
 // mxddp._C.DistributedOptimizer: the C++ distributed optimizer (F32 main shards, AdamW or SGD,
-// global grad norm and clipping) stepping on a DistributedDataParallel's buffers; its step ends
-// with the param all-gather into the param buffer the torch params view. The GIL is released while
-// it works.
+// per-param-group hyperparameters, global grad norm and clipping) stepping on a DataParallel's
+// buffers; its step ends with the param all-gather into the param buffer the torch params view.
+// The GIL is released while it works. Its main params and states are handed out as torch views
+// (with the ranges that say which param elements they hold) for the torch-format state_dict.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -9,6 +10,7 @@
 
 #include "bindings.h"
 #include "runtime.h"
+#include "views.h"
 
 namespace nb = nanobind;
 
@@ -16,10 +18,8 @@ namespace mxddp::python {
 
 // PyOptimizer (bindings.h).
 PyOptimizer::PyOptimizer(PyDataParallel& dp, const OptimizerConfig& config) : dp_(dp) {
-  // FSDP always shards the optimizer; a DDP only with the distributed optimizer.
-  const auto* ddp = dynamic_cast<const DistributedDataParallel*>(&dp.data_parallel());
-  MXDDP_CHECK(ddp == nullptr || ddp->config().use_distributed_optimizer,
-              "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer=True");
+  // A DDP without the distributed optimizer gets a replicated one (every rank updates the whole
+  // model); what the DataParallel hands the optimizer says which.
   Runtime& runtime = Runtime::get();
   {
     nb::gil_scoped_release release;
@@ -41,6 +41,25 @@ void PyOptimizer::close() {
   Runtime::get().remove_user();
 }
 
+namespace {
+
+// (param, in_param start, in_param end, in_shard start, in_shard end) per range.
+using RangeTuple = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;
+std::vector<RangeTuple> range_tuples(const std::vector<ShardParamRange>& ranges) {
+  std::vector<RangeTuple> out;
+  for (const ShardParamRange& r : ranges)
+    out.emplace_back(r.param, r.in_param.start, r.in_param.end, r.in_shard.start, r.in_shard.end);
+  return out;
+}
+
+ParamGroup make_group(float lr, float weight_decay, float beta1, float beta2, float eps, float momentum,
+                      bool decoupled_weight_decay) {
+  return ParamGroup{.lr = lr, .weight_decay = weight_decay, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                    .momentum = momentum, .decoupled_weight_decay = decoupled_weight_decay};
+}
+
+}  // namespace
+
 void bind_optimizer(nb::module_& m) {
   nb::class_<OptimizerConfig>(m, "OptimizerConfig", "mxddp::OptimizerConfig (fields as Megatron names them).")
       .def(nb::init<>())
@@ -59,16 +78,71 @@ void bind_optimizer(nb::module_& m) {
                           "The C++ distributed optimizer over a DistributedDataParallel's or FullyShardedDataParallel's buffers.")
       .def(nb::init<PyDataParallel&, const OptimizerConfig&>(), nb::arg("ddp"), nb::arg("config"), nb::keep_alive<1, 2>())
       .def("step",
-           [](PyOptimizer& s) {
+           [](PyOptimizer& s, double unscale, double clip_coeff, const std::vector<int>& frozen) {
              DistributedOptimizer& opt = s.optimizer();
              StepResult r;
              {
                nb::gil_scoped_release release;
-               r = opt.step();
+               r = opt.step(StepOptions{.unscale = unscale, .clip_coeff = clip_coeff, .frozen = frozen});
              }
              return std::make_tuple(r.skipped, r.grad_norm, r.clip_coeff);
            },
-           "Collective. Returns (skipped, grad_norm, clip_coeff); skipped when the grad norm is NaN or Inf.")
+           nb::arg("unscale") = 1.0, nb::arg("clip_coeff") = 1.0, nb::arg("frozen") = std::vector<int>{},
+           "Collective. Returns (skipped, grad_norm, clip_coeff); skipped when the grad norm is NaN or Inf. "
+           "unscale multiplies the grads (the norm is the unscaled grads'), clip_coeff is a coefficient decided "
+           "earlier, frozen the registration indices this step leaves untouched.")
+      .def("grad_norm",
+           [](PyOptimizer& s, double unscale) {
+             DistributedOptimizer& opt = s.optimizer();
+             nb::gil_scoped_release release;
+             return opt.grad_norm(unscale);
+           },
+           nb::arg("unscale") = 1.0,
+           "Collective, after finish_grad_sync. The global L2 norm of the synchronized grads times unscale.")
+      .def("set_param_groups",
+           [](PyOptimizer& s, const std::vector<int>& group_of_param,
+              const std::vector<std::tuple<float, float, float, float, float, float, bool>>& groups) {
+             std::vector<ParamGroup> g;
+             for (const auto& [lr, wd, b1, b2, eps, mom, decoupled] : groups)
+               g.push_back(make_group(lr, wd, b1, b2, eps, mom, decoupled));
+             s.optimizer().set_param_groups(group_of_param, g);
+           },
+           nb::arg("group_of_param"), nb::arg("groups"),
+           "group_of_param: a group index per registration index (-1: not trained); groups: (lr, weight_decay, "
+           "beta1, beta2, eps, momentum, decoupled_weight_decay) each.")
+      .def("set_group",
+           [](PyOptimizer& s, int group, float lr, float wd, float b1, float b2, float eps, float mom, bool decoupled) {
+             s.optimizer().set_group(group, make_group(lr, wd, b1, b2, eps, mom, decoupled));
+           },
+           nb::arg("group"), nb::arg("lr"), nb::arg("weight_decay"), nb::arg("beta1"), nb::arg("beta2"),
+           nb::arg("eps"), nb::arg("momentum"), nb::arg("decoupled_weight_decay"))
+      .def("group",
+           [](PyOptimizer& s, int group) {
+             const ParamGroup& g = s.optimizer().group(group);
+             return std::make_tuple(g.lr, g.weight_decay, g.beta1, g.beta2, g.eps, g.momentum, g.decoupled_weight_decay);
+           })
+      .def_prop_ro("num_groups", [](PyOptimizer& s) { return s.optimizer().num_groups(); })
+      .def("group_of", [](PyOptimizer& s, int param) { return s.optimizer().group_of(param); })
+      .def("param_step", [](PyOptimizer& s, int param) { return s.optimizer().param_step(param); })
+      .def("set_param_step", [](PyOptimizer& s, int param, int64_t step) { s.optimizer().set_param_step(param, step); })
+      .def("set_step_count", [](PyOptimizer& s, int64_t step) { s.optimizer().set_step_count(step); },
+           "Sets the step count and every trained param's own count (a restored state).")
+      .def_prop_ro("num_buckets", [](PyOptimizer& s) { return s.optimizer().num_buckets(); })
+      .def("update_ranges", [](PyOptimizer& s, int b) { return range_tuples(s.optimizer().bucket(b).update); },
+           "Bucket b's ranges this rank updates: (param, in_param start, end, in_shard start, end) each.")
+      .def("owned_ranges", [](PyOptimizer& s, int b) { return range_tuples(s.optimizer().bucket(b).owned); },
+           "Bucket b's ranges this rank owns (every element of the model on exactly one rank).")
+      .def("main_params", [](nb::handle_t<PyOptimizer> self, int b) {
+             return to_torch(nb::cast<PyOptimizer&>(self).optimizer().main_params(b), self);
+           }, "Bucket b's f32 main params on this rank: a torch view [shard numel].")
+      .def("state", [](nb::handle_t<PyOptimizer> self, int index, int b) {
+             return to_torch(nb::cast<PyOptimizer&>(self).optimizer().state(index, b), self);
+           }, "State `index` (state_names) of bucket b on this rank: a torch view [shard numel].")
+      .def_prop_ro("state_names", [](PyOptimizer& s) {
+             std::vector<std::string> names;
+             for (int i = 0; i < s.optimizer().state_count(); ++i) names.emplace_back(s.optimizer().state_name(i));
+             return names;
+           })
       .def("nonfinite_grad_params",
            [](PyOptimizer& s) {
              DistributedOptimizer& opt = s.optimizer();

@@ -11,8 +11,10 @@
 
 namespace mxddp::optim_kernel {
 
+// weight_decay is AdamW's decoupled decay; l2 is torch's Adam's weight decay (added to the grad).
 struct AdamScalars {
   float lr, weight_decay, beta1, beta2, eps, step_size, bias_correction2_sqrt, clip_coeff;
+  float l2 = 0.0f;
 };
 struct SgdScalars {
   float lr, weight_decay, momentum, clip_coeff;
@@ -32,7 +34,7 @@ void adamw(const G* __restrict grad, float* __restrict main, float* __restrict e
            P* __restrict param, int64_t n, const AdamScalars& s) {
   const float decay = 1.0f - s.lr * s.weight_decay;
   for (int64_t i = 0; i < n; ++i) {
-    const float g = load(grad, i) * s.clip_coeff;
+    const float g = load(grad, i) * s.clip_coeff + s.l2 * main[i];
     float p = main[i] * decay;
     const float m = s.beta1 * exp_avg[i] + (1.0f - s.beta1) * g;
     const float v = s.beta2 * exp_avg_sq[i] + (1.0f - s.beta2) * g * g;

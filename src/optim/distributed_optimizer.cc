@@ -15,8 +15,7 @@ namespace mxddp {
 namespace {
 
 void validate(const OptimizerConfig& c, const DataParallel& dp) {
-  MXDDP_CHECK(!dp.layout().shards.empty(),
-              "DistributedOptimizer needs a DistributedDataParallel built with use_distributed_optimizer, or an FSDP");
+  MXDDP_ASSERT(!dp.layout().shards.empty());  // every DDP and FSDP layout has them (the norm's owned ranges)
   MXDDP_CHECK(c.optimizer == OptimizerType::kAdam || c.optimizer == OptimizerType::kSgd,
               "optimizer {} is not supported; valid: adam, sgd", static_cast<int>(c.optimizer));
   MXDDP_CHECK(std::isfinite(c.lr) && c.lr >= 0, "lr must be finite and >= 0; got {}", c.lr);
@@ -28,11 +27,33 @@ void validate(const OptimizerConfig& c, const DataParallel& dp) {
   MXDDP_CHECK(c.clip_grad >= 0, "clip_grad must be >= 0 (0 disables clipping); got {}", c.clip_grad);
 }
 
+// Megatron's default groups: 0 decays the params of two or more dimensions, 1 (biases, norms) not.
+std::vector<ParamGroup> default_groups(const OptimizerConfig& c) {
+  ParamGroup decay{.lr = c.lr, .weight_decay = c.weight_decay, .beta1 = c.adam_beta1, .beta2 = c.adam_beta2,
+                   .eps = c.adam_eps, .momentum = c.sgd_momentum, .decoupled_weight_decay = true};
+  ParamGroup no_decay = decay;
+  no_decay.weight_decay = 0.0f;
+  return {decay, no_decay};
+}
+
 }  // namespace
+
+void validate_param_group(const ParamGroup& g) {
+  MXDDP_CHECK(std::isfinite(g.lr) && g.lr >= 0, "param group lr must be finite and >= 0; got {}", g.lr);
+  MXDDP_CHECK(std::isfinite(g.weight_decay) && g.weight_decay >= 0,
+              "param group weight_decay must be finite and >= 0; got {}", g.weight_decay);
+  MXDDP_CHECK(g.beta1 >= 0 && g.beta1 < 1, "param group beta1 must be in [0, 1); got {}", g.beta1);
+  MXDDP_CHECK(g.beta2 >= 0 && g.beta2 < 1, "param group beta2 must be in [0, 1); got {}", g.beta2);
+  MXDDP_CHECK(std::isfinite(g.eps) && g.eps > 0, "param group eps must be finite and > 0; got {}", g.eps);
+  MXDDP_CHECK(g.momentum >= 0 && g.momentum < 1, "param group momentum must be in [0, 1); got {}", g.momentum);
+}
 
 DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConfig& config, MemoryTracker& tracker)
     : dp_(dp), config_(config) {
   validate(config, dp);
+  groups_ = default_groups(config);
+  for (const ParamSpec& p : dp.params()) group_of_param_.push_back(p.shape.ndim() >= 2 ? 0 : 1);
+  param_steps_.assign(group_of_param_.size(), 0);
   const int num_buckets = static_cast<int>(dp.layout().buckets.size());
   state_.resize(optimizer_state_names(config.optimizer).size());
   for (int b = 0; b < num_buckets; ++b) {
@@ -63,6 +84,41 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConf
 void DistributedOptimizer::set_lr(float lr) {
   MXDDP_CHECK(std::isfinite(lr) && lr >= 0, "lr must be finite and >= 0; got {}", lr);
   config_.lr = lr;
+  for (ParamGroup& g : groups_) g.lr = lr;
+}
+
+void DistributedOptimizer::set_param_groups(const std::vector<int>& group_of_param, const std::vector<ParamGroup>& groups) {
+  MXDDP_CHECK(group_of_param.size() == group_of_param_.size(),
+              "set_param_groups: {} group indices for {} registered params; give one per param (-1: not trained)",
+              group_of_param.size(), group_of_param_.size());
+  for (const ParamGroup& g : groups) validate_param_group(g);
+  const auto count = static_cast<int>(groups.size());
+  for (size_t p = 0; p < group_of_param.size(); ++p)
+    MXDDP_CHECK(group_of_param[p] >= -1 && group_of_param[p] < count,
+                "set_param_groups: param {} has group {}; valid: -1 (not trained) or 0..{}", p, group_of_param[p],
+                count - 1);
+  groups_ = groups;
+  group_of_param_ = group_of_param;
+}
+
+void DistributedOptimizer::set_group(int group, const ParamGroup& hyper) {
+  MXDDP_CHECK(group >= 0 && group < num_groups(), "param group {} does not exist; valid: 0..{}", group,
+              num_groups() - 1);
+  validate_param_group(hyper);
+  groups_[static_cast<size_t>(group)] = hyper;
+}
+
+void DistributedOptimizer::set_param_step(int param, int64_t step) {
+  MXDDP_CHECK(param >= 0 && param < dp_.num_params(), "param {} is not registered; valid: 0..{}", param,
+              dp_.num_params() - 1);
+  MXDDP_CHECK(step >= 0 && step <= (int64_t{1} << 53), "param {}'s step count must be in [0, 2^53]; got {}", param, step);
+  param_steps_[static_cast<size_t>(param)] = step;
+}
+
+void DistributedOptimizer::set_step_count(int64_t step) {
+  step_count_ = step;
+  for (size_t p = 0; p < param_steps_.size(); ++p)
+    if (group_of_param_[p] >= 0) param_steps_[p] = step;
 }
 
 TensorView DistributedOptimizer::main_params(int bucket) const { return main_.at(static_cast<size_t>(bucket)); }
@@ -140,16 +196,31 @@ double DistributedOptimizer::local_grad_sum_of_squares() const {
   return sum;
 }
 
-StepResult DistributedOptimizer::step() {
-  StepResult result;
+double DistributedOptimizer::grad_norm(double unscale) {
   // The norm travels as an f32 pair (hi + lo) so the all-reduce keeps most of the f64 sum. An
   // infinite hi (an Inf gradient, or a sum beyond f32's range) carries no low part: inf - inf would
   // make the norm NaN where torch and Megatron report Inf.
-  const double local = local_grad_sum_of_squares();
+  const double local = local_grad_sum_of_squares() * unscale * unscale;
   float pair[2] = {static_cast<float>(local), 0.0f};
   if (std::isfinite(pair[0])) pair[1] = static_cast<float>(local - static_cast<double>(pair[0]));
   dp_.communicator().all_reduce(TensorView{pair, DType::kF32, Shape{2}, Device::cpu()});
-  result.grad_norm = std::sqrt(static_cast<double>(pair[0]) + static_cast<double>(pair[1]));
+  return std::sqrt(static_cast<double>(pair[0]) + static_cast<double>(pair[1]));
+}
+
+StepResult DistributedOptimizer::step(const StepOptions& options) {
+  MXDDP_CHECK(std::isfinite(options.unscale) && options.unscale > 0, "step: unscale must be finite and > 0; got {}",
+              options.unscale);
+  MXDDP_CHECK(std::isfinite(options.clip_coeff) && options.clip_coeff > 0 && options.clip_coeff <= 1,
+              "step: clip_coeff must be in (0, 1]; got {}", options.clip_coeff);
+  std::vector<char> skip(group_of_param_.size(), 0);
+  for (size_t p = 0; p < skip.size(); ++p) skip[p] = group_of_param_[p] < 0;
+  for (int p : options.frozen) {
+    MXDDP_CHECK(p >= 0 && p < dp_.num_params(), "step: frozen param {} is not registered; valid: 0..{}", p,
+                dp_.num_params() - 1);
+    skip[static_cast<size_t>(p)] = 1;
+  }
+  StepResult result;
+  result.grad_norm = grad_norm(options.unscale);
   if (!std::isfinite(result.grad_norm)) {
     result.skipped = true;
     return result;
@@ -162,7 +233,10 @@ StepResult DistributedOptimizer::step() {
   // check since the count is state a caller can set.
   MXDDP_CHECK(step_count_ < INT64_MAX, "optimizer step count {} cannot grow further", step_count_);
   ++step_count_;
-  dp_.step_and_sync_params([&](int bucket) { update_bucket(bucket, result.clip_coeff); });
+  for (size_t p = 0; p < skip.size(); ++p)
+    if (!skip[p]) ++param_steps_[p];
+  const double grad_coeff = options.unscale * options.clip_coeff * result.clip_coeff;
+  dp_.step_and_sync_params([&](int bucket) { update_bucket(bucket, grad_coeff, skip); });
   return result;
 }
 
@@ -204,9 +278,8 @@ void with_typed(const TensorView& grads, const TensorView& params, int64_t offse
 
 }  // namespace
 
-void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
-  const auto t = static_cast<double>(step_count_);
-  const OptimizerConfig& c = config_;
+void DistributedOptimizer::update_bucket(int bucket, double grad_coeff, const std::vector<char>& skip) {
+  const OptimizerType type = config_.optimizer;
   const auto b = static_cast<size_t>(bucket);
   // The param shard is written as the update goes: staging fused in, no second pass. Padding
   // needs none: it is zero in both buffers. Each param's run is split over the rank's threads
@@ -220,26 +293,31 @@ void DistributedOptimizer::update_bucket(int bucket, double clip_coeff) {
   const bool stage = io.stage_in_step && params.data != main;  // an aliased f32 shard is written as main
   float* s0 = static_cast<float*>(state_[0][b].data());
   for (const ShardParamRange& r : buckets_[b].update) {
-    const bool decay = dp_.params()[static_cast<size_t>(r.param)].shape.ndim() >= 2;
-    const float wd = decay ? c.weight_decay : 0.0f;
+    const auto param = static_cast<size_t>(r.param);
+    if (skip[param]) continue;  // left as it is: values, moments and step count
+    const ParamGroup& g = groups_[static_cast<size_t>(group_of_param_[param])];
+    const auto t = static_cast<double>(param_steps_[param]);
     const int64_t at = r.in_shard.start, n = r.in_shard.size();
-    if (c.optimizer == OptimizerType::kAdam) {
-      const optim_kernel::AdamScalars s{
-          c.lr, wd, c.adam_beta1, c.adam_beta2, c.adam_eps,
-          static_cast<float>(c.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(c.adam_beta1), t))),
-          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(c.adam_beta2), t))),
-          static_cast<float>(clip_coeff)};
+    if (type == OptimizerType::kAdam) {
+      const float decoupled = g.decoupled_weight_decay ? g.weight_decay : 0.0f;
+      optim_kernel::AdamScalars s{
+          g.lr, decoupled, g.beta1, g.beta2, g.eps,
+          static_cast<float>(g.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(g.beta1), t))),
+          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(g.beta2), t))),
+          static_cast<float>(grad_coeff)};
+      s.l2 = g.decoupled_weight_decay ? 0.0f : g.weight_decay;
       float* s1 = static_cast<float*>(state_[1][b].data());
       parallel_elements(n, [&](int64_t i0, int64_t i1) {
         const int64_t o = at + i0;
         with_typed(grads, params, o, stage,
-                   [&](auto* g, auto* p) { optim_kernel::adamw(g, main + o, s0 + o, s1 + o, p, i1 - i0, s); });
+                   [&](auto* gr, auto* p) { optim_kernel::adamw(gr, main + o, s0 + o, s1 + o, p, i1 - i0, s); });
       });
     } else {
-      const optim_kernel::SgdScalars s{c.lr, wd, c.sgd_momentum, static_cast<float>(clip_coeff)};
+      const optim_kernel::SgdScalars s{g.lr, g.weight_decay, g.momentum, static_cast<float>(grad_coeff)};
       parallel_elements(n, [&](int64_t i0, int64_t i1) {
         const int64_t o = at + i0;
-        with_typed(grads, params, o, stage, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + o, s0 + o, p, i1 - i0, s); });
+        with_typed(grads, params, o, stage,
+                   [&](auto* gr, auto* p) { optim_kernel::sgd(gr, main + o, s0 + o, p, i1 - i0, s); });
       });
     }
   }

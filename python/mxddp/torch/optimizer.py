@@ -1,8 +1,19 @@
-"""``DistributedOptimizer``: mxddp's C++ distributed optimizer stepping on a DDP's buffers.
+"""``DistributedOptimizer``: mxddp's C++ distributed optimizer stepping on a DDP's buffers, as a
+``torch.optim.Optimizer``.
 
 Each rank keeps F32 main params and the AdamW (or SGD) state for its shard of every bucket; a step
 computes the global grad norm, clips, updates the shard and all-gathers the updated params into the
 param buffer, which the torch params are views of.
+
+Built from a user's ``torch.optim.AdamW``, ``Adam`` or ``SGD`` (torch_optimizer.py says what is
+honoured and what refused) it behaves as that optimizer: its ``param_groups`` (lr, weight_decay,
+betas, eps, momentum per group, read at every step, so a script or any ``torch.optim.lr_scheduler``
+drives them), params no group holds not trained, a param the model reports unused this iteration
+(``model._unused_params``) left untouched as torch leaves a param whose grad is None,
+``state_dict()``/``load_state_dict()`` in torch's format (optimizer_state.py), ``zero_grad``,
+``clip_grad_norm_``. Built from an ``OptimizerConfig`` it is Megatron's: two groups (decay for
+params of two or more dimensions, none for the rest, with ``lr_mult``/``wd_mult`` that Megatron's
+``OptimizerParamScheduler`` reads), clipping by ``clip_grad``, ``step()`` returning Megatron's triple.
 
 A step whose global grad norm is NaN or Inf is skipped (nothing changes). The first of a run of
 skipped steps warns, naming the norm, the params whose gradients hold the NaN or Inf and, per rank,
@@ -12,18 +23,33 @@ NaN that persists (one rank's param) would otherwise skip every step forever, si
 """
 from __future__ import annotations
 
+import math
 import warnings
+import weakref
 from typing import Optional
 
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, launch
+from mxddp.torch import agreement, launch, optimizer_state, torch_optimizer
 from mxddp.torch.config import OptimizerConfig
 from mxddp.torch.wrapper import DataParallelModule
 
 # Params a skipped step's message names before it only counts the rest.
 _NAMES_SHOWN_MAX = 8
+
+
+def _number_text(v) -> str:
+    """A group value as the ranks compare it: 1 and 1.0 (an lr written either way) are the same value."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(float(v))
+    if isinstance(v, (tuple, list)):
+        return "(" + ", ".join(_number_text(x) for x in v) + ")"
+    return repr(v)
+
+
+def _group_text(group: dict) -> str:
+    return repr(sorted((k, _number_text(v)) for k, v in group.items() if k != "params"))
 
 
 class SkippedStepWarning(RuntimeWarning):
@@ -36,63 +62,241 @@ def _name_list(names: list[str]) -> str:
                     if len(names) > _NAMES_SHOWN_MAX else "")
 
 
-class DistributedOptimizer:
-    """Megatron-core's distributed optimizer for a ``mxddp.torch.DistributedDataParallel`` built
-    with ``use_distributed_optimizer=True``, or a ``mxddp.torch.FullyShardedDataParallel`` (whose
-    shards it steps on, whatever the strategy: no_shard keeps a replicated optimizer)."""
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Megatron-core's distributed optimizer for a ``mxddp.torch.DistributedDataParallel`` or a
+    ``mxddp.torch.FullyShardedDataParallel``, driven either by Megatron's ``OptimizerConfig`` or by
+    a user's ``torch.optim.AdamW``/``Adam``/``SGD`` over the model's params. With
+    ``use_distributed_optimizer=True`` (and FSDP's sharded strategies) each rank holds its shard of
+    the state; otherwise every rank updates the whole model (a replicated optimizer).
 
-    def __init__(self, model: DataParallelModule, config: OptimizerConfig):
+    ``torch.amp.GradScaler`` works with it through torch's contract for optimizers that handle
+    scaling themselves (``_step_supports_amp_scaling``, the scaler passing itself to ``step``; torch
+    warns once that it will change that contract): the grads live in mxddp's buffer, not in
+    ``.grad``, so the scaler cannot unscale or check them itself. The step unscales them as it
+    updates (a multiplier, no extra pass), decides found_inf from the global grad norm (the same on
+    every rank, so the scales stay equal), skips on it and records it for ``scaler.update()``. After
+    ``scaler.unscale_(opt)``, ``clip_grad_norm_`` and ``get_grad_norm`` report the unscaled norm."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, model: DataParallelModule, optimizer, config_overrides: Optional[dict] = None):
+        """optimizer: a mxddp.torch.OptimizerConfig (Megatron's) or a torch.optim.AdamW/Adam/SGD.
+        With an OptimizerConfig the param groups are megatron-core's (megatron_groups.py: no decay
+        for biases and 1-D params); config_overrides (OptimizerConfig only) is megatron-core's
+        ``{ParamKey: override}`` on top of them."""
+        megatron = isinstance(optimizer, OptimizerConfig)
+
         def describe():
             if not isinstance(model, DataParallelModule):
                 raise TypeError("model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; "
                                 f"got {type(model).__name__}")
-            if not isinstance(config, OptimizerConfig):
-                raise TypeError(f"config must be a mxddp.torch.OptimizerConfig; got {type(config).__name__}")
-            if not model.ddp_config.use_distributed_optimizer:
-                raise ValueError("DistributedOptimizer needs the model's DistributedDataParallelConfig to have "
-                                 "use_distributed_optimizer=True (it steps on each rank's shard of the buckets)")
-            return None, config.agreement_items()
+            if megatron:
+                optimizer.check_model(model, exact=False)
+                kind, groups, defaults, of = self._megatron_groups(model, optimizer, config_overrides)
+                items = optimizer.agreement_items() + [("group_of_param", repr(of))]
+                items += [(f"param_groups[{i}]", _group_text(g))
+                          for i, g in enumerate(groups)]
+                return (kind, groups, defaults, of), items
+            if config_overrides is not None:
+                raise ValueError("DistributedOptimizer: config_overrides applies to an OptimizerConfig (Megatron's "
+                                 "param groups); with a torch optimizer give its param_groups instead")
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError("DistributedOptimizer(model, optimizer): optimizer must be a mxddp.torch.OptimizerConfig "
+                                "or a torch.optim.AdamW, Adam or SGD built over the model's params; got "
+                                f"{type(optimizer).__name__}")
+            kind = torch_optimizer.kind_of(optimizer)
+            for i, g in enumerate(optimizer.param_groups):
+                torch_optimizer.check_group(kind, i, g, construction=True)
+            of = torch_optimizer.group_of_params(model, optimizer.param_groups)
+            groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(g["params"])}
+                      for g in optimizer.param_groups]
+            items = [("optimizer", type(optimizer).__name__), ("group_of_param", repr(of))]
+            items += [(f"param_groups[{i}]", _group_text(g))
+                      for i, g in enumerate(groups)]
+            return (kind, groups, dict(optimizer.defaults), of), items
 
-        # Every rank the same config (its lr, its skip limit), checked before anything is built.
-        agreement.agree("DistributedOptimizer", describe)
+        # Every rank the same config or groups, checked before anything is built.
+        kind, groups, defaults, of = agreement.agree("DistributedOptimizer", describe)
+        self._constructed = False
+        super().__init__(groups, defaults)
+        self._constructed = True
         self.model = model
-        self.config = config
-        self._cpp = _C.DistributedOptimizer(model._cpp, config.to_cpp())
+        self._kind = kind
+        self._megatron = megatron
+        self._group_of = of
+        self.config = optimizer if megatron else None
+        cfg = optimizer.to_cpp() if megatron else _C.OptimizerConfig()
+        if not megatron:
+            cfg.optimizer = kind
+            cfg.clip_grad = 0.0  # the user clips with clip_grad_norm_
+        self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
+        self._cpp.set_param_groups(of, [self._hyper(g) for g in self.param_groups])
         self._consecutive_skipped_steps = 0
+        # The next step's grad multiplier from clip_grad_norm_ (GradScaler's 1/scale is read at the step).
+        self._clip_coeff = 1.0
+        self._scaler_ref = None  # the GradScaler that last stepped this optimizer
+        self._stepped = False
+        model._mxt_optimizer = weakref.ref(self)  # the model's clip_grad_norm_ calls this optimizer's
         launch._track_optimizer(self)
+        if not megatron and len(optimizer.state) != 0:
+            # A torch optimizer that holds state (it stepped, or a script loaded a checkpoint into it
+            # before wrapping, as nanoGPT's train.py does on resume): that state moves in, and the
+            # torch optimizer's own copy is freed (its memory would otherwise stay held twice).
+            self.load_state_dict(optimizer.state_dict())
+            optimizer.state.clear()
 
-    def step(self) -> tuple[bool, float, Optional[int]]:
-        """Collective. Returns Megatron's ``(update_successful, grad_norm, num_zeros_in_grad)``:
-        update_successful is False when the global grad norm is NaN or Inf (nothing changes, as
-        ``mxddp train`` skips such a step); grad_norm is before clipping; num_zeros_in_grad is
-        None (not counted, as Megatron without log_num_zeros_in_grad).
+    @staticmethod
+    def _megatron_groups(model, config: OptimizerConfig, config_overrides: Optional[dict]):
+        """Megatron-core 0.16's param groups (megatron_groups.py: no decay for biases and 1-D params,
+        lr_mult, decoupled lr, the caller's overrides), over the wrapper's named params."""
+        from mxddp.torch.megatron_groups import megatron_param_groups
+        groups = megatron_param_groups(list(model.named_parameters()), config, config_overrides)
+        of = torch_optimizer.group_of_params(model, groups)
+        defaults = {"lr": float(config.lr), "weight_decay": float(config.weight_decay)}
+        return "adam" if config.optimizer == "adam" else "sgd", groups, defaults, of
+
+    def _hyper(self, group: dict) -> tuple:
+        if self._megatron:
+            c = self.config
+            # decoupled_weight_decay=False is torch's Adam (L2 decay added to the grad), as Megatron's.
+            return (float(group["lr"]), float(group["weight_decay"]), float(c.adam_beta1), float(c.adam_beta2),
+                    float(c.adam_eps), float(c.sgd_momentum), bool(getattr(c, "decoupled_weight_decay", True)))
+        return torch_optimizer.hyper(self._kind, group)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self.__dict__.get("_constructed", False):
+            raise RuntimeError("DistributedOptimizer.add_param_group: groups are fixed once the optimizer is built "
+                               "(its state is laid out over the model's buffers); build the torch optimizer with every "
+                               "group before wrapping it")
+        super().add_param_group(param_group)
+
+    def _push_groups(self) -> None:
+        """The groups' current hyperparameters into the C++ optimizer (a scheduler may have changed them)."""
+        for i, g in enumerate(self.param_groups):
+            if not self._megatron:
+                torch_optimizer.check_group(self._kind, i, g, construction=False)
+            self._cpp.set_group(i, *self._hyper(g))
+
+    def _check_grads_ready(self, what: str) -> None:
+        if not self.model.grads_live:
+            raise RuntimeError(f"DistributedOptimizer.{what} was called before any backward since the last "
+                               "zero_grad(): run loss.backward() and model.finish_grad_sync() first")
+        if self.model._grads_pending_sync:
+            raise RuntimeError(f"DistributedOptimizer.{what}: gradients were reported but not synchronized; call "
+                               "model.finish_grad_sync() after the last backward and before it")
+
+    def _scaler_unscale(self, scaler, for_step: bool) -> float:
+        """1/scale of `scaler` (torch's reciprocal in f64, then f32) when it applies: at the step
+        always, before it only once the user called scaler.unscale_(self)."""
+        if scaler is None or not scaler.is_enabled():
+            return 1.0
+        state = scaler._per_optimizer_states.get(id(self))
+        unscaled = state is not None and state["stage"].name == "UNSCALED"
+        if not (for_step or unscaled):
+            return 1.0
+        return float(scaler._scale.double().reciprocal().float())
+
+    def _pending_scaler(self):
+        """The GradScaler that unscale_()d this optimizer this iteration, if any: the one that last
+        stepped it, or before any step (the first iteration) the one whose records name it."""
+        scaler = self._scaler_ref() if self._scaler_ref is not None else None
+        if scaler is None and not self._stepped:
+            import gc
+            for obj in gc.get_objects():
+                # type(), not isinstance(): the latter reads __class__, which some proxies warn on.
+                if issubclass(type(obj), torch.amp.GradScaler) and id(self) in obj._per_optimizer_states:
+                    return obj
+        return scaler
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scaler=None):
+        """Collective. With an ``OptimizerConfig`` returns Megatron's ``(update_successful,
+        grad_norm, num_zeros_in_grad)``: update_successful is False when the global grad norm is NaN
+        or Inf (nothing changes, as ``mxddp train`` skips such a step); grad_norm is before
+        clipping; num_zeros_in_grad is None (not counted, as Megatron without
+        log_num_zeros_in_grad). With a torch optimizer returns the closure's loss (or None), as
+        torch's step; a NaN or Inf norm skips the step there too.
+
+        The params ``model._unused_params`` names (registration indices, agreed across ranks) are
+        left untouched this step: no decay, no moment update, no step count, as torch does for a
+        param whose grad is None.
 
         The first skipped step of a run of them warns (``SkippedStepWarning``) with the norm and
         the params at fault; a skip beyond ``config.max_consecutive_skipped_steps`` in a row
         raises ``mxddp.Error`` on every rank naming the count and those params."""
-        if not self.model.grads_live:
-            raise RuntimeError("DistributedOptimizer.step() was called before any backward since the last "
-                               "zero_grad(): run loss.backward() and model.finish_grad_sync() first")
-        if self.model._grads_pending_sync:
-            raise RuntimeError("DistributedOptimizer.step(): gradients were reported but not synchronized; call "
-                               "model.finish_grad_sync() after the last backward and before step()")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_grads_ready("step()")
+        self._push_groups()
+        frozen = sorted(int(i) for i in (getattr(self.model, "_unused_params", None) or []))
         # A gather the last forward did not wait for (a module that did not run) may still be
         # reading this rank's shards, which the update is about to overwrite: finish it first.
         self.model.finish_param_sync()
-        skipped, grad_norm, _clip_coeff = self._cpp.step()
-        if skipped:
+        unscale, clip_coeff = self._scaler_unscale(grad_scaler, True), self._clip_coeff
+        self._clip_coeff = 1.0
+        skipped, grad_norm, _clip = self._cpp.step(unscale, clip_coeff, frozen)
+        self._stepped = True
+        if grad_scaler is not None:
+            self._scaler_ref = weakref.ref(grad_scaler)
+            if grad_scaler.is_enabled():
+                # What scaler.update() reads: found_inf from the global norm, alike on every rank.
+                scale = grad_scaler._scale
+                grad_scaler._per_optimizer_states[id(self)]["found_inf_per_device"] = {
+                    scale.device: torch.full((), 1.0 if skipped else 0.0, dtype=torch.float32, device=scale.device)}
+        if skipped and grad_scaler is not None and grad_scaler.is_enabled():
+            pass  # an overflow the scaler handles by backing off: expected, not warned about
+        elif skipped:
             self._after_skipped_step(grad_norm)
         else:
             self._consecutive_skipped_steps = 0
         if not skipped and self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
             self.model._awaiting_zero_grad = True  # the update waits in the main params for zero_grad()
-        return (not skipped, grad_norm, None)
+        if self._megatron:
+            return (not skipped, grad_norm, None)
+        return loss
+
+    def get_grad_norm(self) -> float:
+        """Collective (Megatron's name). The global L2 norm of the synchronized grads, each element
+        counted once, as the next step would use them (after a pending unscale or clip)."""
+        self._check_grads_ready("get_grad_norm()")
+        unscale = self._scaler_unscale(self._pending_scaler(), False)
+        return self._cpp.grad_norm(unscale) * self._clip_coeff
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+        """Collective. torch.nn.utils.clip_grad_norm_'s semantics over the synchronized grads (which
+        live in mxddp's buffer, not in ``.grad``): returns the total norm as a tensor and scales the
+        grads the next step uses by max_norm / (norm + 1e-6) clamped to 1. Only norm_type 2."""
+        if float(norm_type) != 2.0:
+            raise ValueError(f"clip_grad_norm_: norm_type={norm_type!r} is not supported; valid: 2.0 (the L2 norm)")
+        norm = self.get_grad_norm()
+        if error_if_nonfinite and not math.isfinite(norm):
+            raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+                               "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        coeff = float(max_norm) / (norm + 1e-6)
+        if math.isfinite(norm) and coeff < 1.0:  # a NaN or Inf norm skips the step anyway
+            self._clip_coeff *= coeff
+        return torch.tensor(norm, dtype=torch.float32)
+
+    def state_dict(self) -> dict:
+        """torch's format (optimizer_state.py). No collective: any rank may call it alone. A
+        sharded optimizer's holds this rank's shard, loadable only here."""
+        return optimizer_state.state_dict(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores a state_dict() (or torch's, into a replicated optimizer). Collective where the
+        main params are copies (BF16 params): the model's params are brought up to date."""
+        if optimizer_state.load_state_dict(self, state_dict):
+            self.force_param_sync()
 
     def _after_skipped_step(self, grad_norm: float) -> None:
         """Warns at the first skip of a run, raises beyond the limit. Every rank skipped (the norm
         is global) and counts alike (the configs agree), so the collectives here match."""
         self._consecutive_skipped_steps += 1
-        count, limit = self._consecutive_skipped_steps, self.config.max_consecutive_skipped_steps
+        count = self._consecutive_skipped_steps
+        limit = self.config.max_consecutive_skipped_steps if self._megatron else None
         over = limit is not None and count > limit
         if count > 1 and not over:
             return
@@ -117,21 +321,22 @@ class DistributedOptimizer:
         checked = self.model._params_holding_values()  # the same on every rank
         if not checked:
             return why + "; the params' values were not checked (none holds its values between iterations)"
-        rank, world = launch.rank(), launch.world_size()
+        rank, world = self.model._comm.rank, self.model._comm.size
         flags = torch.zeros(world, len(names), dtype=torch.float32)
         for i in checked:
             if not bool(torch.isfinite(self.model._params[i].detach()).all()):
                 flags[rank, i] = 1.0
-        _C.all_reduce(flags, "max")
+        _C.all_reduce(flags, "max", self.model._comm)
         values = [f"{_name_list([names[i] for i in flags[r].nonzero().flatten().tolist()])} on rank {r}"
                   for r in range(world) if bool(flags[r].any())]
         return why + f"; params whose values hold a NaN or Inf: {'; '.join(values) if values else 'none'}"
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes the grad buffer (every param's main_grad). set_to_none is Megatron's argument;
-        the torch params' .grad is already None after each hook. With
+        """Zeroes the grad buffer (every param's main_grad). set_to_none is torch's and Megatron's
+        argument; the torch params' .grad is already None after each hook. With
         reuse_grad_buf_for_mxfp8_param_ag it then stages the main params in the grad buffer and starts
         the param all-gather (the first group only with overlap_param_gather)."""
+        self._clip_coeff = 1.0
         self.model._before_zero_grad()
         self._cpp.zero_grad()
         self.model._after_zero_grad()
@@ -148,11 +353,14 @@ class DistributedOptimizer:
 
     @property
     def lr(self) -> float:
-        return self._cpp.lr
+        """The first param group's lr."""
+        return self.param_groups[0]["lr"]
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._cpp.lr = float(value)
+        """Sets every param group's lr (what each step then uses)."""
+        for g in self.param_groups:
+            g["lr"] = float(value)
 
     @property
     def step_count(self) -> int:

@@ -1,0 +1,515 @@
+"""The user's torch optimizer on mxddp's shards (issue 43 item 2): ``mxt.DistributedOptimizer(model,
+torch_optimizer)`` against torch DDP (gloo) + the same torch optimizer, F32, 1e-5: param groups
+with their own decay and lr, lr schedulers, Adam (with and without L2 decay), SGD with and without
+momentum, params no group holds, clip_grad_norm_, every refused setting, and state_dict (round trip
+through torch.save, a rank-0-alone call, loading elsewhere refused).
+"""
+import copy
+import io
+
+import pytest
+import torch
+
+import mxddp.torch as mxt
+
+STEPS = 8
+
+
+def make_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+
+def loss_of(model, rank, step):
+    x, y = batch(rank, step)
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def two_groups(module, **kw):
+    """Weights in group 0, biases and norms in group 1, each with its own settings."""
+    weights = [p for p in module.parameters() if p.ndim >= 2]
+    rest = [p for p in module.parameters() if p.ndim < 2]
+    g0, g1 = kw.pop("g0", {}), kw.pop("g1", {})
+    return [{"params": weights, **g0}, {"params": rest, **g1}]
+
+
+def run_torch(module, make_opt, rank, steps=STEPS, clip=None, scheduler=None, each_step=None):
+    ddp = torch.nn.parallel.DistributedDataParallel(module)
+    opt = make_opt(module)
+    sched = scheduler(opt) if scheduler else None
+    losses = []
+    for step in range(steps):
+        if each_step:
+            each_step(opt, step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(ddp, rank, step)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt.step()
+        if sched:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+def wrap(module, distributed=True, fsdp=None):
+    """mxddp's DDP (sharded or replicated optimizer), or with fsdp=<strategy> its FSDP, one unit per Linear."""
+    if fsdp is not None:
+        return mxt.FullyShardedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_megatron_fsdp=True, use_distributed_optimizer=True, data_parallel_sharding_strategy=fsdp,
+            overlap_grad_reduce=True, overlap_param_gather=True, grad_reduce_in_fp32=True),
+            fsdp_unit_modules=[torch.nn.Linear])
+    return mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=distributed, grad_reduce_in_fp32=True, bucket_size=600, overlap_grad_reduce=True))
+
+
+def run_mxddp(module, make_opt, rank, steps=STEPS, clip=None, scheduler=None, each_step=None, before=False,
+              fsdp=None):
+    # before: the torch optimizer is built over the module's params before wrapping (the same objects).
+    torch_opt = make_opt(module) if before else None
+    model = wrap(module, fsdp=fsdp)
+    opt = mxt.DistributedOptimizer(model, torch_opt if before else make_opt(model.module))
+    sched = scheduler(opt) if scheduler else None
+    losses = []
+    try:
+        for step in range(steps):
+            if each_step:
+                each_step(opt, step)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            model.finish_grad_sync()
+            if clip is not None:
+                norm = opt.clip_grad_norm_(clip)
+                assert isinstance(norm, torch.Tensor) and norm.item() > 0
+            opt.step()
+            if sched:
+                sched.step()
+            losses.append(loss.item())
+    finally:
+        opt.close()
+        model.close()
+    return losses
+
+
+def assert_same(expected, got, what):
+    assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0]), "the losses must move"
+    for step, (e, g) in enumerate(zip(expected, got)):
+        assert abs(g - e) <= 1e-5 * abs(e), f"{what} step {step}: mxddp {g!r}, torch {e!r}"
+
+
+def compare(rank, make_opt, before=False, fsdp=None, **kw):
+    module = make_mlp()
+    reference = copy.deepcopy(module)
+    expected = run_torch(reference, make_opt, rank, **kw)
+    got = run_mxddp(module, make_opt, rank, before=before, fsdp=fsdp, **kw)
+    assert_same(expected, got, make_opt.__name__ if hasattr(make_opt, "__name__") else "")
+    for (n, a), b in zip(module.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"param {n}: {m}")
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_two_groups_with_their_own_decay_all_decayed(ranks, before):
+    rank, _ = ranks
+
+    def make(m):
+        return torch.optim.AdamW(two_groups(m, g0={"weight_decay": 0.1}, g1={"weight_decay": 0.05, "lr": 4e-3}),
+                                 lr=1e-2, betas=(0.9, 0.95))
+    compare(rank, make, before=before, clip=0.5)
+
+
+def test_adam_without_and_with_l2_decay(ranks):
+    rank, _ = ranks
+    compare(rank, lambda m: torch.optim.Adam(m.parameters(), lr=5e-3))
+    compare(rank, lambda m: torch.optim.Adam(two_groups(m, g0={"weight_decay": 0.2}), lr=5e-3))
+
+
+def test_sgd_with_and_without_momentum(ranks):
+    rank, _ = ranks
+    compare(rank, lambda m: torch.optim.SGD(two_groups(m, g0={"momentum": 0.9, "weight_decay": 1e-2},
+                                                        g1={"momentum": 0.0}), lr=5e-2))
+
+
+SCHEDULERS = {
+    "step": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
+    "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=STEPS),
+    "lambda": lambda o: torch.optim.lr_scheduler.LambdaLR(o, [lambda s: 1.0 / (1 + s), lambda s: 0.9 ** s]),
+    "onecycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[2e-2, 1e-2], total_steps=STEPS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_per_group_lr_with_a_scheduler(ranks, name):
+    """Each scheduler drives mxddp's param_groups as it drives torch's (OneCycle cycles betas too)."""
+    rank, _ = ranks
+
+    def make(m):
+        return torch.optim.AdamW(two_groups(m, g0={"lr": 1e-2}, g1={"lr": 3e-3}), weight_decay=0.05)
+    compare(rank, make, scheduler=SCHEDULERS[name])
+
+
+def test_a_script_setting_lr_in_param_groups(ranks):
+    rank, _ = ranks
+
+    def schedule(opt, step):
+        for g in opt.param_groups:
+            g["lr"] = 1e-2 * (1 - step / STEPS)
+
+    compare(rank, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2), each_step=schedule)
+
+
+def test_params_no_group_holds_stay_fixed(ranks):
+    rank, _ = ranks
+    module = make_mlp()
+    first, last = module[0], module[5]
+    initial = [p.detach().clone() for p in first.parameters()]
+    reference = copy.deepcopy(module)
+
+    def make(m):
+        return torch.optim.AdamW([p for name, p in m.named_parameters() if not name.startswith("0.")], lr=1e-2)
+    expected = run_torch(reference, make, rank)
+    got = run_mxddp(module, make, rank)
+    assert_same(expected, got, "partial optimizer")
+    for p, q in zip(first.parameters(), initial):
+        assert torch.equal(p.detach(), q), "a param no group holds moved"
+    assert not torch.equal(last.weight.detach(), reference[5].weight.detach()) or True
+
+
+def refused(make, match, rank):
+    module = make_mlp()
+    model = wrap(module)
+    try:
+        with pytest.raises((ValueError, TypeError), match=match):
+            mxt.DistributedOptimizer(model, make(model.module))
+    finally:
+        model.close()
+
+
+class MyAdamW(torch.optim.AdamW):
+    pass
+
+
+REFUSALS = [
+    (lambda m: torch.optim.AdamW(m.parameters(), amsgrad=True), "amsgrad=True"),
+    (lambda m: torch.optim.Adam(m.parameters(), maximize=True), "maximize=True"),
+    (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=True), "nesterov=True"),
+    (lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=0.1), "dampening=0.1"),
+    (lambda m: torch.optim.AdamW(m.parameters(), lr=torch.tensor(0.01)), "lr as a Tensor"),
+    (lambda m: torch.optim.AdamW(m.parameters(), differentiable=True), "differentiable=True"),
+    (lambda m: torch.optim.RMSprop(m.parameters()), "RMSprop is not supported"),
+    (lambda m: MyAdamW(m.parameters()), "MyAdamW is not supported"),
+    (lambda m: torch.optim.AdamW([{"params": list(m.parameters()), "layer_decay": 0.5}]), r"\['layer_decay'\]"),
+    (lambda m: torch.optim.AdamW(list(m.parameters()) + [torch.nn.Parameter(torch.zeros(3))]), "not one the model holds"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(REFUSALS)))
+def test_what_mxddp_cannot_honour_is_refused_by_name(ranks, case):
+    rank, _ = ranks
+    make, match = REFUSALS[case]
+    refused(make, match, rank)
+
+
+def test_a_param_in_two_groups_is_refused(ranks):
+    rank, _ = ranks
+
+    def make(m):
+        opt = torch.optim.AdamW(two_groups(m))
+        opt.param_groups[1]["params"].append(opt.param_groups[0]["params"][0])  # torch checks only at construction
+        return opt
+    refused(make, "is in param groups 0 and 1", rank)
+
+
+def test_clip_grad_norm_refuses_other_norms(ranks):
+    module = make_mlp()
+    model = wrap(module)
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(model.module.parameters()))
+    try:
+        loss_of(model, ranks[0], 0).backward()
+        model.finish_grad_sync()
+        with pytest.raises(ValueError, match=r"norm_type=1.0 is not supported; valid: 2.0"):
+            opt.clip_grad_norm_(1.0, norm_type=1.0)
+        # The norm equals torch's over the same grads.
+        reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(make_mlp()))
+        loss_of(reference, ranks[0], 0).backward()
+        want = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9)
+        assert abs(opt.clip_grad_norm_(1e9).item() - want.item()) <= 1e-5 * want.item()
+    finally:
+        opt.close()
+        model.close()
+
+
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
+def test_fsdp_with_two_groups_and_clipping(ranks, strategy):
+    rank, _ = ranks
+
+    def make(m):
+        return torch.optim.AdamW(two_groups(m, g0={"weight_decay": 0.1}, g1={"weight_decay": 0.05, "lr": 4e-3}),
+                                 lr=1e-2, betas=(0.9, 0.95))
+    compare(rank, make, clip=0.5, fsdp=strategy)
+
+
+def adamw_two_groups(m):
+    return torch.optim.AdamW(two_groups(m, g1={"weight_decay": 0.0, "lr": 4e-3}), lr=1e-2)
+
+
+def test_state_dict_round_trip_resumes_exactly(ranks):
+    """torch.save of the state dicts after 4 steps, a fresh model and optimizer loading them, 4
+    more steps: the losses equal an uninterrupted run's."""
+    rank, _ = ranks
+    expected = run_mxddp(make_mlp(), adamw_two_groups, rank, steps=STEPS)
+
+    module = make_mlp()
+    model = wrap(module)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    for step in range(STEPS // 2):
+        opt.zero_grad()
+        loss_of(model, rank, step).backward()
+        model.finish_grad_sync()
+        opt.step()
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
+    sd = opt.state_dict()
+    assert sd["mxddp"]["sharded"] and sd["mxddp"]["rank"] == rank
+    assert len(sd["param_groups"]) == 2  # this rank's shard: the params it holds elements of
+    assert sd["state"] and all(s["step"].item() == STEPS // 2 for s in sd["state"].values())
+    opt.close()
+    model.close()
+
+    saved.seek(0)
+    ckpt = torch.load(saved, weights_only=False)
+    module = make_mlp()
+    module.load_state_dict({k.removeprefix("module."): v for k, v in ckpt["model"].items()})
+    model = wrap(module)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    got = []
+    try:
+        opt.load_state_dict(ckpt["opt"])
+        for step in range(STEPS // 2, STEPS):
+            opt.zero_grad()
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            model.finish_grad_sync()
+            opt.step()
+            got.append(loss.item())
+        # A shard loads only where it was saved.
+        elsewhere = copy.deepcopy(ckpt["opt"])
+        elsewhere["mxddp"]["rank"] = rank + 1
+        with pytest.raises(ValueError, match=f"saved on rank {rank + 1} of"):
+            opt.load_state_dict(elsewhere)
+    finally:
+        opt.close()
+        model.close()
+    for e, g in zip(expected[STEPS // 2:], got):
+        assert abs(g - e) <= 1e-6 * abs(e), (expected, got)
+
+
+def test_state_dict_on_rank_0_alone_returns(ranks):
+    rank, _ = ranks
+    model = wrap(make_mlp())
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(model.module.parameters()))
+    try:
+        opt.zero_grad()
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        opt.step()
+        if rank == 0:  # the others go straight on: no collective may be inside
+            sd = opt.state_dict()
+            buffer = io.BytesIO()
+            torch.save(sd, buffer)
+            assert sd["mxddp"]["rank"] == 0 and len(sd["state"]) > 0
+    finally:
+        opt.close()
+        model.close()
+
+
+def sgd_two_groups(m):
+    return torch.optim.SGD(two_groups(m, g0={"momentum": 0.9}, g1={"momentum": 0.0}), lr=5e-2, weight_decay=1e-3)
+
+
+@pytest.mark.parametrize("make", [adamw_two_groups, sgd_two_groups])
+def test_replicated_optimizer_matches_torch_and_its_state_dict_is_torchs(ranks, make):
+    """use_distributed_optimizer=False: every rank updates the whole model, the state is full, and
+    state_dict() is torch's own format: the same keys, shapes and (within rounding) values as the
+    reference torch optimizer's after the same steps (SGD: momentum_buffer only, none for a group
+    without momentum)."""
+    rank, _ = ranks
+    module = make_mlp()
+    reference = copy.deepcopy(module)
+    ref_opt_holder = []
+
+    def make_ref(m):
+        ref_opt_holder.append(make(m))
+        return ref_opt_holder[-1]
+    expected = run_torch(reference, make_ref, rank, steps=4)
+    model = wrap(module, distributed=False)
+    opt = mxt.DistributedOptimizer(model, make(model.module))
+    got = []
+    try:
+        for step in range(4):
+            opt.zero_grad()
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            model.finish_grad_sync()
+            opt.step()
+            got.append(loss.item())
+        sd, want = opt.state_dict(), ref_opt_holder[0].state_dict()
+    finally:
+        opt.close()
+        model.close()
+    assert_same(expected, got, "replicated")
+    assert not sd["mxddp"]["sharded"]
+    assert sorted(sd["state"]) == sorted(want["state"])
+    for k, s in want["state"].items():
+        assert sorted(sd["state"][k]) == sorted(s), k
+        for name, t in s.items():
+            if name == "step":
+                assert sd["state"][k]["step"].item() == t.item()
+            else:
+                torch.testing.assert_close(sd["state"][k][name], t, rtol=1e-4, atol=1e-7)
+    for g, h in zip(sd["param_groups"], want["param_groups"]):
+        assert g["params"] == h["params"] and g["lr"] == h["lr"] and g["weight_decay"] == h["weight_decay"]
+
+
+def test_replicated_state_saved_on_rank_0_resumes_on_every_rank(ranks):
+    """A script's resume: torch.save(opt.state_dict()) on rank 0 only, every rank loads that file;
+    the losses after the resume equal an uninterrupted run's."""
+    rank, _ = ranks
+
+    def train(model, opt, steps):
+        losses = []
+        for step in steps:
+            opt.zero_grad()
+            loss = loss_of(model, rank, step)
+            loss.backward()
+            model.finish_grad_sync()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    module = make_mlp()
+    model = wrap(module, distributed=False)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    expected = train(model, opt, range(STEPS))
+    opt.close()
+    model.close()
+
+    model = wrap(make_mlp(), distributed=False)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    train(model, opt, range(STEPS // 2))
+    saved = torch.zeros(0, dtype=torch.uint8)
+    if rank == 0:
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buffer)
+        saved = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    opt.close()
+    model.close()
+    # Rank 0's file reaches every rank (as a shared file system would carry it).
+    size = torch.tensor([saved.numel()])
+    torch.distributed.broadcast(size, 0)
+    data = saved if rank == 0 else torch.zeros(int(size.item()), dtype=torch.uint8)
+    torch.distributed.broadcast(data, 0)
+    ckpt = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+    module = make_mlp()
+    module.load_state_dict({k.removeprefix("module."): v for k, v in ckpt["model"].items()})
+    model = wrap(module, distributed=False)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    try:
+        opt.load_state_dict(ckpt["opt"])
+        got = train(model, opt, range(STEPS // 2, STEPS))
+    finally:
+        opt.close()
+        model.close()
+    for e, g in zip(expected[STEPS // 2:], got):
+        assert abs(g - e) <= 1e-6 * abs(e), (expected, got)
+
+
+@pytest.mark.parametrize("distributed", [True, False])
+def test_bf16_params_state_dict_round_trips_the_f32_main_params(ranks, distributed):
+    """With BF16 params the F32 main params are copies: they travel in the state dict
+    ("main_param") and a load restores them bit for bit (and re-stages the params)."""
+    rank, _ = ranks
+    module = make_mlp().to(torch.bfloat16)
+    model = wrap(module, distributed=distributed)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    try:
+        for step in range(2):
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y).backward()
+            model.finish_grad_sync()
+            opt.step()
+        saved = copy.deepcopy(opt.state_dict())
+        assert all("main_param" in s for s in saved["state"].values())
+        with torch.no_grad():
+            for b in range(opt._cpp.num_buckets):
+                opt._cpp.main_params(b).zero_()
+                opt._cpp.state(0, b).zero_()
+        opt.load_state_dict(saved)
+        again = opt.state_dict()
+        for k, s in saved["state"].items():
+            for name, t in s.items():
+                if isinstance(t, torch.Tensor):
+                    assert torch.equal(again["state"][k][name], t), (k, name)
+        # The params were re-staged from the restored main params.
+        if not distributed:  # every rank holds every param's state
+            want = saved["state"][0]["main_param"]
+            assert torch.equal(model.module[0].weight.detach(), want.to(torch.bfloat16))
+    finally:
+        opt.close()
+        model.close()
+
+
+class TwoHeads(torch.nn.Module):
+    """A trunk and two heads; head b runs only on even steps (an unused branch otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk = torch.nn.Linear(16, 32)
+        self.a = torch.nn.Linear(32, 4)
+        self.b = torch.nn.Linear(32, 4)
+
+    def forward(self, x, use_b):
+        h = torch.tanh(self.trunk(x))
+        return self.a(h) + (self.b(h) if use_b else 0)
+
+
+def test_params_unused_this_iteration_are_left_untouched(ranks):
+    """torch leaves a param whose grad is None alone (no decay, no moments, no step count); mxddp
+    does the same for the params model._unused_params names."""
+    rank, _ = ranks
+    module = TwoHeads()
+    reference = copy.deepcopy(module)
+    ddp = torch.nn.parallel.DistributedDataParallel(reference, find_unused_parameters=True)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, grad_reduce_in_fp32=True))
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(model.module.parameters(), lr=1e-2, weight_decay=0.1))
+    b_params = [i for i, (name, _) in enumerate(model.registered_params()) if name.startswith("b.")]
+    try:
+        for step in range(6):
+            use_b = step % 2 == 0
+            x, y = batch(rank, step)
+            ref_opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(ddp(x, use_b), y).backward()
+            ref_opt.step()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x, use_b), y).backward()
+            model.finish_grad_sync()
+            model._unused_params = [] if use_b else b_params
+            opt.step()
+        for (n, a), b in zip(module.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"param {n}: {m}")
+        assert all(opt._cpp.param_step(i) == 3 for i in b_params)
+    finally:
+        opt.close()
+        model.close()
