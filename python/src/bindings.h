@@ -13,14 +13,24 @@
 #include <mxddp/fsdp.h>
 #include <mxddp/optim.h>
 
+#include "runtime.h"
+
 namespace mxddp::python {
 
-void bind_runtime(nanobind::module_& m);    // init_mpi, finalize, memory figures, small collectives
+void bind_runtime(nanobind::module_& m);    // init_mpi, init_torch, finalize, communicators, memory figures, small collectives
 void bind_ddp(nanobind::module_& m);        // DataParallel (the handles' base), DdpConfig, DistributedDataParallel
 void bind_fsdp(nanobind::module_& m);       // FsdpConfig, FullyShardedDataParallel
 void bind_optimizer(nanobind::module_& m);  // DistributedOptimizer
 void bind_plan(nanobind::module_& m);       // plan_ddp_memory (the memory planner)
 void bind_checkpoint(nanobind::module_& m);  // save_checkpoint, load_checkpoint (the history layout)
+
+// Python's handle on one of the runtime's communicators (mxddp._C.Communicator): the world's
+// (id Runtime::kWorld) or a torch process group's (Runtime::add_torch_group). The runtime owns the
+// communicator; the handle only names it, so one used after finalize() fails with a clear Error.
+struct CommHandle {
+  int id = Runtime::kWorld;
+  Communicator& comm() const { return Runtime::get().comm(id); }
+};
 
 // A param as Python names it: (name, shape, shared_embedding).
 using PyParam = std::tuple<std::string, std::vector<int64_t>, bool>;
@@ -60,15 +70,18 @@ class PyDataParallel {
 
 class PyDdp final : public PyDataParallel {
  public:
-  // initial_values: as for DistributedDataParallel (one per param, or none: zeros).
-  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values = {});
+  // initial_values: as for DistributedDataParallel (one per param, or none: zeros). comm: the
+  // communicator it reduces over (the world's by default).
+  PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values = {},
+        const CommHandle& comm = {});
   DistributedDataParallel& ddp() { return static_cast<DistributedDataParallel&>(data_parallel()); }
 };
 
 class PyFsdp final : public PyDataParallel {
  public:
   PyFsdp(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units, const FsdpConfig& config,
-         const std::vector<TensorView>& initial_values);
+         const std::vector<TensorView>& initial_values, const CommHandle& comm = {},
+         const CommHandle* replica = nullptr);  // replica: HSDP's replica group (fsdp.h), null without
   FullyShardedDataParallel& fsdp() { return static_cast<FullyShardedDataParallel&>(data_parallel()); }
 };
 

@@ -1,7 +1,8 @@
-// mxddp._C.DistributedDataParallel: the C++ DDP over the process's communicator, with its param
-// and grad buffers handed to torch as views (DLPack, no copies). The GIL is released while the
-// library works (grad_ready may issue a collective; finish_grad_sync waits for them), so the
-// communicator's progress thread and the Python backward run at the same time.
+// mxddp._C.DistributedDataParallel: the C++ DDP over one of the runtime's communicators (the world's
+// or a torch process group's), with its param and grad buffers handed to torch as views (DLPack, no
+// copies). The GIL is released while the library works (grad_ready may issue a collective;
+// finish_grad_sync waits for them), so the communicator's progress thread and the Python backward
+// run at the same time; a torch communicator's progress thread needs the GIL to run at all.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -33,36 +34,49 @@ DataParallel& PyDataParallel::data_parallel() {
 void PyDataParallel::close() {
   if (!dp_) return;
   MXDDP_CHECK(optimizers_ == 0, "close the DistributedOptimizer ({} open) before its model", optimizers_);
-  no_sync_scopes_.clear();
   {
     nb::gil_scoped_release release;
+    no_sync_scopes_.clear();
     dp_.reset();  // waits for collectives still in flight
   }
-  Runtime::get().remove_user();
+  Runtime::get().remove_user();  // releases the GIL itself where it waits
 }
 
+// Both without the GIL: entering or leaving no_sync may wait for a collective (FSDP), and a torch
+// communicator's progress thread needs the GIL to finish it.
 void PyDataParallel::enter_no_sync() {
-  no_sync_scopes_.push_back(std::make_unique<DataParallel::NoSyncScope>(data_parallel()));
+  DataParallel& dp = data_parallel();
+  std::unique_ptr<DataParallel::NoSyncScope> scope;
+  {
+    nb::gil_scoped_release release;
+    scope = std::make_unique<DataParallel::NoSyncScope>(dp);
+  }
+  no_sync_scopes_.push_back(std::move(scope));
 }
 
 void PyDataParallel::exit_no_sync() {
   MXDDP_CHECK(!no_sync_scopes_.empty(), "no_sync exit without a matching enter");
+  std::unique_ptr<DataParallel::NoSyncScope> scope = std::move(no_sync_scopes_.back());
   no_sync_scopes_.pop_back();
+  nb::gil_scoped_release release;
+  scope.reset();
 }
 
 namespace {
 
 std::unique_ptr<DataParallel> make_ddp(const std::vector<ParamSpec>& params, const DdpConfig& config,
-                                       const std::vector<TensorView>& initial_values) {
+                                       const std::vector<TensorView>& initial_values, const CommHandle& handle) {
   Runtime& runtime = Runtime::get();
+  Communicator& comm = handle.comm();
   nb::gil_scoped_release release;
-  return std::make_unique<DistributedDataParallel>(runtime.comm(), params, config, runtime.tracker(), initial_values);
+  return std::make_unique<DistributedDataParallel>(comm, params, config, runtime.tracker(), initial_values);
 }
 
 }  // namespace
 
-PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values)
-    : PyDataParallel(make_ddp(params, config, initial_values)) {}
+PyDdp::PyDdp(const std::vector<ParamSpec>& params, const DdpConfig& config, const std::vector<TensorView>& initial_values,
+             const CommHandle& comm)
+    : PyDataParallel(make_ddp(params, config, initial_values, comm)) {}
 
 std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::vector<bool>& mxfp8,
                                 const std::vector<bool>& mxfp8_colwise_forward) {
@@ -124,7 +138,13 @@ void bind_data_parallel(nb::module_& m) {
       // The views keep this handle alive (their DLPack owner), so the buffers outlive every tensor
       // over them unless close() is called explicitly.
       .def("param", [](nb::handle_t<PyDataParallel> self, int i) {
-        return to_torch(nb::cast<PyDataParallel&>(self).data_parallel().param(i), self);
+        DataParallel& dp = nb::cast<PyDataParallel&>(self).data_parallel();
+        TensorView values;
+        {
+          nb::gil_scoped_release release;  // as every call into a DataParallel that could wait for a collective
+          values = dp.param(i);
+        }
+        return to_torch(values, self);
       }, "Param i's values: a torch view of the param buffer (FSDP: of its gathered storage, valid while gathered).")
       .def("main_grad", [](nb::handle_t<PyDataParallel> self, int i) {
         DataParallel& dp = nb::cast<PyDataParallel&>(self).data_parallel();
@@ -166,7 +186,13 @@ void bind_data_parallel(nb::module_& m) {
       // MXFP8 params (fp8_param_gather).
       .def("is_mxfp8", [](PyDataParallel& s, int i) { return s.data_parallel().is_mxfp8(i); })
       .def("mxfp8_param", [](nb::handle_t<PyDataParallel> self, int i, const std::string& axis) {
-        const Mxfp8View q = nb::cast<PyDataParallel&>(self).data_parallel().mxfp8_param(i, parse_quant_axis(axis));
+        DataParallel& dp = nb::cast<PyDataParallel&>(self).data_parallel();
+        const QuantAxis quant_axis = parse_quant_axis(axis);
+        Mxfp8View q;
+        {
+          nb::gil_scoped_release release;  // FSDP may wait for the param's gather
+          q = dp.mxfp8_param(i, quant_axis);
+        }
         return std::make_pair(to_torch_u8(q.data, self), to_torch_u8(q.scales, self));
       }, nb::arg("index"), nb::arg("axis"),
            "Param i's MXFP8 storage in one orientation ('row' or 'col'): (element bytes u8 [M, N], E8M0 scales u8).")
@@ -193,16 +219,17 @@ void bind_ddp(nb::module_& m) {
                     "The C++ DistributedDataParallel: params laid out in one padded, bucketed buffer; buckets "
                     "reduced as their grads are reported.")
       .def("__init__",
-           [](PyDdp* self, const std::vector<PyParam>& params,
-              const DdpConfig& config, const std::vector<bool>& mxfp8, const std::vector<HostArray>& initial_values) {
+           [](PyDdp* self, const std::vector<PyParam>& params, const DdpConfig& config, const std::vector<bool>& mxfp8,
+              const std::vector<HostArray>& initial_values, const CommHandle* comm) {
              std::vector<ParamSpec> specs = to_specs(params, mxfp8);
-             new (self) PyDdp(specs, config, to_views(initial_values));
+             new (self) PyDdp(specs, config, to_views(initial_values), comm ? *comm : CommHandle{});
            },
            nb::arg("params"), nb::arg("config"), nb::arg("mxfp8") = std::vector<bool>{},
-           nb::arg("initial_values") = std::vector<HostArray>{},
+           nb::arg("initial_values") = std::vector<HostArray>{}, nb::arg("comm").none() = nb::none(),
            "params: [(name, shape, shared_embedding)] in registration order; mxfp8: [] or a flag per param (kept "
            "as MXFP8 with fp8_param_gather: 2-D only); initial_values: [] (zeros) or each param's values (f32 or "
-           "bf16, contiguous), copied in before the MXFP8 and BF16 copies are taken from them.")
+           "bf16, contiguous), copied in before the MXFP8 and BF16 copies are taken from them; comm: the "
+           "communicator to reduce over (a handle from add_torch_group), None: the world's.")
       .def("param_buffer", [](nb::handle_t<PyDdp> self) {
         return to_torch(nb::cast<PyDdp&>(self).ddp().buffer().param_buffer(), self);
       })

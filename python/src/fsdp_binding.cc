@@ -1,4 +1,4 @@
-// mxddp._C.FullyShardedDataParallel: the C++ FSDP (fsdp.h) over the process's communicator, for
+// mxddp._C.FullyShardedDataParallel: the C++ FSDP (fsdp.h) over one of the runtime's communicators, for
 // mxddp.torch.FullyShardedDataParallel, which calls its hooks from torch module hooks. A param's
 // torch view (param(i), on the base class) is of its gathered storage, valid from its module's
 // pre-hook to its post-hook; the Python side swaps the torch params onto and off it. The GIL is
@@ -20,11 +20,15 @@ namespace mxddp::python {
 namespace {
 
 std::unique_ptr<DataParallel> make_fsdp(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
-                                        const FsdpConfig& config, const std::vector<TensorView>& initial_values) {
+                                        const FsdpConfig& config, const std::vector<TensorView>& initial_values,
+                                        const CommHandle& handle, const CommHandle* replica_handle) {
   Runtime& runtime = Runtime::get();
+  Communicator& comm = handle.comm();
+  Communicator* replica = replica_handle ? &replica_handle->comm() : nullptr;
+  MXDDP_CHECK(replica != &comm, "FSDP's replica communicator must not be its shard communicator (id {})", handle.id);
   nb::gil_scoped_release release;
-  return std::make_unique<FullyShardedDataParallel>(runtime.comm(), params, units, config, runtime.tracker(),
-                                                    initial_values);
+  return std::make_unique<FullyShardedDataParallel>(comm, params, units, config, runtime.tracker(), initial_values,
+                                                    replica);
 }
 
 GatherSlot parse_gather_slot(const std::string& name) {
@@ -64,8 +68,8 @@ void bind_fsdp_config(nb::module_& m) {
 }  // namespace
 
 PyFsdp::PyFsdp(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units, const FsdpConfig& config,
-               const std::vector<TensorView>& initial_values)
-    : PyDataParallel(make_fsdp(params, units, config, initial_values)) {}
+               const std::vector<TensorView>& initial_values, const CommHandle& comm, const CommHandle* replica)
+    : PyDataParallel(make_fsdp(params, units, config, initial_values, comm, replica)) {}
 
 void bind_fsdp(nb::module_& m) {
   bind_fsdp_config(m);
@@ -75,16 +79,20 @@ void bind_fsdp(nb::module_& m) {
       .def("__init__",
            [](PyFsdp* self, const std::vector<PyParam>& params, const std::vector<std::vector<int>>& units,
               const FsdpConfig& config, const std::vector<bool>& mxfp8, const std::vector<HostArray>& initial_values,
-              const std::vector<bool>& mxfp8_colwise_forward) {
-             new (self) PyFsdp(to_specs(params, mxfp8, mxfp8_colwise_forward), units, config, to_views(initial_values));
+              const std::vector<bool>& mxfp8_colwise_forward, const CommHandle* comm, const CommHandle* replica) {
+             new (self) PyFsdp(to_specs(params, mxfp8, mxfp8_colwise_forward), units, config, to_views(initial_values),
+                               comm ? *comm : CommHandle{}, replica);
            },
            nb::arg("params"), nb::arg("units"), nb::arg("config"), nb::arg("mxfp8"), nb::arg("initial_values"),
-           nb::arg("mxfp8_colwise_forward") = std::vector<bool>{},
+           nb::arg("mxfp8_colwise_forward") = std::vector<bool>{}, nb::arg("comm").none() = nb::none(),
+           nb::arg("replica").none() = nb::none(),
            "params: [(name, shape, shared_embedding)] in registration order; units: each unit's params "
            "(registration indices) in forward order; mxfp8: [] or a flag per param; initial_values: each param's "
            "values (f32 or the param dtype), of which each rank keeps what its strategy keeps; "
            "mxfp8_colwise_forward: [] or a flag per param, set for MXFP8 weights whose forward reads the "
-           "column-wise copy (HF Conv1D's W [in, out]), so that forward gathers that copy.")
+           "column-wise copy (HF Conv1D's W [in, out]), so that forward gathers that copy; comm: the communicator to "
+           "shard over (a handle from add_torch_group), None: the world's; replica: HSDP's replica group (the ranks "
+           "of the other shard groups with this rank's shard index; a handle from add_torch_group), None: plain FSDP.")
       .def("after_forward", [](PyFsdp& s, const std::vector<int>& p) { hook(s, [&](auto& f) { f.after_forward(p); }); },
            nb::arg("params"))
       .def("before_backward", [](PyFsdp& s, const std::vector<int>& p) { hook(s, [&](auto& f) { f.before_backward(p); }); },

@@ -102,16 +102,18 @@ void bind_plan(nb::module_& m) {
       [](const std::vector<PlanParam>& params, const std::vector<std::vector<int>>& units,
          const std::vector<std::tuple<std::vector<int>, int, int>>& hooked, const FsdpConfig& config,
          const std::optional<std::string>& optimizer, int dp, int micro_batches,
-         const std::vector<bool>& mxfp8_colwise_forward, const std::vector<bool>& fused_grads) {
+         const std::vector<bool>& mxfp8_colwise_forward, const std::vector<bool>& fused_grads,
+         int num_distributed_optimizer_instances) {
         std::vector<FsdpHookedModule> modules;
         for (const auto& [module_params, unit, region] : hooked) modules.push_back({module_params, unit, region});
         return plan_to_dict(plan_fsdp_memory(
             to_specs(params, mxfp8_colwise_forward), units, modules, config, to_optimizer(optimizer),
-            {.dp = dp, .mpi_backend = true, .micro_batches = micro_batches, .fused_grads = fused_grads}));
+            {.dp = dp, .mpi_backend = true, .micro_batches = micro_batches, .fused_grads = fused_grads,
+             .num_distributed_optimizer_instances = num_distributed_optimizer_instances}));
       },
       nb::arg("params"), nb::arg("units"), nb::arg("hooked"), nb::arg("config"), nb::arg("optimizer").none(),
       nb::arg("dp"), nb::arg("micro_batches"), nb::arg("mxfp8_colwise_forward") = std::vector<bool>{},
-      nb::arg("fused_grads") = std::vector<bool>{},
+      nb::arg("fused_grads") = std::vector<bool>{}, nb::arg("num_distributed_optimizer_instances") = 1,
       "Bytes per rank per category of a FullyShardedDataParallel over params (name, shape, shared_embedding, "
       "mxfp8) with units (param indices per unit, forward order), driven through hooked ((params, unit, "
       "recompute_region) per hooked module in forward order, unit -1 for a non-unit module, region -1 for none) "
@@ -120,7 +122,7 @@ void bind_plan(nb::module_& m) {
       "(mxfp8_colwise_forward: as FullyShardedDataParallel's; fused_grads: [] or a flag per param whose modules "
       "add its weight gradient into main_grad themselves): "
       "overall from construction through any number of iterations, steady after the first; the dict of "
-      "plan_ddp_memory.");
+      "plan_ddp_memory. num_distributed_optimizer_instances: HSDP's replica groups (plan.h), 1: plain FSDP.");
 }
 
 }  // namespace mxddp::python

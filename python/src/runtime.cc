@@ -1,7 +1,12 @@
-// The process's MPI runtime for the Python package (see runtime.h).
+// The process's runtime for the Python package (see runtime.h).
 #include "runtime.h"
 
 #include <mxddp/core.h>
+
+#include "../../src/comm/delayed_backend.h"
+#include "torch_backend.h"
+
+namespace nb = nanobind;
 
 namespace mxddp::python {
 namespace {
@@ -15,26 +20,51 @@ bool& mpi_finalized() {
   return finalized;
 }
 
+// Runs fn without the GIL if this thread holds it: fn waits for a communicator's queue, whose
+// torch collectives take the GIL on the progress thread.
+template <typename Fn>
+void without_gil(Fn&& fn) {
+  if (PyGILState_Check()) {
+    nb::gil_scoped_release release;
+    fn();
+  } else {
+    fn();
+  }
+}
+
+void check_same_settings(const Runtime& runtime, int64_t timeout_ms, const CollectiveDelay& delay) {
+  MXDDP_CHECK(runtime.timeout_ms() == timeout_ms,
+              "mxddp is already initialized with timeout_ms {}; got {} (one runtime per process)",
+              runtime.timeout_ms(), timeout_ms);
+  const CollectiveDelay& d = runtime.collective_delay();
+  MXDDP_CHECK(d.min_us == delay.min_us && d.max_us == delay.max_us,
+              "mxddp is already initialized with collective delay [{}, {}] us; got [{}, {}] (one runtime per process)",
+              d.min_us, d.max_us, delay.min_us, delay.max_us);
+}
+
 }  // namespace
 
 Runtime::Runtime(std::unique_ptr<MpiRuntime> mpi, int64_t timeout_ms, const CollectiveDelay& delay)
     : mpi_(std::move(mpi)), timeout_ms_(timeout_ms), delay_(delay) {
-  comm_ = make_mpi_communicator({.timeout_ms = timeout_ms, .memory_tracker = &tracker_, .injected_delay = delay});
+  if (mpi_)
+    comm_ = make_mpi_communicator({.timeout_ms = timeout_ms, .memory_tracker = &tracker_, .injected_delay = delay});
 }
 
-// The communicator first: it drains its collectives and stops its progress thread while MPI is up.
-Runtime::~Runtime() { comm_.reset(); }
+// The communicators first: each drains its collectives and stops its progress thread while MPI
+// (or Python, for the torch ones) is up.
+Runtime::~Runtime() {
+  groups_.clear();
+  comm_.reset();
+}
 
 std::pair<int, int> Runtime::init_mpi(int64_t timeout_ms, const CollectiveDelay& delay) {
   MXDDP_CHECK(timeout_ms > 0, "timeout_ms must be > 0; got {}", timeout_ms);
   auto& runtime = the_runtime();
   if (runtime) {
-    MXDDP_CHECK(runtime->timeout_ms_ == timeout_ms,
-                "mxddp is already initialized with timeout_ms {}; got {} (one runtime per process)",
-                runtime->timeout_ms_, timeout_ms);
-    MXDDP_CHECK(runtime->delay_.min_us == delay.min_us && runtime->delay_.max_us == delay.max_us,
-                "mxddp is already initialized with collective delay [{}, {}] us; got [{}, {}] (one runtime per process)",
-                runtime->delay_.min_us, runtime->delay_.max_us, delay.min_us, delay.max_us);
+    MXDDP_CHECK(runtime->uses_mpi(),
+                "mxddp is already initialized on torch.distributed's default process group; it cannot switch to MPI "
+                "in the same process");
+    check_same_settings(*runtime, timeout_ms, delay);
     return {runtime->comm_->rank(), runtime->comm_->size()};
   }
   MXDDP_CHECK(!mpi_finalized(), "MPI was finalized in this process and cannot be initialized again");
@@ -43,8 +73,46 @@ std::pair<int, int> Runtime::init_mpi(int64_t timeout_ms, const CollectiveDelay&
   return {runtime->comm_->rank(), runtime->comm_->size()};
 }
 
+std::pair<int, int> Runtime::init_torch(nb::object runner, int rank, int size, int64_t timeout_ms,
+                                        const CollectiveDelay& delay) {
+  MXDDP_CHECK(timeout_ms > 0, "timeout_ms must be > 0; got {}", timeout_ms);
+  auto& runtime = the_runtime();
+  if (runtime) {
+    MXDDP_CHECK(!runtime->uses_mpi(),
+                "mxddp is already initialized on MPI (mxddp.torch.init() ran before torch.distributed was "
+                "initialized); it cannot switch to torch.distributed in the same process: call "
+                "torch.distributed.init_process_group before mxddp.torch.init()");
+    check_same_settings(*runtime, timeout_ms, delay);
+    return {runtime->comm_->rank(), runtime->comm_->size()};
+  }
+  validate_collective_delay(delay);
+  auto fresh = std::make_unique<Runtime>(nullptr, timeout_ms, delay);
+  fresh->comm_ = make_torch_communicator(std::move(runner), rank, size, &fresh->tracker_, delay);
+  runtime = std::move(fresh);
+  return {runtime->comm_->rank(), runtime->comm_->size()};
+}
+
+Communicator& Runtime::comm(int id) {
+  if (id == kWorld) return *comm_;
+  const auto it = groups_.find(id);
+  MXDDP_CHECK(it != groups_.end(), "no process-group communicator with id {} in this runtime ({} exist)", id,
+              groups_.size());
+  return *it->second;
+}
+
+int Runtime::add_torch_group(nb::object runner, int rank, int size) {
+  const int id = static_cast<int>(groups_.size());
+  groups_.emplace(id, make_torch_communicator(std::move(runner), rank, size, &tracker_, delay_));
+  return id;
+}
+
 void Runtime::remove_user() {
-  if (--users_ == 0) comm_->set_memory_tracker(&tracker_);  // releases the staging; the next reduction re-allocates
+  if (--users_ > 0) return;
+  // Releases the staging; the next reduction re-allocates it.
+  without_gil([&] {
+    comm_->set_memory_tracker(&tracker_);
+    for (auto& [id, group] : groups_) group->set_memory_tracker(&tracker_);
+  });
 }
 
 bool Runtime::initialized() { return the_runtime() != nullptr; }
@@ -62,8 +130,9 @@ void Runtime::finalize() {
               "cannot finalize mxddp: {} DistributedDataParallel / DistributedOptimizer objects are still open "
               "(close them first)",
               runtime->users_);
-  runtime.reset();  // the communicator, then MPI_Finalize (MpiRuntime's destructor)
-  mpi_finalized() = true;
+  const bool mpi = runtime->uses_mpi();
+  without_gil([&] { runtime.reset(); });  // the communicators, then MPI_Finalize (MpiRuntime's destructor)
+  if (mpi) mpi_finalized() = true;
 }
 
 }  // namespace mxddp::python

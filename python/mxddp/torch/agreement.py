@@ -44,8 +44,9 @@ def param_items(names: Sequence[str], params: Sequence, mxfp8: Sequence[bool] = 
     return items
 
 
-def agree(what: str, describe: Callable[[], tuple[T, Items]]) -> T:
-    """Collective (every rank calls it at the same point). Runs ``describe()`` (this rank's checks,
+def agree(what: str, describe: Callable[[], tuple[T, Items]], comm=None) -> T:
+    """Collective over comm (a ``_C.Communicator`` handle; None: the world): every rank of it calls it
+    at the same point. Runs ``describe()`` (this rank's checks,
     returning ``(result, items)``) and returns its result when every rank gave the same items.
     Otherwise raises ``mxddp.Error`` on every rank naming the first item that differs (``what``
     names the constructor); a rank whose ``describe()`` raised re-raises its own exception, the
@@ -57,10 +58,11 @@ def agree(what: str, describe: Callable[[], tuple[T, Items]]) -> T:
     except Exception as e:  # noqa: BLE001 (passed on to every rank, then re-raised)
         result, failure = None, e
         description = json.dumps([[_FAILED, f"{type(e).__name__}: {e}"]])
-    if _C.is_initialized() and _C.world_size() > 1:  # uninitialized: the C++ constructor says so next
+    size = comm.size if comm is not None else (_C.world_size() if _C.is_initialized() else 1)
+    if size > 1:  # uninitialized: the C++ constructor says so next
         digest = hashlib.sha256(description.encode()).digest()
-        if len(set(_C.all_gather_bytes(digest))) > 1:
-            descriptions = [[tuple(item) for item in json.loads(d)] for d in _all_gather_text(description)]
+        if len(set(_C.all_gather_bytes(digest, comm))) > 1:
+            descriptions = [[tuple(item) for item in json.loads(d)] for d in _all_gather_text(description, comm)]
             if failure is None:
                 raise _C.Error(_disagreement(what, descriptions))
     if failure is not None:
@@ -68,11 +70,12 @@ def agree(what: str, describe: Callable[[], tuple[T, Items]]) -> T:
     return result
 
 
-def _all_gather_text(text: str) -> list[str]:
+def _all_gather_text(text: str, comm=None) -> list[str]:
     """Every rank's text, in rank order: the lengths first, so that every rank sends as many bytes."""
     data = text.encode()
-    lengths = [int.from_bytes(n, "little") for n in _C.all_gather_bytes(len(data).to_bytes(_LENGTH_BYTES, "little"))]
-    padded = _C.all_gather_bytes(data.ljust(max(lengths), b"\0"))
+    lengths = [int.from_bytes(n, "little")
+               for n in _C.all_gather_bytes(len(data).to_bytes(_LENGTH_BYTES, "little"), comm)]
+    padded = _C.all_gather_bytes(data.ljust(max(lengths), b"\0"), comm)
     return [p[:n].decode() for p, n in zip(padded, lengths)]
 
 
