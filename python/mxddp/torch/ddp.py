@@ -29,8 +29,9 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, grad_fusion, launch, mxfp8
+from mxddp.torch import agreement, ddp_args, grad_fusion, launch, mxfp8, process_group
 from mxddp.torch.config import DistributedDataParallelConfig
+from mxddp.torch.torch_semantics import TorchSemantics
 from mxddp.torch.wrapper import DataParallelModule
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -132,57 +133,80 @@ def _fusion_flags(owners: dict[int, list[torch.nn.Module]], params: list[tuple[s
             for (_, p), marked, is_mxfp8 in zip(params, marks, mxfp8_flags)]
 
 
-class DistributedDataParallel(DataParallelModule):
-    """Megatron-core's ``DistributedDataParallel(module, ddp_config)`` on mxddp's buffers.
+class DistributedDataParallel(TorchSemantics, DataParallelModule):
+    """torch's ``DistributedDataParallel(module)`` and Megatron-core's
+    ``DistributedDataParallel(config, ddp_config, module)`` on mxddp's buffers (``ddp_args.py``
+    tells the forms apart; ``torch_semantics.py`` has what torch's form does by itself).
 
-    Call ``mxddp.torch.init()`` first. ``model(...)`` runs the module. Per iteration::
+    ``mxddp.torch.init()`` first, or the wrap starts mxddp itself (``process_group.communicator_for``:
+    under torchrun on torch.distributed's default group). ``model(...)`` runs the module. torch's
+    form, per iteration::
 
-        opt.zero_grad()                       # zeroes the grad buffer
-        with model.no_sync(): ...             # accumulation micro-batches (nothing reduced)
-        loss = model(batch); loss.backward()  # buckets reduce as their grads are ready
-        model.finish_grad_sync()              # waits for (or issues) the rest
+        model = DistributedDataParallel(module)   # rank 0's params and buffers broadcast
+        opt.zero_grad()
+        with model.no_sync(): ...                 # accumulation micro-batches (nothing reduced)
+        model(batch).backward()                   # grads synchronized at the end of backward
         opt.step()
 
-    ``gradient_accumulation_fusion`` (Megatron's ``TransformerConfig.gradient_accumulation_fusion``,
-    default True): the weights of plain ``nn.Linear``, HF ``Conv1D`` and ``nn.Embedding`` (no
-    padding_idx, max_norm, scale_grad_by_freq or sparse) modules get their gradient added into
-    ``main_grad`` by the module's backward, with no dW tensor; a param owned by any other module,
-    marked ``gradient_accumulation_fusion = False``, or (but for embeddings) whose main_grad is F32
-    while it is BF16 keeps the post-accumulate-grad hook. A fused Parameter never receives a
-    ``.grad``: reading the weight outside those modules' forward in a graph is an error. False:
-    every param takes the hook.
+    Megatron's form (a ``DistributedDataParallelConfig`` given) adds ``model.finish_grad_sync()``
+    after the last backward, as Megatron's loops do; in torch's form that call is a no-op.
 
-    Like Megatron (and unlike torch's DDP) construction does not broadcast rank 0's params: seed
-    the ranks alike, or call ``broadcast_params()``.
+    torch's keyword arguments: ``device_ids`` and ``output_device`` (None: the CPU),
+    ``broadcast_buffers`` (default True in torch's form, False in Megatron's), ``init_sync``
+    (rank 0's params and buffers broadcast at wrap time; same defaults), ``find_unused_parameters``
+    (default False in torch's form: a param that gets no gradient in a synchronized backward is an
+    error; True: such params are found every step and the optimizer leaves those no rank used
+    untouched; Megatron's form leaves it unset: their zero gradient is reduced and stepped on as
+    any), ``static_graph`` (True: as find_unused_parameters=True), ``bucket_cap_mb`` (torch's form;
+    default 25), ``gradient_as_bucket_view`` (True only: the gradient always lives in the bucket),
+    ``process_group`` (the ranks to reduce over; default: every rank). Megatron's
+    ``disable_bucketing`` (one bucket) and ``pg_collection`` (None only).
+
+    ``gradient_accumulation_fusion`` (Megatron's ``TransformerConfig.gradient_accumulation_fusion``,
+    read from ``config`` in Megatron's order; default True): the weights of plain ``nn.Linear``, HF
+    ``Conv1D`` and ``nn.Embedding`` (no padding_idx, max_norm, scale_grad_by_freq or sparse)
+    modules get their gradient added into ``main_grad`` by the module's backward, with no dW
+    tensor; a param owned by any other module, marked ``gradient_accumulation_fusion = False``, or
+    (but for embeddings) whose main_grad is F32 while it is BF16 keeps the post-accumulate-grad
+    hook. A fused Parameter never receives a ``.grad``: reading the weight outside those modules'
+    forward in a graph is an error. False: every param takes the hook.
     """
 
-    def __init__(self, module: torch.nn.Module, config: DistributedDataParallelConfig | None = None, *,
-                 gradient_accumulation_fusion: bool = True):
+    def __init__(self, *args, **kwargs):
         super().__init__()
 
         def describe():
-            _check_fusion_flag(gradient_accumulation_fusion)
-            cfg = DistributedDataParallelConfig() if config is None else config
-            if not isinstance(cfg, DistributedDataParallelConfig):
-                raise TypeError(f"config must be a mxddp.torch.DistributedDataParallelConfig; got {type(cfg).__name__}")
-            params = _trainable_params(module)
-            mxfp8_flags = _mxfp8_flags(module, params, cfg)
-            fusion_marks = _fusion_marks(params, gradient_accumulation_fusion)
+            a = ddp_args.resolve(args, kwargs)
+            _check_fusion_flag(a.gradient_accumulation_fusion)
+            params = _trainable_params(a.module)
+            mxfp8_flags = _mxfp8_flags(a.module, params, a.ddp_config)
+            fusion_marks = _fusion_marks(params, a.gradient_accumulation_fusion)
             items = agreement.param_items([n for n, _ in params], [p for _, p in params], mxfp8_flags) + \
-                cfg.agreement_items() + [("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))]
-            return (cfg, params, mxfp8_flags, fusion_marks), items
+                a.ddp_config.agreement_items() + [
+                    ("gradient_accumulation_fusion", repr(a.gradient_accumulation_fusion)),
+                    ("torch_form", repr(a.torch_form)), ("broadcast_buffers", repr(a.broadcast_buffers)),
+                    ("find_unused_parameters", repr(a.find_unused_parameters)), ("init_sync", repr(a.init_sync))]
+            return (a, params, mxfp8_flags, fusion_marks), items
 
         # Checked, and compared across ranks, before the C++ DDP exists, so a refusal leaves nothing allocated.
-        config, params, mxfp8_flags, fusion_marks = agreement.agree("DistributedDataParallel", describe)
+        # The communicator first: under torchrun it also starts mxddp (on torch.distributed's default
+        # group), which the ranks' agreement below runs on. Collective the first time a group is seen.
+        group = kwargs.get("process_group")
+        ddp_args.check_process_group(group)
+        comm = process_group.communicator_for(group)
+        resolved, params, mxfp8_flags, fusion_marks = agreement.agree("DistributedDataParallel", describe, comm)
+        module, config = resolved.module, resolved.ddp_config
+        self._comm = comm  # the group's communicator handle: the optimizer's own collectives run on it
         self.module = module
         self.ddp_config = config
+        self.config = resolved.transformer_config  # Megatron's TransformerConfig (None in torch's form)
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
         # and BF16 copies are taken from them (and the optimizer's main params too).
         self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),
                                                mxfp8_flags if any(mxfp8_flags) else [],
-                                               [p.detach() for _, p in params])
+                                               [p.detach() for _, p in params], comm=comm)
         launch._track_model(self)
         self._params = [p for _, p in params]
         self._names = [name for name, _ in params]
@@ -193,7 +217,10 @@ class DistributedDataParallel(DataParallelModule):
         owners = grad_fusion.param_owners(module)
         main_grads = [self._cpp.main_grad(i) for i in range(len(self._params))]
         self.fused_params = _fusion_flags(owners, params, fusion_marks, main_grads[0].dtype, mxfp8_flags)
-        self.gradient_accumulation_fusion = gradient_accumulation_fusion
+        self.gradient_accumulation_fusion = resolved.gradient_accumulation_fusion
+        self._init_torch_semantics(resolved.find_unused_parameters, resolved.broadcast_buffers,
+                                   sync_at_backward_end=resolved.torch_form, static_graph=resolved.static_graph,
+                                   group=resolved.process_group)
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 p.main_grad = main_grads[i]
@@ -217,6 +244,8 @@ class DistributedDataParallel(DataParallelModule):
         if config.overlap_param_gather:
             self._register_param_gather_hooks(module)
         self._record_param_places()
+        if resolved.init_sync:
+            self._broadcast_at_wrap()
 
     def _register_param_gather_hooks(self, module: torch.nn.Module) -> None:
         # Megatron's forward pre-hook: a module waits only for the gathers of its own params.
@@ -235,13 +264,10 @@ class DistributedDataParallel(DataParallelModule):
         return hook
 
     def _make_ready_token_hook(self, index: int):
-        cpp = self._cpp
-
         def hook(token: torch.Tensor) -> None:
             # Every use of the MXFP8 weight has added its dW into main_grad (mxfp8.py).
             token.grad = None
-            self._grads_pending_sync = True
-            cpp.grad_ready(index)
+            self._on_grad(index)
 
         return hook
 
@@ -259,24 +285,20 @@ class DistributedDataParallel(DataParallelModule):
 
     def _register_fused_ready_hooks(self, index: int, token: torch.Tensor) -> list:
         """grad_fusion.register_ready_hooks: the param reports once every use has added its part."""
-        cpp, param = self._cpp, self._params[index]
+        param = self._params[index]
 
         def report() -> None:
-            self._grads_pending_sync = True
-            cpp.grad_ready(index)
+            self._on_grad(index)
 
         return grad_fusion.register_ready_hooks(token, param, lambda: param.main_grad, report)
 
     def _make_grad_hook(self, index: int):
-        cpp = self._cpp
-
         def hook(param: torch.Tensor) -> None:
             # Megatron's hook: accumulate into main_grad, free .grad, mark the param ready.
             if param.grad is not None:
                 param.main_grad.add_(param.grad)
                 param.grad = None
-            self._grads_pending_sync = True
-            cpp.grad_ready(index)
+            self._on_grad(index)
 
         return hook
 
@@ -286,18 +308,71 @@ class DistributedDataParallel(DataParallelModule):
             raise RuntimeError("forward after DistributedOptimizer.step() without opt.zero_grad(): with "
                                "reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params, and "
                                "opt.zero_grad() (or opt.force_param_sync()) stages and gathers them into the model")
-        return self.module(*args, **kwargs)
+        self._before_forward_buffers()
+        output = self.module(*args, **kwargs)
+        self._after_forward_buffers()
+        self._hook_outputs(output)
+        return output
 
     def finish_grad_sync(self) -> None:
         """Issues what has not been issued, waits for every collective: main_grad then holds the
-        reduced grads (this rank's shard of them with the distributed optimizer)."""
+        reduced grads (this rank's shard of them with the distributed optimizer). A param not
+        reported since the last sync adds nothing (a zero gradient). Once per accumulation window:
+        a second call, or one after torch's form synchronized at the end of backward, does nothing."""
         self._check_params_in_place("finish_grad_sync")
-        self._cpp.finish_grad_sync()
-        self._grads_pending_sync = False
+        if self._no_sync_depth:
+            raise RuntimeError("finish_grad_sync() inside model.no_sync(): call it after the last micro-batch, "
+                               "outside the no_sync() block")
+        self._sync_grads()
+
+    def start_grad_sync(self) -> None:
+        """Megatron's: starts the reduction of every bucket now. Each param not reported in this
+        micro-batch is reported with a zero contribution, so with overlap_grad_reduce every
+        bucket's collective is issued here; without it they are issued by finish_grad_sync() (the
+        C++ DDP issues non-overlapped buckets only there), with the same result."""
+        if self._no_sync_depth:
+            raise RuntimeError("start_grad_sync() inside model.no_sync(): nothing is reduced inside")
+        for i, reported in enumerate(self._reported):
+            if not reported:
+                self._reported[i] = True
+                self._grads_pending_sync = True
+                self._cpp.grad_ready(i)
+
+    def scale_gradients(self, scaling_factor: float) -> None:
+        """Megatron's: multiplies every param's main_grad (the whole grad buffer) by scaling_factor,
+        after finish_grad_sync() (Megatron scales by 1/num_tokens there)."""
+        if isinstance(scaling_factor, bool) or not isinstance(scaling_factor, (int, float)):
+            raise TypeError(f"scaling_factor must be a number; got {scaling_factor!r}")
+        if self._grads_pending_sync and self.ddp_config.overlap_grad_reduce:
+            raise RuntimeError("scale_gradients() while reductions may be in flight (overlap_grad_reduce): call "
+                               "model.finish_grad_sync() first")
+        self._cpp.grad_buffer().mul_(float(scaling_factor))
+
+    def start_param_sync(self, force_sync: bool = False) -> None:
+        """Megatron's: with the distributed optimizer, brings the params up to date with the main
+        params the last step updated (the all-gathers that step started, waited for here whether
+        force_sync or not: dispatching them without waiting needs the C++ DDP's start_param_sync,
+        not bound yet). Without it every rank updated every param in place: nothing to gather."""
+        if not isinstance(force_sync, bool):
+            raise TypeError(f"force_sync must be True or False; got {force_sync!r}")
+        if self.ddp_config.use_distributed_optimizer:
+            self.finish_param_sync()
 
     def zero_grad_buffer(self) -> None:
+        """Megatron's: zeroes every param's main_grad; nothing counts as reported or used since."""
         self._cpp.zero_grad_buffer()
         self._grads_pending_sync = False
+        self._reset_used()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``model.zero_grad()``: the registered params' gradients (main_grad, in the grad
+        buffer) are zeroed, and torch's own zero_grad runs for any other param's ``.grad``."""
+        self.zero_grad_buffer()
+        super().zero_grad(set_to_none=set_to_none)
+
+    def _after_zero_grad(self) -> None:
+        super()._after_zero_grad()
+        self._reset_used()
 
     def broadcast_params(self) -> None:
         """Copies rank 0's params to every rank (collective)."""

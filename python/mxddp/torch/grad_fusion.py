@@ -76,12 +76,32 @@ def register_ready_hooks(token: torch.Tensor, param: torch.nn.Parameter, main_gr
             param.register_post_accumulate_grad_hook(drop_grad)]
 
 
-def accumulate_product_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """main_grad += a @ b in one GEMM (beta 1), in main_grad's dtype (the operands are cast when
-    they differ, as TransformerEngine's fused wgrad into an F32 main_grad)."""
+def accumulate_product_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                        compute_dtype: Optional[torch.dtype] = None) -> None:
+    """main_grad += a @ b. Without autocast (``compute_dtype`` None): in one GEMM (beta 1) in
+    main_grad's dtype (the operands are cast when they differ, as TransformerEngine's fused wgrad
+    into an F32 main_grad). Under autocast: the product in the autocast dtype, rounded to it, then
+    added into main_grad: the gradient torch's own module computes there (its weight's autocast
+    copy gets the low-precision dW, which the cast's backward widens into the weight's grad)."""
+    if compute_dtype is not None:
+        main_grad.add_(torch.mm(a.to(compute_dtype), b.to(compute_dtype)))
+        return
     if a.dtype != main_grad.dtype or b.dtype != main_grad.dtype:
         a, b = a.to(main_grad.dtype), b.to(main_grad.dtype)
     main_grad.addmm_(a, b)
+
+
+def autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype torch.autocast computes a GEMM on ``x`` in, where autocast is on for its device and
+    ``x`` is a floating tensor it would cast (not float64, which autocast leaves); None otherwise."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device) or not x.is_floating_point() or x.dtype == torch.float64:
+        return None
+    return torch.get_autocast_dtype(device)
+
+
+def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+    return t if t is None or dtype is None else t.to(dtype)
 
 
 def replace_forward(module: torch.nn.Module, forward: Callable) -> Callable:
@@ -147,40 +167,51 @@ def param_reader(module: torch.nn.Module) -> WeightReader:
 
 
 class _FusedLinear(torch.autograd.Function):
-    """y = x W^T + b with W [out, in]; backward adds dW = dy^T x into main_grad."""
+    """y = x W^T + b with W [out, in]; backward adds dW = dy^T x into main_grad. Under autocast,
+    x, W and b are cast to the autocast dtype as torch's Linear has them cast, the products run
+    in it, and each input's gradient is returned in that input's own dtype."""
 
     @staticmethod
     def forward(ctx, x, ready_token, bias, cpp, index, read_weight):
         # The weight comes through read_weight, not as an argument: a tensor argument would be an
         # autograd input, and the weight must stay out of the graph (its ready token stands in).
-        ctx.save_for_backward(x)
-        ctx.cpp, ctx.index, ctx.read_weight = cpp, index, read_weight
+        dtype = autocast_dtype(x)
+        xc = _cast(x, dtype)
+        ctx.save_for_backward(xc)
+        ctx.cpp, ctx.index, ctx.read_weight, ctx.dtype, ctx.x_dtype = cpp, index, read_weight, dtype, x.dtype
         ctx.has_bias = bias is not None
-        return torch.nn.functional.linear(x, read_weight("forward"), bias)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return torch.nn.functional.linear(xc, _cast(read_weight("forward"), dtype), _cast(bias, dtype))
 
     @staticmethod
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
         main_grad = ctx.cpp.main_grad(ctx.index)  # [out, in], F32 or the params' dtype (FSDP: transient)
         out_features, in_features = main_grad.shape
-        grad_x = grad_y.matmul(ctx.read_weight("dgrad")) if ctx.needs_input_grad[0] else None
+        grad_y = _cast(grad_y, ctx.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_y.matmul(_cast(ctx.read_weight("dgrad"), ctx.dtype)).to(ctx.x_dtype)
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        accumulate_product_(main_grad, dy.t(), x.reshape(-1, in_features))
-        grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        accumulate_product_(main_grad, dy.t(), x.reshape(-1, in_features), ctx.dtype)
+        grad_bias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, token_grad(), grad_bias, None, None, None
 
 
 class _FusedConv1D(torch.autograd.Function):
-    """HF's Conv1D: y = b + x W with W [in, out]; backward adds dW = x^T dy into main_grad."""
+    """HF's Conv1D: y = b + x W with W [in, out]; backward adds dW = x^T dy into main_grad. Under
+    autocast as _FusedLinear (HF's addmm is cast by autocast the same way)."""
 
     @staticmethod
     def forward(ctx, x, ready_token, bias, cpp, index, read_weight):
-        weight = read_weight("forward")  # [in, out]
-        xs = x.reshape(-1, x.shape[-1])  # [tokens, in]
-        y = torch.mm(xs, weight) if bias is None else torch.addmm(bias, xs, weight)
-        ctx.save_for_backward(x)
-        ctx.cpp, ctx.index, ctx.read_weight = cpp, index, read_weight
+        dtype = autocast_dtype(x)
+        weight = _cast(read_weight("forward"), dtype)  # [in, out]
+        xs = _cast(x, dtype).reshape(-1, x.shape[-1])  # [tokens, in]
+        y = torch.mm(xs, weight) if bias is None else torch.addmm(_cast(bias, dtype), xs, weight)
+        ctx.save_for_backward(_cast(x, dtype))
+        ctx.cpp, ctx.index, ctx.read_weight, ctx.dtype, ctx.x_dtype = cpp, index, read_weight, dtype, x.dtype
         ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return y.view(*x.shape[:-1], weight.shape[1])
 
     @staticmethod
@@ -188,10 +219,12 @@ class _FusedConv1D(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         main_grad = ctx.cpp.main_grad(ctx.index)  # [in, out], F32 or the params' dtype (FSDP: transient)
         in_features, out_features = main_grad.shape
-        dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        grad_x = dy.mm(ctx.read_weight("dgrad").t()).view(x.shape) if ctx.needs_input_grad[0] else None
-        accumulate_product_(main_grad, x.reshape(-1, in_features).t(), dy)
-        grad_bias = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        dy = _cast(grad_y, ctx.dtype).reshape(-1, out_features)  # [tokens, out]
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = dy.mm(_cast(ctx.read_weight("dgrad"), ctx.dtype).t()).view(x.shape).to(ctx.x_dtype)
+        accumulate_product_(main_grad, x.reshape(-1, in_features).t(), dy, ctx.dtype)
+        grad_bias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, token_grad(), grad_bias, None, None, None
 
 

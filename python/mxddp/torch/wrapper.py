@@ -72,6 +72,17 @@ class DataParallelModule(torch.nn.Module):
                     "rank would hold other values than the rest. Copy new values in instead "
                     "(`with torch.no_grad(): param.copy_(values)`), or convert the module before wrapping it")
 
+    # HSDP (FullyShardedDataParallel with a replica group) sets it: checkpoints refuse such models.
+    _hybrid = False
+
+    def _refuse_hybrid(self, what: str) -> None:
+        """Checkpoints of hybrid-sharded models are not handled yet: every replica group would write
+        the same shards, and a load would not know which replica's to read."""
+        if self._hybrid:
+            raise NotImplementedError(f"{what}: this model is hybrid-sharded (HSDP: device_mesh= or "
+                                      "num_distributed_optimizer_instances > 1), and checkpoints of HSDP models are "
+                                      "not supported yet; save from a plain FSDP or DDP run")
+
     def _params_holding_values(self) -> list[int]:
         """The registered params whose torch tensor holds their values now (not a NaN stand-in)."""
         return [i for i in range(len(self._params)) if i not in self._mxfp8_kind]
@@ -94,6 +105,20 @@ class DataParallelModule(torch.nn.Module):
             yield
         finally:
             self._cpp.exit_no_sync()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """FSDP1's name: clips the synchronized gradients by their global norm and returns the norm
+        before clipping. The gradients live in mxddp's grad buffer (``.grad`` is None), where
+        ``torch.nn.utils.clip_grad_norm_`` cannot see them, so this asks the DistributedOptimizer
+        built on this model, which holds the sharded view of them. Collective."""
+        ref = getattr(self, "_mxt_optimizer", None)
+        optimizer = ref() if ref is not None else None
+        if optimizer is None:
+            raise RuntimeError(f"{type(self).__name__}.clip_grad_norm_({max_norm!r}): no "
+                               "mxddp.torch.DistributedOptimizer is built on this model (or it was garbage-collected); "
+                               "the gradients are clipped by the optimizer that holds them: build "
+                               "`mxt.DistributedOptimizer(model, optimizer)` first")
+        return optimizer.clip_grad_norm_(max_norm, norm_type=norm_type)
 
     def registered_params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The params mxddp holds, in registration order."""
