@@ -14,3 +14,10 @@ if ! "$torch_venv/bin/python" -c "import torch, transformers, pytest, numpy, nan
     echo "setup: could not install the Python test packages into $torch_venv (see $torch_venv.log); the mxddp.torch tests will skip"
   fi
 fi
+# megatron-core: the reference test_megatron_api.py runs a Megatron loop against (a 2.5 MiB wheel whose
+# dependencies, torch, numpy and packaging, are already there). Optional: those comparisons skip without it.
+if [ -x "$torch_venv/bin/python" ] && ! "$torch_venv/bin/python" -c "import megatron.core" 2>/dev/null; then
+  if ! "$torch_venv/bin/pip" install -q --disable-pip-version-check "megatron-core==0.16.1" >>"$torch_venv.log" 2>&1; then
+    echo "setup: could not install megatron-core into $torch_venv (see $torch_venv.log); test_megatron_api.py's comparisons will skip"
+  fi
+fi

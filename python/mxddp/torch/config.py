@@ -1,13 +1,19 @@
 """The configs, with Megatron-core's field names and defaults.
 
-Every field is either carried out by mxddp or refused with an error that names it: nothing is
-accepted and ignored. A field Megatron has that is not listed here is a TypeError (unexpected
-keyword argument).
+Every field of megatron-core 0.16's ``DistributedDataParallelConfig`` and ``OptimizerConfig`` is
+here with Megatron's default, so a Megatron script's config builds unchanged. Each field is either
+carried out by mxddp or, where its value asks for something mxddp does not do, refused with a
+``ValueError`` that names the field, the value and what is valid: nothing is accepted and ignored.
+A field whose effect Megatron confines to a setting mxddp refuses (NCCL user buffers, fp16 loss
+scaling, the Muon optimizer, CPU offload, timers) takes any well-typed value, since with that
+setting off Megatron ignores it too. mxddp's own fields come after Megatron's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import torch
 
 from mxddp import _C
 
@@ -19,7 +25,15 @@ SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 DEFAULT_MAX_CONSECUTIVE_SKIPPED_STEPS = 10
 # OptimizerConfig's numeric fields (the C++ optimizer's floats).
 _FLOAT_FIELDS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum", "clip_grad")
+# OptimizerConfig's numbers the scheduler or an inert setting reads: None or a number.
+_OPTIONAL_NUMBER_FIELDS = ("min_lr", "decoupled_lr", "decoupled_min_lr", "loss_scale")
+_NUMBER_FIELDS = ("initial_loss_scale", "min_loss_scale", "loss_scale_window", "muon_momentum",
+                  "muon_extra_scale_factor", "optimizer_offload_fraction")
 FINE_GRAINED_POLICIES = ("megatron", "recompute-aware")
+# megatron-core's FP8 recipes (megatron.core.enums.Fp8Recipe).
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
+# The param dtypes mxddp keeps (ddp.py's _DTYPES).
+PARAM_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -27,22 +41,63 @@ def _check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a bool; got {value!r}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _refuse_unless(name: str, value: Any, allowed: Any, why: str) -> None:
     if value != allowed:
         raise ValueError(f"{name}={value!r} is not supported by mxddp.torch: {why}; valid: {allowed!r}")
 
 
+def _check_bools(config: Any) -> None:
+    for f in fields(config):
+        if f.type in ("bool", bool):
+            _check_bool(f.name, getattr(config, f.name))
+
+
+# ---- Hybrid sharding ---------------------------------------------------------------------------
+# num_distributed_optimizer_instances > 1: FullyShardedDataParallel's HSDP (mxddp.torch.hsdp: shard
+# groups of dp/N ranks, replicated across the N groups). Under DistributedDataParallel (Megatron's
+# partial distributed optimizer) it is refused, as is outer_dp_sharding_strategy other than
+# 'no_shard' (Megatron-FSDP's sharding across the outer group).
+def _check_hybrid(config: "DistributedDataParallelConfig") -> None:
+    n = config.num_distributed_optimizer_instances
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_distributed_optimizer_instances must be an int >= 1; got {n!r}")
+    if n > 1 and not config.use_megatron_fsdp:
+        _refuse_unless("num_distributed_optimizer_instances", n, 1,
+                       "under DistributedDataParallel mxddp has one distributed optimizer instance over the whole "
+                       "data-parallel group; hybrid sharding (HSDP) is FullyShardedDataParallel's "
+                       "(use_megatron_fsdp=True), where it is the number of replica groups (mxddp.torch.hsdp)")
+    if n > 1 and config.reduce_scatter_with_fp32_accumulation:
+        raise ValueError(f"reduce_scatter_with_fp32_accumulation=True with num_distributed_optimizer_instances={n} "
+                         "is not supported (nor in Megatron); valid: one of the two")
+    if config.outer_dp_sharding_strategy not in SHARDING_STRATEGIES:
+        raise ValueError(f"outer_dp_sharding_strategy={config.outer_dp_sharding_strategy!r} is not valid; "
+                         f"valid: {', '.join(map(repr, SHARDING_STRATEGIES))}")
+    _refuse_unless("outer_dp_sharding_strategy", config.outer_dp_sharding_strategy, "no_shard",
+                   "mxddp's hybrid FSDP replicates across the outer (replica) group; it does not shard there")
+# ---------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class DistributedDataParallelConfig:
-    """Megatron-core's ``DistributedDataParallelConfig`` (megatron/core/distributed).
+    """Megatron-core's ``DistributedDataParallelConfig`` (megatron/core/distributed), every field.
 
     Carried out: grad_reduce_in_fp32, overlap_grad_reduce, use_distributed_optimizer, bucket_size
     (elements; None: one bucket without overlap, max(40M, 1M x dp) with it, as Megatron),
     pad_buckets_for_high_nccl_busbw, average_in_collective, check_for_nan_in_grad,
     overlap_param_gather (the all-gather waited for module by module in forward pre-hooks),
-    fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (nn.Linear and HF Conv1D weights kept as MXFP8), and
-    mxddp's own buckets_per_group and force_all_reduce. The other fields take their Megatron default
-    only.
+    fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (nn.Linear and HF Conv1D weights kept as
+    MXFP8), gradient_reduce_div_fusion (either value: Megatron's DDP does not read it, and under
+    FSDP False scales the grads by 1/dp before a sum, True fuses the same scaling into the
+    collective, the same values), reduce_scatter_with_fp32_accumulation (mxddp's reduce-scatter of
+    F32 grads accumulates in F32; refused at wrap time for BF16 grads under the distributed
+    optimizer, the one place Megatron uses it), and mxddp's own buckets_per_group and
+    force_all_reduce. disable_symmetric_registration and fsdp_manual_registration take either
+    value (they tune NCCL user-buffer registration, which only nccl_ub turns on, and nccl_ub is
+    refused). The other fields take their Megatron default only.
 
     For ``FullyShardedDataParallel`` (``use_megatron_fsdp=True``, which needs
     use_distributed_optimizer=True): data_parallel_sharding_strategy, overlap_param_gather,
@@ -63,6 +118,7 @@ class DistributedDataParallelConfig:
     check_for_large_grads: bool = False
     bucket_size: Optional[int] = None
     pad_buckets_for_high_nccl_busbw: bool = False
+    reduce_scatter_with_fp32_accumulation: bool = False
     average_in_collective: bool = False
     fp8_param_gather: bool = False
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
@@ -75,6 +131,9 @@ class DistributedDataParallelConfig:
     keep_fp8_transpose_cache: bool = False
     nccl_ub: bool = False
     fsdp_double_buffer: bool = False
+    outer_dp_sharding_strategy: str = "no_shard"
+    disable_symmetric_registration: bool = False
+    fsdp_manual_registration: bool = False
     delay_wgrad_compute: bool = False
     megatron_fsdp_enable_fine_grained_param_gather: Optional[bool] = None
     fine_grained_param_gather_policy: str = "recompute-aware"
@@ -83,9 +142,7 @@ class DistributedDataParallelConfig:
     force_all_reduce: bool = False
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if f.type in ("bool", bool):
-                _check_bool(f.name, getattr(self, f.name))
+        _check_bools(self)
         if self.bucket_size is not None and (isinstance(self.bucket_size, bool) or not isinstance(self.bucket_size, int)
                                              or self.bucket_size < 1):
             raise ValueError(f"bucket_size must be None or an int >= 1 (elements); got {self.bucket_size!r}")
@@ -105,8 +162,7 @@ class DistributedDataParallelConfig:
         if self.reuse_grad_buf_for_mxfp8_param_ag and not self.fp8_param_gather:
             raise ValueError("reuse_grad_buf_for_mxfp8_param_ag=True needs fp8_param_gather=True: it stages the MXFP8 "
                              "params' all-gather in the grad buffer, and without MXFP8 params there is nothing to stage")
-        _refuse_unless("num_distributed_optimizer_instances", self.num_distributed_optimizer_instances, 1,
-                       "mxddp has one distributed optimizer instance over the whole data-parallel group")
+        _check_hybrid(self)
         _refuse_unless("check_for_large_grads", self.check_for_large_grads, False, "mxddp has no large-grad check")
         _refuse_unless("use_custom_fsdp", self.use_custom_fsdp, False,
                        "it is Megatron's former name of use_megatron_fsdp; set use_megatron_fsdp=True instead")
@@ -127,8 +183,6 @@ class DistributedDataParallelConfig:
             self._check_fsdp()
         else:
             self._check_ddp()
-        _refuse_unless("gradient_reduce_div_fusion", self.gradient_reduce_div_fusion, True,
-                       "mxddp always fuses the 1/dp scaling into the collective")
         _refuse_unless("preserve_fp32_weights", self.preserve_fp32_weights, True,
                        "the distributed optimizer always keeps F32 main params")
         _refuse_unless("keep_fp8_transpose_cache", self.keep_fp8_transpose_cache, False,
@@ -171,6 +225,21 @@ class DistributedDataParallelConfig:
                              f"'optim_grads_params' (MXFP8 shards gathered per unit); got "
                              f"{self.data_parallel_sharding_strategy!r}")
 
+    def _check_fp32_accumulation(self, param_dtype: str) -> None:
+        """reduce_scatter_with_fp32_accumulation asks that the grads' reduce-scatter add in F32.
+        mxddp's does for F32 grads (F32 params, or grad_reduce_in_fp32); for BF16 grads its MPI
+        reduction may round to BF16 between ranks, so that is refused. Megatron uses the field only
+        for the distributed optimizer's reduce-scatter: elsewhere (all-reduce, FSDP) it is inert."""
+        if not self.reduce_scatter_with_fp32_accumulation or self.use_megatron_fsdp:
+            return
+        if self.use_distributed_optimizer and not self.force_all_reduce and param_dtype != "f32" \
+                and not self.grad_reduce_in_fp32:
+            raise ValueError(f"reduce_scatter_with_fp32_accumulation=True with {param_dtype} params and "
+                             "grad_reduce_in_fp32=False is not supported by mxddp.torch: the BF16 grads' "
+                             "reduce-scatter may round to BF16 between ranks; set grad_reduce_in_fp32=True (F32 "
+                             "grads, reduced in F32: what this field asks for); valid: "
+                             "reduce_scatter_with_fp32_accumulation=False")
+
     def to_fsdp_cpp(self, param_dtype: str) -> "_C.FsdpConfig":
         c = _C.FsdpConfig()
         c.data_parallel_sharding_strategy = self.data_parallel_sharding_strategy
@@ -183,6 +252,9 @@ class DistributedDataParallelConfig:
         return c
 
     def to_cpp(self, param_dtype: str) -> "_C.DdpConfig":
+        """The C++ DDP's config for params of ``param_dtype`` ("f32" or "bf16"); refuses what
+        depends on it (reduce_scatter_with_fp32_accumulation with BF16 grads)."""
+        self._check_fp32_accumulation(param_dtype)
         c = _C.DdpConfig()
         c.grad_reduce_in_fp32 = self.grad_reduce_in_fp32
         c.overlap_grad_reduce = self.overlap_grad_reduce
@@ -202,11 +274,23 @@ class DistributedDataParallelConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Megatron-core's ``OptimizerConfig`` (megatron/core/optimizer), the fields mxddp's optimizer has.
+    """Megatron-core's ``OptimizerConfig`` (megatron/core/optimizer), every field.
 
-    optimizer: "adam" (AdamW: decoupled weight decay) or "sgd" (momentum). Weight decay applies to
-    params of two or more dimensions only (not to biases and norms), as Megatron's default param
-    groups. clip_grad: max global grad norm (0 disables clipping).
+    Carried out: optimizer ("adam": Adam with decoupled_weight_decay=True (AdamW, the default) or
+    L2 decay (False, torch's Adam); "sgd": momentum, L2 decay), lr (required), weight_decay,
+    adam_beta1/2, adam_eps, sgd_momentum, clip_grad (max global grad norm; 0 disables clipping),
+    apply_wd_to_qk_layernorm, decoupled_lr and decoupled_min_lr (Megatron's param groups, see
+    ``megatron_groups.py``), min_lr (the groups' ``min_lr``, which Megatron's scheduler reads).
+    Checked against the model when the optimizer is built (``check_model``): bf16 and params_dtype
+    (the model's param dtype), use_distributed_optimizer, reuse_grad_buf_for_mxfp8_param_ag and,
+    with it, overlap_param_gather (the DDP config's), fp8_recipe (MXFP8 params are "mxfp8").
+    Refused at any other value: fp16 (mxddp keeps F32 or BF16 params), loss_scale (no grad
+    scaler), use_precision_aware_optimizer and main_grads/main_params/exp_avg/exp_avg_sq dtypes
+    (F32 main params and states always, as Megatron without precision-aware), optimizer "muon",
+    overlap_param_gather_with_optimizer_step, optimizer_cpu_offload, log_num_zeros_in_grad (no
+    count), timers, config_logger_dir. Inert, any value (Megatron ignores them here too): the
+    dynamic loss-scaling fields (fp16 only), muon_* (Muon only), the offload fields (offload only),
+    store_param_remainders (precision-aware only), barrier_with_L1_time (timers only).
 
     max_consecutive_skipped_steps (mxddp's own): how many steps in a row ``step()`` may skip (a NaN
     or Inf global grad norm: nothing is updated) before the next skip raises ``mxddp.Error``; 0
@@ -214,35 +298,157 @@ class OptimizerConfig:
     The first skip of a run of them warns (``SkippedStepWarning``) naming the norm and the params.
     """
 
-    optimizer: str = "adam"
     lr: Optional[float] = None
+    min_lr: Optional[float] = None
+    decoupled_lr: Optional[float] = None
+    decoupled_min_lr: Optional[float] = None
     weight_decay: float = 0.01
+    apply_wd_to_qk_layernorm: bool = False
+    fp8_recipe: Optional[str] = None
+    fp16: bool = False
+    bf16: bool = False
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    params_dtype: torch.dtype = torch.float32
+    use_precision_aware_optimizer: bool = False
+    store_param_remainders: bool = True
+    main_grads_dtype: torch.dtype = torch.float32
+    main_params_dtype: torch.dtype = torch.float32
+    exp_avg_dtype: torch.dtype = torch.float32
+    exp_avg_sq_dtype: torch.dtype = torch.float32
+    optimizer: str = "adam"
+    loss_scale: Optional[float] = None
+    initial_loss_scale: float = 2 ** 32
+    min_loss_scale: float = 1.0
+    loss_scale_window: float = 1000
+    hysteresis: int = 2
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-08
+    decoupled_weight_decay: bool = True
     sgd_momentum: float = 0.9
+    muon_momentum: float = 0.95
+    muon_split_qkv: bool = True
+    muon_use_nesterov: bool = False
+    muon_scale_mode: str = "spectral"
+    muon_fp32_matmul_prec: str = "medium"
+    muon_num_ns_steps: int = 5
+    muon_tp_mode: str = "blockwise"
+    muon_extra_scale_factor: float = 1.0
+    use_distributed_optimizer: bool = False
+    overlap_param_gather: bool = False
+    overlap_param_gather_with_optimizer_step: bool = False
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 0.0
+    use_torch_optimizer_for_cpu_offload: bool = False
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    pin_cpu_grads: bool = True
+    pin_cpu_params: bool = True
     clip_grad: float = 1.0
+    log_num_zeros_in_grad: bool = False
+    barrier_with_L1_time: bool = False
+    timers: Optional[Callable] = None
+    config_logger_dir: str = ""
+    # mxddp's own.
     max_consecutive_skipped_steps: Optional[int] = DEFAULT_MAX_CONSECUTIVE_SKIPPED_STEPS
 
     def __post_init__(self) -> None:
+        _check_bools(self)
         limit = self.max_consecutive_skipped_steps
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ValueError(f"max_consecutive_skipped_steps must be None (never raise) or an int >= 0; got {limit!r}")
+        if self.optimizer == "muon":
+            raise ValueError("optimizer='muon' is not supported; valid: 'adam', 'sgd' (mxddp's optimizer has no "
+                             "Muon: its Newton-Schulz orthogonalization needs whole matrices, not shards)")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer={self.optimizer!r} is not supported; valid: 'adam', 'sgd'")
         if self.lr is None:
             raise ValueError("lr must be set (Megatron's OptimizerConfig leaves it None; mxddp needs a value)")
-        for name in _FLOAT_FIELDS:
+        for name in _FLOAT_FIELDS + _NUMBER_FIELDS + ("hysteresis", "muon_num_ns_steps"):
+            if not _is_number(getattr(self, name)):
+                raise TypeError(f"{name} must be a number; got {getattr(self, name)!r}")
+        for name in _OPTIONAL_NUMBER_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number; got {value!r}")
+            if value is not None and not _is_number(value):
+                raise TypeError(f"{name} must be None or a number; got {value!r}")
+        self._check_precision()
+        self._check_refused()
+
+    def _check_precision(self) -> None:
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"fp8_recipe={self.fp8_recipe!r} is not valid; valid: None, "
+                             f"{', '.join(map(repr, FP8_RECIPES))}")
+        _refuse_unless("fp16", self.fp16, False,
+                       "mxddp keeps F32 or BF16 params (bf16=True for BF16), never FP16")
+        if self.params_dtype not in PARAM_DTYPES:
+            raise ValueError(f"params_dtype={self.params_dtype!r} is not supported by mxddp.torch: it keeps F32 or "
+                             "BF16 params; valid: torch.float32, torch.bfloat16")
+        _refuse_unless("use_precision_aware_optimizer", self.use_precision_aware_optimizer, False,
+                       "mxddp's optimizer keeps F32 main params, grads and states")
+        for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            # Megatron asserts the same without use_precision_aware_optimizer.
+            _refuse_unless(name, getattr(self, name), torch.float32,
+                           "mxddp's optimizer keeps F32 main params, grads and states")
+
+    def _check_refused(self) -> None:
+        _refuse_unless("loss_scale", self.loss_scale, None,
+                       "mxddp's optimizer has no Megatron grad scaler (loss scaling is for FP16 training, which "
+                       "mxddp does not do)")
+        _refuse_unless("overlap_param_gather_with_optimizer_step", self.overlap_param_gather_with_optimizer_step, False,
+                       "it splits off the first of several model chunks (pipeline parallelism), which mxddp does "
+                       "not have; overlap_param_gather in the DDP config overlaps the gather with forward")
+        _refuse_unless("optimizer_cpu_offload", self.optimizer_cpu_offload, False,
+                       "mxddp's optimizer state already lives where its params do (host memory for mxddp.torch) and "
+                       "has no hybrid device optimizer")
+        _refuse_unless("log_num_zeros_in_grad", self.log_num_zeros_in_grad, False,
+                       "mxddp's optimizer does not count zeros (step() returns None as num_zeros_in_grad)")
+        _refuse_unless("timers", self.timers, None, "mxddp's optimizer reports no timings to Megatron's timers")
+        _refuse_unless("config_logger_dir", self.config_logger_dir, "", "mxddp does not dump configs")
+
+    def check_model(self, model: Any, exact: bool = True) -> None:
+        """Refuses a config that describes another model than ``model`` (a mxddp.torch
+        DistributedDataParallel or FullyShardedDataParallel): bf16 and params_dtype against its
+        param dtype, use_distributed_optimizer and reuse_grad_buf_for_mxfp8_param_ag (and then
+        overlap_param_gather, which Megatron's optimizer reads only then) against its DDP config,
+        fp8_recipe against MXFP8 params. exact (``get_megatron_optimizer``, where these fields mean
+        what they mean in Megatron): every one must match. Not exact (``DistributedOptimizer(model,
+        OptimizerConfig)``, whose defaults mxddp scripts rely on: bf16=False over BF16 params, the
+        distributed optimizer without use_distributed_optimizer=True): only a value that asks for
+        what the model does not have is refused."""
+        dtype, ddp = model.param_dtype, model.ddp_config
+        bf16 = dtype == torch.bfloat16
+        if self.bf16 != bf16 and (exact or self.bf16):
+            raise ValueError(f"OptimizerConfig.bf16={self.bf16!r} but the model's params are {dtype}; valid: "
+                             f"bf16={bf16!r} (bf16=True exactly when the params are torch.bfloat16)")
+        if self.params_dtype != dtype and (exact or self.params_dtype != torch.float32):
+            raise ValueError(f"OptimizerConfig.params_dtype={self.params_dtype!r} but the model's params are {dtype}; "
+                             f"valid: params_dtype={dtype!r}")
+        if self.use_distributed_optimizer != ddp.use_distributed_optimizer \
+                and (exact or self.use_distributed_optimizer):
+            raise ValueError(f"OptimizerConfig.use_distributed_optimizer={self.use_distributed_optimizer!r} but the "
+                             "model's DistributedDataParallelConfig has "
+                             f"{ddp.use_distributed_optimizer!r}; valid: the DDP config's value")
+        if self.reuse_grad_buf_for_mxfp8_param_ag != ddp.reuse_grad_buf_for_mxfp8_param_ag \
+                and (exact or self.reuse_grad_buf_for_mxfp8_param_ag):
+            raise ValueError("OptimizerConfig.reuse_grad_buf_for_mxfp8_param_ag="
+                             f"{self.reuse_grad_buf_for_mxfp8_param_ag!r} but the model's "
+                             "DistributedDataParallelConfig has "
+                             f"{ddp.reuse_grad_buf_for_mxfp8_param_ag!r}; valid: the DDP config's value")
+        if self.reuse_grad_buf_for_mxfp8_param_ag and self.overlap_param_gather != ddp.overlap_param_gather:
+            raise ValueError(f"OptimizerConfig.overlap_param_gather={self.overlap_param_gather!r} but the model's "
+                             f"DistributedDataParallelConfig has {ddp.overlap_param_gather!r} (with "
+                             "reuse_grad_buf_for_mxfp8_param_ag they must agree); valid: the DDP config's value")
+        if ddp.fp8_param_gather and self.fp8_recipe not in (None, "mxfp8"):
+            raise ValueError(f"OptimizerConfig.fp8_recipe={self.fp8_recipe!r} but the model keeps MXFP8 params "
+                             "(fp8_param_gather=True); valid: 'mxfp8' or None")
 
     def agreement_items(self) -> list[tuple[str, str]]:
         """Every field as ``("OptimizerConfig.<field>", value)``, numbers as the floats the C++
         optimizer takes (so ``lr=1`` and ``lr=1.0`` agree): what every rank must give alike."""
+        numbers = _FLOAT_FIELDS + _OPTIONAL_NUMBER_FIELDS + _NUMBER_FIELDS
+
         def text(name: str) -> str:
             value = getattr(self, name)
-            return repr(float(value)) if name in _FLOAT_FIELDS else repr(value)
+            return repr(float(value)) if name in numbers and value is not None else repr(value)
 
         return [(f"OptimizerConfig.{f.name}", text(f.name)) for f in fields(self)]
 
@@ -257,3 +463,17 @@ class OptimizerConfig:
         c.sgd_momentum = float(self.sgd_momentum)
         c.clip_grad = float(self.clip_grad)
         return c
+
+
+@dataclass
+class AdamOptimizerConfig(OptimizerConfig):
+    """Megatron-core's ``AdamOptimizerConfig``: an ``OptimizerConfig`` with optimizer="adam"."""
+
+    optimizer: str = "adam"
+
+
+@dataclass
+class SGDOptimizerConfig(OptimizerConfig):
+    """Megatron-core's ``SGDOptimizerConfig``: an ``OptimizerConfig`` with optimizer="sgd"."""
+
+    optimizer: str = "sgd"
