@@ -38,6 +38,7 @@ def _check_pair(model, optimizer, what: str) -> None:
     if optimizer.model is not model:
         raise ValueError(f"{what}: the optimizer steps on another model than the one given; pass the "
                          "model the optimizer was built on")
+    model._refuse_hybrid(what)
 
 
 def _path(value, name: str) -> str:
