@@ -117,10 +117,12 @@ struct Explained {
 
 Explained explain(const TrainConfig& c, const MemoryPlan& p, int64_t largest_layer_numel) {
   Explained e;
-  e.closed_forms = closed_form_memory(p.layout.params_numel, largest_layer_numel, p.dp);
+  // HSDP: a rank's model states are sharded over its shard group, not over dp.
+  const int shard_dp = p.dp / p.num_distributed_optimizer_instances;
+  e.closed_forms = closed_form_memory(p.layout.params_numel, largest_layer_numel, shard_dp);
   std::tie(e.formula_name, e.formula_bytes) = matching_closed_form(c, e.closed_forms, p.layout.params_numel);
   const double padding_numel = static_cast<double>(p.layout.buffer_numel - p.layout.params_numel);
-  e.padding_bytes = padding_numel * model_state_bytes_per_element(c, p.dp);
+  e.padding_bytes = padding_numel * model_state_bytes_per_element(c, shard_dp);
   e.mxfp8_bytes = static_cast<double>(p.steady.live(MemoryCategory::kMxfp8));
   if (!c.use_megatron_fsdp) {
     const bool reuse = c.ddp.reuse_grad_buf_for_mxfp8_param_ag;
@@ -164,6 +166,7 @@ nlohmann::ordered_json plan_json(const TrainConfig& c, const MemoryPlan& p, cons
   return {{"of", of},
           {"mode", describe_mode(c)},
           {"dp", p.dp},
+          {"num_distributed_optimizer_instances", p.num_distributed_optimizer_instances},
           {"every_rank", true},
           {"compute_threads_per_rank", p.layout.compute_threads},
           {"per_rank", categories},
@@ -186,6 +189,9 @@ nlohmann::ordered_json plan_json(const TrainConfig& c, const MemoryPlan& p, cons
 
 void print_plan(const TrainConfig& c, const MemoryPlan& p, const Explained& e, const std::string& of) {
   std::printf("mxddp plan: %s at dp %d, %s\n", of.c_str(), p.dp, describe_mode(c).c_str());
+  if (p.num_distributed_optimizer_instances > 1)
+    std::printf("hybrid sharding: %d replica groups, each a shard group of %d ranks\n",
+                p.num_distributed_optimizer_instances, p.dp / p.num_distributed_optimizer_instances);
   std::printf("every rank holds the same (buckets split into equal shards); per rank:\n\n");
   std::printf("%-26s %16s %16s %16s\n", "category", "steady peak", "overall peak", "live at the end");
   auto row = [](const char* name, int64_t steady, int64_t overall, int64_t live) {
@@ -408,6 +414,11 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
   auto* plan = cmd->add_option_group("plan");
   plan->add_option("--dp", a.dp, "Data-parallel size to plan for (any size; default: --ranks)")
       ->transform(integer_in(1, kDpMax));
+  plan->add_option("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances,
+                   "Hybrid sharding (HSDP, with --use-megatron-fsdp and --shapes or --safetensors): the dp ranks form "
+                   "this many replica groups, each a shard group of dp / it ranks; a rank holds FSDP's bytes at that "
+                   "size (default 1: plain FSDP)")
+      ->transform(integer_in(1, kDpMax));
   plan->add_option("--ranks-per-node", a.ranks_per_node,
                    "Ranks sharing one machine's cores, as mpirun places them: with --compute-threads 0 each rank "
                    "computes with cores / this many threads, which sizes attention's backward scratch (default: all "
@@ -457,9 +468,13 @@ void run_plan_command(PlanArgs& a) {
       of = fmt::format("{} params of {}", specs.size(), a.safetensors);
     }
     if (c.ddp.fp8_param_gather) mark_mxfp8(specs);
-    plan = plan_param_memory(specs, c, {.dp = dp});
+    plan = plan_param_memory(specs, c, {.dp = dp, .num_distributed_optimizer_instances =
+                                                     static_cast<int>(a.num_distributed_optimizer_instances)});
     largest = largest_layer_numel(specs);
   } else {
+    MXDDP_CHECK(a.num_distributed_optimizer_instances == 1,
+                "--num-distributed-optimizer-instances {} needs --shapes or --safetensors: mxddp train does not run "
+                "hybrid sharding, so its plan has none", a.num_distributed_optimizer_instances);
     plan = plan_train_memory(c, {.dp = dp, .ranks_on_this_machine = static_cast<int>(a.ranks_per_node),
                                  .start_iteration = load_start_iteration(c.load_dir),
                                  .mpi_backend = a.train.backend == "mpi"});

@@ -15,6 +15,9 @@ namespace mxddp::app {
 struct PlanArgs {
   TrainArgs train;            // every flag of mxddp train; --ranks is the data-parallel size
   int64_t dp = 0;             // --dp: the data-parallel size, beyond --ranks' local range (0: --ranks)
+  // --num-distributed-optimizer-instances (Megatron's flag): HSDP's replica groups, each a shard
+  // group of dp / it ranks (FSDP only; --shapes / --safetensors, since mxddp train has no HSDP).
+  int64_t num_distributed_optimizer_instances = 1;
   int64_t ranks_per_node = 0; // --ranks-per-node: ranks sharing a machine's cores (0: all, as the local backend)
   std::string shapes;         // --shapes: a param list instead of the GPT ("95x95,95", as layout takes)
   std::string safetensors;    // --safetensors FILE: the param list of a safetensors file's header

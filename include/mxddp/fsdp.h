@@ -52,6 +52,19 @@
 // With MXFP8 params a gather is per slot (GatherSlot): forward gathers values and row-wise,
 // backward values and column-wise, a recompute values and row-wise (an MXFP8 slot: the payload
 // and that orientation's scales).
+// Hybrid sharding (HSDP; Megatron-FSDP's num_distributed_optimizer_instances, FSDP2's 2-D mesh
+// ("replicate", "shard")): with a replica communicator, `comm` is the shard group (the ranks that
+// split each bucket between them, e.g. a host's) and `replica` joins this rank to the ranks of the
+// other shard groups that hold the same shard index. Everything above happens inside the shard
+// group (buckets padded to divide by its size, gathers, the reduce-scatter); each reduction's
+// result (the reduced shard, or the whole bucket for no_shard) is then all-reduced across the
+// replica group, issued as soon as the shard group's reduction lands, from a thread of the
+// engine's own (the main thread keeps computing), in issue order, so in the same order on every
+// rank. The 1/(shard x replicas) prescale rides in the first reduction: the gradient is the mean
+// over every rank, as DDP over them all gives. Each replica then updates its identical shard;
+// communicator() is the shard group, so the optimizer's grad norm counts each element once.
+// Bytes per rank are FSDP's at dp = the shard group's size; the replica all-reduce is in place
+// (the mpi backend stages a bf16 one in f32, charged as comm by that communicator).
 // The all-gather prefetch budget is suggested_communication_unit_size / 2 elements and the
 // reduce-scatter queue holds at most suggested_communication_unit_size elements in flight; both are
 // caps (Megatron turns them into floors of 5e8 and 1e9 elements with max(1e9, ...)).
@@ -199,15 +212,21 @@ class FullyShardedDataParallel final : public DataParallel {
   // units: the params of each unit (registration indices), in forward order; a param in none is a
   // non-unit param. initial_values: one view per param (f32 or param_dtype); every rank keeps
   // only what its strategy keeps of them. comm and tracker must outlive this object.
+  // replica: null for plain FSDP; otherwise HSDP (above): comm is the shard group and replica the
+  // replica group (every rank passes one, of the same size; it too must outlive this object). Other
+  // HSDP objects may share it (their replica all-reduces go through one queue per communicator, in
+  // issue order); nothing else may issue collectives on it while they live.
   FullyShardedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
                            const std::vector<std::vector<int>>& units, const FsdpConfig& config,
-                           MemoryTracker& tracker, const std::vector<TensorView>& initial_values);
+                           MemoryTracker& tracker, const std::vector<TensorView>& initial_values,
+                           Communicator* replica = nullptr);
   ~FullyShardedDataParallel() override;  // waits for collectives still in flight
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
   const FsdpConfig& config() const;
-  Communicator& communicator() const override;
+  Communicator& communicator() const override;  // the shard group
+  Communicator* replica_communicator() const;    // HSDP's replica group; null without HSDP
   const std::vector<ParamSpec>& params() const override;
   DType param_dtype() const override;
   DType grad_dtype() const override;

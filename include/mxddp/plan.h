@@ -54,6 +54,11 @@ struct MemoryPlanOptions {
   // plan_fsdp_memory: [param] whether its modules' backward adds its weight gradient into
   // main_grad itself (mxddp.torch's gradient accumulation fusion); empty: none is.
   std::vector<bool> fused_grads;
+  // plan_fsdp_memory: HSDP (fsdp.h), Megatron's --num-distributed-optimizer-instances: the dp
+  // ranks form this many replica groups of dp / it ranks each (the shard group), and a rank holds
+  // FSDP's bytes at dp / it (the replica all-reduce works in place; on the mpi backend an f32 one
+  // needs no staging, and bf16 grads are refused there: that staging is not planned). 1: plain FSDP.
+  int num_distributed_optimizer_instances = 1;
 };
 
 // What the bytes are made of, for the comparison with the closed forms.
@@ -71,6 +76,8 @@ struct MemoryPlanLayout {
 
 struct MemoryPlan {
   int dp = 1;
+  // HSDP's replica groups (MemoryPlanOptions); the shard group is dp / it ranks. 1: not HSDP.
+  int num_distributed_optimizer_instances = 1;
   // As RankMemory in the train report: peaks from the first iteration on (overall) and after it
   // (steady state), per category, and the peak of their sum.
   MemoryUsage overall;
@@ -83,6 +90,11 @@ struct MemoryPlan {
   int64_t build_live_bytes = 0;
   int64_t build_untracked_bytes = 0;  // those initial values and that staging
 };
+
+// HSDP's shard group size for opts (dp / num_distributed_optimizer_instances) under this FSDP
+// config; throws Error naming the value where the instances do not divide dp, or where the plan
+// would need the replica all-reduce's mpi staging (bf16 grads on the mpi backend), not modelled.
+int fsdp_shard_group_size(const MemoryPlanOptions& opts, const FsdpConfig& config);
 
 // The memory `train(comm, config)` will hold on each of opts.dp ranks, equal to what its report
 // measures (TrainResult::memory_by_rank) byte for byte. Throws Error naming a config the trainer

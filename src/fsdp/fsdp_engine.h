@@ -20,9 +20,12 @@
 
 namespace mxddp {
 
+class ProgressQueue;  // src/comm/progress_queue.h
+
 // Observability: one record per collective issued, in issue order.
 struct FsdpCollective {
-  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce } kind;
+  // kReplicaAllReduce: HSDP's all-reduce of a bucket's reduction across the replica group.
+  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kReplicaAllReduce } kind;
   int bucket = 0;
   bool operator==(const FsdpCollective&) const = default;
 };
@@ -44,13 +47,14 @@ class FsdpEngine final : private FsdpHookActions {
   // only what its strategy keeps of them. comm and tracker must outlive this object.
   FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
              const std::vector<std::vector<int>>& units, const FsdpConfig& config,
-             MemoryTracker& tracker, const std::vector<TensorView>& initial_values);
+             MemoryTracker& tracker, const std::vector<TensorView>& initial_values, Communicator* replica = nullptr);
   ~FsdpEngine();  // waits for collectives still in flight
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;
 
   const FsdpConfig& config() const { return config_; }
   Communicator& communicator() const { return comm_; }
+  Communicator* replica_communicator() const { return replica_; }
   const std::vector<ParamSpec>& params() const { return specs_; }
   int num_params() const { return static_cast<int>(specs_.size()); }
   DType param_dtype() const { return config_.param_dtype; }
@@ -157,6 +161,12 @@ class FsdpEngine final : private FsdpHookActions {
   void check_all_ready(const std::vector<int>& params, std::string_view hook) const;
 
   Communicator& comm_;
+  Communicator* replica_ = nullptr;  // HSDP's replica group, or null
+  // HSDP: the thread that issues each replica all-reduce once its shard group's reduction has
+  // landed, in issue order, so the main thread never blocks on the chain. One per replica
+  // communicator, shared by every engine on it, so that their replica all-reduces keep the
+  // program's issue order on every rank.
+  std::shared_ptr<ProgressQueue> replica_chain_;
   FsdpConfig config_;
   std::vector<ParamSpec> specs_;
   ParamLayout layout_;

@@ -9,8 +9,9 @@ namespace mxddp {
 
 FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, const std::vector<ParamSpec>& params,
                                                    const std::vector<std::vector<int>>& units, const FsdpConfig& config,
-                                                   MemoryTracker& tracker, const std::vector<TensorView>& initial_values)
-    : engine_(std::make_unique<FsdpEngine>(comm, params, units, config, tracker, initial_values)) {}
+                                                   MemoryTracker& tracker, const std::vector<TensorView>& initial_values,
+                                                   Communicator* replica)
+    : engine_(std::make_unique<FsdpEngine>(comm, params, units, config, tracker, initial_values, replica)) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() = default;
 
@@ -21,6 +22,7 @@ const FsdpEngine& fsdp_engine(const FullyShardedDataParallel& fsdp) {
 
 const FsdpConfig& FullyShardedDataParallel::config() const { return engine_->config(); }
 Communicator& FullyShardedDataParallel::communicator() const { return engine_->communicator(); }
+Communicator* FullyShardedDataParallel::replica_communicator() const { return engine_->replica_communicator(); }
 const std::vector<ParamSpec>& FullyShardedDataParallel::params() const { return engine_->params(); }
 DType FullyShardedDataParallel::param_dtype() const { return engine_->param_dtype(); }
 DType FullyShardedDataParallel::grad_dtype() const { return engine_->grad_dtype(); }

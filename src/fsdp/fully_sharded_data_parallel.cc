@@ -3,10 +3,13 @@
 // shards' quantization in fsdp_mxfp8.cc.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 
 #include <mxddp/fsdp.h>
 
+#include "../comm/progress_queue.h"
 #include "../core/parallel_elements.h"
 #include "fsdp_bucket.h"
 #include "fsdp_engine.h"
@@ -87,6 +90,20 @@ std::vector<int> layout_order(const std::vector<ParamSpec>& params, const std::v
   return order;
 }
 
+// HSDP: the chain that issues replica all-reduces on `replica`, shared by every engine on it (one
+// queue keeps their issue order, which is the program's, the same on every rank). It lives while
+// an engine holds it.
+std::shared_ptr<ProgressQueue> replica_chain_for(Communicator& replica) {
+  static std::mutex mutex;
+  static std::map<const Communicator*, std::weak_ptr<ProgressQueue>> chains;
+  std::lock_guard lock(mutex);
+  std::weak_ptr<ProgressQueue>& slot = chains[&replica];
+  if (std::shared_ptr<ProgressQueue> chain = slot.lock()) return chain;
+  auto chain = std::make_shared<ProgressQueue>();
+  slot = chain;
+  return chain;
+}
+
 }  // namespace
 
 void check_fsdp_config(const FsdpConfig& c, const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units) {
@@ -147,9 +164,15 @@ ParamLayout fsdp_param_layout(const std::vector<ParamSpec>& params, const std::v
 
 FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
                                                    const std::vector<std::vector<int>>& units, const FsdpConfig& config,
-                                                   MemoryTracker& tracker, const std::vector<TensorView>& initial_values)
-    : comm_(comm), config_((check_fsdp_config(config, params, units), config)), specs_(params), tracker_(tracker) {
+                                                   MemoryTracker& tracker, const std::vector<TensorView>& initial_values,
+                                                   Communicator* replica)
+    : comm_(comm), replica_(replica), config_((check_fsdp_config(config, params, units), config)), specs_(params),
+      tracker_(tracker) {
   const int dp = comm.size(), rank = comm.rank();
+  MXDDP_CHECK(replica != &comm,
+              "HSDP's replica communicator is the shard group's own communicator; the replica group must be another "
+              "one (the ranks holding this rank's shard index in the other shard groups)");
+  if (replica_) replica_chain_ = replica_chain_for(*replica_);
   MXDDP_CHECK(initial_values.size() == params.size(), "FSDP needs one initial value per param: got {} for {} params",
               initial_values.size(), params.size());
   unit_of_param_ = fsdp_unit_of_param(params.size(), units);
@@ -228,7 +251,9 @@ FsdpEngine::~FsdpEngine() {
 DType FsdpEngine::grad_dtype() const { return fsdp_grad_dtype(config_); }
 
 std::string FsdpEngine::describe() const {
-  return fmt::format("fsdp:{}", sharding_strategy_name(config_.data_parallel_sharding_strategy));
+  if (!replica_) return fmt::format("fsdp:{}", sharding_strategy_name(config_.data_parallel_sharding_strategy));
+  return fmt::format("fsdp:{} (hsdp: shard group {} x {} replicas)",
+                     sharding_strategy_name(config_.data_parallel_sharding_strategy), comm_.size(), replica_->size());
 }
 
 // ---- The model's side ----
@@ -366,18 +391,32 @@ void FsdpEngine::issue_reduction(int bucket) {
   MXDDP_ASSERT(!b.reduction_in_flight && b.grads_full.data());
   if (shards_grads())  // the queue bounds the unsharded grads alive at once
     while (!reductions_.empty() && reductions_numel_ + b.numel > rs_queue_numel_) complete_oldest_reduction();
-  const int dp = comm_.size();
+  // Every rank this gradient is averaged over: the shard group, times the replicas under HSDP.
+  const int dp = comm_.size() * (replica_ ? replica_->size() : 1);
   const TensorView grads = b.grads_full.view(grad_dtype(), Shape{b.numel});
   const float prescale = 1.0f / static_cast<float>(dp);  // 1/dp rides inside the reduction, as in DDP
   Work work;
+  TensorView reduced = grads;  // what this rank's reduction leaves reduced
   if (config_.data_parallel_sharding_strategy == ShardingStrategy::kNoShard) {
     work = comm_.all_reduce(grads, {.op = ReduceOp::kSum, .async_op = true, .prescale = prescale});
     log_.push_back({FsdpCollective::Kind::kAllReduce, bucket});
   } else {
     // In place: this rank's block of the bucket receives its reduced shard.
-    work = comm_.reduce_scatter(grads, fsdp_sub(grads, comm_.rank() * b.shard, Shape{b.shard}),
-                                {.op = ReduceOp::kSum, .async_op = true, .prescale = prescale});
+    reduced = fsdp_sub(grads, comm_.rank() * b.shard, Shape{b.shard});
+    work = comm_.reduce_scatter(grads, reduced, {.op = ReduceOp::kSum, .async_op = true, .prescale = prescale});
     log_.push_back({FsdpCollective::Kind::kReduceScatter, bucket});
+  }
+  if (replica_) {
+    // HSDP: the shard group's result, summed across the replicas (the prescale above already
+    // divided by every rank). The chain's thread waits for the shard group's reduction and then
+    // runs the all-reduce on the replica communicator, while this thread goes on; the chain is
+    // FIFO and reductions are issued in the same order on every rank, so the replica all-reduces
+    // are too. The returned Work completes after both, carrying either one's error.
+    work = replica_chain_->submit([first = std::move(work), replica = replica_, reduced] {
+      first.wait();
+      replica->all_reduce(reduced);
+    });
+    log_.push_back({FsdpCollective::Kind::kReplicaAllReduce, bucket});
   }
   b.reduction_in_flight = true;
   reduced_[static_cast<size_t>(bucket)] = true;

@@ -9,6 +9,7 @@
 
 #include <mxddp/plan.h>
 
+#include "../fsdp/fsdp_storage_plan.h"
 #include "data_parallel_sim.h"
 
 namespace mxddp {
@@ -71,6 +72,20 @@ std::vector<int> check_hooked_modules(const std::vector<ParamSpec>& params, cons
 
 }  // namespace
 
+int fsdp_shard_group_size(const MemoryPlanOptions& opts, const FsdpConfig& config) {
+  const int dp = opts.dp, instances = opts.num_distributed_optimizer_instances;
+  MXDDP_CHECK(instances >= 1 && dp % instances == 0,
+              "num_distributed_optimizer_instances {} is not valid at dp {}: a divisor of dp (each of that many "
+              "replica groups is a shard group of dp / it ranks)", instances, dp);
+  // The replica all-reduce of bf16 grads stages them in f32 on the mpi (and torch) backend, in a
+  // communicator of its own, at a moment the simulation does not replay: refused, not guessed.
+  MXDDP_CHECK(instances == 1 || !opts.mpi_backend || fsdp_grad_dtype(config) == DType::kF32,
+              "num_distributed_optimizer_instances {} on the mpi backend with {} grads is not planned: the replica "
+              "all-reduce's f32 staging is not modelled; plan with f32 grads (grad_reduce_in_fp32) or the local backend",
+              instances, dtype_name(fsdp_grad_dtype(config)));
+  return dp / instances;
+}
+
 MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
                             const std::vector<FsdpHookedModule>& hooked, const FsdpConfig& config,
                             std::optional<OptimizerType> optimizer, const MemoryPlanOptions& opts) {
@@ -93,9 +108,11 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
   for (size_t j = 0; j < hooked.size(); ++j)
     for (int p : hooked[j].params) last_use[static_cast<size_t>(p)] = static_cast<int>(j);
 
+  // HSDP: every figure is FSDP's over the shard group (the replica all-reduce is in place).
+  const int shard = fsdp_shard_group_size(opts, config);
   MemoryTracker tracker;
   DataParallelSim dpsim(tracker, nullptr);
-  dpsim.build_fsdp(params, units, config, dp, opts.mpi_backend);
+  dpsim.build_fsdp(params, units, config, shard, opts.mpi_backend);
   if (optimizer) dpsim.build_optimizer(*optimizer);
 
   // [hooked module] its params as backward reports them: a unit's in decreasing registration
@@ -189,7 +206,9 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
   const MemoryUsage first = tracker.usage();
   tracker.reset_peaks();
   iteration();
-  return data_parallel_plan(dpsim, dp, tracker.usage(), first);
+  MemoryPlan plan = data_parallel_plan(dpsim, dp, tracker.usage(), first);
+  plan.num_distributed_optimizer_instances = dp / shard;
+  return plan;
 }
 
 }  // namespace mxddp

@@ -82,6 +82,10 @@ double model_state_bytes_per_element(const TrainConfig& c, int dp) {
 MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions& opts) {
   const int dp = opts.dp;
   config.validate(dp);
+  MXDDP_CHECK(opts.num_distributed_optimizer_instances == 1,
+              "num_distributed_optimizer_instances {} is not valid for mxddp train's plan: train() does not run "
+              "hybrid sharding (HSDP); plan a param list (--shapes, --safetensors) or mxddp.torch's FSDP instead; valid: 1",
+              opts.num_distributed_optimizer_instances);
   check_plannable(config.model, config.micro_batch_size);
   const GptConfig& mc = config.model;
   const GptModelOptions model_options = config.model_options();
@@ -188,8 +192,15 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
     FsdpConfig fc = config.fsdp;
     fc.mxfp8_elem = config.ddp.mxfp8_elem;
     fc.mxfp8_scale_mode = config.ddp.mxfp8_scale_mode;
-    dpsim.build_fsdp(params, units, fc, dp, false);  // no iterations: no reductions to stage
+    // HSDP: FSDP's bytes at the shard group's size (fsdp.h; no iterations, so no staging).
+    dpsim.build_fsdp(params, units, fc, fsdp_shard_group_size({.dp = dp, .num_distributed_optimizer_instances =
+                                                                         opts.num_distributed_optimizer_instances},
+                                                              fc),
+                     false);  // no iterations: no reductions to stage
   } else {
+    MXDDP_CHECK(opts.num_distributed_optimizer_instances == 1,
+                "num_distributed_optimizer_instances {} is not valid without --use-megatron-fsdp: hybrid sharding "
+                "is FSDP's; valid: 1", opts.num_distributed_optimizer_instances);
     dpsim.build_ddp(params, config.ddp, dp, false);
   }
   dpsim.build_optimizer(config.optimizer.optimizer);
@@ -200,7 +211,9 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
   dpsim.start_iteration();
   dpsim.step();
   dpsim.force_param_sync();
-  return data_parallel_plan(dpsim, dp, tracker.usage(), built);
+  MemoryPlan plan = data_parallel_plan(dpsim, dp, tracker.usage(), built);
+  plan.num_distributed_optimizer_instances = opts.num_distributed_optimizer_instances;
+  return plan;
 }
 
 ClosedFormMemory closed_form_memory(int64_t params_numel, int64_t largest_layer_numel, int dp) {

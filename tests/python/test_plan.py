@@ -240,8 +240,11 @@ def test_plan_refuses_bad_input_naming_the_value(ranks):
         mxt.plan(module, 2, {"use_distributed_optimizer": True})
     with pytest.raises(TypeError, match="opt_cfg must be a mxddp.torch.OptimizerConfig or None; got str"):
         mxt.plan(module, 2, ddp_config(use_distributed_optimizer=True), "adam")
-    with pytest.raises(ValueError, match="use_distributed_optimizer is False"):
-        mxt.plan(module, 2, ddp_config(), ADAM)
+    # Without use_distributed_optimizer the optimizer is replicated: every rank holds the whole state.
+    replicated, sharded = mxt.plan(module, 2, ddp_config(), ADAM), mxt.plan(module, 2, ddp_config(
+        use_distributed_optimizer=True), ADAM)
+    assert replicated.live_bytes["optimizer_state"] == 2 * 4 * replicated.buffer_numel
+    assert sharded.live_bytes["optimizer_state"] == 2 * 4 * sharded.buffer_numel // 2
     frozen = Mlp().requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         mxt.plan(frozen, 2)

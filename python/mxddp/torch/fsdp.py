@@ -47,7 +47,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
-from mxddp.torch import agreement, grad_fusion, launch, mxfp8
+from mxddp.torch import agreement, grad_fusion, hsdp, launch, mxfp8, process_group as process_groups
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
                               _trainable_params)
@@ -161,8 +161,12 @@ class FullyShardedDataParallel(DataParallelModule):
 
     def __init__(self, module: torch.nn.Module, config: Optional[DistributedDataParallelConfig] = None,
                  fsdp_unit_modules: Optional[Sequence[type]] = None, *, recompute_granularity: Optional[str] = None,
-                 recompute_modules: Optional[Sequence[str]] = None, gradient_accumulation_fusion: bool = True):
+                 recompute_modules: Optional[Sequence[str]] = None, gradient_accumulation_fusion: bool = True,
+                 process_group=None, device_mesh=None):
         super().__init__()
+        if process_group is not None and device_mesh is not None:
+            raise ValueError("give FullyShardedDataParallel either process_group= (FSDP over that group) or "
+                             "device_mesh= (hybrid sharding over a 2-D (replicate, shard) mesh), not both")
 
         def describe():
             _check_fusion_flag(gradient_accumulation_fusion)
@@ -186,9 +190,12 @@ class FullyShardedDataParallel(DataParallelModule):
                 ("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))]
             return (cfg, params, flags, fused, fine_grained, units), items
 
-        # Checked, and compared across ranks, before the C++ FSDP exists, so a refusal leaves nothing allocated.
+        # Checked, and compared across ranks (of process_group; of the world for plain FSDP and HSDP), before
+        # the C++ FSDP exists, so a refusal leaves nothing allocated. The communicator first: it starts
+        # mxddp if the script has not (under torchrun, on torch.distributed's default group).
+        group_comm = process_groups.communicator_for(process_group)
         config, params, flags, self.fused_params, self.fine_grained_param_gather, self.units = \
-            agreement.agree("FullyShardedDataParallel", describe)
+            agreement.agree("FullyShardedDataParallel", describe, group_comm if process_group is not None else None)
         self.module = module
         self.ddp_config = config
         self.param_dtype = params[0][1].dtype
@@ -202,9 +209,16 @@ class FullyShardedDataParallel(DataParallelModule):
         specs = [(n, list(p.shape), bool(getattr(p, "shared_embedding", False))) for n, p in params]
         self._mxfp8_kind = _mxfp8_kinds(module, self._params, flags)
         colwise = colwise_forward_flags(self._mxfp8_kind, len(self._params))
+        # HSDP (mxddp.torch.hsdp): a (replicate, shard) device_mesh or config.num_distributed_optimizer_instances
+        # shards within the shard group and all-reduces each reduced shard across the replica group.
+        hybrid = hsdp.hsdp_communicators(device_mesh, config.num_distributed_optimizer_instances)
+        comm, replica = hybrid if hybrid is not None else (group_comm, None)
+        self._comm = comm  # the (shard) group's communicator handle: the optimizer's own collectives run on it
+        self.device_mesh = device_mesh
+        self._hybrid = hybrid is not None  # checkpoints refuse HSDP models (not handled yet)
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
                                                 flags if any(flags) else [], [p.detach() for p in self._params],
-                                                colwise if any(colwise) else [])
+                                                colwise if any(colwise) else [], comm=comm, replica=replica)
         launch._track_model(self)
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
@@ -550,7 +564,12 @@ class FullyShardedDataParallel(DataParallelModule):
         """Collective (every rank calls it): torch's state dict of the wrapper (keys ``module.<name>``)
         with every registered param's full values (MXFP8 weights: those their forward reads), gathered
         for the purpose; the sharded params' own tensors hold only stand-ins outside their unit. After
-        ``close()`` the params hold their values themselves: torch's own (not collective)."""
+        ``close()`` the params hold their values themselves: torch's own (not collective).
+
+        Every rank calls it, and rank 0 alone writes the result (as torch FSDP's full state dict). A
+        call on rank 0 alone cannot be told from a slow peer, so it is not refused: the watchdog ends
+        the job after ``init(timeout_s)`` with an error naming the all-gather and the ranks that never
+        reached it, rather than it waiting for ever. (DDP's state_dict is local: any rank alone.)"""
         if self._cpp.closed:
             return super().state_dict(*args, **kwargs)
         if self._grads_pending_sync:

@@ -143,9 +143,6 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     if fsdp_unit_modules is not None:
         raise ValueError("fsdp_unit_modules is given but cfg.use_megatron_fsdp is False: units are FSDP's (set "
                          "use_megatron_fsdp=True, or pass fsdp_unit_modules=None to plan the DDP)")
-    if opt_cfg is not None and not cfg.use_distributed_optimizer:
-        raise ValueError("opt_cfg is given but cfg.use_distributed_optimizer is False: the DistributedOptimizer "
-                         "needs use_distributed_optimizer=True (pass opt_cfg=None to plan the DDP alone)")
     params = _planned_params(module)
     dtype = params[0][1].dtype
     # The DDP's own rule for which params are MXFP8 (plain nn.Linear and HF Conv1D weights, the mxfp8 attribute).
@@ -184,7 +181,8 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     fused = fusion_flags(module, params, cfg, mxfp8_flags, gradient_accumulation_fusion)
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
                               None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
-                              colwise if any(colwise) else [], fused if any(fused) else [])
+                              colwise if any(colwise) else [], fused if any(fused) else [],
+                              cfg.num_distributed_optimizer_instances)
     return _memory_plan(out, strategy=cfg.data_parallel_sharding_strategy, num_units=len(units.units))
 
 
