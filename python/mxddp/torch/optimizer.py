@@ -204,7 +204,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             import gc
             for obj in gc.get_objects():
                 # type(), not isinstance(): the latter reads __class__, which some proxies warn on.
-                if issubclass(type(obj), torch.amp.GradScaler) and id(self) in obj._per_optimizer_states:
+                # A disabled scaler (torch.cuda.amp.GradScaler(enabled=False) on a CPU) keeps no records.
+                if issubclass(type(obj), torch.amp.GradScaler) and id(self) in getattr(obj, "_per_optimizer_states", {}):
                     return obj
         return scaler
 
