@@ -8,6 +8,8 @@ intra-op thread per rank (torch.set_num_threads(1)), F32:
   mxddp   mxddp.torch.DistributedDataParallel (overlap_grad_reduce, use_distributed_optimizer,
           grad_reduce_in_fp32) + mxddp.torch.DistributedOptimizer (AdamW in C++, global-norm clip)
   mxddp-nofusion  the same with gradient_accumulation_fusion=False (every grad through the hook)
+  mxddp-torchopt  mxddp as above with the user's torch.optim.AdamW (the same two param groups as ddp's)
+          handed to mxt.DistributedOptimizer, clipped with model.clip_grad_norm_ (issue 43's torch way)
   ddp     torch.nn.parallel.DistributedDataParallel (gloo, defaults) + torch.optim.AdamW
           (foreach, the default) + torch.nn.utils.clip_grad_norm_
   zero    the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW)
@@ -16,7 +18,7 @@ Each uses the same buckets (torch's default bucket_cap_mb=25, i.e. 6,553,600 f32
 bucket_size set to that), lr 1e-4, weight decay 0.1 on params of two or more dimensions only (as
 mxddp and Megatron), clip 1.0, a fresh random micro-batch each step.
 
-Measured, per configuration, each impl in its own mpirun job:
+Measured, per configuration, each impl in its own job (mpirun, or torchrun with --launcher torchrun):
   step_s   median over the timed steps (after the warm-up steps) of the slowest rank's step, from
            zero_grad to the end of opt.step() (mxddp: + finish_grad_sync), the ranks' step times
            all-reduced with max;
@@ -71,7 +73,7 @@ MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
     "gpt2-124m": (12, 768, 12, 128, 1),
 }
 BUCKET_NUMEL = 25 * 1024 * 1024 // 4  # torch DDP's default bucket_cap_mb=25, in f32 elements
-IMPLS = ("mxddp", "mxddp-nofusion", "ddp", "zero")
+IMPLS = ("mxddp", "mxddp-nofusion", "mxddp-torchopt", "ddp", "zero")
 
 
 def worker(args) -> None:
@@ -82,9 +84,9 @@ def worker(args) -> None:
     import mxddp.torch as mxt
 
     torch.set_num_threads(1)
-    rank, world = mxt.init(timeout_s=600)
+    rank, world = mxt.init(timeout_s=600)  # under torchrun: torch.distributed (gloo) too
     mxddp_impl = args.worker.startswith("mxddp")
-    if not mxddp_impl:
+    if not mxddp_impl and not dist.is_initialized():
         import socket
         port = torch.tensor([0.0])
         if rank == 0:
@@ -110,7 +112,10 @@ def worker(args) -> None:
         model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
             overlap_grad_reduce=True, use_distributed_optimizer=True, grad_reduce_in_fp32=True,
             bucket_size=BUCKET_NUMEL), gradient_accumulation_fusion=args.worker == "mxddp")
-        opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-4, weight_decay=0.1, clip_grad=1.0))
+        if args.worker == "mxddp-torchopt":  # the torch way: the user's AdamW and param groups, the model clips
+            opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(groups, lr=1e-4))
+        else:
+            opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-4, weight_decay=0.1, clip_grad=1.0))
     else:
         model = torch.nn.parallel.DistributedDataParallel(module)
         if args.worker == "ddp":
@@ -135,6 +140,8 @@ def worker(args) -> None:
         loss.backward()
         if mxddp_impl:
             model.finish_grad_sync()
+            if args.worker == "mxddp-torchopt":
+                model.clip_grad_norm_(1.0)
             opt.step()
         else:
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -175,6 +182,7 @@ def _machine() -> str:
 
 def sweep(args) -> None:
     mpirun = shutil.which("mpirun") or "mpirun"
+    print(f"# launcher: {args.launcher}")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     py = sys.executable
     print(f"# {_machine()}; one thread per rank; {py}")
@@ -190,8 +198,9 @@ def sweep(args) -> None:
             per_impl: dict[str, list[dict]] = {i: [] for i in args.impls}
             for rep in range(args.repeats):
                 for impl in args.impls:  # interleaved, so a busy spell on the machine hits each alike
-                    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(dp), py, __file__,
-                           "--worker", impl, "--layers", str(layers), "--hidden", str(hidden), "--seq", str(seq),
+                    launch = ([mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(dp), py] if args.launcher == "mpirun"
+                              else [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(dp)])
+                    cmd = launch + [__file__, "--worker", impl, "--layers", str(layers), "--hidden", str(hidden), "--seq", str(seq),
                            "--micro-batch", str(mb), "--steps", str(args.steps), "--warmup", str(args.warmup)]
                     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -236,6 +245,9 @@ def main() -> None:
     p.add_argument("--dp", nargs="+", type=int, default=[2, 4])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--launcher", choices=("mpirun", "torchrun"), default="mpirun",
+                   help="what starts each job's ranks: mpirun (mxddp on MPI, torch on its own gloo group) or "
+                        "torchrun (both on torch.distributed's gloo)")
     args = p.parse_args()
     if args.worker:
         if not args.micro_batch:

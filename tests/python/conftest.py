@@ -1,4 +1,5 @@
-"""Shared set-up for the mxddp.torch tests, run under `mpirun -np N python -m pytest tests/python`.
+"""Shared set-up for the mxddp.torch tests, run under `mpirun -np N python -m pytest tests/python`
+(and some files under `torchrun --nproc_per_node N -m pytest ...`: tests/python/torchrun.cmake).
 
 Every rank runs the same tests in the same order, so their collectives match. The session starts
 mxddp (MPI) and, for the PyTorch reference, a gloo process group over 127.0.0.1 whose port rank 0
@@ -23,9 +24,16 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def ranks():
     """(rank, world): mxddp's MPI ranks, with a gloo group of the same ranks for the reference."""
-    if "OMPI_COMM_WORLD_SIZE" not in os.environ:
-        pytest.skip("run under mpirun: mpirun -np 2 python -m pytest tests/python")
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ and not torchrun:
+        pytest.skip("run under mpirun (mpirun -np 2 python -m pytest tests/python) or torchrun")
     torch.set_num_threads(1)
+    if torchrun:
+        # mxt.init() starts torch.distributed (gloo) on torchrun's variables: its default group is the
+        # reference's, and mxddp runs on a private duplicate of it.
+        rank, world = mxt.init(timeout_s=120)
+        yield rank, world
+        return
     # MXDDP_TEST_COLLECTIVE_DELAY_US="min,max": every collective starts late by a random delay (the
     # injected-delay runs of the FSDP parity tests).
     delay = os.environ.get("MXDDP_TEST_COLLECTIVE_DELAY_US")

@@ -3,7 +3,7 @@
 # inside the mpirun pytest suites, where tests/python/torchrun/'s files skip). Included from
 # tests/CMakeLists.txt, where mxddp_pyvenv and mxddp_pytests are set (and before the loop that puts
 # <build>/python_pkg on every python_* test's PYTHONPATH).
-foreach(mode basics groups parity no_init srun timeout raise)
+foreach(mode basics suite groups parity no_init srun timeout raise)
   add_test(NAME python_torchrun_${mode}
            COMMAND sh ${mxddp_pytests}/run_torchrun.sh ${mxddp_pyvenv} ${MPIEXEC_EXECUTABLE} ${mode})
   set_tests_properties(python_torchrun_${mode} PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77 RUN_SERIAL ON
