@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from mxddp.torch import launch
+from mxddp.torch.checkpoint import _check_pair
 from mxddp.torch.optimizer import DistributedOptimizer
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -54,14 +55,7 @@ _MAIN = "main_param"  # the F32 master copy (Megatron's dist-opt saves it as fp3
 
 
 def _check(model, optimizer, what: str) -> None:
-    if not isinstance(model, DataParallelModule):
-        raise TypeError(f"{what}: model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; "
-                        f"got {type(model).__name__}")
-    if not isinstance(optimizer, DistributedOptimizer):
-        raise TypeError(f"{what}: optimizer must be a mxddp.torch.DistributedOptimizer; got {type(optimizer).__name__}")
-    if optimizer.model is not model:
-        raise ValueError(f"{what}: the optimizer steps on another model than the one given")
-    model._refuse_hybrid(what)
+    _check_pair(model, optimizer, what)  # mxddp's own checkpoints' checks: the types, the pair, HSDP
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{what}: torch.distributed is not initialized; DCP needs it "
                            "(torch.distributed.init_process_group('gloo', ...) on the ranks mxddp runs on)")
