@@ -244,8 +244,10 @@ struct MpiOptions {
 // The f32 staging the mpi backend holds for one reduction, in bytes (it keeps the largest so far,
 // charged as comm): a bf16 all-reduce of count elements widens them to f32 (4 x count); a bf16
 // reduce-scatter of count elements per rank widens the whole input and keeps the output block
-// (4 x count x (size + 1)). Anything else (every other dtype's reductions, in place or not,
-// gathers) needs none: 0.
+// (4 x count x (size + 1)). An f32 sum of 1 MiB or more (an all-reduce, an in-place reduce-scatter:
+// the gradient syncs) runs on a ring through two chunks of at most 4 MiB each (src/comm/ring.h),
+// never a temporary as large as the message as MPI's own collectives allocate. Anything else
+// (smaller or other dtypes' reductions, gathers) needs none: 0.
 int64_t mpi_staging_bytes(bool reduce_scatter, DType dtype, int64_t count, int size);
 
 // A communicator over all processes of MPI_COMM_WORLD (duplicated). Needs a live MpiRuntime.

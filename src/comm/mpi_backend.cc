@@ -43,6 +43,7 @@
 #include "delayed_backend.h"
 #include "mpi_watchdog.h"
 #include "reduce.h"
+#include "ring.h"
 
 namespace mxddp {
 
@@ -279,8 +280,55 @@ class MpiBackend final : public CommBackend {
     return static_cast<float*>(staging_.data());
   }
 
+  // f32 sums of a MiB or more go round the ring (ring.h): MPI's collectives would allocate a
+  // temporary as large as the message.
+  bool ring_sum(const CollectiveCall& call, int64_t message_numel) const {
+    return call.dtype == DType::kF32 && call.op != ReduceOp::kMax && size_ > 1 &&
+           message_numel * int64_t{sizeof(float)} >= kRingMessageBytesMin;
+  }
+
+  // ring.h's transport: nonblocking point-to-point on comm_, under a tag of its own (the headers
+  // use another; messages between a pair of ranks match in order within a tag). Whole floats go as
+  // MPI_FLOAT, so a message may hold up to INT_MAX of them.
+  struct RingTransport {
+    struct Request {
+      MPI_Request r = MPI_REQUEST_NULL;
+    };
+    static constexpr int kTag = 0x6d79;
+    MPI_Comm comm;
+    static MPI_Datatype word(int64_t bytes) { return bytes % 4 == 0 ? MPI_FLOAT : MPI_BYTE; }
+    static int words(int64_t bytes, std::string_view what) { return checked_count(bytes % 4 == 0 ? bytes / 4 : bytes, what); }
+    Request isend(const void* data, int64_t bytes, int peer) {
+      Request q;
+      MXDDP_MPI_CHECK(MPI_Isend(data, words(bytes, "ring send"), word(bytes), peer, kTag, comm, &q.r), "MPI_Isend (ring)");
+      return q;
+    }
+    Request irecv(void* data, int64_t bytes, int peer) {
+      Request q;
+      MXDDP_MPI_CHECK(MPI_Irecv(data, words(bytes, "ring receive"), word(bytes), peer, kTag, comm, &q.r),
+                      "MPI_Irecv (ring)");
+      return q;
+    }
+    void wait(Request& q) { MXDDP_MPI_CHECK(MPI_Wait(&q.r, MPI_STATUS_IGNORE), "MPI_Wait (ring)"); }
+  };
+
   void all_reduce(const CollectiveCall& call) {
     const int count = checked_count(call.count, "all_reduce");
+    if (ring_sum(call, call.count)) {
+      // Reduce-scatter over near-equal blocks, finish this rank's block, gather the blocks.
+      std::vector<int64_t> offsets(static_cast<size_t>(size_) + 1);
+      for (int b = 0; b <= size_; ++b) offsets[static_cast<size_t>(b)] = call.count * b / size_;
+      auto* data = static_cast<float*>(call.recv);
+      float* scratch = staging_f32(call);
+      const auto watched = data_watchdog_.watch("all_reduce", seq_);
+      RingTransport ring{comm_};
+      ring_reduce_scatter_sum(ring, rank_, size_, data, offsets.data(), scratch);
+      const int64_t mine = offsets[static_cast<size_t>(rank_)];
+      finish_in_place(data + mine, offsets[static_cast<size_t>(rank_) + 1] - mine, call.op, size_, call.prescale);
+      for (int64_t& o : offsets) o *= int64_t{sizeof(float)};
+      ring_all_gather(ring, rank_, size_, reinterpret_cast<char*>(data), offsets.data());
+      return;
+    }
     if (call.dtype != DType::kBF16) {
       {
         const auto watched = data_watchdog_.watch("all_reduce", seq_);
@@ -330,8 +378,22 @@ class MpiBackend final : public CommBackend {
       finish_float(call, call.recv, size_);
       return;
     }
-    // In place: MPI's in-place form leaves this rank's block at the start of the buffer, then
-    // moved to its block. Block 0 is clobbered, which the contract allows (comm.h): the rest of an
+    if (ring_sum(call, call.count * size_)) {
+      // In place on the ring: this rank's block is summed where it lies; the rest is left as scratch.
+      std::vector<int64_t> offsets(static_cast<size_t>(size_) + 1);
+      for (int b = 0; b <= size_; ++b) offsets[static_cast<size_t>(b)] = call.count * b;
+      {
+        float* scratch = staging_f32(call);
+        const auto watched = data_watchdog_.watch("reduce_scatter", seq_);
+        RingTransport ring{comm_};
+        ring_reduce_scatter_sum(ring, rank_, size_, static_cast<float*>(const_cast<void*>(call.send)), offsets.data(),
+                                scratch);
+      }
+      finish_float(call, call.recv, size_);
+      return;
+    }
+    // In place otherwise (f64, integers, max, small messages): MPI's in-place form leaves this
+    // rank's block at the start of the buffer, then moved to its block. Block 0 is clobbered, which the contract allows (comm.h): the rest of an
     // in-place input is scratch afterwards, as the unreduced rest of Megatron's grad buffer is.
     // That spares a block-sized staging buffer held for the whole run.
     void* whole = const_cast<void*>(call.send);
@@ -412,7 +474,11 @@ int MpiRuntime::world_size() {
 int64_t mpi_staging_bytes(bool reduce_scatter, DType dtype, int64_t count, int size) {
   constexpr int64_t kF32 = sizeof(float);
   if (dtype == DType::kBF16) return reduce_scatter ? kF32 * count * (int64_t{size} + 1) : kF32 * count;
-  return 0;
+  if (dtype != DType::kF32 || size < 2) return 0;
+  const int64_t message_numel = reduce_scatter ? count * size : count;
+  if (message_numel * kF32 < kRingMessageBytesMin) return 0;
+  const int64_t block_numel = reduce_scatter ? count : (count + size - 1) / size;
+  return kF32 * ring_scratch_numel(block_numel);
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {

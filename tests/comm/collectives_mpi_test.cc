@@ -50,8 +50,9 @@ TEST(MpiBackend, StagingIsWhatMpiStagingBytesSaysAndGoesToTheTrackerSet) {
   EXPECT_EQ(comm_live(), mpi_staging_bytes(true, DType::kBF16, 500, n));
   EXPECT_EQ(comm_live(), int64_t{4} * 500 * (n + 1));
   EXPECT_EQ(mine.usage().peak(MemoryCategory::kComm), comm_live()) << "the old buffer is freed before the new one";
-  // An in-place f32 reduce-scatter (DDP's and FSDP's gradients) stages nothing, however large its
-  // block: MPI's in-place form reduces within the input.
+  // An in-place f32 reduce-scatter below the ring's 1 MiB (ring.h) stages nothing, even with a
+  // block larger than what is held: MPI's in-place form reduces within the input. (From 1 MiB the
+  // ring holds two chunks: tests/comm/mpi_ring_test.cc.)
   const int64_t big = int64_t{4} * 500 * (n + 1);  // a block larger than what is held
   Buf f32_whole(DType::kF32, big * n);
   comm.reduce_scatter(f32_whole.view(), f32_whole.view().slice(comm.rank() * big, big));

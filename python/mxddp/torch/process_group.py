@@ -69,6 +69,14 @@ class GroupRunner:
     def barrier(self) -> None:
         self._pg.barrier().wait()
 
+    # Point to point, for the engine's ring (src/comm/ring.h): each returns the torch Work, which
+    # the engine waits for. Messages between a pair of ranks match in the order they are posted.
+    def isend(self, tensor, peer: int):
+        return self._pg.send([tensor], peer, 0)
+
+    def irecv(self, tensor, peer: int):
+        return self._pg.recv([tensor], peer, 0)
+
 
 def _dist():
     import torch.distributed as dist
