@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 
+from gloo_beside_mpi import init_gloo_beside_mpi  # this folder
 from proc_stats import cpu_model  # this folder
 
 IMPLS = ("mxddp", "ddp")
@@ -68,15 +69,7 @@ def worker(args) -> None:
     rank, world = mxt.init(timeout_s=600)
     use_mxddp = args.worker == "mxddp"
     if not use_mxddp:
-        import socket
-        port = torch.tensor([0.0])
-        if rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port[0] = s.getsockname()[1]
-        mxt.broadcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank,
-                                world_size=world)
+        init_gloo_beside_mpi(rank, world)
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64,

@@ -66,6 +66,7 @@ import subprocess
 import sys
 import time
 
+from gloo_beside_mpi import init_gloo_beside_mpi  # this folder
 from proc_stats import cpu_model, loadavg_1m, reset_hwm, status_kib  # this folder
 
 MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
@@ -87,15 +88,7 @@ def worker(args) -> None:
     rank, world = mxt.init(timeout_s=600)  # under torchrun: torch.distributed (gloo) too
     mxddp_impl = args.worker.startswith("mxddp")
     if not mxddp_impl and not dist.is_initialized():
-        import socket
-        port = torch.tensor([0.0])
-        if rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port[0] = s.getsockname()[1]
-        mxt.broadcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank,
-                                world_size=world)
+        init_gloo_beside_mpi(rank, world)
     baseline_kib = status_kib("VmRSS")
 
     torch.manual_seed(0)
@@ -111,7 +104,7 @@ def worker(args) -> None:
     if mxddp_impl:
         model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
             overlap_grad_reduce=True, use_distributed_optimizer=True, grad_reduce_in_fp32=True,
-            bucket_size=BUCKET_NUMEL), gradient_accumulation_fusion=args.worker == "mxddp")
+            bucket_size=BUCKET_NUMEL), gradient_accumulation_fusion=args.worker != "mxddp-nofusion")
         if args.worker == "mxddp-torchopt":  # the torch way: the user's AdamW and param groups, the model clips
             opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(groups, lr=1e-4))
         else:
