@@ -14,8 +14,9 @@
 //   - bf16 reductions run in f32 (widened into a staging buffer charged as comm, sized exactly as
 //     the mpi backend's, mpi_staging_bytes), rounded once;
 //   - f32 sums of 1 MiB or more (an all-reduce, an in-place reduce-scatter: the gradient syncs) and
-//     gathers of 1 MiB or more run on ring.h's ring over the group's send/recv, as the mpi backend's
-//     sums do: gloo's reduce_scatter ran 4x slower than its all_reduce of the same input, which moves
+//     gathers of 1 MiB or more run on ring.h's ring, as the mpi backend's sums do: through shared
+//     memory (shm_ring.h) when every rank of the group is on this host, else over the group's
+//     send/recv. gloo alone was slow at them: gloo's reduce_scatter ran 4x slower than its all_reduce of the same input, which moves
 //     twice the bytes a reduce-scatter needs, and its _allgather_base 5x slower than one send/recv
 //     pair of the same blocks (torch 2.15, 114 MiB f32, 2 ranks on one host: all_reduce 68 ms, ring
 //     reduce-scatter 39 ms; _allgather_base 126 ms, ring all-gather 26 ms);
@@ -37,11 +38,13 @@
 #include <vector>
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include "../../src/comm/backend.h"
 #include "../../src/comm/delayed_backend.h"
 #include "../../src/comm/reduce.h"
 #include "../../src/comm/ring.h"
+#include "../../src/comm/shm_ring.h"
 
 namespace nb = nanobind;
 
@@ -89,6 +92,7 @@ class TorchBackend final : public CommBackend {
       : runner_(std::move(runner)), rank_(rank), size_(size), tracker_(tracker ? tracker : &own_tracker_) {
     MXDDP_CHECK(size >= 1 && rank >= 0 && rank < size, "torch process group: rank {} of size {} is not valid", rank,
                 size);
+    if (size > 1) setup_shm();
   }
 
   // The runner is a Python object: dropped under the GIL, or leaked if Python is already gone
@@ -321,6 +325,38 @@ class TorchBackend final : public CommBackend {
     const CollectiveCall& call_;
   };
 
+  // The ring through shared memory (shm_ring.h) when the runner found every rank of the group on
+  // this host (runner.shm_token: a token unique to the group, or None). Collective, with an
+  // agreement after each phase, so every rank uses it or none does (gloo's send/recv then). Sets
+  // runner.ring_transport to "shm" or "gloo (why)". Called with the GIL held.
+  void setup_shm() {
+    nb::object token = runner_.attr("shm_token");
+    std::string why = "the ranks are not all on one host, or MXDDP_TORCH_SHM=0";
+    std::unique_ptr<ShmRingTransport> shm;
+    if (!token.is_none()) {
+      why.clear();
+      const auto timeout_ms = static_cast<int64_t>(nb::cast<double>(runner_.attr("timeout_s")) * 1000.0);
+      try {
+        shm = ShmRingTransport::create(nb::cast<std::string>(token), rank_, size_, timeout_ms);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      if (agree_ok(why.empty(), why) && agree_ok(shm->connect(why), why)) {
+        shm->unlink_own();  // every rank has mapped its left neighbour's channel
+        shm_ = std::move(shm);
+      }
+    }
+    nb::setattr(runner_, "ring_transport", nb::str(shm_ ? "shm" : ("gloo (" + why + ")").c_str()));
+  }
+
+  // Whether every rank's ok is true (a max of failure flags over the group).
+  bool agree_ok(bool ok, std::string& why) {
+    uint8_t failed = ok ? 0 : 1;
+    runner_.attr("all_reduce")(tensor(&failed, DType::kU8, 1), "max");
+    if (failed != 0 && ok) why = "another rank could not set up its shared memory";
+    return failed == 0;
+  }
+
   // The f32 sums that go round the ring (the mpi backend's rule, so mpi_staging_bytes sizes both).
   bool ring_sum(const CollectiveCall& call, int64_t message_numel) const {
     return call.dtype == DType::kF32 && call.op != ReduceOp::kMax && size_ > 1 &&
@@ -330,8 +366,12 @@ class TorchBackend final : public CommBackend {
   // In place on the ring over blocks [offsets[b], offsets[b + 1]) (elements): this rank's block
   // holds the finished sum; the rest is scratch.
   void ring_reduce_scatter(const CollectiveCall& call, float* data, const std::vector<int64_t>& offsets) {
-    RingTransport ring(*this, call);
-    ring_reduce_scatter_sum(ring, rank_, size_, data, offsets.data(), staging_f32(call));
+    if (shm_) {
+      ring_reduce_scatter_sum(*shm_, rank_, size_, data, offsets.data(), staging_f32(call));
+    } else {
+      RingTransport ring(*this, call);
+      ring_reduce_scatter_sum(ring, rank_, size_, data, offsets.data(), staging_f32(call));
+    }
     const int64_t mine = offsets[static_cast<size_t>(rank_)];
     finish(data + mine, DType::kF32, offsets[static_cast<size_t>(rank_) + 1] - mine, call);
   }
@@ -349,8 +389,17 @@ class TorchBackend final : public CommBackend {
     if (call.send != recv + block_bytes * rank_) std::memcpy(recv + block_bytes * rank_, call.send, static_cast<size_t>(block_bytes));
     std::vector<int64_t> offsets(static_cast<size_t>(size_) + 1);
     for (int b = 0; b <= size_; ++b) offsets[static_cast<size_t>(b)] = block_bytes * b;
+    ring_gather(call, recv, offsets);
+  }
+
+  // ring.h's all-gather of byte blocks, through shared memory or gloo.
+  void ring_gather(const CollectiveCall& call, char* data, const std::vector<int64_t>& offsets) {
+    if (shm_) {
+      ring_all_gather(*shm_, rank_, size_, data, offsets.data());
+      return;
+    }
     RingTransport ring(*this, call);
-    ring_all_gather(ring, rank_, size_, recv, offsets.data());
+    ring_all_gather(ring, rank_, size_, data, offsets.data());
   }
 
   void all_reduce(const CollectiveCall& call) {
@@ -370,8 +419,7 @@ class TorchBackend final : public CommBackend {
       auto* data = static_cast<float*>(call.recv);
       ring_reduce_scatter(call, data, offsets);
       for (int64_t& o : offsets) o *= int64_t{sizeof(float)};
-      RingTransport ring(*this, call);
-      ring_all_gather(ring, rank_, size_, reinterpret_cast<char*>(data), offsets.data());
+      ring_gather(call, reinterpret_cast<char*>(data), offsets);
       return;
     }
     all_reduce_raw(call, call.recv, call.dtype, call.count);
@@ -427,6 +475,7 @@ class TorchBackend final : public CommBackend {
   MemoryTracker own_tracker_;
   MemoryTracker* tracker_;
   HostBuffer staging_;
+  std::unique_ptr<ShmRingTransport> shm_;  // null: the ring runs on gloo's send/recv
 };
 
 }  // namespace

@@ -122,8 +122,10 @@ def init(timeout_s: float = 300.0, *, collective_delay_us: tuple[int, int] | Non
             _start_torch_distributed(timeout_s)
         import torch.distributed as dist
 
-        runner, rank, world = process_group.private_runner(dist.distributed_c10d._get_default_group(), timeout_s)
+        default_group = dist.distributed_c10d._get_default_group()
+        runner, rank, world = process_group.private_runner(default_group, timeout_s)
         rank, world = _C.init_torch(runner, rank, world, timeout_ms, delay[0], delay[1])
+        process_group.note_ring_transport(default_group, runner)
     else:
         rank, world = _C.init_mpi(timeout_ms, delay[0], delay[1])
     _timeout_s = float(timeout_s)

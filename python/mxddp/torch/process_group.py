@@ -28,6 +28,8 @@ from mxddp import _C
 _duplicates: dict[str, int] = {}
 # id(user group) -> (the group, kept alive so its id is not reused, its handle)
 _handles: dict[int, tuple[object, "_C.Communicator"]] = {}
+# id(user group) -> what its communicator's ring runs on (ring_transport())
+_ring_transports: dict[int, str] = {}
 
 
 class GroupRunner:
@@ -102,7 +104,43 @@ def private_runner(group, timeout_s: float) -> tuple[GroupRunner, int, int]:
     _duplicates[name] = _duplicates.get(name, 0) + 1
     store = dist.PrefixStore(f"mxddp/{name}/{_duplicates[name]}", dist.distributed_c10d._get_default_store())
     pg = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout_s))
-    return GroupRunner(pg), rank, size
+    runner = GroupRunner(pg)
+    runner.timeout_s = float(timeout_s)
+    runner.shm_token = _shm_token(pg, rank, size)
+    return runner, rank, size
+
+
+def _shm_token(pg, rank: int, size: int):
+    """Collective over pg. A token unique to this group in this job (the name prefix of the shared-
+    memory ring's channels, src/comm/shm_ring.h) when every rank runs on this host (the same host
+    name and boot id) and none set MXDDP_TORCH_SHM=0; else None, and the ring runs on gloo."""
+    import os
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    if size == 1:
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    allowed = os.environ.get("MXDDP_TORCH_SHM", "1") != "0"
+    me = f"{int(allowed)}|{socket.gethostname()}|{boot}".encode()[:255]
+    mine = torch.zeros(256, dtype=torch.uint8)
+    mine[:len(me)] = torch.frombuffer(bytearray(me), dtype=torch.uint8)
+    everyone = torch.zeros(256 * size, dtype=torch.uint8)
+    pg._allgather_base(everyone, mine).wait()
+    rows = everyone.view(size, 256)
+    if not allowed or not all(torch.equal(rows[r], mine) for r in range(size)):
+        return None
+    token = torch.frombuffer(bytearray(os.urandom(8)), dtype=torch.uint8).clone()
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    pg.broadcast([token], opts).wait()
+    return "mxddp-" + bytes(token.tolist()).hex()
 
 
 def communicator_for(process_group=None) -> "_C.Communicator":
@@ -126,9 +164,30 @@ def communicator_for(process_group=None) -> "_C.Communicator":
     runner, rank, size = private_runner(process_group, launch.timeout_s())
     handle = _C.add_torch_group(runner, rank, size)
     _handles[id(process_group)] = (process_group, handle)
+    note_ring_transport(process_group, runner)
     return handle
+
+
+def note_ring_transport(group, runner) -> None:
+    """Records what the communicator built on runner chose for its ring (its C++ constructor set
+    runner.ring_transport; a world of one rank has no runner and no ring)."""
+    _ring_transports[id(group)] = getattr(runner, "ring_transport", "none (one rank)")
+
+
+def ring_transport(process_group=None) -> str:
+    """How the large collectives of mxddp's communicator over process_group (None: the world) move
+    their data under torch.distributed: "shm" (shared memory: every rank on this host) or
+    "gloo (why not shm)". Under MPI: "mpi"."""
+    if _C.backend() == "mpi":
+        return "mpi"
+    dist = _dist()
+    group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    if id(group) not in _ring_transports:
+        raise ValueError(f"mxddp has no communicator over process_group {group!r} yet (a wrap on it makes one)")
+    return _ring_transports[id(group)]
 
 
 def forget_communicators() -> None:
     """The runtime is being finalized (launch.shutdown): its communicators go with it."""
     _handles.clear()
+    _ring_transports.clear()

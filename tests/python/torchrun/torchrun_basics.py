@@ -217,3 +217,24 @@ def test_large_sums_and_gathers_run_on_the_ring_exactly(torchrun_ranks):
     assert mxt.memory_usage()["comm"][0] == 8 << 20, "the ring's two chunks"
     opt.close()
     model.close()
+
+
+def test_the_ring_runs_through_shared_memory_on_one_host_or_else_gloo(torchrun_ranks):
+    """torchrun --standalone puts every rank on this host: the ring's messages go through /dev/shm
+    (src/comm/shm_ring.h). A group where one rank sets MXDDP_TORCH_SHM=0 agrees on gloo on every
+    rank, and its sums are as exact."""
+    from mxddp.torch import process_group
+
+    rank, world = torchrun_ranks
+    assert process_group.ring_transport() == "shm"
+    if rank == 1:
+        os.environ["MXDDP_TORCH_SHM"] = "0"
+    try:
+        group = dist.new_group(list(range(world)))
+        n = (1 << 20) + 5
+        t = _quarters(rank, n)
+        mxt.all_reduce(t, "sum", process_group=group)
+    finally:
+        os.environ.pop("MXDDP_TORCH_SHM", None)
+    assert process_group.ring_transport(group) == "gloo (the ranks are not all on one host, or MXDDP_TORCH_SHM=0)"
+    assert torch.equal(t, sum(_quarters(r, n) for r in range(world)))
