@@ -3,7 +3,7 @@
 //
 // Why: under torchrun the ring's messages otherwise go through gloo's TCP over loopback, a kernel
 // copy each way and four Python calls per chunk; with OpenMPI under mpirun the same ring moves
-// through shared memory. The 124M GPT-2 step of bench/torch_ddp_compare.py was 1.36x slower under
+// through shared memory. The 124M GPT-2 step of bench/torch_ddp_compare.py was 1.34x slower under
 // torchrun than under mpirun (issue 43 asks for 5%).
 //
 // Each rank owns one channel to its right neighbour (the only peer a ring sends to): a POSIX
