@@ -78,7 +78,10 @@ def intrude(rank, save_dir):
     try:
         mxt.save_checkpoint(save_dir, model, opt, 99)
     except mxddp.Error as e:
-        print(f"rank {rank} refused: {e}", flush=True)
+        # One write of the whole line: print() writes the text and its newline apart, and mpirun,
+        # forwarding both ranks' output, once put rank 1's line between rank 0's text and newline.
+        sys.stdout.write(f"rank {rank} refused: {e}\n")
+        sys.stdout.flush()
         return 0
     print(f"rank {rank} saved iteration 99 into {save_dir}, which another run holds", flush=True)
     return 3
