@@ -94,6 +94,21 @@ def worker(args) -> None:
         from megatron.core import parallel_state
         from megatron.core.transformer import TransformerConfig
         parallel_state.initialize_model_parallel()
+        if args.worker == "megatron":
+            import megatron.core.distributed as api_ddp
+            import megatron.core.optimizer as api_opt
+            from megatron_on_cpu import megatron_on_cpu
+            place = megatron_on_cpu
+            get_optimizer = api_opt.get_megatron_optimizer
+        else:
+            import contextlib
+
+            import mxddp.torch as api_ddp
+            import mxddp.torch as api_opt
+            from mxddp.torch.megatron import get_megatron_optimizer as get_optimizer
+            place = contextlib.nullcontext
+    # After the impl's imports: the peak counts the model, its training state and the step, not
+    # the code either library loads.
     baseline_kib = status_kib("VmRSS")
 
     torch.manual_seed(0)
@@ -103,19 +118,6 @@ def worker(args) -> None:
     module = transformers.GPT2LMHeadModel(config)
     transformer_config = TransformerConfig(num_layers=args.layers, hidden_size=args.hidden,
                                            num_attention_heads=args.hidden // 64)
-    if args.worker == "megatron":
-        import megatron.core.distributed as api_ddp
-        import megatron.core.optimizer as api_opt
-        from megatron_on_cpu import megatron_on_cpu
-        place = megatron_on_cpu
-        get_optimizer = api_opt.get_megatron_optimizer
-    else:
-        import contextlib
-
-        import mxddp.torch as api_ddp
-        import mxddp.torch as api_opt
-        from mxddp.torch.megatron import get_megatron_optimizer as get_optimizer
-        place = contextlib.nullcontext
     with place(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ddp_config = api_ddp.DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,

@@ -15,8 +15,8 @@
 //     the mpi backend's, mpi_staging_bytes), rounded once;
 //   - f32 sums of 1 MiB or more (an all-reduce, an in-place reduce-scatter: the gradient syncs) and
 //     gathers of 1 MiB or more run on ring.h's ring, as the mpi backend's sums do: through shared
-//     memory (shm_ring.h) when every rank of the group is on this host, else over the group's
-//     send/recv. gloo alone was slow at them: gloo's reduce_scatter ran 4x slower than its all_reduce of the same input, which moves
+//     memory (shm_ring.h) when every rank of the group is on this host, summing out of its slots
+//     with no scratch, else over the group's send/recv through the ring's 2 MiB scratch. gloo alone was slow at them: gloo's reduce_scatter ran 4x slower than its all_reduce of the same input, which moves
 //     twice the bytes a reduce-scatter needs, and its _allgather_base 5x slower than one send/recv
 //     pair of the same blocks (torch 2.15, 114 MiB f32, 2 ranks on one host: all_reduce 68 ms, ring
 //     reduce-scatter 39 ms; _allgather_base 126 ms, ring all-gather 26 ms);
@@ -366,8 +366,8 @@ class TorchBackend final : public CommBackend {
   // In place on the ring over blocks [offsets[b], offsets[b + 1]) (elements): this rank's block
   // holds the finished sum; the rest is scratch.
   void ring_reduce_scatter(const CollectiveCall& call, float* data, const std::vector<int64_t>& offsets) {
-    if (shm_) {
-      ring_reduce_scatter_sum(*shm_, rank_, size_, data, offsets.data(), staging_f32(call));
+    if (shm_) {  // sums out of the shared-memory slots: no scratch
+      ring_reduce_scatter_sum(*shm_, rank_, size_, data, offsets.data(), nullptr);
     } else {
       RingTransport ring(*this, call);
       ring_reduce_scatter_sum(ring, rank_, size_, data, offsets.data(), staging_f32(call));

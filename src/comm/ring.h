@@ -30,7 +30,10 @@
 //   Request irecv(void* data, int64_t bytes, int peer);
 //   void wait(Request& request);  // returns at once for a value-initialized request
 // Messages between a pair of ranks must match in the order they were posted (MPI's and gloo's
-// rule for one tag).
+// rule for one tag). A transport that can add what it receives straight into place also has
+//   Request irecv_sum(float* data, int64_t numel, int peer);  // data[i] = data[i] + received[i]
+// and then the reduce-scatter sends each block as one message and needs no scratch (the shared-
+// memory transport sums out of its slots).
 #pragma once
 
 #include <algorithm>
@@ -42,17 +45,23 @@
 
 namespace mxddp {
 
-// 4 MiB of f32 per chunk: a message through MPI costs a few microseconds, through the torch
-// backend's gloo (four Python calls per chunk) tens; against a chunk's ~1 ms transfer. With 1 MiB
-// chunks the torch backend's reduce-scatter of 114 MiB took 51 ms, with 4 MiB 39 ms (gloo's
-// all_reduce of it: 68 ms; 2 ranks, this project's AMD EPYC VM).
-inline constexpr int64_t kRingChunkNumel = int64_t{1} << 20;
+// 1 MiB of f32 per chunk, so the scratch is 2 MiB, held for the run: it is memory Megatron's
+// gloo does not hold between collectives (issue 44 item 3). A message through MPI costs a few
+// microseconds against a chunk's ~0.3 ms transfer; through the torch backend's gloo fallback (four
+// Python calls per chunk) tens: there the reduce-scatter of 114 MiB took 51 ms with 1 MiB chunks
+// against 39 ms with 4 MiB (gloo's all_reduce of it: 68 ms; 2 ranks, this project's AMD EPYC VM).
+inline constexpr int64_t kRingChunkNumel = int64_t{1} << 18;
 // Messages below this many bytes go to the engine's own collectives: there latency rules, the
 // ring's 2 (size - 1) steps would cost more, and the temporaries are small.
 inline constexpr int64_t kRingMessageBytesMin = int64_t{1} << 20;
 
-// The scratch (f32 elements) a ring reduction needs when its largest block holds block_numel.
+// The scratch (f32 elements) a ring reduction needs when its largest block holds block_numel, over
+// a transport without irecv_sum.
 inline int64_t ring_scratch_numel(int64_t block_numel) { return 2 * std::min(kRingChunkNumel, block_numel); }
+
+// Transports that sum what they receive into place (see above).
+template <typename Transport>
+concept SummingTransport = requires(Transport& t, float* data) { t.irecv_sum(data, int64_t{0}, 0); };
 
 namespace ring_detail {
 inline int block_at(int rank, int step, int size) { return ((rank - step) % size + size) % size; }
@@ -62,7 +71,8 @@ inline int64_t chunk_numel(int64_t numel, int64_t chunk) { return std::min(kRing
 // Sums every rank's data into this rank's block: block b is data[offsets[b], offsets[b + 1])
 // (offsets: size + 1 ascending values, the same on every rank). On return block `rank` holds the
 // sum over ranks; every other block holds a partial sum (scratch, as comm.h's in-place
-// reduce-scatter allows). scratch: [ring_scratch_numel(largest block)] floats.
+// reduce-scatter allows). scratch: [ring_scratch_numel(largest block)] floats; unused (may be null)
+// over a SummingTransport.
 template <typename Transport>
 void ring_reduce_scatter_sum(Transport& t, int rank, int size, float* data, const int64_t* offsets, float* scratch) {
   using ring_detail::chunk_numel;
@@ -75,6 +85,13 @@ void ring_reduce_scatter_sum(Transport& t, int rank, int size, float* data, cons
     float* recv = data + offsets[recv_b];
     const int64_t send_n = offsets[send_b + 1] - offsets[send_b];
     const int64_t recv_n = offsets[recv_b + 1] - offsets[recv_b];
+    if constexpr (SummingTransport<Transport>) {
+      auto recv_req = t.irecv_sum(recv, recv_n, left);
+      auto send_req = t.isend(send, 4 * send_n, right);
+      t.wait(recv_req);
+      t.wait(send_req);
+      continue;
+    }
     const int64_t chunks = (std::max(send_n, recv_n) + kRingChunkNumel - 1) / kRingChunkNumel;
     typename Transport::Request recv_req[2]{};
     typename Transport::Request send_req[2]{};

@@ -16,6 +16,8 @@
 
 #include <mxddp/core.h>
 
+#include "reduce.h"
+
 namespace mxddp {
 
 // The mapped object: this header (the two counters on cache lines of their own, one written by
@@ -137,10 +139,19 @@ ShmRingTransport::Request ShmRingTransport::isend(const void* data, int64_t byte
 }
 
 ShmRingTransport::Request ShmRingTransport::irecv(void* data, int64_t bytes, int peer) {
+  return post_recv(data, bytes, peer, false);
+}
+
+ShmRingTransport::Request ShmRingTransport::irecv_sum(float* data, int64_t numel, int peer) {
+  MXDDP_CHECK(numel >= 0 && numel <= INT64_MAX / 4, "shm ring: a summing receive of {} floats is not valid", numel);
+  return post_recv(data, numel * 4, peer, true);
+}
+
+ShmRingTransport::Request ShmRingTransport::post_recv(void* data, int64_t bytes, int peer, bool sum) {
   MXDDP_CHECK(peer == (rank_ - 1 + size_) % size_ && bytes >= 0, "shm ring: rank {} receives only from its left "
               "neighbour {}; got a receive of {} bytes from rank {}", rank_, (rank_ - 1 + size_) % size_, bytes, peer);
   MXDDP_CHECK(out_ != nullptr && in_ != nullptr, "shm ring: used before connect()");
-  recvs_.push_back({static_cast<char*>(data), bytes, 0});
+  recvs_.push_back({static_cast<char*>(data), bytes, 0, sum});
   return Request{2, recvs_posted_++};
 }
 
@@ -182,10 +193,16 @@ bool ShmRingTransport::progress() {
     const uint64_t consumed = in_->consumed.load(std::memory_order_relaxed);  // only this end writes it
     if (consumed == in_->published.load(std::memory_order_acquire)) break;
     const int64_t n = in_->len[consumed % kShmSlots];
-    MXDDP_CHECK(n > 0 && n <= op.bytes - op.done, "shm ring: rank {} got a piece of {} bytes from rank {} where {} "
+    MXDDP_CHECK(n > 0 && n <= op.bytes - op.done && (!op.sum || n % 4 == 0), "shm ring: rank {} got a piece of {} bytes from rank {} where {} "
                 "of a {}-byte message remained: the ranks' ring schedules differ (a bug in mxddp)", rank_, n,
                 (rank_ - 1 + size_) % size_, op.bytes - op.done, op.bytes);
-    std::memcpy(op.data + op.done, in_->slot(consumed), static_cast<size_t>(n));
+    if (op.sum) {  // n is a whole number of floats: both ends cut the message at the same slot size
+      auto* mine = reinterpret_cast<float*>(op.data + op.done);
+      const void* inputs[2] = {mine, in_->slot(consumed)};
+      reduce_arrays(DType::kF32, ReduceOp::kSum, inputs, 2, n / 4, mine);
+    } else {
+      std::memcpy(op.data + op.done, in_->slot(consumed), static_cast<size_t>(n));
+    }
     in_->consumed.store(consumed + 1, std::memory_order_release);
     op.done += n;
     moved = true;

@@ -74,7 +74,7 @@ TEST(MpiRing, LargeReductionsHoldOnlyTheirChunks) {
   const int64_t scratch_bytes = mine.usage().live(MemoryCategory::kComm);
   EXPECT_EQ(scratch_bytes, mpi_staging_bytes(false, DType::kF32, numel, n));
   EXPECT_EQ(scratch_bytes, 2 * kRingChunkNumel * 4) << "two chunks, whatever the message's size";
-  EXPECT_EQ(scratch_bytes, int64_t{8} << 20);
+  EXPECT_EQ(scratch_bytes, int64_t{2} << 20);
   ASSERT_TRUE(reset_peak_rss());
   const int64_t before_kib = status_kib("VmRSS");
   comm.all_reduce(buf.view());

@@ -1,7 +1,7 @@
 // The shared-memory ring transport (src/comm/shm_ring.h) with ranks as threads of this process
 // (each its own transport and channels, as separate processes would have): ring.h's reduce-scatter
-// and all-gather through it equal the serial reference over messages several channels long, ragged
-// and empty blocks; a stalled neighbour is an Error after timeout_ms naming it; a message-size
+// (summing out of the slots, with no scratch) and all-gather through it equal the serial reference
+// over messages several channels long, ragged and empty blocks; a summing receive adds into place; a stalled neighbour is an Error after timeout_ms naming it; a message-size
 // mismatch is caught; the names are gone once set up, and a missing neighbour is reported, not
 // a crash.
 #include <barrier>
@@ -79,8 +79,8 @@ TEST_P(ShmRing, ReduceScatterAndAllGatherMatchTheReference) {
     auto& d = data[static_cast<size_t>(r)];
     d.resize(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) d[static_cast<size_t>(i)] = quarter(r, i);
-    std::vector<float> scratch(static_cast<size_t>(ring_scratch_numel(offsets[1] - offsets[0] + 1)));
-    ring_reduce_scatter_sum(t, r, size, d.data(), offsets.data(), scratch.data());
+    static_assert(SummingTransport<ShmRingTransport>, "the reduce-scatter sums out of the slots");
+    ring_reduce_scatter_sum(t, r, size, d.data(), offsets.data(), /*scratch=*/nullptr);  // none needed
     std::vector<int64_t> bytes(offsets);
     for (int64_t& o : bytes) o *= 4;
     ring_all_gather(t, r, size, reinterpret_cast<char*>(d.data()), bytes.data());
@@ -109,6 +109,29 @@ TEST(ShmRingTransport, EmptyAndTinyBlocksGather) {
     ring_all_gather(t, r, size, reinterpret_cast<char*>(d.data()), offsets.data());
   });
   for (int r = 0; r < size; ++r) EXPECT_EQ(data[static_cast<size_t>(r)], (std::vector<float>{10, 20, 30})) << r;
+}
+
+TEST(ShmRingTransport, SummingReceiveAddsIntoPlace) {
+  const std::string prefix = unique_prefix();
+  auto a = ShmRingTransport::create(prefix, 0, 2, 5'000);
+  auto b = ShmRingTransport::create(prefix, 1, 2, 5'000);
+  std::string why;
+  ASSERT_TRUE(a->connect(why) && b->connect(why)) << why;
+  // Longer than a slot: the sum is taken piece by piece as the slots fill.
+  const int64_t n = kShmSlotBytes / 4 + 5;
+  std::vector<float> sent(static_cast<size_t>(n)), mine(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    sent[static_cast<size_t>(i)] = quarter(1, i);
+    mine[static_cast<size_t>(i)] = quarter(0, i);
+  }
+  auto send = b->isend(sent.data(), 4 * n, 0);
+  auto recv = a->irecv_sum(mine.data(), n, 1);
+  a->wait(recv);
+  b->wait(send);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += mine[static_cast<size_t>(i)] != quarter(0, i) + quarter(1, i);
+  EXPECT_EQ(bad, 0);
+  EXPECT_THROW(a->irecv_sum(mine.data(), -1, 1), Error);
 }
 
 TEST(ShmRingTransport, StalledNeighbourIsAnErrorNamingIt) {

@@ -181,11 +181,12 @@ def _quarters(rank, n):
 
 
 def test_large_sums_and_gathers_run_on_the_ring_exactly(torchrun_ranks):
-    """f32 sums and gathers of 1 MiB or more run on src/comm/ring.h over gloo send/recv (twice and
-    five times faster than gloo's all_reduce and _allgather_base): exact against the reference,
-    over blocks that do not split evenly, through a scratch of two 4 MiB chunks charged as comm."""
+    """f32 sums and gathers of 1 MiB or more run on src/comm/ring.h (twice and five times faster
+    than gloo's all_reduce and _allgather_base): exact against the reference, over blocks that do
+    not split evenly; through shared memory here, summing out of its slots, so with no scratch (over
+    gloo's send/recv the ring's two 1 MiB chunks would be charged as comm)."""
     rank, world = torchrun_ranks
-    n = (1 << 20) * 2 + 7  # 8 MiB of f32: two chunks per block at 2 ranks, and a ragged end
+    n = (1 << 20) * 2 + 7  # 8 MiB of f32: several slots per block at 2 ranks, and a ragged end
     want = sum(_quarters(r, n) for r in range(world))
     for op, expected in (("sum", want), ("avg", want / world)):
         t = _quarters(rank, n)
@@ -198,7 +199,7 @@ def test_large_sums_and_gathers_run_on_the_ring_exactly(torchrun_ranks):
     ref_net = copy.deepcopy(net)
     model = mxt.DistributedDataParallel(net, mxt.DistributedDataParallelConfig(
         overlap_grad_reduce=True, use_distributed_optimizer=True))
-    assert model._cpp.num_buckets == 1 and model._cpp.numel * 4 >= 10 << 20  # blocks of two chunks
+    assert model._cpp.num_buckets == 1 and model._cpp.numel * 4 >= 10 << 20  # blocks of many slots
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-3, weight_decay=0.0, clip_grad=0.0))
     ref = torch.nn.parallel.DistributedDataParallel(ref_net)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.0)
@@ -214,7 +215,9 @@ def test_large_sums_and_gathers_run_on_the_ring_exactly(torchrun_ranks):
         ref_opt.step()
         for p, q in zip(net.parameters(), ref_net.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert mxt.memory_usage()["comm"][0] == 8 << 20, "the ring's two chunks"
+    from mxddp.torch import process_group
+    assert process_group.ring_transport() == "shm"
+    assert mxt.memory_usage()["comm"][0] == 0, "f32 sums through shared memory need no scratch"
     opt.close()
     model.close()
 
