@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include <mxddp/host_device.h>
+
 namespace mxddp {
 
 // ----------------------------------------------------------------------------------------------
@@ -95,27 +97,9 @@ std::string_view dtype_name(DType dtype);
 // Inverse of dtype_name; throws Error naming the string and the valid names.
 DType parse_dtype(std::string_view name);
 
-// Scalar conversions. Narrowing rounds to nearest, ties to even; overflow goes to Inf; NaN stays
-// NaN (quietened, sign kept); subnormals are produced and consumed exactly.
-using bf16_bits = uint16_t;
+// Scalar conversions (bf16_bits, f32_to_bf16, bf16_to_f32) are in host_device.h, shared with the
+// CUDA kernels.
 using f16_bits = uint16_t;
-
-inline float bf16_to_f32(bf16_bits h) {
-  uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline bf16_bits f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_bits>((u >> 16) | 0x0040u);  // NaN
-  // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate. Overflow carries
-  // into the exponent and lands on Inf, which is the correct rounding.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<bf16_bits>(u >> 16);
-}
 
 float f16_to_f32(f16_bits h);
 f16_bits f32_to_f16(float f);

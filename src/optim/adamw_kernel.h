@@ -1,5 +1,6 @@
 // The per-element optimizer kernels over one contiguous run of a shard: AdamW and SGD with
-// momentum, with the BF16 (or f32) staging of the result fused in. Templated on the grad and param
+// momentum, with the BF16 (or f32) staging of the result fused in; each element's update is
+// optim_element.h's, which the CUDA kernels share. Templated on the grad and param
 // element types so the inner loops are branch-free and vectorize; the scalar reference they are
 // tested against is optim_reference.h in tests/.
 #pragma once
@@ -9,54 +10,25 @@
 
 #include <mxddp/core.h>
 
-namespace mxddp::optim_kernel {
+#include "optim_element.h"
 
-// weight_decay is AdamW's decoupled decay; l2 is torch's Adam's weight decay (added to the grad).
-struct AdamScalars {
-  float lr, weight_decay, beta1, beta2, eps, step_size, bias_correction2_sqrt, clip_coeff;
-  float l2 = 0.0f;
-};
-struct SgdScalars {
-  float lr, weight_decay, momentum, clip_coeff;
-};
+namespace mxddp::optim_kernel {
 
 // A staging target that stores nothing: the update without staging (MXFP8 reuse stages later).
 struct NoStage {};
 inline void store(NoStage*, int64_t, float) {}
 
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const bf16_bits* p, int64_t i) { return bf16_to_f32(p[i]); }
-inline void store(float* p, int64_t i, float x) { p[i] = x; }
-inline void store(bf16_bits* p, int64_t i, float x) { p[i] = f32_to_bf16(x); }
-
 template <typename G, typename P>
 void adamw(const G* __restrict grad, float* __restrict main, float* __restrict exp_avg, float* __restrict exp_avg_sq,
            P* __restrict param, int64_t n, const AdamScalars& s) {
   const float decay = 1.0f - s.lr * s.weight_decay;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = load(grad, i) * s.clip_coeff + s.l2 * main[i];
-    float p = main[i] * decay;
-    const float m = s.beta1 * exp_avg[i] + (1.0f - s.beta1) * g;
-    const float v = s.beta2 * exp_avg_sq[i] + (1.0f - s.beta2) * g * g;
-    p -= s.step_size * m / (std::sqrt(v) / s.bias_correction2_sqrt + s.eps);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    main[i] = p;
-    store(param, i, p);
-  }
+  for (int64_t i = 0; i < n; ++i) store(param, i, adamw_element(load(grad, i), main[i], exp_avg[i], exp_avg_sq[i], s, decay));
 }
 
 template <typename G, typename P>
 void sgd(const G* __restrict grad, float* __restrict main, float* __restrict momentum, P* __restrict param, int64_t n,
          const SgdScalars& s) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float p = main[i];
-    const float g = load(grad, i) * s.clip_coeff + s.weight_decay * p;
-    const float buf = s.momentum * momentum[i] + g;
-    momentum[i] = buf;
-    main[i] = p - s.lr * buf;
-    store(param, i, main[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) store(param, i, sgd_element(load(grad, i), main[i], momentum[i], s));
 }
 
 // Eight independent partial sums: a single f64 accumulator is one long dependency chain (the

@@ -32,7 +32,7 @@ struct RowReader {
 };
 
 // 1/2^X as a float (exact). X in [-127, 127]; 2^127 is the largest power of two f32 holds.
-inline float inv_scale(uint8_t scale) { return std::ldexp(1.0f, 127 - static_cast<int>(scale)); }
+inline float inv_scale(uint8_t scale) { return fp8::e8m0_inverse(scale); }
 
 // The bits of |x|: for non-negative floats integer order is float order, and NaN and Inf sort
 // above every finite value, so an integer max (which vectorizes, unlike a float max under IEEE NaN
