@@ -21,3 +21,22 @@ if [ -x "$torch_venv/bin/python" ] && ! "$torch_venv/bin/python" -c "import mega
     echo "setup: could not install megatron-core into $torch_venv (see $torch_venv.log); test_megatron_api.py's comparisons will skip"
   fi
 fi
+# The CUDA compiler (issue 41): nvcc and NVVM's wheels at the version of the CUDA runtime that torch's
+# wheel brought (about 110 MB), so that every build of the suite compiles and links the .cu files
+# (scripts/setup.sh hands this nvcc to CMake). Optional: without them MXDDP_CUDA stays off and the
+# CPU build is unchanged.
+torch_nvcc=""
+if [ -x "$torch_venv/bin/python" ]; then
+  cuda_runtime=$("$torch_venv/bin/python" -c "import importlib.metadata as m; print(m.version('nvidia-cuda-runtime'))" 2>/dev/null || true)
+  if [ -n "$cuda_runtime" ]; then
+    site=$("$torch_venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    candidate="$site/nvidia/cu${cuda_runtime%%.*}/bin/nvcc"
+    if [ ! -x "$candidate" ] || [ ! -x "$site/nvidia/cu${cuda_runtime%%.*}/nvvm/bin/cicc" ]; then
+      if ! "$torch_venv/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-nvcc==$cuda_runtime" \
+           "nvidia-nvvm==$cuda_runtime" >>"$torch_venv.log" 2>&1; then
+        echo "setup: could not install nvcc $cuda_runtime into $torch_venv (see $torch_venv.log); the CUDA build is off"
+      fi
+    fi
+    [ -x "$candidate" ] && torch_nvcc="$candidate"
+  fi
+fi

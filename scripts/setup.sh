@@ -59,5 +59,11 @@ if [[ "$preset" != asan && "$preset" != tsan && "$preset" != fuzz ]] &&
    "$torch_venv/bin/python" -c "import torch, nanobind" 2>/dev/null; then
   python_flags=(-DMXDDP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$PWD/$torch_venv/bin/python")
 fi
-cmake --preset "$preset" "${python_flags[@]}" >/dev/null
+# The CUDA layer compiles with the venv's nvcc where python_env.sh found one (not in the sanitizer
+# and fuzz builds, which CMakeLists.txt keeps host-only); elsewhere CMake looks for nvcc itself.
+cuda_flags=()
+if [[ -n "$torch_nvcc" && "$preset" != asan && "$preset" != tsan && "$preset" != fuzz ]]; then
+  cuda_flags=("-DCMAKE_CUDA_COMPILER=$torch_nvcc")
+fi
+cmake --preset "$preset" "${python_flags[@]}" "${cuda_flags[@]}" >/dev/null
 cmake --build --preset "$preset"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The CUDA layer's device checks (issue 41), for the GPU machine of DEVELOPERS.md: its 15 minutes
+# of device time allow one run of this, under 8 minutes, and a rerun.
+#
+#   scripts/gpu_check.sh --prepare DIR   here: builds the release preset with the venv's nvcc for
+#                                        sm_90 and puts what the device runs into DIR (the CUDA test
+#                                        and bench binaries, the libfmt they load); carry DIR there
+#   scripts/gpu_check.sh --run DIR OUT   there: every CUDA kernel test, the kernels' throughput
+#                                        against the copy bandwidth, and torch's fused AdamW on the
+#                                        same shard; the results go to OUT (summary.txt and the logs)
+#
+# The GPU machine has no network and none of this project's Debian libraries, so nothing is built
+# there: the binaries link the CUDA runtime statically and need only libfmt beside them.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mode="${1:-}"
+dir="${2:-}"
+if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
+  source scripts/setup.sh release --tests >/dev/null
+  cmake --build --preset release --target cuda_kernels_test cuda_kernels_bench
+  mkdir -p "$dir"
+  cp build/release/tests/cuda_kernels_test build/release/bench/cuda_kernels_bench bench/cuda_adamw_torch.py "$dir/"
+  cp "$(ldconfig -p | awk '/libfmt\.so\.[0-9]+ .*x86-64/ {print $NF; exit}')" "$dir/"
+  echo "gpu_check: prepared $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: scripts/gpu_check.sh --run $dir \$OUT"
+  exit 0
+fi
+if [ "$mode" != --run ] || [ -z "$dir" ] || [ -z "${3:-}" ]; then
+  echo "usage: $0 --prepare DIR | --run DIR OUT" >&2
+  exit 2
+fi
+out="$3"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+summary="$out/summary.txt"
+{
+  echo "# gpu_check $(date -u +%FT%TZ) on $(hostname)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || true
+} >"$summary"
+status=0
+timeout 300 "$dir/cuda_kernels_test" --gtest_brief=1 >"$out/kernels_test.log" 2>&1 || status=$?
+echo "cuda_kernels_test: exit $status ($(grep -cE '^\[  (FAILED|SKIPPED) ' "$out/kernels_test.log" || true) failed or skipped lines)" >>"$summary"
+grep -E '^\[  (PASSED|FAILED) |tests? ran' "$out/kernels_test.log" >>"$summary" || true
+bench_status=0
+timeout 240 "$dir/cuda_kernels_bench" --runs 10 >"$out/kernels_bench.log" 2>&1 || bench_status=$?
+cat "$out/kernels_bench.log" >>"$summary"
+torch_status=0
+timeout 120 python3 "$dir/cuda_adamw_torch.py" --runs 10 >"$out/adamw_torch.log" 2>&1 || torch_status=$?
+cat "$out/adamw_torch.log" >>"$summary"
+ours=$(awk '/^adamw_ms/ {print $2}' "$out/kernels_bench.log")
+theirs=$(awk '/^torch_fused_adamw_ms/ {print $2}' "$out/adamw_torch.log")
+if [ -n "$ours" ] && [ -n "$theirs" ]; then
+  awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "adamw: mxddp %.3f ms, torch fused %.3f ms: %.2fx torch'"'"'s time\n", a, b, a / b }' >>"$summary"
+fi
+echo "exit codes: kernels_test $status, kernels_bench $bench_status, torch $torch_status" >>"$summary"
+cat "$summary"
+[ "$status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$torch_status" -eq 0 ]

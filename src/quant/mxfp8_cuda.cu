@@ -1,0 +1,117 @@
+// MXFP8 quantize and dequantize on the device, bit-exact with mxfp8.cc (the same fp8_element.h
+// arithmetic, no fused multiply-adds). Reference and check: mx_quantize / mx_dequantize,
+// tests/cuda/kernels_test.cc.
+//
+// Row-wise: one warp per 32-element block of a row (lane k holds element k): the amax is a warp
+// max over |x|'s bits (NaN and Inf sort above every finite value, as on the CPU), lane 0's scale is
+// shuffled to all, and each lane writes its byte, so loads and stores are coalesced.
+// Column-wise: one thread per column of a 32-row band keeps the block's 32 values in registers:
+// a max, then the encode; neighbouring threads touch neighbouring columns, so both coalesce.
+#include <cuda_runtime.h>
+
+#include "cuda/launch_shape.h"
+#include "fp8_element.h"
+#include "mxfp8_cuda.h"
+
+namespace mxddp::cuda_kernels {
+namespace {
+
+constexpr int kBlock = 32;  // quant.h's kMxBlockSize
+
+__device__ inline float load_value(const float* p, int64_t i) { return p[i]; }
+__device__ inline float load_value(const bf16_bits* p, int64_t i) { return bf16_to_f32(p[i]); }
+__device__ inline uint32_t abs_bits(float x) { return float_bits(x) & 0x7fffffffu; }
+// The CPU's amax_from_bits: NaN or Inf anywhere in the block makes it Inf, so the scale is NaN.
+__device__ inline float amax_from_bits(uint32_t bits) { return bits >= 0x7f800000u ? float_from_bits(0x7f800000u) : float_from_bits(bits); }
+
+template <typename T>
+__global__ void quantize_rows_kernel(const T* __restrict__ in, uint8_t* __restrict__ data, uint8_t* __restrict__ scales,
+                                     MxShape s) {
+  const int64_t blocks_per_row = (s.cols + kBlock - 1) / kBlock;
+  const int64_t total = s.rows * blocks_per_row;
+  const int lane = threadIdx.x % kBlock;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / kBlock);
+  const fp8::Spec spec = fp8::spec_of(s.e4m3);
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x / kBlock} + threadIdx.x / kBlock; b < total; b += warps) {
+    const int64_t r = b / blocks_per_row, c = (b % blocks_per_row) * kBlock + lane;
+    const bool inside = c < s.cols;
+    const float x = inside ? load_value(in, r * s.cols + c) : 0.0f;
+    const uint32_t amax = __reduce_max_sync(0xffffffffu, abs_bits(x));
+    const uint8_t scale = fp8::scale_for_amax(amax_from_bits(amax), spec, s.rceil);
+    if (lane == 0) scales[b] = scale;
+    if (inside) data[r * s.cols + c] = scale == fp8::kE8M0NanCode ? 0 : fp8::encode(x * fp8::e8m0_inverse(scale), spec);
+  }
+}
+
+template <typename T>
+__global__ void quantize_cols_kernel(const T* __restrict__ in, uint8_t* __restrict__ data, uint8_t* __restrict__ scales,
+                                     MxShape s) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= s.cols) return;
+  const fp8::Spec spec = fp8::spec_of(s.e4m3);
+  const int64_t bands = (s.rows + kBlock - 1) / kBlock;
+  for (int64_t band = blockIdx.y; band < bands; band += gridDim.y) {
+    const int64_t r0 = band * kBlock;
+    const int n = static_cast<int>(s.rows - r0 < kBlock ? s.rows - r0 : kBlock);
+    float x[kBlock];
+    uint32_t amax = 0;
+#pragma unroll
+    for (int k = 0; k < kBlock; ++k) {
+      x[k] = k < n ? load_value(in, (r0 + k) * s.cols + c) : 0.0f;
+      amax = max(amax, abs_bits(x[k]));
+    }
+    const uint8_t scale = fp8::scale_for_amax(amax_from_bits(amax), spec, s.rceil);
+    scales[band * s.cols + c] = scale;
+    const bool nan_block = scale == fp8::kE8M0NanCode;
+    const float inv = nan_block ? 0.0f : fp8::e8m0_inverse(scale);
+#pragma unroll
+    for (int k = 0; k < kBlock; ++k)
+      if (k < n) data[(r0 + k) * s.cols + c] = nan_block ? 0 : fp8::encode(x[k] * inv, spec);
+  }
+}
+
+__device__ inline void store_value(float* p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store_value(bf16_bits* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
+
+template <typename T>
+__global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales, T* __restrict__ out,
+                                  MxShape s) {
+  const fp8::Spec spec = fp8::spec_of(s.e4m3);
+  const int64_t n = s.rows * s.cols, blocks_per_row = (s.cols + kBlock - 1) / kBlock;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / s.cols, c = i % s.cols;
+    const uint8_t scale = s.colwise ? scales[(r / kBlock) * s.cols + c] : scales[r * blocks_per_row + c / kBlock];
+    store_value(out, i, fp8::decode(data[i], spec) * fp8::e8m0_value(scale));
+  }
+}
+
+}  // namespace
+
+int launch_mx_quantize(const void* in, bool in_bf16, uint8_t* data, uint8_t* scales, const MxShape& s,
+                       CUstream_st* stream) {
+  if (s.rows == 0 || s.cols == 0) return cudaSuccess;
+  if (!s.colwise) {
+    const int64_t blocks = s.rows * ((s.cols + kBlock - 1) / kBlock);
+    const unsigned grid = elementwise_blocks(blocks * kBlock);
+    if (in_bf16) quantize_rows_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const bf16_bits*>(in), data, scales, s);
+    else quantize_rows_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const float*>(in), data, scales, s);
+  } else {
+    const int64_t bands = (s.rows + kBlock - 1) / kBlock;
+    const dim3 grid(static_cast<unsigned>((s.cols + kElementwiseThreads - 1) / kElementwiseThreads),
+                    static_cast<unsigned>(bands < 65535 ? bands : 65535));
+    if (in_bf16) quantize_cols_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const bf16_bits*>(in), data, scales, s);
+    else quantize_cols_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const float*>(in), data, scales, s);
+  }
+  return cudaGetLastError();
+}
+
+int launch_mx_dequantize(const uint8_t* data, const uint8_t* scales, void* out, bool out_bf16, const MxShape& s,
+                         CUstream_st* stream) {
+  if (s.rows == 0 || s.cols == 0) return cudaSuccess;
+  const unsigned grid = elementwise_blocks(s.rows * s.cols);
+  if (out_bf16) dequantize_kernel<<<grid, kElementwiseThreads, 0, stream>>>(data, scales, static_cast<bf16_bits*>(out), s);
+  else dequantize_kernel<<<grid, kElementwiseThreads, 0, stream>>>(data, scales, static_cast<float*>(out), s);
+  return cudaGetLastError();
+}
+
+}  // namespace mxddp::cuda_kernels

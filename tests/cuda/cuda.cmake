@@ -1,0 +1,11 @@
+# The CUDA layer's tests (include/mxddp/cuda.h), built when MXDDP_CUDA is on.
+#   cuda_host_test: what runs without a device (argument checks, the missing-device reason).
+#   cuda_kernels_test: every kernel against its CPU reference, device memory and the allocator
+#     interface; exits 77 (skipped, saying why) where no CUDA device is usable (CI, this VM).
+mxddp_test(cuda_host_test cuda/cuda_host_test.cc)
+target_link_libraries(cuda_host_test PRIVATE mxddp_cuda)
+add_executable(cuda_kernels_test cuda/kernels_test.cc cuda/device_main.cc)
+target_link_libraries(cuda_kernels_test PRIVATE mxddp_cuda GTest::gtest)  # only these: it runs on the GPU machine
+target_include_directories(cuda_kernels_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+add_test(NAME cuda_kernels_test COMMAND cuda_kernels_test)
+set_tests_properties(cuda_kernels_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
