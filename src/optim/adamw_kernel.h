@@ -21,14 +21,27 @@ inline void store(NoStage*, int64_t, float) {}
 template <typename G, typename P>
 void adamw(const G* __restrict grad, float* __restrict main, float* __restrict exp_avg, float* __restrict exp_avg_sq,
            P* __restrict param, int64_t n, const AdamScalars& s) {
-  const float decay = 1.0f - s.lr * s.weight_decay;
-  for (int64_t i = 0; i < n; ++i) store(param, i, adamw_element(load(grad, i), main[i], exp_avg[i], exp_avg_sq[i], s, decay));
+  const AdamScalars sc = s;  // a local copy: the stores below cannot alias it
+  const float decay = 1.0f - sc.lr * sc.weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    const AdamElement e = adamw_element(load(grad, i), main[i], exp_avg[i], exp_avg_sq[i], sc, decay);
+    exp_avg[i] = e.exp_avg;
+    exp_avg_sq[i] = e.exp_avg_sq;
+    main[i] = e.main;
+    store(param, i, e.main);
+  }
 }
 
 template <typename G, typename P>
 void sgd(const G* __restrict grad, float* __restrict main, float* __restrict momentum, P* __restrict param, int64_t n,
          const SgdScalars& s) {
-  for (int64_t i = 0; i < n; ++i) store(param, i, sgd_element(load(grad, i), main[i], momentum[i], s));
+  const SgdScalars sc = s;
+  for (int64_t i = 0; i < n; ++i) {
+    const SgdElement e = sgd_element(load(grad, i), main[i], momentum[i], sc);
+    momentum[i] = e.momentum;
+    main[i] = e.main;
+    store(param, i, e.main);
+  }
 }
 
 // Eight independent partial sums: a single f64 accumulator is one long dependency chain (the

@@ -25,12 +25,12 @@ __global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ mai
                              float* __restrict__ exp_avg_sq, P* __restrict__ param, int64_t n, AdamScalars s) {
   const float decay = 1.0f - s.lr * s.weight_decay;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float m = main[i], a = exp_avg[i], v = exp_avg_sq[i];
-    const float p = optim_kernel::adamw_element(optim_kernel::load(grad, i), m, a, v, s, decay);
-    main[i] = m;
-    exp_avg[i] = a;
-    exp_avg_sq[i] = v;
-    store_param(param, i, p);
+    const optim_kernel::AdamElement e =
+        optim_kernel::adamw_element(optim_kernel::load(grad, i), main[i], exp_avg[i], exp_avg_sq[i], s, decay);
+    exp_avg[i] = e.exp_avg;
+    exp_avg_sq[i] = e.exp_avg_sq;
+    main[i] = e.main;
+    store_param(param, i, e.main);
   }
 }
 
@@ -38,11 +38,10 @@ template <typename G, typename P>
 __global__ void sgd_kernel(const G* __restrict__ grad, float* __restrict__ main, float* __restrict__ momentum,
                            P* __restrict__ param, int64_t n, SgdScalars s) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float m = main[i], b = momentum[i];
-    const float p = optim_kernel::sgd_element(optim_kernel::load(grad, i), m, b, s);
-    main[i] = m;
-    momentum[i] = b;
-    store_param(param, i, p);
+    const optim_kernel::SgdElement e = optim_kernel::sgd_element(optim_kernel::load(grad, i), main[i], momentum[i], s);
+    momentum[i] = e.momentum;
+    main[i] = e.main;
+    store_param(param, i, e.main);
   }
 }
 

@@ -25,29 +25,30 @@ MXDDP_HOST_DEVICE inline float load(const bf16_bits* p, int64_t i) { return bf16
 MXDDP_HOST_DEVICE inline void store(float* p, int64_t i, float x) { p[i] = x; }
 MXDDP_HOST_DEVICE inline void store(bf16_bits* p, int64_t i, float x) { p[i] = f32_to_bf16(x); }
 
-// AdamW on element i: g the (unclipped) grad; main, exp_avg, exp_avg_sq updated in place; returns
-// the new param value. decay = 1 - lr * weight_decay, computed once by the caller.
-MXDDP_HOST_DEVICE inline float adamw_element(float grad, float& main, float& exp_avg, float& exp_avg_sq,
-                                             const AdamScalars& s, float decay) {
+// AdamW on one element: g the (unclipped) grad, the element's main param and moments in; their new
+// values out. decay = 1 - lr * weight_decay, computed once by the caller. Values in and out rather
+// than references, so that the CPU loops keep their __restrict guarantees and vectorize.
+struct AdamElement {
+  float main, exp_avg, exp_avg_sq;
+};
+MXDDP_HOST_DEVICE inline AdamElement adamw_element(float grad, float main, float exp_avg, float exp_avg_sq,
+                                                   const AdamScalars& s, float decay) {
   const float g = grad * s.clip_coeff + s.l2 * main;
   float p = main * decay;
   const float m = s.beta1 * exp_avg + (1.0f - s.beta1) * g;
   const float v = s.beta2 * exp_avg_sq + (1.0f - s.beta2) * g * g;
   p -= s.step_size * m / (std::sqrt(v) / s.bias_correction2_sqrt + s.eps);
-  exp_avg = m;
-  exp_avg_sq = v;
-  main = p;
-  return p;
+  return {p, m, v};
 }
 
-// SGD with momentum on element i; returns the new param value.
-MXDDP_HOST_DEVICE inline float sgd_element(float grad, float& main, float& momentum, const SgdScalars& s) {
-  const float p = main;
-  const float g = grad * s.clip_coeff + s.weight_decay * p;
+// SGD with momentum on one element: the new main param and momentum buffer.
+struct SgdElement {
+  float main, momentum;
+};
+MXDDP_HOST_DEVICE inline SgdElement sgd_element(float grad, float main, float momentum, const SgdScalars& s) {
+  const float g = grad * s.clip_coeff + s.weight_decay * main;
   const float buf = s.momentum * momentum + g;
-  momentum = buf;
-  main = p - s.lr * buf;
-  return main;
+  return {main - s.lr * buf, buf};
 }
 
 }  // namespace mxddp::optim_kernel
