@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -62,6 +63,19 @@ DeviceAllocator& cuda_pool_allocator();
 DeviceAllocator& device_allocator();
 void set_device_allocator(DeviceAllocator* allocator);
 
+namespace detail {
+// What freeing a DeviceBuffer's block needs: it goes back to its allocator on its stream and leaves
+// the tracker. As the owner's deleter it makes the buffer move-only with the defaults.
+struct DeviceBlockRelease {
+  size_t bytes = 0;
+  MemoryCategory category = MemoryCategory::kScratch;
+  MemoryTracker* tracker = nullptr;
+  DeviceAllocator* allocator = nullptr;
+  CudaStream stream = nullptr;
+  void operator()(void* data) const noexcept;
+};
+}  // namespace detail
+
 // One owning block of device memory, charged to tracker under category while it lives. Move-only;
 // freed on the stream it was allocated on. Contents are uninitialized.
 class DeviceBuffer {
@@ -69,28 +83,16 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tracker, CudaStream stream,
                DeviceAllocator* allocator = nullptr);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  void* data() const { return data_; }
-  size_t size_bytes() const { return bytes_; }
-  MemoryCategory category() const { return category_; }
+  void* data() const { return block_.get(); }
+  size_t size_bytes() const { return block_ ? block_.get_deleter().bytes : 0; }
+  MemoryCategory category() const { return block_.get_deleter().category; }
   // A view of the first numel elements of dtype, on the device it was allocated on; throws if they
   // do not fit.
   TensorView view(DType dtype, const Shape& shape) const;
 
  private:
-  void release() noexcept;
-
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  MemoryCategory category_ = MemoryCategory::kScratch;
-  MemoryTracker* tracker_ = nullptr;
-  DeviceAllocator* allocator_ = nullptr;
-  CudaStream stream_ = nullptr;
+  std::unique_ptr<void, detail::DeviceBlockRelease> block_;
   int device_index_ = 0;
 };
 

@@ -68,46 +68,25 @@ DeviceAllocator& device_allocator() {
 void set_device_allocator(DeviceAllocator* allocator) { g_allocator.store(allocator, std::memory_order_release); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tracker, CudaStream stream,
-                           DeviceAllocator* allocator)
-    : bytes_(bytes), category_(category), tracker_(&tracker), allocator_(allocator ? allocator : &device_allocator()),
-      stream_(stream) {
+                           DeviceAllocator* allocator) {
   if (bytes == 0) return;
   MXDDP_CUDA_CHECK(cudaGetDevice(&device_index_), "reading the current device");
-  data_ = allocator_->allocate(bytes, stream);
-  tracker_->on_allocate(category_, static_cast<int64_t>(bytes_));
+  DeviceAllocator* a = allocator ? allocator : &device_allocator();
+  block_ = std::unique_ptr<void, detail::DeviceBlockRelease>(
+      a->allocate(bytes, stream), detail::DeviceBlockRelease{bytes, category, &tracker, a, stream});
+  tracker.on_allocate(category, static_cast<int64_t>(bytes));
 }
 
-DeviceBuffer::~DeviceBuffer() { release(); }
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-    category_ = other.category_;
-    tracker_ = std::exchange(other.tracker_, nullptr);
-    allocator_ = std::exchange(other.allocator_, nullptr);
-    stream_ = other.stream_;
-    device_index_ = other.device_index_;
-  }
-  return *this;
-}
-
-void DeviceBuffer::release() noexcept {
-  if (data_ == nullptr) return;
-  allocator_->deallocate(data_, bytes_, stream_);
-  tracker_->on_free(category_, static_cast<int64_t>(bytes_));
-  data_ = nullptr;
-  bytes_ = 0;
+void detail::DeviceBlockRelease::operator()(void* data) const noexcept {
+  allocator->deallocate(data, bytes, stream);
+  tracker->on_free(category, static_cast<int64_t>(bytes));
 }
 
 TensorView DeviceBuffer::view(DType dtype, const Shape& shape) const {
   const size_t need = static_cast<size_t>(shape.numel()) * dtype_size_bytes(dtype);
-  MXDDP_CHECK(need <= bytes_, "a {} {} view needs {} bytes; the device buffer holds {}", dtype_name(dtype),
-              shape.to_string(), need, bytes_);
-  return TensorView{data_, dtype, shape, Device::cuda(device_index_)};
+  MXDDP_CHECK(need <= size_bytes(), "a {} {} view needs {} bytes; the device buffer holds {}", dtype_name(dtype),
+              shape.to_string(), need, size_bytes());
+  return TensorView{data(), dtype, shape, Device::cuda(device_index_)};
 }
 
 }  // namespace mxddp

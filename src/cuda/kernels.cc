@@ -7,6 +7,7 @@
 #include "core/elementwise_cuda.h"
 #include "cuda/cuda_check.h"
 #include "optim/optim_cuda.h"
+#include "quant/mxfp8_checks.h"
 #include "quant/mxfp8_cuda.h"
 
 namespace mxddp {
@@ -31,20 +32,10 @@ cuda_kernels::ParamKind param_kind(std::string_view op, const void* param, DType
   return dtype == DType::kF32 ? cuda_kernels::ParamKind::kF32 : cuda_kernels::ParamKind::kBF16;
 }
 
-// The CPU codec's rules (mxfp8.cc's check_shapes), on device views.
+// The CPU codec's rules on device views, and the launch shape they describe.
 cuda_kernels::MxShape check_mx(const TensorView& values, const TensorView& data, const TensorView& scales,
                                const QuantizeOptions& o, std::string_view op) {
-  MXDDP_CHECK(values.shape.ndim() == 2, "{}: expects a 2-D [M, N] tensor; got {}", op, values.shape.to_string());
-  MXDDP_CHECK(values.dtype == DType::kF32 || values.dtype == DType::kBF16, "{}: values must be f32 or bf16; got {}", op,
-              dtype_name(values.dtype));
-  MXDDP_CHECK(!values.device.is_cpu() && !data.device.is_cpu() && !scales.device.is_cpu(),
-              "{}: the CUDA codec runs on cuda tensors; got values on {}, data on {}, scales on {}", op,
-              to_string(values.device), to_string(data.device), to_string(scales.device));
-  MXDDP_CHECK(data.dtype == DType::kU8 && data.shape == values.shape, "{}: data must be u8 {}; got {}", op,
-              values.shape.to_string(), data.to_string());
-  const Shape want = mx_scale_shape(values.shape[0], values.shape[1], o.axis);
-  MXDDP_CHECK(scales.dtype == DType::kU8 && scales.shape == want, "{}: scales must be u8 {} for {}-wise blocks; got {}",
-              op, want.to_string(), quant_axis_name(o.axis), scales.to_string());
+  check_mx_views(values, data, scales, o, op, Device::Kind::kCuda);
   return {.rows = values.shape[0], .cols = values.shape[1], .e4m3 = o.elem == Fp8Format::kE4M3,
           .rceil = o.scale_mode == ScaleMode::kRceil, .colwise = o.axis == QuantAxis::kCol};
 }

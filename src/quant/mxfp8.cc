@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fp8_codec.h"
+#include "mxfp8_checks.h"
 
 namespace mxddp {
 
@@ -123,18 +124,6 @@ void parallel_for(int64_t count, int64_t numel, Fn&& fn) {
   for (auto& t : threads) t.join();
 }
 
-void check_shapes(const TensorView& values, const TensorView& data, const TensorView& scales, const QuantizeOptions& o,
-                  std::string_view op) {
-  MXDDP_CHECK(values.shape.ndim() == 2, "{}: expects a 2-D [M, N] tensor; got {}", op, values.shape.to_string());
-  MXDDP_CHECK(values.dtype == DType::kF32 || values.dtype == DType::kBF16, "{}: values must be f32 or bf16; got {}", op,
-              dtype_name(values.dtype));
-  MXDDP_CHECK(values.device.is_cpu() && data.device.is_cpu() && scales.device.is_cpu(), "{}: the codec runs on cpu tensors", op);
-  MXDDP_CHECK(data.dtype == DType::kU8 && data.shape == values.shape, "{}: data must be u8 {}; got {}", op,
-              values.shape.to_string(), data.to_string());
-  const Shape want = mx_scale_shape(values.shape[0], values.shape[1], o.axis);
-  MXDDP_CHECK(scales.dtype == DType::kU8 && scales.shape == want, "{}: scales must be u8 {} for {}-wise blocks; got {}",
-              op, want.to_string(), o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
-}
 
 // The shard's elements, as f32 runs along rows: fn(row, col0, x [len], len, offset in the shard).
 template <typename Fn>
@@ -187,13 +176,32 @@ void check_shard(const TensorView& shard, int64_t offset, const Shape& shape, co
 
 }  // namespace
 
+void check_mx_views(const TensorView& values, const TensorView& data, const TensorView& scales,
+                    const QuantizeOptions& o, std::string_view op, Device::Kind device) {
+  MXDDP_CHECK(values.shape.ndim() == 2, "{}: expects a 2-D [M, N] tensor; got {}", op, values.shape.to_string());
+  MXDDP_CHECK(values.dtype == DType::kF32 || values.dtype == DType::kBF16, "{}: values must be f32 or bf16; got {}", op,
+              dtype_name(values.dtype));
+  const bool on_device = values.device.kind == device && data.device.kind == device && scales.device.kind == device;
+  if (device == Device::Kind::kCpu) {
+    MXDDP_CHECK(on_device, "{}: the codec runs on cpu tensors", op);
+  } else {
+    MXDDP_CHECK(on_device, "{}: the CUDA codec runs on cuda tensors; got values on {}, data on {}, scales on {}", op,
+                to_string(values.device), to_string(data.device), to_string(scales.device));
+  }
+  MXDDP_CHECK(data.dtype == DType::kU8 && data.shape == values.shape, "{}: data must be u8 {}; got {}", op,
+              values.shape.to_string(), data.to_string());
+  const Shape want = mx_scale_shape(values.shape[0], values.shape[1], o.axis);
+  MXDDP_CHECK(scales.dtype == DType::kU8 && scales.shape == want, "{}: scales must be u8 {} for {}-wise blocks; got {}",
+              op, want.to_string(), o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
+}
+
 Shape mx_scale_shape(int64_t rows, int64_t cols, QuantAxis axis) {
   const auto blocks = [](int64_t n) { return (n + kMxBlockSize - 1) / kMxBlockSize; };
   return axis == QuantAxis::kRow ? Shape{rows, blocks(cols)} : Shape{blocks(rows), cols};
 }
 
 void mx_quantize(const TensorView& input, TensorView data, TensorView scales, const QuantizeOptions& o) {
-  check_shapes(input, data, scales, o, "mx_quantize");
+  check_mx_views(input, data, scales, o, "mx_quantize", Device::Kind::kCpu);
   auto* d = data.data_as<uint8_t>();
   auto* s = scales.data_as<uint8_t>();
   const bool e4m3 = o.elem == Fp8Format::kE4M3;
@@ -208,7 +216,7 @@ void mx_quantize(const TensorView& input, TensorView data, TensorView scales, co
 }
 
 void mx_dequantize(const TensorView& data, const TensorView& scales, TensorView output, const QuantizeOptions& o) {
-  check_shapes(output, data, scales, o, "mx_dequantize");
+  check_mx_views(output, data, scales, o, "mx_dequantize", Device::Kind::kCpu);
   const int64_t rows = output.shape[0], cols = output.shape[1];
   const int64_t blocks = scales.shape[1];
   const auto* d = data.data_as<const uint8_t>();

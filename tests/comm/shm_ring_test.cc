@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -63,6 +64,19 @@ void run_ranks(int size, int64_t timeout_ms, const std::function<void(int, ShmRi
   for (int r = 0; r < size; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
+// Ranks 0 and 1 of a two-rank ring, set up on this thread (both or neither).
+std::pair<std::unique_ptr<ShmRingTransport>, std::unique_ptr<ShmRingTransport>> connected_pair() {
+  const std::string prefix = unique_prefix();
+  auto a = ShmRingTransport::create(prefix, 0, 2, 5'000);
+  auto b = ShmRingTransport::create(prefix, 1, 2, 5'000);
+  std::string why;
+  if (!a->connect(why) || !b->connect(why)) {
+    ADD_FAILURE() << why;
+    return {};
+  }
+  return {std::move(a), std::move(b)};
+}
+
 float quarter(int rank, int64_t i) { return static_cast<float>(((rank * 37 + i * 11 + (i >> 7)) % 64) - 32) * 0.25f; }
 
 class ShmRing : public ::testing::TestWithParam<int> {};
@@ -112,11 +126,8 @@ TEST(ShmRingTransport, EmptyAndTinyBlocksGather) {
 }
 
 TEST(ShmRingTransport, SummingReceiveAddsIntoPlace) {
-  const std::string prefix = unique_prefix();
-  auto a = ShmRingTransport::create(prefix, 0, 2, 5'000);
-  auto b = ShmRingTransport::create(prefix, 1, 2, 5'000);
-  std::string why;
-  ASSERT_TRUE(a->connect(why) && b->connect(why)) << why;
+  auto [a, b] = connected_pair();
+  ASSERT_TRUE(a && b);
   // Longer than a slot: the sum is taken piece by piece as the slots fill.
   const int64_t n = kShmSlotBytes / 4 + 5;
   std::vector<float> sent(static_cast<size_t>(n)), mine(static_cast<size_t>(n));
@@ -155,11 +166,8 @@ TEST(ShmRingTransport, StalledNeighbourIsAnErrorNamingIt) {
 }
 
 TEST(ShmRingTransport, MismatchedMessageSizesAreCaught) {
-  const std::string prefix = unique_prefix();
-  auto a = ShmRingTransport::create(prefix, 0, 2, 5'000);
-  auto b = ShmRingTransport::create(prefix, 1, 2, 5'000);
-  std::string why;
-  ASSERT_TRUE(a->connect(why) && b->connect(why)) << why;
+  auto [a, b] = connected_pair();
+  ASSERT_TRUE(a && b);
   std::vector<char> out(100, 'x'), in(50);
   auto s = a->isend(out.data(), 100, 1);
   auto r = b->irecv(in.data(), 50, 0);
