@@ -43,7 +43,13 @@ enum class MemoryCategory : uint8_t {
 inline constexpr int kNumMemoryCategories = 8;
 std::string_view memory_category_name(MemoryCategory category);  // "params", "grads", ...
 
-struct MemoryUsage {
+// Where tracked bytes live: host memory (HostBuffer) or a device's (DeviceBuffer, mxddp/cuda.h).
+enum class MemoryPlace : uint8_t { kHost, kDevice };
+inline constexpr int kNumMemoryPlaces = 2;
+std::string_view memory_place_name(MemoryPlace place);  // "host", "device"
+
+// Live and peak bytes per category, and of their sum.
+struct MemoryAmounts {
   std::array<int64_t, kNumMemoryCategories> live_bytes{};
   std::array<int64_t, kNumMemoryCategories> peak_bytes{};
   int64_t total_live_bytes = 0;
@@ -53,28 +59,47 @@ struct MemoryUsage {
   int64_t peak(MemoryCategory c) const { return peak_bytes[static_cast<size_t>(c)]; }
 };
 
+// A tracker's figures: every place together (the base, what a CPU run's reports show) and each
+// place's own, whose peaks are their own (a device's peak need not fall when the host's does).
+struct MemoryUsage : MemoryAmounts {
+  std::array<MemoryAmounts, kNumMemoryPlaces> by_place{};
+
+  const MemoryAmounts& at(MemoryPlace place) const { return by_place[static_cast<size_t>(place)]; }
+};
+
 // "512 B", "3.1 GiB", "1010 TiB", "1200 PiB": binary units, the one a reader expects for the size.
 std::string format_bytes(double bytes);
 
 // Two consecutive periods as one: the later one's live bytes, the larger of each peak.
 MemoryUsage max_peaks(const MemoryUsage& earlier, const MemoryUsage& later);
 
-// Live and peak bytes per category for one rank. Thread-safe; never allocates.
+// Live and peak bytes per category for one rank, in all and per place. Thread-safe; never
+// allocates.
 class MemoryTracker {
  public:
-  void on_allocate(MemoryCategory category, int64_t bytes);
-  void on_free(MemoryCategory category, int64_t bytes);
+  void on_allocate(MemoryCategory category, int64_t bytes, MemoryPlace place = MemoryPlace::kHost);
+  void on_free(MemoryCategory category, int64_t bytes, MemoryPlace place = MemoryPlace::kHost);
   MemoryUsage usage() const;
   // Restarts peak tracking from the current live bytes (e.g. to measure a steady state).
   void reset_peaks();
-  // A one-line-per-category table, for reports and logs.
+  // A one-line-per-category table, for reports and logs; with a device and a host column each
+  // once device bytes were charged.
   std::string summary() const;
 
  private:
-  std::array<std::atomic<int64_t>, kNumMemoryCategories> live_{};
-  std::array<std::atomic<int64_t>, kNumMemoryCategories> peak_{};
-  std::atomic<int64_t> total_live_{0};
-  std::atomic<int64_t> total_peak_{0};
+  struct Counters {
+    std::array<std::atomic<int64_t>, kNumMemoryCategories> live{};
+    std::array<std::atomic<int64_t>, kNumMemoryCategories> peak{};
+    std::atomic<int64_t> total_live{0};
+    std::atomic<int64_t> total_peak{0};
+
+    void add(size_t category, int64_t bytes);
+    void subtract(size_t category, int64_t bytes);
+    MemoryAmounts read() const;
+    void reset_peaks();
+  };
+  Counters all_;
+  std::array<Counters, kNumMemoryPlaces> by_place_;
 };
 
 // ----------------------------------------------------------------------------------------------

@@ -74,12 +74,12 @@ DeviceBuffer::DeviceBuffer(size_t bytes, MemoryCategory category, MemoryTracker&
   DeviceAllocator* a = allocator ? allocator : &device_allocator();
   block_ = std::unique_ptr<void, detail::DeviceBlockRelease>(
       a->allocate(bytes, stream), detail::DeviceBlockRelease{bytes, category, &tracker, a, stream});
-  tracker.on_allocate(category, static_cast<int64_t>(bytes));
+  tracker.on_allocate(category, static_cast<int64_t>(bytes), MemoryPlace::kDevice);
 }
 
 void detail::DeviceBlockRelease::operator()(void* data) const noexcept {
   allocator->deallocate(data, bytes, stream);
-  tracker->on_free(category, static_cast<int64_t>(bytes));
+  tracker->on_free(category, static_cast<int64_t>(bytes), MemoryPlace::kDevice);
 }
 
 TensorView DeviceBuffer::view(DType dtype, const Shape& shape) const {

@@ -313,6 +313,8 @@ TEST(CudaKernels, DeviceBuffersAreChargedAndServedByThePluggedAllocator) {
     DeviceBuffer state(3 << 20, MemoryCategory::kOptimizerState, tracker, nullptr);
     EXPECT_EQ(tracker.usage().live(MemoryCategory::kGrads), 1 << 20);
     EXPECT_EQ(tracker.usage().live(MemoryCategory::kOptimizerState), 3 << 20);
+    EXPECT_EQ(tracker.usage().at(MemoryPlace::kDevice).total_live_bytes, 4 << 20);
+    EXPECT_EQ(tracker.usage().at(MemoryPlace::kHost).total_live_bytes, 0);
     EXPECT_EQ(counting.live_bytes, 4 << 20);
     EXPECT_FALSE(grads.view(DType::kF32, Shape{1 << 18}).device.is_cpu());
     EXPECT_THROW(grads.view(DType::kF32, Shape{(1 << 18) + 1}), Error);

@@ -1,4 +1,5 @@
-// The tracker sees every HostBuffer, per category, live and peak, from several threads at once.
+// The tracker sees every HostBuffer, per category, live and peak, from several threads at once, and
+// keeps the device's bytes apart from the host's.
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,44 @@ TEST(MemoryTracker, HostBufferChargesLiveAndPeakPerCategory) {
   tracker.reset_peaks();
   EXPECT_EQ(tracker.usage().total_peak_bytes, 0);
   EXPECT_NE(tracker.summary().find("optimizer_state"), std::string::npos);
+  EXPECT_EQ(tracker.summary().find("device"), std::string::npos) << "a host-only tracker has one pair of columns";
+  EXPECT_EQ(tracker.usage().at(MemoryPlace::kDevice).total_peak_bytes, 0);
+}
+
+TEST(MemoryTracker, DeviceAndHostBytesAreChargedApartAndTogether) {
+  MemoryTracker tracker;
+  tracker.on_allocate(MemoryCategory::kGrads, 4096, MemoryPlace::kDevice);
+  tracker.on_allocate(MemoryCategory::kGrads, 100);  // the host by default
+  tracker.on_allocate(MemoryCategory::kComm, 300);
+  tracker.on_free(MemoryCategory::kComm, 300);
+  tracker.on_allocate(MemoryCategory::kOptimizerState, 8192, MemoryPlace::kDevice);
+  const MemoryUsage u = tracker.usage();
+  const MemoryAmounts& device = u.at(MemoryPlace::kDevice);
+  const MemoryAmounts& host = u.at(MemoryPlace::kHost);
+  EXPECT_EQ(device.live(MemoryCategory::kGrads), 4096);
+  EXPECT_EQ(host.live(MemoryCategory::kGrads), 100);
+  EXPECT_EQ(u.live(MemoryCategory::kGrads), 4196);
+  EXPECT_EQ(device.total_live_bytes, 4096 + 8192);
+  // Each place's peak is its own: the host's came with the comm bytes, before the device's last.
+  EXPECT_EQ(host.total_peak_bytes, 400);
+  EXPECT_EQ(device.total_peak_bytes, 4096 + 8192);
+  EXPECT_EQ(u.total_peak_bytes, 4096 + 8192 + 100);
+  EXPECT_EQ(host.peak(MemoryCategory::kComm), 300);
+  EXPECT_EQ(device.peak(MemoryCategory::kComm), 0);
+  // With device bytes the summary shows both places.
+  const std::string summary = tracker.summary();
+  EXPECT_NE(summary.find("device_peak"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("host_peak"), std::string::npos) << summary;
+  // Two periods as one keep each place's own peaks.
+  tracker.on_free(MemoryCategory::kOptimizerState, 8192, MemoryPlace::kDevice);
+  tracker.reset_peaks();
+  const MemoryUsage later = tracker.usage();
+  EXPECT_EQ(later.at(MemoryPlace::kDevice).total_peak_bytes, 4096);
+  const MemoryUsage both = max_peaks(u, later);
+  EXPECT_EQ(both.at(MemoryPlace::kDevice).total_peak_bytes, 4096 + 8192);
+  EXPECT_EQ(both.at(MemoryPlace::kDevice).total_live_bytes, 4096);
+  EXPECT_EQ(both.at(MemoryPlace::kHost).total_peak_bytes, 400);
+  EXPECT_EQ(memory_place_name(MemoryPlace::kDevice), "device");
 }
 
 TEST(MemoryTracker, ConcurrentChargesBalance) {
