@@ -133,8 +133,9 @@ class TorchBackend final : public CommBackend {
   }
 
  private:
-  // seq, kind, dtype, op, root, count, prescale bits (every rank must agree), has_nan (max only).
-  static constexpr int kHeaderFields = 8;
+  // The common call header (backend.h: seq, kind, dtype, op, root, count, prescale bits), then
+  // has_nan (max only).
+  static constexpr int kHeaderFields = kCallHeaderFields + 1;
 
   // Runs fn (which calls the runner) under the GIL; a Python exception (gloo's timeout, a peer
   // that closed its connection) becomes an Error carrying torch's message.
@@ -161,40 +162,19 @@ class TorchBackend final : public CommBackend {
   }
 
   void exchange_headers(const CollectiveCall& call) {
-    uint32_t prescale_bits;
-    std::memcpy(&prescale_bits, &call.prescale, sizeof prescale_bits);
-    const int64_t mine[kHeaderFields] = {static_cast<int64_t>(seq_),   static_cast<int64_t>(call.kind),
-                                         static_cast<int64_t>(call.dtype), static_cast<int64_t>(call.op),
-                                         call.root, call.count, prescale_bits, has_nan(call) ? 1 : 0};
+    // The common header, and a field of this backend's own: whether this rank's input holds a NaN.
+    int64_t mine[kHeaderFields];
+    const auto common = pack_call_header(seq_, call);
+    std::copy(common.begin(), common.end(), mine);
+    mine[kCallHeaderFields] = has_nan(call) ? 1 : 0;
     headers_.assign(static_cast<size_t>(kHeaderFields * size_), 0);
     python(call, [&] {
       runner_.attr("all_gather")(tensor(headers_.data(), DType::kI64, kHeaderFields * size_),
                                  tensor(mine, DType::kI64, kHeaderFields));
     });
-    auto unpack = [&](int r) {
-      const int64_t* d = headers_.data() + kHeaderFields * r;
-      CollectiveCall c;
-      c.kind = static_cast<CollectiveKind>(d[1]);
-      c.dtype = static_cast<DType>(d[2]);
-      c.op = static_cast<ReduceOp>(d[3]);
-      c.root = static_cast<int>(d[4]);
-      c.count = d[5];
-      const auto bits = static_cast<uint32_t>(d[6]);
-      std::memcpy(&c.prescale, &bits, sizeof bits);
-      return c;
-    };
-    for (int r = 0; r < size_; ++r) {
-      any_nan_ = any_nan_ || headers_[static_cast<size_t>(kHeaderFields * r + 7)] != 0;
-      const auto seq = static_cast<uint64_t>(headers_[static_cast<size_t>(kHeaderFields * r)]);
-      MXDDP_CHECK(seq == seq_, "{} #{}: rank {} sent the header of its collective #{}; the ranks' sequences "
-                  "diverged (a bug in mxddp)", collective_name(call.kind), seq_, r, seq);
-    }
-    const CollectiveCall first = unpack(0);
-    for (int r = 1; r < size_; ++r) {
-      const std::string mismatch = describe_mismatch(first, unpack(r));
-      MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind), seq_,
-                  r, mismatch);
-    }
+    for (int r = 0; r < size_; ++r)
+      any_nan_ = any_nan_ || headers_[static_cast<size_t>(kHeaderFields * r + kCallHeaderFields)] != 0;
+    check_call_headers(headers_.data(), size_, kHeaderFields, seq_, call.kind);
   }
 
   // f32 staging for bf16 reductions, the size the mpi backend (and the memory plan) charges.

@@ -3,6 +3,8 @@
 // argument validation live in Communicator, so each engine is only its data movement.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -33,6 +35,16 @@ struct CollectiveCall {
 // The fields every rank must agree on. Returns "" if a and b agree, else which field differs, with
 // both values (e.g. "count 12 vs 16").
 std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b);
+
+// A call header on the wire, for the backends whose ranks are processes (mpi, torch's gloo): the
+// sequence number, then the fields describe_mismatch compares, as int64s (prescale as its f32 bits).
+inline constexpr int kCallHeaderFields = 7;
+std::array<int64_t, kCallHeaderFields> pack_call_header(uint64_t seq, const CollectiveCall& call);
+// Checks every rank's header, headers[r * stride, r * stride + kCallHeaderFields) for r < size (a
+// backend may append fields of its own): each must carry sequence seq (else the ranks' sequences
+// diverged, a bug in mxddp), and each call must agree with rank 0's. Throws an Error naming the
+// collective, the first rank that differs and how.
+void check_call_headers(const int64_t* headers, int size, int stride, uint64_t seq, CollectiveKind kind);
 
 class CommBackend {
  public:

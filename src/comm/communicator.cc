@@ -2,6 +2,7 @@
 // about its own arguments is checked here, before anything is queued; what only the group can
 // check (that all ranks agree) is each backend's first step.
 #include <cmath>
+#include <cstring>
 
 #include <mxddp/comm.h>
 
@@ -39,6 +40,45 @@ std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b) 
   if (reduces && a.prescale != b.prescale) return fmt::format("prescale {} vs {}", a.prescale, b.prescale);
   if (a.kind == CollectiveKind::kBroadcast && a.root != b.root) return fmt::format("root {} vs {}", a.root, b.root);
   return "";
+}
+
+std::array<int64_t, kCallHeaderFields> pack_call_header(uint64_t seq, const CollectiveCall& call) {
+  uint32_t prescale_bits;
+  std::memcpy(&prescale_bits, &call.prescale, sizeof prescale_bits);
+  return {static_cast<int64_t>(seq), static_cast<int64_t>(call.kind), static_cast<int64_t>(call.dtype),
+          static_cast<int64_t>(call.op), call.root, call.count, prescale_bits};
+}
+
+namespace {
+
+CollectiveCall unpack_call_header(const int64_t* fields) {
+  CollectiveCall c;
+  c.kind = static_cast<CollectiveKind>(fields[1]);
+  c.dtype = static_cast<DType>(fields[2]);
+  c.op = static_cast<ReduceOp>(fields[3]);
+  c.root = static_cast<int>(fields[4]);
+  c.count = fields[5];
+  const auto bits = static_cast<uint32_t>(fields[6]);
+  std::memcpy(&c.prescale, &bits, sizeof bits);
+  return c;
+}
+
+}  // namespace
+
+void check_call_headers(const int64_t* headers, int size, int stride, uint64_t seq, CollectiveKind kind) {
+  MXDDP_ASSERT(stride >= kCallHeaderFields);
+  auto header = [&](int r) { return headers + static_cast<ptrdiff_t>(stride) * r; };
+  for (int r = 0; r < size; ++r) {
+    const auto sent = static_cast<uint64_t>(header(r)[0]);
+    MXDDP_CHECK(sent == seq, "{} #{}: rank {} sent the header of its collective #{}; the ranks' sequences "
+                "diverged (a bug in mxddp)", collective_name(kind), seq, r, sent);
+  }
+  const CollectiveCall first = unpack_call_header(header(0));
+  for (int r = 1; r < size; ++r) {
+    const std::string mismatch = describe_mismatch(first, unpack_call_header(header(r)));
+    MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(kind), seq, r,
+                mismatch);
+  }
 }
 
 namespace {

@@ -115,7 +115,7 @@ class MpiBackend final : public CommBackend {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MXDDP_MPI_CHECK(MPI_Op_create(u8_wrapping_sum, /*commute=*/1, &u8_sum_), "MPI_Op_create");
-    headers_.resize(static_cast<size_t>(kHeaderFields * size_));
+    headers_.resize(static_cast<size_t>(kCallHeaderFields * size_));
     arrived_.resize(static_cast<size_t>(size_));
     requests_.resize(static_cast<size_t>(2 * (size_ - 1)));
     indices_.resize(requests_.size());
@@ -133,7 +133,7 @@ class MpiBackend final : public CommBackend {
     ++seq_;
     if (check_consistency_) {
       exchange_headers(call);
-      check_all_ranks_agree(call);
+      check_call_headers(headers_.data(), size_, kCallHeaderFields, seq_, call.kind);
     }
     const std::string_view what = collective_name(call.kind);
     switch (call.kind) {
@@ -164,21 +164,15 @@ class MpiBackend final : public CommBackend {
   }
 
  private:
-  // A call header: the sequence number and the fields every rank must agree on.
-  static constexpr int kHeaderFields = 7;
   // The tag of header messages; collectives never match point-to-point traffic, so any tag works.
   static constexpr int kHeaderTag = 0x6d78;  // "mx"
 
   // Phase 1: sends this rank's header to every peer and waits for all of theirs (see the top of
   // this file). arrived_[r] records which peers' headers for seq_ came in, for the stall report.
   void exchange_headers(const CollectiveCall& call) {
-    uint32_t prescale_bits;
-    std::memcpy(&prescale_bits, &call.prescale, sizeof prescale_bits);
-    int64_t* mine = headers_.data() + kHeaderFields * rank_;
-    const int64_t fields[kHeaderFields] = {static_cast<int64_t>(seq_),  static_cast<int64_t>(call.kind),
-                                           static_cast<int64_t>(call.dtype), static_cast<int64_t>(call.op),
-                                           call.root, call.count, prescale_bits};
-    std::copy(fields, fields + kHeaderFields, mine);
+    int64_t* mine = headers_.data() + kCallHeaderFields * rank_;
+    const auto fields = pack_call_header(seq_, call);
+    std::copy(fields.begin(), fields.end(), mine);
     std::fill(arrived_.begin(), arrived_.end(), false);
     arrived_[static_cast<size_t>(rank_)] = true;
     // requests_[i] for i < size-1 receives from peer_of(i); requests_[size-1+i] sends to it.
@@ -186,10 +180,10 @@ class MpiBackend final : public CommBackend {
     auto peer_of = [&](int i) { return i < rank_ ? i : i + 1; };
     for (int i = 0; i < peers; ++i) {
       const int peer = peer_of(i);
-      MXDDP_MPI_CHECK(MPI_Irecv(headers_.data() + kHeaderFields * peer, kHeaderFields, MPI_INT64_T, peer, kHeaderTag,
-                                comm_, &requests_[static_cast<size_t>(i)]),
+      MXDDP_MPI_CHECK(MPI_Irecv(headers_.data() + kCallHeaderFields * peer, kCallHeaderFields, MPI_INT64_T, peer,
+                                kHeaderTag, comm_, &requests_[static_cast<size_t>(i)]),
                       "MPI_Irecv (call header)");
-      MXDDP_MPI_CHECK(MPI_Isend(mine, kHeaderFields, MPI_INT64_T, peer, kHeaderTag, comm_,
+      MXDDP_MPI_CHECK(MPI_Isend(mine, kCallHeaderFields, MPI_INT64_T, peer, kHeaderTag, comm_,
                                 &requests_[static_cast<size_t>(peers + i)]),
                       "MPI_Isend (call header)");
     }
@@ -210,32 +204,6 @@ class MpiBackend final : public CommBackend {
                                "held in an earlier collective by a peer that did)",
                                missing);
         });
-    for (int r = 0; r < size_; ++r) {
-      const auto seq = static_cast<uint64_t>(headers_[static_cast<size_t>(kHeaderFields * r)]);
-      MXDDP_CHECK(seq == seq_, "{} #{}: rank {} sent the header of its collective #{}; the ranks' sequences "
-                  "diverged (a bug in mxddp)", collective_name(call.kind), seq_, r, seq);
-    }
-  }
-
-  void check_all_ranks_agree(const CollectiveCall& call) const {
-    auto unpack = [&](int r) {
-      const int64_t* d = headers_.data() + kHeaderFields * r;
-      CollectiveCall c;
-      c.kind = static_cast<CollectiveKind>(d[1]);
-      c.dtype = static_cast<DType>(d[2]);
-      c.op = static_cast<ReduceOp>(d[3]);
-      c.root = static_cast<int>(d[4]);
-      c.count = d[5];
-      const auto bits = static_cast<uint32_t>(d[6]);
-      std::memcpy(&c.prescale, &bits, sizeof bits);
-      return c;
-    };
-    const CollectiveCall first = unpack(0);
-    for (int r = 1; r < size_; ++r) {
-      const std::string mismatch = describe_mismatch(first, unpack(r));
-      MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind),
-                  seq_, r, mismatch);
-    }
   }
 
   std::string_view data_stall_reason() const {
@@ -422,7 +390,7 @@ class MpiBackend final : public CommBackend {
   uint64_t seq_ = 0;
   const bool check_consistency_;
   const int64_t timeout_ms_;
-  std::vector<int64_t> headers_;     // kHeaderFields per rank: the current collective's headers
+  std::vector<int64_t> headers_;     // kCallHeaderFields per rank: the current collective's headers
   std::vector<bool> arrived_;        // per rank: its header for seq_ came in
   std::vector<MPI_Request> requests_;  // the header exchange's receives, then its sends
   std::vector<int> indices_;         // MPI_Testsome's scratch
