@@ -358,8 +358,9 @@ TEST(FsdpMemoryPlanRecompute, RegionsReRunInEitherOrderEqualTheRun) {
                                                       OptimizerType::kAdam, {.dp = 2, .micro_batches = micro_batches});
           const MemoryPlan with = plan_fsdp_memory(model.specs, model.units, hooked, fc, OptimizerType::kAdam,
                                                    {.dp = 2, .micro_batches = micro_batches});
-          if (!overlap)  // (with overlap the backward's prefetch may gather a region's units anyway)
+          if (!overlap) {  // (with overlap the backward's prefetch may gather a region's units anyway)
             EXPECT_NE(with.peak_gathered_bytes_by_slot, without.peak_gathered_bytes_by_slot) << model.describe();
+          }
           for (ReRun order : {ReRun::kAfterPreBackward, ReRun::kBeforePreBackward}) {
             const std::string what = fmt::format("{}{} overlap {} mb {} re-run {} pre-backward", model.describe(),
                                                  mxfp8 ? " mxfp8" : "", overlap, micro_batches,
