@@ -33,6 +33,8 @@ Measured per job (the slowest or largest rank):
     python bench/megatron_compare.py --repeats 3 --hog                       # with a CPU hog beside
 
 --fixed-mmap-threshold takes glibc's retention of freed blocks out of the peak (see its help).
+mxddp's optimizer hands the heap's free pages back after each step (release_heap_after_step, its
+default); --mxddp-keep-heap turns that off, to see what it saves and costs.
 
 --hog runs a busy loop process beside the ranks (issue 44 item 2: a shared node) and reports
 wall/CPU per step: how much of its wall time a rank spends waiting rather than computing.
@@ -106,6 +108,9 @@ def worker(args) -> None:
             import mxddp.torch as api_ddp
             import mxddp.torch as api_opt
             from mxddp.torch.megatron import get_megatron_optimizer as get_optimizer
+            if args.mxddp_keep_heap:  # the same optimizer, without handing the heap's free pages back
+                def get_optimizer(config, chunks):
+                    return api_opt.DistributedOptimizer(chunks[0], config, release_heap_after_step=False)
             place = contextlib.nullcontext
     # After the impl's imports: the peak counts the model, its training state and the step, not
     # the code either library loads.
@@ -184,7 +189,8 @@ def sweep(args) -> None:
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     print(f"# {cpu_model()}, {os.cpu_count()} cores; {os.uname().release}; one thread per rank; "
           f"{'a busy-loop process beside the ranks' if args.hog else 'quiet'}; launcher {args.launcher}"
-          f"{'; MALLOC_MMAP_THRESHOLD_=131072' if args.fixed_mmap_threshold else ''}")
+          f"{'; MALLOC_MMAP_THRESHOLD_=131072' if args.fixed_mmap_threshold else ''}"
+          f"{'; mxddp keeps the heap (release_heap_after_step=False)' if args.mxddp_keep_heap else ''}")
     per_impl: dict[str, list[dict]] = {i: [] for i in args.impls}
     hog = _hog() if args.hog else None
     try:
@@ -195,7 +201,7 @@ def sweep(args) -> None:
                           [shutil.which("mpirun") or "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(args.dp), py])
                 cmd = launch + [__file__, "--worker", impl, "--layers", str(args.layers), "--hidden", str(args.hidden), "--seq",
                        str(args.seq), "--micro-batch", str(args.micro_batch), "--steps", str(args.steps),
-                       "--warmup", str(args.warmup)]
+                       "--warmup", str(args.warmup)] + (["--mxddp-keep-heap"] if args.mxddp_keep_heap else [])
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
                 if out.returncode != 0 or line is None:
@@ -246,6 +252,9 @@ def main() -> None:
                    help="run the jobs with MALLOC_MMAP_THRESHOLD_=131072: glibc then returns every freed block of "
                         "128 KiB or more to the system at once, so the peak is the live bytes' high-water mark, "
                         "not also what the allocator kept (which varies from run to run by +-100 MiB here)")
+    p.add_argument("--mxddp-keep-heap", action="store_true",
+                   help="build mxddp's optimizer with release_heap_after_step=False: glibc then keeps the heap's "
+                        "free pages resident between steps, as it does for Megatron")
     p.add_argument("--launcher", choices=("torchrun", "mpirun"), default="torchrun",
                    help="torchrun (both on torch.distributed's gloo) or mpirun (mxddp on MPI, Megatron on a gloo "
                         "group of the same ranks)")

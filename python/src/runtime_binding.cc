@@ -5,11 +5,13 @@
 // releases the GIL: a torch communicator's progress thread needs it to run the collective.
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include <mpi.h>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
@@ -112,18 +114,38 @@ void bind_runtime(nb::module_& m) {
   m.def("world_size", [] { return Runtime::get().comm().size(); });
   m.def(
       "memory_usage",
-      [] {
+      [](std::optional<std::string> place) {
         const MemoryUsage usage = Runtime::get().tracker().usage();
+        const MemoryAmounts* amounts = &usage;
+        if (place) {
+          if (*place == "host") {
+            amounts = &usage.at(MemoryPlace::kHost);
+          } else if (*place == "device") {
+            amounts = &usage.at(MemoryPlace::kDevice);
+          } else {
+            throw nb::value_error(
+                fmt::format("memory_usage: place '{}' is not one of None, 'host', 'device'", *place).c_str());
+          }
+        }
         nb::dict out;
         for (int c = 0; c < kNumMemoryCategories; ++c) {
           const auto name = memory_category_name(static_cast<MemoryCategory>(c));
           out[nb::str(name.data(), name.size())] =
-              nb::make_tuple(usage.live_bytes[static_cast<size_t>(c)], usage.peak_bytes[static_cast<size_t>(c)]);
+              nb::make_tuple(amounts->live_bytes[static_cast<size_t>(c)], amounts->peak_bytes[static_cast<size_t>(c)]);
         }
         return out;
       },
-      "This process's tracked bytes per category: {name: (live_bytes, peak_bytes)}.");
+      nb::arg("place").none() = nb::none(),
+      "This process's tracked bytes per category: {name: (live_bytes, peak_bytes)}, on every place together "
+      "(None), or only the host's or the device's.");
   m.def("reset_memory_peaks", [] { Runtime::get().tracker().reset_peaks(); });
+  m.def(
+      "release_free_heap_pages",
+      [] {
+        nb::gil_scoped_release release;
+        return release_free_heap_pages();
+      },
+      "Hands the pages of the heap's free blocks back to the system (glibc's malloc_trim(0)); whether any was.");
   m.def(
       "all_reduce",
       [](HostArray array, const std::string& op, const CommHandle* comm) {

@@ -1,6 +1,10 @@
 // HostBuffer: the one place host memory is allocated, so the tracker sees every byte; OutOfMemory,
-// what an allocation that fails throws; and the address-space limit allocations run into.
+// what an allocation that fails throws; the address-space limit allocations run into; and handing
+// the heap's free pages back to the system.
 #include <sys/resource.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,6 +27,14 @@ std::optional<AddressSpace> address_space_limit() {
   double pages = 0;  // /proc/self/statm's first field: the pages mapped, what the limit counts
   std::ifstream("/proc/self/statm") >> pages;
   return AddressSpace{static_cast<double>(limit.rlim_cur), pages * static_cast<double>(::sysconf(_SC_PAGESIZE))};
+}
+
+bool release_free_heap_pages() noexcept {
+#if defined(__GLIBC__)
+  return ::malloc_trim(0) != 0;
+#else
+  return false;
+#endif
 }
 
 HostBuffer::HostBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tracker)

@@ -111,6 +111,11 @@ def test_memory_tracker_counts_the_buffers_and_optimizer_shards(ranks):
         # F32 params: each rank's param shard is its main params (Megatron's rule), not a copy.
         assert usage["main_params"][0] == 0
         assert usage["optimizer_state"][0] == 2 * 4 * numel // world
+        # On the CPU every byte is the host's, and the device's share is none.
+        assert mxt.memory_usage("host") == usage
+        assert all(v == (0, 0) for v in mxt.memory_usage("device").values())
+        with pytest.raises(ValueError, match="place 'gpu' is not one of"):
+            mxt.memory_usage("gpu")
         opt.zero_grad()
         loss_of(model, rank).backward()
         model.finish_grad_sync()
@@ -151,3 +156,26 @@ def test_no_sync_accumulates_without_reducing(ranks):
                                                rtol=1e-6, atol=1e-7)
     finally:
         model.close()
+
+
+def test_each_step_hands_the_free_heap_pages_back_unless_told_not_to(ranks, monkeypatch):
+    rank, _ = ranks
+    calls = []
+    monkeypatch.setattr(mxt.optimizer._C, "release_free_heap_pages", lambda: calls.append(1) or True)
+    for release, expected in ((True, 2), (False, 0)):
+        torch.manual_seed(0)
+        model = mxt.DistributedDataParallel(Tied(), config())
+        opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-3), release_heap_after_step=release)
+        try:
+            calls.clear()
+            for _ in range(2):
+                opt.zero_grad()
+                loss_of(model, rank).backward()
+                model.finish_grad_sync()
+                assert opt.step()[0]
+            assert len(calls) == expected, (release, calls)
+        finally:
+            opt.close()
+            model.close()
+    with pytest.raises(TypeError, match="release_heap_after_step must be a bool; got 'yes'"):
+        mxt.DistributedOptimizer(None, mxt.OptimizerConfig(lr=1e-3), release_heap_after_step="yes")

@@ -23,9 +23,10 @@ from mxddp.torch import dcp
 from mxddp import _C
 
 
-def memory_usage() -> dict[str, tuple[int, int]]:
-    """This rank's bytes held by mxddp per category: {name: (live_bytes, peak_bytes)}."""
-    return _C.memory_usage()
+def memory_usage(place: str | None = None) -> dict[str, tuple[int, int]]:
+    """This rank's bytes held by mxddp per category: {name: (live_bytes, peak_bytes)}. place: None
+    for every place together, "host" or "device" for one (each place's peak is its own)."""
+    return _C.memory_usage(place)
 
 
 def _comm(process_group):
