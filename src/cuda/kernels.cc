@@ -1,6 +1,6 @@
 // cuda.h's kernel entry points: each checks its arguments (sizes, dtypes, devices) and names what
 // is wrong, then enqueues the kernel through its launcher beside the CPU reference
-// (src/core/convert_cuda.cu, src/quant/mxfp8_cuda.cu, src/optim/optim_cuda.cu) and turns a launch
+// (src/core/elementwise_cuda.cu, src/quant/mxfp8_cuda.cu, src/optim/optim_cuda.cu) and turns a launch
 // failure into an Error naming the kernel.
 #include <mxddp/cuda.h>
 
@@ -20,16 +20,20 @@ void check_elements(std::string_view op, int64_t n, const void* a, const void* b
   MXDDP_CHECK(n == 0 || (a != nullptr && b != nullptr), "{}: a null pointer for {} elements", op, n);
 }
 
+// Whether dtype is bf16; throws naming op and what unless it is f32 or bf16, the kernels' two.
+bool is_bf16(std::string_view op, std::string_view what, DType dtype) {
+  MXDDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "{}: {} must be f32 or bf16; got {}", op, what,
+              dtype_name(dtype));
+  return dtype == DType::kBF16;
+}
+
 cuda_kernels::GradKind grad_kind(std::string_view op, DType dtype) {
-  MXDDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "{}: grads must be f32 or bf16; got {}", op, dtype_name(dtype));
-  return dtype == DType::kF32 ? cuda_kernels::GradKind::kF32 : cuda_kernels::GradKind::kBF16;
+  return is_bf16(op, "grads", dtype) ? cuda_kernels::GradKind::kBF16 : cuda_kernels::GradKind::kF32;
 }
 
 cuda_kernels::ParamKind param_kind(std::string_view op, const void* param, DType dtype) {
   if (param == nullptr) return cuda_kernels::ParamKind::kNone;
-  MXDDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "{}: staged params must be f32 or bf16; got {}", op,
-              dtype_name(dtype));
-  return dtype == DType::kF32 ? cuda_kernels::ParamKind::kF32 : cuda_kernels::ParamKind::kBF16;
+  return is_bf16(op, "staged params", dtype) ? cuda_kernels::ParamKind::kBF16 : cuda_kernels::ParamKind::kF32;
 }
 
 // The CPU codec's rules on device views, and the launch shape they describe.
@@ -54,9 +58,7 @@ void cuda_convert_bf16_to_f32(const bf16_bits* in, float* out, int64_t n, CudaSt
 
 void cuda_scale(void* data, DType dtype, int64_t n, float factor, CudaStream stream) {
   check_elements("cuda_scale", n, data, data);
-  MXDDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "cuda_scale: data must be f32 or bf16; got {}",
-              dtype_name(dtype));
-  MXDDP_CUDA_CHECK(cuda_kernels::launch_scale(data, dtype == DType::kBF16, n, factor, stream),
+  MXDDP_CUDA_CHECK(cuda_kernels::launch_scale(data, is_bf16("cuda_scale", "data", dtype), n, factor, stream),
                    "cuda_scale of {} {} elements", n, dtype_name(dtype));
 }
 
@@ -69,19 +71,17 @@ void cuda_zero(void* data, size_t bytes, CudaStream stream) {
 void cuda_count_nonfinite(const void* data, DType dtype, int64_t n, int64_t* count_device, CudaStream stream) {
   MXDDP_CHECK(count_device != nullptr, "cuda_count_nonfinite: count_device is null");
   check_elements("cuda_count_nonfinite", n, data, count_device);
-  MXDDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "cuda_count_nonfinite: data must be f32 or bf16; got {}",
-              dtype_name(dtype));
+  const bool bf16 = is_bf16("cuda_count_nonfinite", "data", dtype);
   static_assert(sizeof(int64_t) == sizeof(unsigned long long));
-  MXDDP_CUDA_CHECK(cuda_kernels::launch_count_nonfinite(data, dtype == DType::kBF16, n,
+  MXDDP_CUDA_CHECK(cuda_kernels::launch_count_nonfinite(data, bf16, n,
                                                         reinterpret_cast<unsigned long long*>(count_device), stream),
                    "cuda_count_nonfinite over {} elements", n);
 }
 
 void cuda_accumulate(float* main_grad, const void* grad, DType grad_dtype, int64_t n, CudaStream stream) {
   check_elements("cuda_accumulate", n, main_grad, grad);
-  MXDDP_CUDA_CHECK(cuda_kernels::launch_accumulate(main_grad, grad, grad_kind("cuda_accumulate", grad_dtype) ==
-                                                                        cuda_kernels::GradKind::kBF16,
-                                                   n, stream),
+  MXDDP_CUDA_CHECK(cuda_kernels::launch_accumulate(main_grad, grad, is_bf16("cuda_accumulate", "grads", grad_dtype), n,
+                                                   stream),
                    "cuda_accumulate of {} elements", n);
 }
 

@@ -3,6 +3,8 @@
 // compute and progress threads never lose a maximum.
 #include <algorithm>
 #include <iterator>
+#include <utility>
+#include <vector>
 
 #include <mxddp/memory.h>
 
@@ -36,12 +38,6 @@ void raise_to(std::atomic<int64_t>& peak, int64_t value) {
   while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
   }
 }
-
-size_t place_index(MemoryPlace place) {
-  const auto p = static_cast<size_t>(place);
-  MXDDP_CHECK(p < kNumMemoryPlaces, "memory place {} is not one of host (0) or device (1)", p);
-  return p;
-}
 }  // namespace
 
 void MemoryTracker::Counters::add(size_t category, int64_t bytes) {
@@ -74,13 +70,13 @@ void MemoryTracker::Counters::reset_peaks() {
 
 void MemoryTracker::on_allocate(MemoryCategory category, int64_t bytes, MemoryPlace place) {
   const auto c = static_cast<size_t>(category);
-  by_place_[place_index(place)].add(c, bytes);
+  by_place_[static_cast<size_t>(place)].add(c, bytes);
   all_.add(c, bytes);
 }
 
 void MemoryTracker::on_free(MemoryCategory category, int64_t bytes, MemoryPlace place) {
   const auto c = static_cast<size_t>(category);
-  by_place_[place_index(place)].subtract(c, bytes);
+  by_place_[static_cast<size_t>(place)].subtract(c, bytes);
   all_.subtract(c, bytes);
 }
 
@@ -125,22 +121,28 @@ void MemoryTracker::reset_peaks() {
 
 std::string MemoryTracker::summary() const {
   const MemoryUsage u = usage();
-  const MemoryAmounts& device = u.at(MemoryPlace::kDevice);
-  const MemoryAmounts& host = u.at(MemoryPlace::kHost);
-  if (device.total_peak_bytes == 0) {  // a host-only run: one pair of columns
-    std::string s = fmt::format("{:<16} {:>14} {:>14}\n", "category", "live_bytes", "peak_bytes");
-    for (size_t c = 0; c < kNumMemoryCategories; ++c)
-      s += fmt::format("{:<16} {:>14} {:>14}\n", memory_category_name(static_cast<MemoryCategory>(c)), u.live_bytes[c],
-                       u.peak_bytes[c]);
-    return s + fmt::format("{:<16} {:>14} {:>14}\n", "total", u.total_live_bytes, u.total_peak_bytes);
-  }
-  std::string s = fmt::format("{:<16} {:>14} {:>14} {:>14} {:>14}\n", "category", "device_live", "device_peak",
-                              "host_live", "host_peak");
+  // A host-only tracker has one pair of columns; once device bytes were charged, a pair per place.
+  std::vector<std::pair<std::string_view, const MemoryAmounts*>> columns{{"", &u}};
+  if (u.at(MemoryPlace::kDevice).total_peak_bytes > 0)
+    columns = {{"device_", &u.at(MemoryPlace::kDevice)}, {"host_", &u.at(MemoryPlace::kHost)}};
+  const size_t width = columns.size() == 1 ? 14 : 18;  // "device_live_bytes" needs 17
+  std::string s = fmt::format("{:<16}", "category");
+  for (const auto& [prefix, amounts] : columns)
+    s += fmt::format(" {:>{}} {:>{}}", fmt::format("{}live_bytes", prefix), width, fmt::format("{}peak_bytes", prefix),
+                     width);
+  s += '\n';
+  auto row = [&](std::string_view name, auto live, auto peak) {
+    s += fmt::format("{:<16}", name);
+    for (const auto& column : columns)
+      s += fmt::format(" {:>{}} {:>{}}", live(*column.second), width, peak(*column.second), width);
+    s += '\n';
+  };
   for (size_t c = 0; c < kNumMemoryCategories; ++c)
-    s += fmt::format("{:<16} {:>14} {:>14} {:>14} {:>14}\n", memory_category_name(static_cast<MemoryCategory>(c)),
-                     device.live_bytes[c], device.peak_bytes[c], host.live_bytes[c], host.peak_bytes[c]);
-  return s + fmt::format("{:<16} {:>14} {:>14} {:>14} {:>14}\n", "total", device.total_live_bytes,
-                         device.total_peak_bytes, host.total_live_bytes, host.total_peak_bytes);
+    row(memory_category_name(static_cast<MemoryCategory>(c)), [c](const MemoryAmounts& a) { return a.live_bytes[c]; },
+        [c](const MemoryAmounts& a) { return a.peak_bytes[c]; });
+  row("total", [](const MemoryAmounts& a) { return a.total_live_bytes; },
+      [](const MemoryAmounts& a) { return a.total_peak_bytes; });
+  return s;
 }
 
 }  // namespace mxddp
