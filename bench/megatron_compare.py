@@ -53,6 +53,7 @@ import warnings
 
 from gloo_beside_mpi import init_gloo_beside_mpi  # this folder
 from proc_stats import cpu_model, loadavg_1m, reset_hwm, status_kib  # this folder
+from gpt2_model import gpt2_lm_head_model  # this folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 IMPLS = ("megatron", "mxddp")
@@ -80,7 +81,7 @@ def _megatron_state_bytes(model, optimizer) -> dict[str, int]:
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    import transformers
+    import transformers  # noqa: F401 (loaded before the baseline RSS: the peak counts no library code)
 
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
     torch.set_num_threads(1)
@@ -116,11 +117,7 @@ def worker(args) -> None:
     # the code either library loads.
     baseline_kib = status_kib("VmRSS")
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64,
-                                     n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     tie_word_embeddings=True)
-    module = transformers.GPT2LMHeadModel(config)
+    module = gpt2_lm_head_model(args.layers, args.hidden, args.seq)
     transformer_config = TransformerConfig(num_layers=args.layers, hidden_size=args.hidden,
                                            num_attention_heads=args.hidden // 64)
     with place(), warnings.catch_warnings():
@@ -141,7 +138,7 @@ def worker(args) -> None:
                 reset_hwm()
                 if args.worker == "mxddp":
                     api_ddp._C.reset_memory_peaks()
-            ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), generator=gen)
+            ids = torch.randint(0, module.config.vocab_size, (args.micro_batch, args.seq), generator=gen)
             t0, c0 = time.perf_counter(), time.process_time()
             model.zero_grad_buffer()
             optimizer.zero_grad()

@@ -68,6 +68,7 @@ import time
 
 from gloo_beside_mpi import init_gloo_beside_mpi  # this folder
 from proc_stats import cpu_model, loadavg_1m, reset_hwm, status_kib  # this folder
+from gpt2_model import gpt2_lm_head_model  # this folder
 
 MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
     "small": (6, 384, 6, 256, 2),
@@ -80,7 +81,7 @@ IMPLS = ("mxddp", "mxddp-nofusion", "mxddp-torchopt", "ddp", "zero")
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    import transformers
+    import transformers  # noqa: F401 (loaded before the baseline RSS: the peak counts no library code)
 
     import mxddp.torch as mxt
 
@@ -91,11 +92,7 @@ def worker(args) -> None:
         init_gloo_beside_mpi(rank, world)
     baseline_kib = status_kib("VmRSS")
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64,
-                                     n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     tie_word_embeddings=True)
-    module = transformers.GPT2LMHeadModel(config)
+    module = gpt2_lm_head_model(args.layers, args.hidden, args.seq)
     n_params = sum(p.numel() for p in module.parameters())
     decay = [p for p in module.parameters() if p.dim() >= 2]
     no_decay = [p for p in module.parameters() if p.dim() < 2]
@@ -126,7 +123,7 @@ def worker(args) -> None:
             reset_hwm()
             if mxddp_impl:
                 mxt._C.reset_memory_peaks()
-        ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), generator=gen)
+        ids = torch.randint(0, module.config.vocab_size, (args.micro_batch, args.seq), generator=gen)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss

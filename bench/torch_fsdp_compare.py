@@ -61,6 +61,7 @@ import tempfile
 import time
 
 from proc_stats import cpu_model, loadavg_1m, reset_hwm, status_kib  # this folder
+from gpt2_model import gpt2_lm_head_model  # this folder
 
 MODELS = {  # name: (layers, hidden, heads, seq, micro-batch per rank, vocabulary)
     "tiny": (2, 64, 2, 32, 1, 256),          # the CTest smoke case only
@@ -88,7 +89,7 @@ def _local_bytes(t) -> int:
 
 def worker(args) -> None:
     import torch
-    import transformers
+    import transformers  # noqa: F401 (loaded before the baseline RSS: the peak counts no library code)
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
     torch.set_num_threads(1)
@@ -115,10 +116,7 @@ def worker(args) -> None:
 
     layers, hidden, heads, seq, micro_batch, vocab = MODELS[args.model]
     micro_batch = args.micro_batch or micro_batch
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq, vocab_size=vocab,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
-    module = transformers.GPT2LMHeadModel(config)
+    module = gpt2_lm_head_model(layers, hidden, seq, heads=heads, vocab=vocab)
     n_params = sum(p.numel() for p in module.parameters())
     if args.recompute:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
