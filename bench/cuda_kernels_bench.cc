@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     cudaMemsetAsync(param.data(), 0, bytes, nullptr);
     cudaMemsetAsync(m.data(), 0, bytes, nullptr);
     cudaMemsetAsync(v.data(), 0, bytes, nullptr);
-    const CudaAdamW a{.lr = 1e-3f, .weight_decay = 0.1f, .step_size = 1e-3f, .bias_correction2_sqrt = 0.1f};
+    const AdamWScalars a{.lr = 1e-3f, .weight_decay = 0.1f, .step_size = 1e-3f, .bias_correction2_sqrt = 0.1f};
     const double s = time_s(runs, [&] {
       cuda_adamw(grad.data(), DType::kF32, static_cast<float*>(param.data()), static_cast<float*>(m.data()),
                  static_cast<float*>(v.data()), nullptr, DType::kF32, adam_numel, a, nullptr);

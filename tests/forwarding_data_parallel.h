@@ -16,6 +16,7 @@ class ForwardingDataParallel : public DataParallel {
   explicit ForwardingDataParallel(std::unique_ptr<DataParallel> inner) : inner_(std::move(inner)) {}
 
   Communicator& communicator() const override { return inner_->communicator(); }
+  Compute& compute() const override { return inner_->compute(); }
   const std::vector<ParamSpec>& params() const override { return inner_->params(); }
   DType param_dtype() const override { return inner_->param_dtype(); }
   DType grad_dtype() const override { return inner_->grad_dtype(); }

@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include <mxddp/compute.h>
 #include <mxddp/core.h>
 #include <mxddp/memory.h>
 #include <mxddp/quant.h>
@@ -129,22 +130,13 @@ void cuda_mx_dequantize(const TensorView& data, const TensorView& scales, Tensor
 // One AdamW step over a shard of n elements, as the distributed optimizer's CPU step does
 // (src/optim/adamw_kernel.h, bit-exact): in grad [n] (f32 or bf16, grad_dtype); in/out main,
 // exp_avg, exp_avg_sq [n] f32; out param [n] (f32 or bf16, param_dtype; nullptr: not staged).
-struct CudaAdamW {
-  float lr = 1e-3f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float step_size = 1e-3f;              // lr / (1 - beta1^step)
-  float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^step)
-  float clip_coeff = 1.0f;             // the grad-norm clip's factor (1: none)
-  float l2 = 0.0f;                     // torch Adam's weight decay, added to the grad
-};
+// The scalars are compute.h's.
 void cuda_adamw(const void* grad, DType grad_dtype, float* main, float* exp_avg, float* exp_avg_sq, void* param,
-                DType param_dtype, int64_t n, const CudaAdamW& scalars, CudaStream stream);
+                DType param_dtype, int64_t n, const AdamWScalars& scalars, CudaStream stream);
 
 // SGD with momentum, as the CPU's: in grad [n]; in/out main, momentum [n] f32; out param [n].
-struct CudaSgd {
-  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.0f, clip_coeff = 1.0f;
-};
 void cuda_sgd(const void* grad, DType grad_dtype, float* main, float* momentum, void* param, DType param_dtype,
-              int64_t n, const CudaSgd& scalars, CudaStream stream);
+              int64_t n, const SgdScalars& scalars, CudaStream stream);
 
 // The sum of squares of grad [n] (f32 or bf16) in f64, in a fixed order (the same result on every
 // run, stream and device): out_device is [kCudaSumOfSquaresNumel] doubles on the device (the
@@ -152,5 +144,14 @@ void cuda_sgd(const void* grad, DType grad_dtype, float* main, float* momentum, 
 // eight-lane sum (optim_kernel::sum_of_squares) only by the order of f64 additions.
 inline constexpr int64_t kCudaSumOfSquaresNumel = 1025;
 void cuda_sum_of_squares(const void* grad, DType grad_dtype, int64_t n, double* out_device, CudaStream stream);
+
+// ----------------------------------------------------------------------------------------------
+// compute.h's implementation on a device
+// ----------------------------------------------------------------------------------------------
+
+// The current device's Compute: its memory from device_allocator(), its work enqueued on stream
+// (the kernels above); all_finite and sum_of_squares wait for their result on the host. One per
+// rank (each rank its own stream); not shared between threads.
+std::unique_ptr<Compute> make_cuda_compute(CudaStream stream);
 
 }  // namespace mxddp

@@ -23,6 +23,7 @@
 
 #include <mxddp/buffer.h>
 #include <mxddp/comm.h>
+#include <mxddp/compute.h>
 #include <mxddp/quant.h>
 
 namespace mxddp {
@@ -56,6 +57,9 @@ class DataParallel {
   virtual ~DataParallel() = default;
 
   virtual Communicator& communicator() const = 0;
+  // Where this rank's buffers live and the element work on them runs (the optimizer's step):
+  // cpu_compute() for host buffers, today those of both DDP and FSDP.
+  virtual Compute& compute() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
   int num_params() const { return static_cast<int>(params().size()); }
   virtual DType param_dtype() const = 0;

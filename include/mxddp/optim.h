@@ -204,9 +204,10 @@ class DistributedOptimizer {
   std::vector<ParamGroup> groups_;
   std::vector<int> group_of_param_;             // [param] group index, -1: not trained
   std::vector<int64_t> param_steps_;            // [param]
-  std::vector<HostBuffer> main_copies_;         // [bucket] f32 [shard size], kMainParams; empty where aliased
-  std::vector<TensorView> main_;                // [bucket] f32 [shard size]: main_copies_[b] or the param shard
-  std::vector<std::vector<HostBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
+  Compute& compute_;                               // dp's: where the shards live and the step runs
+  std::vector<ComputeBuffer> main_copies_;         // [bucket] f32 [shard size], kMainParams; empty where aliased
+  std::vector<TensorView> main_;                   // [bucket] f32 [shard size]: main_copies_[b] or the param shard
+  std::vector<std::vector<ComputeBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
 };
 
 }  // namespace mxddp

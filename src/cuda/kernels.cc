@@ -102,7 +102,7 @@ void cuda_mx_dequantize(const TensorView& data, const TensorView& scales, Tensor
 }
 
 void cuda_adamw(const void* grad, DType grad_dtype, float* main, float* exp_avg, float* exp_avg_sq, void* param,
-                DType param_dtype, int64_t n, const CudaAdamW& a, CudaStream stream) {
+                DType param_dtype, int64_t n, const AdamWScalars& a, CudaStream stream) {
   check_elements("cuda_adamw", n, grad, main);
   check_elements("cuda_adamw", n, exp_avg, exp_avg_sq);
   const optim_kernel::AdamScalars s{a.lr,        a.weight_decay, a.beta1, a.beta2, a.eps, a.step_size,
@@ -113,7 +113,7 @@ void cuda_adamw(const void* grad, DType grad_dtype, float* main, float* exp_avg,
 }
 
 void cuda_sgd(const void* grad, DType grad_dtype, float* main, float* momentum, void* param, DType param_dtype,
-              int64_t n, const CudaSgd& a, CudaStream stream) {
+              int64_t n, const SgdScalars& a, CudaStream stream) {
   check_elements("cuda_sgd", n, grad, main);
   check_elements("cuda_sgd", n, momentum, main);
   const optim_kernel::SgdScalars s{a.lr, a.weight_decay, a.momentum, a.clip_coeff};

@@ -7,8 +7,6 @@
 
 #include <mxddp/optim.h>
 
-#include "adamw_kernel.h"
-#include "../core/parallel_elements.h"
 
 namespace mxddp {
 
@@ -49,7 +47,7 @@ void validate_param_group(const ParamGroup& g) {
 }
 
 DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConfig& config, MemoryTracker& tracker)
-    : dp_(dp), config_(config) {
+    : dp_(dp), config_(config), compute_(dp.compute()) {
   validate(config, dp);
   groups_ = default_groups(config);
   for (const ParamSpec& p : dp.params()) group_of_param_.push_back(p.shape.ndim() >= 2 ? 0 : 1);
@@ -59,8 +57,9 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConf
   for (int b = 0; b < num_buckets; ++b) {
     buckets_.push_back(dp.optimizer_bucket(b));
     const TensorView initial = dp.initial_params(b);
-    const auto n = static_cast<size_t>(buckets_.back().numel);
-    MXDDP_ASSERT(initial.numel() == buckets_.back().numel);
+    const int64_t n = buckets_.back().numel;
+    MXDDP_ASSERT(initial.numel() == n);
+    const Shape shard{n};
     if (main_params_alias_param_shard(initial.dtype)) {
       // The shard the update writes is the one it started from (DDP's param buffer, FSDP's shard).
       const OptimizerBucketIo io = dp.optimizer_io(b);
@@ -68,16 +67,13 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConf
       main_copies_.emplace_back();
       main_.push_back(initial.flat());
     } else {
-      HostBuffer main(n * sizeof(float), MemoryCategory::kMainParams, tracker);
-      convert_bf16_to_f32(initial.data_as<const bf16_bits>(), static_cast<float*>(main.data()), n);
-      main_.push_back(main.view(DType::kF32, Shape{static_cast<int64_t>(n)}));
+      ComputeBuffer main = compute_.allocate(static_cast<size_t>(n) * sizeof(float), MemoryCategory::kMainParams, tracker);
+      compute_.convert(initial.flat(), main.view(DType::kF32, shard));
+      main_.push_back(main.view(DType::kF32, shard));
       main_copies_.push_back(std::move(main));
     }
-    for (auto& s : state_) {
-      HostBuffer zeros(n * sizeof(float), MemoryCategory::kOptimizerState, tracker);
-      std::memset(zeros.data(), 0, n * sizeof(float));
-      s.push_back(std::move(zeros));
-    }
+    for (auto& s : state_)  // zeroed by allocate
+      s.push_back(compute_.allocate(static_cast<size_t>(n) * sizeof(float), MemoryCategory::kOptimizerState, tracker));
   }
 }
 
@@ -124,7 +120,7 @@ void DistributedOptimizer::set_step_count(int64_t step) {
 TensorView DistributedOptimizer::main_params(int bucket) const { return main_.at(static_cast<size_t>(bucket)); }
 
 TensorView DistributedOptimizer::state(int index, int bucket) const {
-  const HostBuffer& b = state_.at(static_cast<size_t>(index)).at(static_cast<size_t>(bucket));
+  const ComputeBuffer& b = state_.at(static_cast<size_t>(index)).at(static_cast<size_t>(bucket));
   return b.view(DType::kF32, Shape{static_cast<int64_t>(b.size_bytes() / sizeof(float))});
 }
 
@@ -159,41 +155,13 @@ std::string_view DistributedOptimizer::state_name(int index) const {
 }
 
 double DistributedOptimizer::local_grad_sum_of_squares() const {
-  // Over the owned elements only: every element of the model is counted on exactly one rank. Each
-  // run is cut into chunks of kNormChunkNumel at fixed offsets, summed over the rank's threads and
-  // added up in order, so the result does not depend on the thread count.
-  constexpr int64_t kNormChunkNumel = int64_t{1} << 20;
-  struct Chunk {
-    const void* data;
-    int64_t numel;
-    bool f32;
-  };
-  std::vector<Chunk> chunks;
+  // Over the owned elements only: every element of the model is counted on exactly one rank.
+  std::vector<TensorView> runs;
   for (size_t b = 0; b < main_.size(); ++b) {
-    const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads;
-    const bool f32 = grads.dtype == DType::kF32;
-    for (const ShardParamRange& r : buckets_[b].owned)
-      for (int64_t at = 0; at < r.in_shard.size(); at += kNormChunkNumel) {
-        const int64_t offset = r.in_shard.start + at;
-        const void* data = f32 ? static_cast<const void*>(grads.data_as<const float>() + offset)
-                               : static_cast<const void*>(grads.data_as<const bf16_bits>() + offset);
-        chunks.push_back({data, std::min(kNormChunkNumel, r.in_shard.size() - at), f32});
-      }
+    const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads.flat();
+    for (const ShardParamRange& r : buckets_[b].owned) runs.push_back(grads.slice(r.in_shard.start, r.in_shard.size()));
   }
-  std::vector<double> sums(chunks.size());
-  parallel_elements(
-      static_cast<int64_t>(chunks.size()),
-      [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          const Chunk& k = chunks[static_cast<size_t>(c)];
-          sums[static_cast<size_t>(c)] = k.f32 ? optim_kernel::sum_of_squares(static_cast<const float*>(k.data), k.numel)
-                                               : optim_kernel::sum_of_squares(static_cast<const bf16_bits*>(k.data), k.numel);
-        }
-      },
-      /*min_per_thread=*/2, /*align=*/1);
-  double sum = 0;
-  for (double s : sums) sum += s;
-  return sum;
+  return compute_.sum_of_squares(runs);
 }
 
 double DistributedOptimizer::grad_norm(double unscale) {
@@ -247,7 +215,8 @@ std::vector<int> DistributedOptimizer::nonfinite_grad_params() {
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads;
     for (const ShardParamRange& r : buckets_[b].owned)
-      if (!all_finite(grads.flat().slice(r.in_shard.start, r.in_shard.size()))) flags[static_cast<size_t>(r.param)] = 1.0f;
+      if (!compute_.all_finite(grads.flat().slice(r.in_shard.start, r.in_shard.size())))
+        flags[static_cast<size_t>(r.param)] = 1.0f;
   }
   dp_.communicator().all_reduce(TensorView{flags.data(), DType::kF32, Shape{static_cast<int64_t>(flags.size())}, Device::cpu()},
                                 {.op = ReduceOp::kMax});
@@ -261,64 +230,42 @@ void DistributedOptimizer::zero_grad() {
   dp_.start_iteration([this] { stage_main_params(); });
 }
 
-namespace {
-
-// Runs kernel(grad, param) with the shard's grad and param pointers cast to their element types.
-template <typename Kernel>
-void with_typed(const TensorView& grads, const TensorView& params, int64_t offset, bool stage, Kernel&& kernel) {
-  const bool g32 = grads.dtype == DType::kF32, p32 = params.dtype == DType::kF32;
-  auto* none = static_cast<optim_kernel::NoStage*>(nullptr);
-  if (!stage && g32) kernel(grads.data_as<const float>() + offset, none);
-  else if (!stage) kernel(grads.data_as<const bf16_bits>() + offset, none);
-  else if (g32 && p32) kernel(grads.data_as<const float>() + offset, params.data_as<float>() + offset);
-  else if (g32) kernel(grads.data_as<const float>() + offset, params.data_as<bf16_bits>() + offset);
-  else if (p32) kernel(grads.data_as<const bf16_bits>() + offset, params.data_as<float>() + offset);
-  else kernel(grads.data_as<const bf16_bits>() + offset, params.data_as<bf16_bits>() + offset);
-}
-
-}  // namespace
-
 void DistributedOptimizer::update_bucket(int bucket, double grad_coeff, const std::vector<char>& skip) {
   const OptimizerType type = config_.optimizer;
   const auto b = static_cast<size_t>(bucket);
   // The param shard is written as the update goes: staging fused in, no second pass. Padding
-  // needs none: it is zero in both buffers. Each param's run is split over the rank's threads
-  // (every element is updated on its own: the same bits at any thread count); at dp 1 with two
-  // threads the update of gpt2-124m took a fifth of the BF16 step on one.
+  // needs none: it is zero in both buffers. At dp 1 with two threads the update of gpt2-124m took
+  // a fifth of the BF16 step on one (cpu_compute spreads each run over the rank's threads).
   const OptimizerBucketIo io = dp_.optimizer_io(bucket);
-  const TensorView& grads = io.grads;
-  const TensorView& params = io.params;
-  MXDDP_ASSERT(params.data != nullptr);
+  const TensorView grads = io.grads.flat();
+  MXDDP_ASSERT(io.params.data != nullptr);
+  const TensorView params = io.params.flat();
   float* main = main_[b].data_as<float>();
-  const bool stage = io.stage_in_step && params.data != main;  // an aliased f32 shard is written as main
   float* s0 = static_cast<float*>(state_[0][b].data());
+  float* s1 = type == OptimizerType::kAdam ? static_cast<float*>(state_[1][b].data()) : nullptr;
   for (const ShardParamRange& r : buckets_[b].update) {
     const auto param = static_cast<size_t>(r.param);
     if (skip[param]) continue;  // left as it is: values, moments and step count
     const ParamGroup& g = groups_[static_cast<size_t>(group_of_param_[param])];
     const auto t = static_cast<double>(param_steps_[param]);
     const int64_t at = r.in_shard.start, n = r.in_shard.size();
+    // An aliased f32 shard is main itself (written once, as main); unstaged, the params wait for
+    // zero_grad() (MXFP8 reuse).
+    const ShardUpdate shard{.grads = grads.slice(at, n), .main = main + at, .state0 = s0 + at,
+                            .state1 = s1 != nullptr ? s1 + at : nullptr,
+                            .params = io.stage_in_step ? params.slice(at, n) : TensorView{}};
     if (type == OptimizerType::kAdam) {
       const float decoupled = g.decoupled_weight_decay ? g.weight_decay : 0.0f;
-      optim_kernel::AdamScalars s{
-          g.lr, decoupled, g.beta1, g.beta2, g.eps,
-          static_cast<float>(g.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(g.beta1), t))),
-          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(g.beta2), t))),
-          static_cast<float>(grad_coeff)};
-      s.l2 = g.decoupled_weight_decay ? 0.0f : g.weight_decay;
-      float* s1 = static_cast<float*>(state_[1][b].data());
-      parallel_elements(n, [&](int64_t i0, int64_t i1) {
-        const int64_t o = at + i0;
-        with_typed(grads, params, o, stage,
-                   [&](auto* gr, auto* p) { optim_kernel::adamw(gr, main + o, s0 + o, s1 + o, p, i1 - i0, s); });
-      });
+      compute_.adamw(shard, {.lr = g.lr, .weight_decay = decoupled, .beta1 = g.beta1, .beta2 = g.beta2, .eps = g.eps,
+                             .step_size = static_cast<float>(
+                                 g.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(g.beta1), t))),
+                             .bias_correction2_sqrt =
+                                 static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(g.beta2), t))),
+                             .clip_coeff = static_cast<float>(grad_coeff),
+                             .l2 = g.decoupled_weight_decay ? 0.0f : g.weight_decay});
     } else {
-      const optim_kernel::SgdScalars s{g.lr, g.weight_decay, g.momentum, static_cast<float>(grad_coeff)};
-      parallel_elements(n, [&](int64_t i0, int64_t i1) {
-        const int64_t o = at + i0;
-        with_typed(grads, params, o, stage,
-                   [&](auto* gr, auto* p) { optim_kernel::sgd(gr, main + o, s0 + o, p, i1 - i0, s); });
-      });
+      compute_.sgd(shard, {.lr = g.lr, .weight_decay = g.weight_decay, .momentum = g.momentum,
+                           .clip_coeff = static_cast<float>(grad_coeff)});
     }
   }
 }
@@ -327,10 +274,8 @@ void DistributedOptimizer::stage_main_params() {
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView shard = dp_.optimizer_io(static_cast<int>(b)).params;
     MXDDP_ASSERT(shard.data != nullptr);
-    const auto* main = main_[b].data_as<const float>();
-    if (shard.data == main) continue;  // the f32 shard is the main param
-    if (shard.dtype == DType::kF32) std::memcpy(shard.data, main, shard.nbytes());
-    else convert_f32_to_bf16(main, shard.data_as<bf16_bits>(), static_cast<size_t>(shard.numel()));
+    if (shard.data == main_[b].data) continue;  // the f32 shard is the main param
+    compute_.convert(main_[b], shard.flat());
   }
 }
 

@@ -37,10 +37,10 @@ TEST(CudaHost, ElementwiseKernelsRefuseNegativeSizesAndNullPointers) {
             std::string::npos);
   EXPECT_NE(error_of([&] { cuda_convert_bf16_to_f32(nullptr, &f, 4, nullptr); }).find("a null pointer for 4 elements"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cuda_adamw(&f, DType::kF32, &f, &f, &f, nullptr, DType::kF32, -3, CudaAdamW{}, nullptr); })
+  EXPECT_NE(error_of([&] { cuda_adamw(&f, DType::kF32, &f, &f, &f, nullptr, DType::kF32, -3, AdamWScalars{}, nullptr); })
                 .find("cuda_adamw: n = -3"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cuda_sgd(&f, DType::kF32, &f, nullptr, nullptr, DType::kF32, 2, CudaSgd{}, nullptr); })
+  EXPECT_NE(error_of([&] { cuda_sgd(&f, DType::kF32, &f, nullptr, nullptr, DType::kF32, 2, SgdScalars{}, nullptr); })
                 .find("cuda_sgd: a null pointer"),
             std::string::npos);
   EXPECT_NE(error_of([&] { cuda_sum_of_squares(&f, DType::kF32, 1, nullptr, nullptr); }).find("out_device is null"),
@@ -55,10 +55,10 @@ TEST(CudaHost, ElementwiseKernelsRefuseNegativeSizesAndNullPointers) {
 
 TEST(CudaHost, OptimizerKernelsNameAnUnsupportedDtype) {
   float f = 0;
-  EXPECT_NE(error_of([&] { cuda_adamw(&f, DType::kF16, &f, &f, &f, nullptr, DType::kF32, 1, CudaAdamW{}, nullptr); })
+  EXPECT_NE(error_of([&] { cuda_adamw(&f, DType::kF16, &f, &f, &f, nullptr, DType::kF32, 1, AdamWScalars{}, nullptr); })
                 .find("grads must be f32 or bf16; got f16"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { cuda_sgd(&f, DType::kF32, &f, &f, &f, DType::kE4M3, 1, CudaSgd{}, nullptr); })
+  EXPECT_NE(error_of([&] { cuda_sgd(&f, DType::kF32, &f, &f, &f, DType::kE4M3, 1, SgdScalars{}, nullptr); })
                 .find("staged params must be f32 or bf16; got e4m3"),
             std::string::npos);
   EXPECT_NE(error_of([&] { cuda_scale(&f, DType::kI64, 1, 2.0f, nullptr); }).find("data must be f32 or bf16; got i64"),

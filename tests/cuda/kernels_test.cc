@@ -226,7 +226,7 @@ TEST(CudaKernels, AdamWAndSgdMatchTheCpuStepBitForBit) {
   }
   std::vector<bf16_bits> grad_b(n);
   convert_f32_to_bf16(grad.data(), grad_b.data(), grad.size());
-  const CudaAdamW a{.lr = 3e-4f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+  const AdamWScalars a{.lr = 3e-4f, .weight_decay = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                     .step_size = 3e-4f / (1.0f - 0.9f * 0.9f * 0.9f), .bias_correction2_sqrt = std::sqrt(1.0f - 0.95f * 0.95f * 0.95f),
                     .clip_coeff = 0.7f, .l2 = 0.0f};
   const optim_kernel::AdamScalars s{a.lr, a.weight_decay, a.beta1, a.beta2, a.eps, a.step_size, a.bias_correction2_sqrt,
@@ -253,7 +253,7 @@ TEST(CudaKernels, AdamWAndSgdMatchTheCpuStepBitForBit) {
     }
   }
   // SGD with momentum, and AdamW without staging (nullptr param).
-  const CudaSgd sg{.lr = 0.05f, .weight_decay = 0.01f, .momentum = 0.9f, .clip_coeff = 0.5f};
+  const SgdScalars sg{.lr = 0.05f, .weight_decay = 0.01f, .momentum = 0.9f, .clip_coeff = 0.5f};
   auto cm = main, cb = mom;
   std::vector<bf16_bits> cp(n);
   optim_kernel::sgd(grad_b.data(), cm.data(), cb.data(), cp.data(), n, optim_kernel::SgdScalars{sg.lr, sg.weight_decay, sg.momentum, sg.clip_coeff});

@@ -1,0 +1,138 @@
+// mxddp compute: the element work a rank does on its own buffers, behind one small interface per
+// place of memory (ggml's backend idea), so that the code paths above it (today the distributed
+// optimizer's step) are written once and run on host memory or on a device's.
+//
+// Owns:
+//   - Compute, the interface: allocate a rank's memory (charged to a MemoryTracker), zero, copy,
+//     the f32 <-> bf16 casts, the NaN/Inf test, the grad norm's sum of squares, and the AdamW and
+//     SGD updates of one contiguous run of a shard;
+//   - cpu_compute(), the host's implementation: the CPU kernels every device kernel is tested
+//     against, spread over the rank's threads so that results do not depend on the thread count;
+//   - the scalars of one AdamW or SGD step (AdamWScalars, SgdScalars), shared with mxddp/cuda.h.
+// The CUDA implementation is mxddp/cuda.h's make_cuda_compute(); tests/compute/compute_test.cc runs
+// every operation on every implementation this process can use against cpu_compute().
+//
+// Ordering: an implementation may only enqueue work (a device's stream); an operation that returns
+// a value (all_finite, sum_of_squares) waits for the work before it, and synchronize() waits for all.
+// Pointers and views given to an implementation must be in its memory (device() says where).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include <mxddp/core.h>
+#include <mxddp/memory.h>
+
+namespace mxddp {
+
+// One AdamW step's scalars for a run of elements (torch's AdamW, Megatron's decoupled decay):
+// weight_decay is the decoupled decay, l2 torch Adam's decay added to the grad.
+struct AdamWScalars {
+  float lr = 1e-3f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float step_size = 1e-3f;             // lr / (1 - beta1^step)
+  float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^step)
+  float clip_coeff = 1.0f;             // the factor the grads are scaled by (unscale, clip); 1: none
+  float l2 = 0.0f;
+};
+
+// SGD with momentum (torch's): weight_decay is added to the grad.
+struct SgdScalars {
+  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.0f, clip_coeff = 1.0f;
+};
+
+// What one optimizer update reads and writes, over one contiguous run of n elements of a shard:
+//   grads  in      [n] f32 or bf16
+//   main   in/out  [n] f32 (the master params)
+//   state0 in/out  [n] f32 (exp_avg, or SGD's momentum buffer)
+//   state1 in/out  [n] f32 (exp_avg_sq; null for SGD)
+//   params out     [n] f32 or bf16, the updated values staged for the all-gather; data null: not
+//                  staged (MXFP8 reuse quantizes later). May be main itself only when f32 (then it
+//                  is not written twice).
+struct ShardUpdate {
+  TensorView grads;
+  float* main = nullptr;
+  float* state0 = nullptr;
+  float* state1 = nullptr;
+  TensorView params;
+};
+
+// A block of one implementation's memory, charged to a tracker while it lives (a HostBuffer, or a
+// DeviceBuffer). Move-only.
+class ComputeBuffer {
+ public:
+  ComputeBuffer() = default;
+  // owner keeps the block alive and frees it (and its charge) when the last reference goes.
+  ComputeBuffer(std::shared_ptr<void> owner, void* data, size_t bytes, Device device)
+      : owner_(std::move(owner)), data_(data), bytes_(bytes), device_(device) {}
+  ComputeBuffer(ComputeBuffer&&) noexcept = default;
+  ComputeBuffer& operator=(ComputeBuffer&&) noexcept = default;
+  ComputeBuffer(const ComputeBuffer&) = delete;
+  ComputeBuffer& operator=(const ComputeBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t size_bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  // A view of the first shape.numel() elements of dtype; throws if they do not fit.
+  TensorView view(DType dtype, const Shape& shape) const;
+
+ private:
+  std::shared_ptr<void> owner_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+// One validated entry point per operation (NCCL's rule): each checks its arguments (sizes, dtypes,
+// null pointers, views on another device) and throws an Error naming what is wrong, then calls its
+// implementation's run_* below, which may assume them checked.
+class Compute {
+ public:
+  virtual ~Compute() = default;
+  virtual std::string_view name() const = 0;  // "cpu", "cuda"
+  virtual Device device() const = 0;          // where its memory is
+  virtual MemoryPlace place() const = 0;      // how the tracker counts it
+
+  // bytes of this implementation's memory, charged to tracker under category; zeroed.
+  ComputeBuffer allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker);
+  void zero(void* data, size_t bytes);
+  // Within this implementation's memory; the ranges must not overlap.
+  void copy(void* dst, const void* src, size_t bytes);
+  // Between host memory and this implementation's: a checkpoint's reads and writes, a test's
+  // inputs. copy_to_host waits until host holds the bytes.
+  void copy_from_host(void* dst, const void* host, size_t bytes);
+  void copy_to_host(void* host, const void* src, size_t bytes);
+  // out = in: the same number of elements, f32 -> bf16 (round to nearest even, NaN kept quiet),
+  // bf16 -> f32 (exact), or a copy when the dtypes match.
+  void convert(const TensorView& in, const TensorView& out);
+  // Whether every element of data (f32 or bf16) is finite. Waits.
+  bool all_finite(const TensorView& data);
+  // The sum of the squares of every element of runs (each f32 or bf16) in f64, in an order fixed by
+  // the runs' sizes alone (the same result on every run and at any thread count); implementations
+  // differ only in that order. The grad norm's local part. Waits.
+  double sum_of_squares(std::span<const TensorView> runs);
+  void adamw(const ShardUpdate& shard, const AdamWScalars& scalars);
+  void sgd(const ShardUpdate& shard, const SgdScalars& scalars);
+  // Waits for everything enqueued; throws an Error naming the failure of any of it.
+  virtual void synchronize() = 0;
+
+ protected:
+  // The implementation's side, called with checked arguments (byte counts > 0 for the copies).
+  virtual ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) = 0;
+  virtual void run_zero(void* data, size_t bytes) = 0;
+  virtual void run_copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void run_copy_from_host(void* dst, const void* host, size_t bytes) = 0;
+  virtual void run_copy_to_host(void* host, const void* src, size_t bytes) = 0;
+  virtual void run_convert(const TensorView& in, const TensorView& out) = 0;  // of different dtypes, n > 0
+  virtual bool run_all_finite(const TensorView& data) = 0;
+  virtual double run_sum_of_squares(std::span<const TensorView> runs) = 0;
+  virtual void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) = 0;
+  virtual void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) = 0;
+};
+
+// The host's implementation (one per process; thread-safe: it holds no state).
+Compute& cpu_compute();
+
+}  // namespace mxddp

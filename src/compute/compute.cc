@@ -1,0 +1,114 @@
+// compute.h's entry points: every argument check, once for all implementations, before the
+// implementation's run_* does the work.
+#include <mxddp/compute.h>
+
+namespace mxddp {
+
+TensorView ComputeBuffer::view(DType dtype, const Shape& shape) const {
+  const int64_t numel = shape.numel();
+  MXDDP_CHECK(static_cast<uint64_t>(numel) <= bytes_ / dtype_size_bytes(dtype),
+              "a view of {} {} elements does not fit a buffer of {} bytes", numel, dtype_name(dtype), bytes_);
+  return TensorView{data_, dtype, shape, device_};
+}
+
+namespace {
+
+// Throws unless dtype is f32 or bf16, the element types of every operation here.
+void check_float(std::string_view op, std::string_view what, DType dtype) {
+  MXDDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "{}: {} must be f32 or bf16; got {}", op, what,
+              dtype_name(dtype));
+}
+
+void check_bytes(std::string_view op, size_t bytes, const void* a, const void* b) {
+  MXDDP_CHECK(bytes == 0 || (a != nullptr && b != nullptr), "{}: a null pointer for {} bytes", op, bytes);
+}
+
+// A view given to an implementation must be in its memory (an empty one may be anywhere).
+void check_device(std::string_view op, std::string_view what, const TensorView& v, const Compute& compute) {
+  MXDDP_CHECK(v.numel() == 0 || (v.data != nullptr && v.device == compute.device()),
+              "{}: {} {} is {}; the {} compute works on {} memory", op, what, v.to_string(),
+              v.data == nullptr ? "null" : "on " + to_string(v.device), compute.name(), to_string(compute.device()));
+}
+
+}  // namespace
+
+ComputeBuffer Compute::allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) {
+  return run_allocate(bytes, category, tracker);
+}
+
+void Compute::zero(void* data, size_t bytes) {
+  check_bytes("zero", bytes, data, data);
+  if (bytes > 0) run_zero(data, bytes);
+}
+
+void Compute::copy(void* dst, const void* src, size_t bytes) {
+  check_bytes("copy", bytes, dst, src);
+  if (bytes > 0) run_copy(dst, src, bytes);
+}
+
+void Compute::copy_from_host(void* dst, const void* host, size_t bytes) {
+  check_bytes("copy_from_host", bytes, dst, host);
+  if (bytes > 0) run_copy_from_host(dst, host, bytes);
+}
+
+void Compute::copy_to_host(void* host, const void* src, size_t bytes) {
+  check_bytes("copy_to_host", bytes, host, src);
+  if (bytes > 0) run_copy_to_host(host, src, bytes);
+}
+
+void Compute::convert(const TensorView& in, const TensorView& out) {
+  MXDDP_CHECK(in.numel() == out.numel(), "convert: {} elements into {}; the counts must match", in.numel(),
+              out.numel());
+  check_float("convert", "the input", in.dtype);
+  check_float("convert", "the output", out.dtype);
+  check_device("convert", "the input", in, *this);
+  check_device("convert", "the output", out, *this);
+  if (in.numel() == 0) return;
+  if (in.dtype == out.dtype) run_copy(out.data, in.data, in.nbytes());
+  else run_convert(in, out);
+}
+
+bool Compute::all_finite(const TensorView& data) {
+  check_float("all_finite", "the data", data.dtype);
+  check_device("all_finite", "the data", data, *this);
+  return data.numel() == 0 || run_all_finite(data);
+}
+
+double Compute::sum_of_squares(std::span<const TensorView> runs) {
+  for (const TensorView& run : runs) {
+    check_float("sum_of_squares", "a run", run.dtype);
+    check_device("sum_of_squares", "a run", run, *this);
+  }
+  return run_sum_of_squares(runs);
+}
+
+namespace {
+
+void check_shard(std::string_view op, const ShardUpdate& s, bool two_states, const Compute& compute) {
+  const int64_t n = s.grads.numel();
+  check_float(op, "the grads", s.grads.dtype);
+  check_device(op, "the grads", s.grads, compute);
+  MXDDP_CHECK(n == 0 || (s.main != nullptr && s.state0 != nullptr && (!two_states || s.state1 != nullptr)),
+              "{}: a null main or state pointer for {} elements", op, n);
+  if (s.params.data == nullptr) return;  // not staged
+  MXDDP_CHECK(s.params.numel() == n, "{}: {} staged params for {} grads; give one per grad, or none", op,
+              s.params.numel(), n);
+  check_float(op, "the staged params", s.params.dtype);
+  check_device(op, "the staged params", s.params, compute);
+  MXDDP_CHECK(s.params.data != s.main || s.params.dtype == DType::kF32,
+              "{}: the staged params are main itself, so they must be f32; got {}", op, dtype_name(s.params.dtype));
+}
+
+}  // namespace
+
+void Compute::adamw(const ShardUpdate& shard, const AdamWScalars& scalars) {
+  check_shard("adamw", shard, /*two_states=*/true, *this);
+  if (shard.grads.numel() > 0) run_adamw(shard, scalars);
+}
+
+void Compute::sgd(const ShardUpdate& shard, const SgdScalars& scalars) {
+  check_shard("sgd", shard, /*two_states=*/false, *this);
+  if (shard.grads.numel() > 0) run_sgd(shard, scalars);
+}
+
+}  // namespace mxddp

@@ -1,0 +1,103 @@
+// compute.h's implementation on the current CUDA device (cuda.h's make_cuda_compute): memory from
+// device_allocator(), the element work through cuda.h's kernels on the rank's stream. Arguments
+// arrive checked (src/compute/compute.cc). Tested against cpu_compute() by
+// tests/compute/compute_test.cc where a device is usable.
+#include <vector>
+
+#include <mxddp/cuda.h>
+
+#include "cuda/cuda_check.h"
+
+namespace mxddp {
+namespace {
+
+class CudaCompute final : public Compute {
+ public:
+  explicit CudaCompute(CudaStream stream) : stream_(stream) {
+    MXDDP_CUDA_CHECK(cudaGetDevice(&device_), "reading the current device");
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda(device_); }
+  MemoryPlace place() const override { return MemoryPlace::kDevice; }
+  void synchronize() override { cuda_synchronize(stream_); }
+
+ protected:
+  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) override {
+    auto block = std::make_shared<DeviceBuffer>(bytes, category, tracker, stream_);
+    cuda_zero(block->data(), bytes, stream_);
+    void* data = block->data();
+    return ComputeBuffer(std::move(block), data, bytes, device());
+  }
+
+  void run_zero(void* data, size_t bytes) override { cuda_zero(data, bytes, stream_); }
+  void run_copy(void* dst, const void* src, size_t bytes) override { cuda_copy(dst, src, bytes, stream_); }
+  // From pageable host memory the copy has read host when it returns (CUDA stages it).
+  void run_copy_from_host(void* dst, const void* host, size_t bytes) override { cuda_copy(dst, host, bytes, stream_); }
+  void run_copy_to_host(void* host, const void* src, size_t bytes) override {
+    cuda_copy(host, src, bytes, stream_);
+    cuda_synchronize(stream_);
+  }
+
+  void run_convert(const TensorView& in, const TensorView& out) override {
+    if (in.dtype == DType::kF32)
+      cuda_convert_f32_to_bf16(in.data_as<const float>(), out.data_as<bf16_bits>(), in.numel(), stream_);
+    else
+      cuda_convert_bf16_to_f32(in.data_as<const bf16_bits>(), out.data_as<float>(), in.numel(), stream_);
+  }
+
+  bool run_all_finite(const TensorView& data) override {
+    if (count_.data() == nullptr) count_ = DeviceBuffer(sizeof(int64_t), MemoryCategory::kScratch, scratch_tracker_, stream_);
+    auto* count_device = static_cast<int64_t*>(count_.data());
+    cuda_count_nonfinite(data.data, data.dtype, data.numel(), count_device, stream_);
+    int64_t count = 0;
+    run_copy_to_host(&count, count_device, sizeof count);
+    return count == 0;
+  }
+
+  double run_sum_of_squares(std::span<const TensorView> runs) override {
+    // Each run's fixed-order sum lands in its own slot; one copy brings the slots to the host, where
+    // they are added in the runs' order.
+    if (runs.empty()) return 0.0;
+    const auto per_run = static_cast<size_t>(kCudaSumOfSquaresNumel);
+    const size_t bytes = runs.size() * per_run * sizeof(double);
+    if (sums_.size_bytes() < bytes) {
+      sums_ = DeviceBuffer();
+      sums_ = DeviceBuffer(bytes, MemoryCategory::kScratch, scratch_tracker_, stream_);
+    }
+    auto* slots = static_cast<double*>(sums_.data());
+    for (size_t r = 0; r < runs.size(); ++r)
+      cuda_sum_of_squares(runs[r].data, runs[r].dtype, runs[r].numel(), slots + r * per_run, stream_);
+    host_sums_.resize(runs.size() * per_run);
+    run_copy_to_host(host_sums_.data(), slots, bytes);
+    double sum = 0;
+    for (size_t r = 0; r < runs.size(); ++r) sum += host_sums_[r * per_run];
+    return sum;
+  }
+
+  void run_adamw(const ShardUpdate& s, const AdamWScalars& scalars) override {
+    cuda_adamw(s.grads.data, s.grads.dtype, s.main, s.state0, s.state1, staged(s), s.params.dtype, s.grads.numel(),
+               scalars, stream_);
+  }
+
+  void run_sgd(const ShardUpdate& s, const SgdScalars& scalars) override {
+    cuda_sgd(s.grads.data, s.grads.dtype, s.main, s.state0, staged(s), s.params.dtype, s.grads.numel(), scalars, stream_);
+  }
+
+ private:
+  // The kernels' staging target: none where the params are main itself (written as main already).
+  static void* staged(const ShardUpdate& s) { return s.params.data == s.main ? nullptr : s.params.data; }
+
+  CudaStream stream_;
+  int device_ = 0;
+  MemoryTracker scratch_tracker_;  // the few bytes of results below: not the rank's model state
+  DeviceBuffer count_;             // [1] int64: all_finite's count
+  DeviceBuffer sums_;              // [runs][kCudaSumOfSquaresNumel] f64: sum_of_squares' slots
+  std::vector<double> host_sums_;  // their copy on the host
+};
+
+}  // namespace
+
+std::unique_ptr<Compute> make_cuda_compute(CudaStream stream) { return std::make_unique<CudaCompute>(stream); }
+
+}  // namespace mxddp
