@@ -13,8 +13,6 @@ def stub_names():
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             top.add(node.name)
-        if isinstance(node, ast.AnnAssign):  # a module constant
-            top.add(node.target.id)
         if isinstance(node, ast.ClassDef):
             members[node.name] = {n.name if not isinstance(n, ast.AnnAssign) else n.target.id
                                   for n in node.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
