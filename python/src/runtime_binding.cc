@@ -15,7 +15,6 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
-#include "../../src/comm/shm_ring.h"
 #include "bindings.h"
 #include "runtime.h"
 #include "views.h"
@@ -140,9 +139,6 @@ void bind_runtime(nb::module_& m) {
       "This process's tracked bytes per category: {name: (live_bytes, peak_bytes)}, on every place together "
       "(None), or only the host's or the device's.");
   m.def("reset_memory_peaks", [] { Runtime::get().tracker().reset_peaks(); });
-  // What one shared-memory ring channel maps: a rank on torchrun's one-host ring holds two (its own
-  // and its left neighbour's), charged to "comm".
-  m.attr("SHM_CHANNEL_BYTES") = kShmChannelBytes;
   m.def(
       "release_free_heap_pages",
       [] {

@@ -114,7 +114,6 @@ class TorchBackend final : public CommBackend {
   void set_memory_tracker(MemoryTracker* tracker) override {
     staging_ = HostBuffer();  // un-charged from the old tracker; the next reduction re-allocates
     tracker_ = tracker ? tracker : &own_tracker_;
-    if (shm_) shm_->set_memory_tracker(tracker_);  // its channels' pages move with it
   }
 
   void run(const CollectiveCall& call) override {
@@ -324,7 +323,6 @@ class TorchBackend final : public CommBackend {
       }
       if (agree_ok(why.empty(), why) && agree_ok(shm->connect(why), why)) {
         shm->unlink_own();  // every rank has mapped its left neighbour's channel
-        shm->set_memory_tracker(tracker_);
         shm_ = std::move(shm);
       }
     }

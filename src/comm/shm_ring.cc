@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <mxddp/core.h>
-#include <mxddp/memory.h>
 
 #include "reduce.h"
 
@@ -26,7 +25,7 @@ namespace mxddp {
 // need lock-free ones.
 struct ShmChannel {
   static constexpr uint64_t kMagic = 0x6d78646470736872;  // "mxddpshr"
-  static constexpr size_t kHeaderBytes = static_cast<size_t>(kShmChannelBytes - kShmSlots * kShmSlotBytes);
+  static constexpr size_t kHeaderBytes = 512;
   uint64_t magic;
   uint64_t slot_bytes;
   uint64_t slots;
@@ -34,7 +33,7 @@ struct ShmChannel {
   alignas(64) std::atomic<uint64_t> consumed;   // slots the receiver has emptied, ever
   alignas(64) int64_t len[kShmSlots];           // bytes in each slot (written before published)
 
-  static size_t mapped_bytes() { return static_cast<size_t>(kShmChannelBytes); }
+  static size_t mapped_bytes() { return kHeaderBytes + static_cast<size_t>(kShmSlots * kShmSlotBytes); }
   char* slot(uint64_t index) {
     return reinterpret_cast<char*>(this) + kHeaderBytes + (index % kShmSlots) * static_cast<uint64_t>(kShmSlotBytes);
   }
@@ -115,19 +114,7 @@ bool ShmRingTransport::connect(std::string& why) {
     return false;
   }
   in_ = c;
-  if (tracker_ != nullptr) tracker_->on_allocate(MemoryCategory::kComm, static_cast<int64_t>(ShmChannel::mapped_bytes()));
   return true;
-}
-
-int64_t ShmRingTransport::mapped_bytes() const {
-  return static_cast<int64_t>(ShmChannel::mapped_bytes()) * ((out_ != nullptr ? 1 : 0) + (in_ != nullptr ? 1 : 0));
-}
-
-void ShmRingTransport::set_memory_tracker(MemoryTracker* tracker) {
-  const int64_t bytes = mapped_bytes();
-  if (tracker_ != nullptr && bytes > 0) tracker_->on_free(MemoryCategory::kComm, bytes);
-  tracker_ = tracker;
-  if (tracker_ != nullptr && bytes > 0) tracker_->on_allocate(MemoryCategory::kComm, bytes);
 }
 
 void ShmRingTransport::unlink_own() {
@@ -137,7 +124,6 @@ void ShmRingTransport::unlink_own() {
 
 ShmRingTransport::~ShmRingTransport() {
   unlink_own();
-  set_memory_tracker(nullptr);
   if (out_ != nullptr) munmap(out_, ShmChannel::mapped_bytes());
   if (in_ != nullptr) munmap(in_, ShmChannel::mapped_bytes());
 }

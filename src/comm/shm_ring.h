@@ -30,16 +30,11 @@
 
 namespace mxddp {
 
-class MemoryTracker;
-
 // 1 MiB per channel, mapped by two ranks (its sender and its receiver): what the ring holds beyond
 // Megatron's gloo (issue 44 item 3). 256 KiB slots keep a slot's copy in L2 and cost one counter
 // handoff per 0.1 ms of copying.
 inline constexpr int kShmSlots = 4;
 inline constexpr int64_t kShmSlotBytes = int64_t{1} << 18;
-// A channel as mapped: a 512-byte header (the counters and slot lengths), then the slots. Each rank
-// maps two (its own and its left neighbour's) and charges both to its tracker's kComm.
-inline constexpr int64_t kShmChannelBytes = 512 + kShmSlots * kShmSlotBytes;
 
 struct ShmChannel;  // the mapped layout (shm_ring.cc)
 
@@ -59,10 +54,6 @@ class ShmRingTransport {
   bool connect(std::string& why);
   // Phase 3, after every rank's connect(): unlinks this rank's name.
   void unlink_own();
-  // Charges the mapped channels (this rank's and, once connected, its left neighbour's: each is
-  // resident in this process) to tracker's kComm category, moving them from the tracker charged
-  // before; nullptr charges none. Mapped after this call, a channel is charged as it is mapped.
-  void set_memory_tracker(MemoryTracker* tracker);
   ~ShmRingTransport();
   ShmRingTransport(const ShmRingTransport&) = delete;
   ShmRingTransport& operator=(const ShmRingTransport&) = delete;
@@ -85,7 +76,6 @@ class ShmRingTransport {
   Request post_recv(void* data, int64_t bytes, int peer, bool sum);
   ShmRingTransport(std::string own_name, int rank, int size, int64_t timeout_ms);
   bool progress();
-  int64_t mapped_bytes() const;  // of the channels this transport maps now
   bool complete(const Request& request) const;
 
   std::string own_name_;
@@ -95,7 +85,6 @@ class ShmRingTransport {
   int64_t timeout_ms_;
   ShmChannel* out_ = nullptr;  // this rank's channel, to rank + 1
   ShmChannel* in_ = nullptr;   // rank - 1's channel, to this rank
-  MemoryTracker* tracker_ = nullptr;  // charged with mapped_bytes() under kComm
   std::deque<Op> sends_;       // queued, oldest first
   std::deque<Op> recvs_;
   uint64_t sends_posted_ = 0;

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <mxddp/core.h>
-#include <mxddp/memory.h>
 
 #include "comm/ring.h"
 #include "comm/shm_ring.h"
@@ -204,31 +203,6 @@ TEST(ShmRingTransport, NamesAreGoneAfterSetupAndMisuseIsRefused) {
   EXPECT_THROW(ShmRingTransport::create("a/b", 0, 2, 1'000), Error);
   EXPECT_THROW(ShmRingTransport::create(prefix + "x", 2, 2, 1'000), Error);
   EXPECT_THROW(ShmRingTransport::create(prefix + "y", 0, 2, 0), Error);
-}
-
-// The channels' pages are resident in both processes that map them, so each rank charges the two it
-// maps (its own and its left neighbour's) to kComm: 2 MiB per rank, beside the f32 staging.
-TEST(ShmRingTransport, MappedChannelsAreChargedToCommAndMoveWithTheTracker) {
-  const std::string prefix = unique_prefix();
-  const auto comm = [](const MemoryTracker& t) { return t.usage().live(MemoryCategory::kComm); };
-  const int64_t channel_bytes = kShmChannelBytes;
-  MemoryTracker first, second;
-  {
-    auto a = ShmRingTransport::create(prefix, 0, 2, 1'000);
-    auto b = ShmRingTransport::create(prefix, 1, 2, 1'000);
-    a->set_memory_tracker(&first);
-    EXPECT_EQ(comm(first), channel_bytes) << "its own channel, mapped at create()";
-    std::string why;
-    ASSERT_TRUE(a->connect(why)) << why;
-    ASSERT_TRUE(b->connect(why)) << why;
-    EXPECT_EQ(comm(first), 2 * channel_bytes) << "and its left neighbour's, mapped at connect()";
-    EXPECT_EQ(first.usage().at(MemoryPlace::kHost).live(MemoryCategory::kComm), 2 * channel_bytes);
-    a->set_memory_tracker(&second);
-    EXPECT_EQ(comm(first), 0);
-    EXPECT_EQ(comm(second), 2 * channel_bytes);
-    EXPECT_EQ(first.usage().peak(MemoryCategory::kComm), 2 * channel_bytes) << "the old tracker keeps its peak";
-  }
-  EXPECT_EQ(comm(second), 0) << "unmapped with the transport";
 }
 
 }  // namespace
