@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include <mxddp/compute.h>
 #include <mxddp/core.h>
 #include <mxddp/memory.h>
 
@@ -135,6 +136,8 @@ struct BufferOptions {
   // numel x 2 bytes (the first half of f32 grads, all of bf16 grads). For MXFP8 param gathers,
   // which stage through it while no gradients live there.
   bool params_in_grad_buffer = false;
+  // Where both buffers live and are zeroed (compute.h); nullptr: cpu_compute(), host memory.
+  Compute* compute = nullptr;
 };
 
 // The param buffer and the grad buffer of one rank, laid out by a ParamLayout, both charged to
@@ -152,6 +155,7 @@ class ParamAndGradBuffer {
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamSpec>& params() const { return specs_; }
   const BufferOptions& options() const { return options_; }
+  Compute& compute() const { return *compute_; }  // where the buffers are
   int num_params() const { return static_cast<int>(specs_.size()); }
   // Registration index of a param name; throws if unknown.
   int param_index(const std::string& name) const;
@@ -177,8 +181,9 @@ class ParamAndGradBuffer {
   ParamLayout layout_;
   BufferOptions options_;
   DType grad_dtype_;
-  HostBuffer param_storage_;
-  HostBuffer grad_storage_;
+  Compute* compute_;
+  ComputeBuffer param_storage_;
+  ComputeBuffer grad_storage_;
   std::vector<std::vector<int>> bucket_groups_;
 };
 

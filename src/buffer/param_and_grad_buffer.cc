@@ -1,7 +1,7 @@
 // ParamAndGradBuffer: allocates the param and grad buffers by the layout and gives out views.
 // Both are zeroed once at construction so padding is zero (padding is reduced and gathered along
 // with the real elements, and must not carry garbage, let alone NaN, into norms).
-#include <cstring>
+#include <vector>
 
 #include <mxddp/buffer.h>
 
@@ -9,14 +9,22 @@ namespace mxddp {
 
 namespace {
 
-void copy_initial_value(const TensorView& src, const TensorView& dst, const std::string& name) {
+// src (host memory, f32 or dst's dtype) into dst (the compute's memory), rounded to dst's dtype.
+void copy_initial_value(const TensorView& src, const TensorView& dst, const std::string& name, Compute& compute) {
   MXDDP_CHECK(src.numel() == dst.numel(), "initial value of '{}' has {} elements ({}); the param has {} ({})", name,
               src.numel(), src.shape.to_string(), dst.numel(), dst.shape.to_string());
   MXDDP_CHECK(src.device.is_cpu(), "initial value of '{}' is on {}; expected cpu", name, to_string(src.device));
   if (src.dtype == dst.dtype) {
-    std::memcpy(dst.data, src.data, dst.nbytes());
+    compute.copy_from_host(dst.data, src.data, dst.nbytes());
   } else if (src.dtype == DType::kF32 && dst.dtype == DType::kBF16) {
-    convert_f32_to_bf16(src.data_as<const float>(), dst.data_as<bf16_bits>(), static_cast<size_t>(dst.numel()));
+    const auto n = static_cast<size_t>(dst.numel());
+    if (compute.place() == MemoryPlace::kHost) {
+      convert_f32_to_bf16(src.data_as<const float>(), dst.data_as<bf16_bits>(), n);
+    } else {  // rounded on the host, then copied
+      std::vector<bf16_bits> rounded(n);
+      convert_f32_to_bf16(src.data_as<const float>(), rounded.data(), n);
+      compute.copy_from_host(dst.data, rounded.data(), n * sizeof(bf16_bits));
+    }
   } else {
     MXDDP_FAIL("initial value of '{}' is {}; the param is {} (give {} or f32)", name, dtype_name(src.dtype),
                dtype_name(dst.dtype), dtype_name(dst.dtype));
@@ -28,7 +36,10 @@ void copy_initial_value(const TensorView& src, const TensorView& dst, const std:
 ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<ParamSpec>& params, const LayoutOptions& layout_options,
                                        const BufferOptions& options, MemoryTracker& tracker,
                                        const std::vector<TensorView>& initial_values)
-    : specs_(params), layout_(compute_param_layout(params, layout_options)), options_(options) {
+    : specs_(params),
+      layout_(compute_param_layout(params, layout_options)),
+      options_(options),
+      compute_(options.compute != nullptr ? options.compute : &cpu_compute()) {
   MXDDP_CHECK(options.param_dtype == DType::kBF16 || options.param_dtype == DType::kF32,
               "param_dtype must be bf16 or f32; got {}", dtype_name(options.param_dtype));
   MXDDP_CHECK(options.buckets_per_group >= 1, "buckets_per_group must be >= 1; got {}", options.buckets_per_group);
@@ -38,14 +49,12 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<ParamSpec>& params, con
               "params_in_grad_buffer needs bf16 params; got {}", dtype_name(options.param_dtype));
   grad_dtype_ = options.grad_reduce_in_fp32 ? DType::kF32 : options.param_dtype;
   const auto numel = static_cast<size_t>(layout_.numel);
-  grad_storage_ = HostBuffer(numel * dtype_size_bytes(grad_dtype_), MemoryCategory::kGrads, tracker);
-  std::memset(grad_storage_.data(), 0, grad_storage_.size_bytes());
-  if (!options.params_in_grad_buffer) {
-    param_storage_ = HostBuffer(numel * dtype_size_bytes(options.param_dtype), MemoryCategory::kParams, tracker);
-    std::memset(param_storage_.data(), 0, param_storage_.size_bytes());
-  }
+  // Zeroed by allocate.
+  grad_storage_ = compute_->allocate(numel * dtype_size_bytes(grad_dtype_), MemoryCategory::kGrads, tracker);
+  if (!options.params_in_grad_buffer)
+    param_storage_ = compute_->allocate(numel * dtype_size_bytes(options.param_dtype), MemoryCategory::kParams, tracker);
   for (size_t i = 0; i < initial_values.size(); ++i)
-    copy_initial_value(initial_values[i], param_data(static_cast<int>(i)), specs_[i].name);
+    copy_initial_value(initial_values[i], param_data(static_cast<int>(i)), specs_[i].name, *compute_);
   const int num_buckets = static_cast<int>(layout_.buckets.size());
   for (int b = 0; b < num_buckets; b += options.buckets_per_group) {
     std::vector<int> group;
@@ -61,7 +70,7 @@ int ParamAndGradBuffer::param_index(const std::string& name) const {
 }
 
 TensorView ParamAndGradBuffer::param_buffer() const {
-  const HostBuffer& storage = options_.params_in_grad_buffer ? grad_storage_ : param_storage_;
+  const ComputeBuffer& storage = options_.params_in_grad_buffer ? grad_storage_ : param_storage_;
   return storage.view(options_.param_dtype, Shape{layout_.numel});
 }
 

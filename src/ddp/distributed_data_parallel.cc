@@ -5,7 +5,6 @@
 
 #include <mxddp/ddp.h>
 
-#include "../core/parallel_elements.h"
 #include "model_params.h"
 #include "param_sync.h"
 
@@ -148,7 +147,7 @@ void DistributedDataParallel::issue_ready_groups_in_order() {
 }
 
 void DistributedDataParallel::check_finite(int bucket) const {
-  if (all_finite(buffer_.bucket_grads(bucket))) return;
+  if (buffer_.compute().all_finite(buffer_.bucket_grads(bucket))) return;
   std::string names;
   for (int p : buffer_.layout().buckets[static_cast<size_t>(bucket)].params)
     names += fmt::format("{}{}", names.empty() ? "" : ", ", buffer_.params()[static_cast<size_t>(p)].name);
@@ -199,7 +198,7 @@ void DistributedDataParallel::zero_grad_buffer() {
   wait_all_issued();  // a collective may still be reading the buffer
   param_sync_->before_zero_grad_buffer();  // with reuse, a pending sync stages in this buffer
   const TensorView grads = buffer_.grad_buffer();
-  parallel_zero(grads.data, grads.nbytes());  // over the rank's threads, as the optimizer's update
+  buffer_.compute().zero(grads.data, grads.nbytes());  // on the CPU over the rank's threads
   grads_live_ = false;
   reset_iteration();
 }
