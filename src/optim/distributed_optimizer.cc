@@ -1,12 +1,9 @@
 // DistributedOptimizer: see optim.h. Everything here touches only this rank's shards; the one
 // collective of its own is the grad-norm all-reduce (plus the param all-gather it starts).
-#include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include <mxddp/optim.h>
-
 
 namespace mxddp {
 
