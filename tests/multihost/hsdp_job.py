@@ -4,7 +4,9 @@ mxddp starts on MPI; torch.distributed (gloo over TCP, at HSDP_MASTER_ADDR, host
 the (replicate, shard) DeviceMesh whose shard groups are the hosts (ranks fill host by host). An
 MLP of three units trains 4 steps of 2 micro-batches under HSDP 2 x 2 and under DDP over all 4
 ranks; the losses must agree within 1e-5 (the regrouped gradient sum rounds differently), and each
-shard group must sit on one host. Prints "ok" on rank 0, or exits 77 naming what is missing.
+shard group must sit on one host. Rank 0 writes its verdict ("ok", or "SKIP: ..." naming what is
+missing, then exiting 77) to the file HSDP_VERDICT names: mpirun forwards the ranks' output in pieces
+that may interleave mid-line, so the log is for people, the file for the test.
 """
 import contextlib
 import inspect
@@ -61,6 +63,17 @@ def train(model, rank):
     return losses
 
 
+def verdict(rank, text):
+    """Rank 0's verdict, printed and written whole to HSDP_VERDICT (the test reads only the file)."""
+    if rank != 0:
+        return
+    print(text, flush=True)
+    path = os.environ["HSDP_VERDICT"]
+    with open(path + ".tmp", "w") as f:
+        f.write(text + "\n")
+    os.replace(path + ".tmp", path)
+
+
 def main():
     torch.set_num_threads(1)
     rank, world = mxt.init(timeout_s=60)
@@ -68,9 +81,8 @@ def main():
         print(f"FAIL: the job runs at 4 ranks (2 hosts x 2); got {world}")
         return 1
     if "device_mesh" not in inspect.signature(mxt.FullyShardedDataParallel.__init__).parameters:
-        if rank == 0:
-            print("SKIP: mxddp.torch.FullyShardedDataParallel takes no device_mesh yet (the HSDP plumbing of "
-                  "fsdp.py and fsdp_binding.cc has not landed)")
+        verdict(rank, "SKIP: mxddp.torch.FullyShardedDataParallel takes no device_mesh yet (the HSDP plumbing of "
+                "fsdp.py and fsdp_binding.cc has not landed)")
         return 77
     addr = os.environ["HSDP_MASTER_ADDR"]
     port = torch.tensor([0.0])
@@ -101,8 +113,7 @@ def main():
         print(f"FAIL: rank {rank}: HSDP's losses are {worst:.3g} from DDP's")
         return 1
     dist.destroy_process_group()
-    if rank == 0:
-        print("ok")
+    verdict(rank, "ok")
     return 0
 
 
