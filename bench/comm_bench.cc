@@ -37,7 +37,7 @@
 #include <mxddp/model.h>
 #include <mxddp/output_file.h>
 
-#include "comm/reduce.h"
+#include "compute/reduce.h"
 
 #include "bench_util.h"
 #include "stream_bandwidth.h"

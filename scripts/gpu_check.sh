@@ -4,28 +4,34 @@
 #
 #   scripts/gpu_check.sh --prepare DIR   here: builds the release preset with the venv's nvcc for
 #                                        sm_90 and puts what the device runs into DIR (the CUDA test
-#                                        and bench binaries, the libfmt and libgomp they load); carry
-#                                        DIR there
+#                                        and bench binaries, and the shared libraries they load that
+#                                        are not the C and C++ runtimes); carry DIR there
 #   scripts/gpu_check.sh --run DIR OUT   there: every CUDA kernel test, compute.h's conformance test
-#                                        (CUDA's implementation against the CPU's), the kernels' throughput
+#                                        (CUDA's implementation against the CPU's), the local backend's
+#                                        collectives on device memory (2 and 4 ranks on the GPU against
+#                                        the host run), the kernels' throughput
 #                                        against the copy bandwidth, and torch's fused AdamW on the
 #                                        same shard; the results go to OUT (summary.txt and the logs)
 #
 # The GPU machine has no network and none of this project's Debian libraries, so nothing is built
-# there: the binaries link the CUDA runtime statically and need only libfmt and libgomp beside them.
+# there: the binaries link the CUDA runtime statically and find the rest (libfmt, libgomp, and
+# OpenMPI's libraries, which the communication layer links though the local backend never starts
+# MPI) beside them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mode="${1:-}"
 dir="${2:-}"
 if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
   source scripts/setup.sh release --tests >/dev/null
-  cmake --build --preset release --target cuda_kernels_test compute_test cuda_kernels_bench
+  binaries=(build/release/tests/cuda_kernels_test build/release/tests/compute_test
+            build/release/tests/cuda_local_group_test build/release/bench/cuda_kernels_bench)
+  cmake --build --preset release --target cuda_kernels_test compute_test cuda_local_group_test cuda_kernels_bench
   mkdir -p "$dir"
-  cp build/release/tests/cuda_kernels_test build/release/tests/compute_test build/release/bench/cuda_kernels_bench \
-     bench/cuda_adamw_torch.py "$dir/"
-  for lib in libfmt libgomp; do
-    cp "$(ldconfig -p | awk -v lib="$lib" '$1 ~ "^" lib "\\.so\\.[0-9]+$" && /x86-64/ {print $NF; exit}')" "$dir/"
-  done
+  cp "${binaries[@]}" bench/cuda_adamw_torch.py "$dir/"
+  # Every library the binaries load but the C and C++ runtimes, which the machine has.
+  ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64)\.so' |
+    while read -r lib; do cp -L "$lib" "$dir/"; done
   echo "gpu_check: prepared $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: scripts/gpu_check.sh --run $dir \$OUT"
   exit 0
 fi
@@ -45,6 +51,10 @@ status=0
 timeout 300 "$dir/cuda_kernels_test" --gtest_brief=1 >"$out/kernels_test.log" 2>&1 || status=$?
 echo "cuda_kernels_test: exit $status" >>"$summary"
 grep -E '^SKIP|^\[  (PASSED|FAILED) |tests? ran' "$out/kernels_test.log" >>"$summary" || true
+local_status=0
+timeout 180 "$dir/cuda_local_group_test" --gtest_brief=1 >"$out/local_group_test.log" 2>&1 || local_status=$?
+echo "cuda_local_group_test: exit $local_status" >>"$summary"
+grep -E '^SKIP|^\[  (PASSED|FAILED) |tests? ran' "$out/local_group_test.log" >>"$summary" || true
 compute_status=0
 timeout 120 "$dir/compute_test" --gtest_brief=1 >"$out/compute_test.log" 2>&1 || compute_status=$?
 echo "compute_test: exit $compute_status" >>"$summary"
@@ -60,6 +70,7 @@ theirs=$(awk '/^torch_fused_adamw_ms/ {print $2}' "$out/adamw_torch.log")
 if [ -n "$ours" ] && [ -n "$theirs" ]; then
   awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "adamw: mxddp %.3f ms, torch fused %.3f ms: %.2fx torch'"'"'s time\n", a, b, a / b }' >>"$summary"
 fi
-echo "exit codes: kernels_test $status, compute_test $compute_status, kernels_bench $bench_status, torch $torch_status" >>"$summary"
+echo "exit codes: kernels_test $status, local_group_test $local_status, compute_test $compute_status," \
+  "kernels_bench $bench_status, torch $torch_status" >>"$summary"
 cat "$summary"
-[ "$status" -eq 0 ] && [ "$compute_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$torch_status" -eq 0 ]
+[ "$status" -eq 0 ] && [ "$local_status" -eq 0 ] && [ "$compute_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$torch_status" -eq 0 ]

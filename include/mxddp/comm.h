@@ -55,15 +55,8 @@ class Work {
 // Per-operation options
 // ----------------------------------------------------------------------------------------------
 
-// Collectives move f32, bf16, u8, f64, i64, i32 and bool buffers; reductions are defined as
-// below for each. avg is refused for the integer types and bool, as torch refuses it for them.
-enum class ReduceOp : uint8_t {
-  kSum,  // f32: summed in f32; bf16: summed in f32, rounded once; f64: in f64; u8, i32 and i64
-         // wrap modulo 2^bits; bool: logical or (a flag set on any rank)
-  kAvg,  // sum / size: f32 and bf16 in f32, f64 in f64; floats only
-  kMax,  // floats: NaN wins (a NaN on any rank gives NaN); bool: logical or
-};
-std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+// Collectives move f32, bf16, u8, f64, i64, i32 and bool buffers, reduced as core.h's ReduceOp
+// says for each.
 
 // prescale (sum and avg of floats): every rank's input is multiplied by it (in f32; f64 in f64)
 // as it enters the reduction (NCCL's PreMulSum): how DDP applies 1/dp without a separate pass over the
@@ -100,6 +93,7 @@ struct BarrierOptions {
 // ----------------------------------------------------------------------------------------------
 
 class CommBackend;  // the engine interface; private to src/comm
+class Compute;      // compute.h
 class ProgressQueue;
 
 class Communicator {
@@ -112,6 +106,9 @@ class Communicator {
   int rank() const;
   int size() const;
   std::string_view backend_name() const;  // "local" or "mpi"
+  // Where this communicator's buffers live: the cpu, or a local group's device (LocalOptions).
+  // Every view given to a collective must be there.
+  Device device() const;
 
   // buffer /*in,out*/: reduced in place across ranks; any element count.
   Work all_reduce(TensorView buffer, const AllReduceOptions& options = {});
@@ -173,6 +170,14 @@ struct LocalOptions {
   // fails at once: a group that lost a rank cannot be trusted to agree on anything again.
   int64_t timeout_ms = 300'000;
   CollectiveDelay injected_delay;
+  // Where the ranks' buffers live and what moves their bytes (compute.h): computes[r] is rank r's
+  // (on a device, its own stream), used for the share of each collective that rank r moves. Empty:
+  // host memory, cpu_compute() for every rank. Otherwise one per rank, all on one device (a rank
+  // reads its peers' buffers directly), each outliving the group. On a device a rank's compute is
+  // synchronized before its buffers are read, so the work it enqueued before issuing a collective
+  // is in them; and after its share is moved, so no peer reuses a buffer still being read. Work
+  // on another stream that fills a buffer must be complete before the collective is issued.
+  std::vector<Compute*> computes;
 };
 
 class LocalGroupState;

@@ -5,8 +5,10 @@
 //
 // Owns:
 //   - Compute, the interface: allocate a rank's memory (charged to a MemoryTracker), zero, copy,
-//     the f32 <-> bf16 casts, the NaN/Inf test, the grad norm's sum of squares, and the AdamW and
-//     SGD updates of one contiguous run of a shard;
+//     the f32 <-> bf16 casts, the NaN/Inf test, the grad norm's sum of squares, the AdamW and
+//     SGD updates of one contiguous run of a shard, and the collectives' data movement (the
+//     reduction of several ranks' buffers, one source copied to several), which the local
+//     backend (comm.h) runs on its ranks' memory, host or device;
 //   - cpu_compute(), the host's implementation: the CPU kernels every device kernel is tested
 //     against, spread over the rank's threads so that results do not depend on the thread count;
 //   - the scalars of one AdamW or SGD step (AdamWScalars, SgdScalars), shared with mxddp/cuda.h.
@@ -58,6 +60,23 @@ struct ShardUpdate {
   float* state0 = nullptr;
   float* state1 = nullptr;
   TensorView params;
+};
+
+// One reduction of a collective over n_inputs buffers of this implementation's memory (the local
+// backend's all_reduce and reduce_scatter, across its ranks' buffers), for every i < count:
+//   outputs[j][i] = op(inputs[0][i], ..., inputs[n_inputs - 1][i])   for every output j
+// combined in input order, as core.h's ReduceOp defines for each dtype (f32, bf16, f64, u8, i32,
+// i64, bool), so that the result is the same bits on every implementation. With prescale != 1 (sum
+// and avg of floats) every input is multiplied by it as it is loaded.
+//   inputs  in   [n_inputs] pointers, each [count] elements of dtype
+//   outputs out  [n_outputs] pointers, each [count]; each may be exactly an input, no other overlap
+struct ReduceRun {
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  float prescale = 1.0f;
+  int64_t count = 0;
+  std::span<const void* const> inputs;
+  std::span<void* const> outputs;
 };
 
 // A block of one implementation's memory, charged to a tracker while it lives (a HostBuffer, or a
@@ -116,6 +135,10 @@ class Compute {
   double sum_of_squares(std::span<const TensorView> runs);
   void adamw(const ShardUpdate& shard, const AdamWScalars& scalars);
   void sgd(const ShardUpdate& shard, const SgdScalars& scalars);
+  // The collectives' two data movements: a reduction (ReduceRun), and dsts[j][0, bytes) = src[0,
+  // bytes) for every destination (a gather's or broadcast's push; none may overlap src or another).
+  void reduce(const ReduceRun& run);
+  void copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes);
   // Waits for everything enqueued; throws an Error naming the failure of any of it.
   virtual void synchronize() = 0;
 
@@ -131,6 +154,8 @@ class Compute {
   virtual double run_sum_of_squares(std::span<const TensorView> runs) = 0;
   virtual void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) = 0;
   virtual void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) = 0;
+  virtual void run_reduce(const ReduceRun& run) = 0;  // count > 0
+  virtual void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) = 0;  // bytes > 0
 };
 
 // The host's implementation (one per process; thread-safe: it holds no state).

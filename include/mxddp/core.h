@@ -97,6 +97,16 @@ std::string_view dtype_name(DType dtype);
 // Inverse of dtype_name; throws Error naming the string and the valid names.
 DType parse_dtype(std::string_view name);
 
+// How a reduction combines its inputs (the collectives', comm.h, and their kernels', compute.h).
+// avg is refused for the integer types and bool, as torch refuses it for them.
+enum class ReduceOp : uint8_t {
+  kSum,  // f32: summed in f32; bf16: summed in f32, rounded once; f64: in f64; u8, i32 and i64
+         // wrap modulo 2^bits; bool: logical or (a flag set on any rank)
+  kAvg,  // sum / size: f32 and bf16 in f32, f64 in f64; floats only
+  kMax,  // floats: NaN wins (a NaN on any rank gives NaN); bool: logical or
+};
+std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+
 // Scalar conversions (bf16_bits, f32_to_bf16, bf16_to_f32) are in host_device.h, shared with the
 // CUDA kernels.
 using f16_bits = uint16_t;

@@ -11,7 +11,9 @@
 //     casts, scale, the NaN/Inf count and grad accumulation (src/core/elementwise_cuda.cu,
 //     bit-exact), MXFP8 quantize and dequantize
 //     (src/quant/mxfp8_cuda.cu, bit-exact), AdamW and SGD on a shard and the grad norm's sum of
-//     squares (src/optim/optim_cuda.cu; the update bit-exact, the sum in a fixed order).
+//     squares (src/optim/optim_cuda.cu; the update bit-exact, the sum in a fixed order), and the
+//     collectives' reduction across buffers (src/compute/reduce_cuda.cu, bit-exact; compute.h's
+//     reduce, through make_cuda_compute).
 //
 // Every kernel takes device pointers and the stream it runs on, and returns once it is enqueued: a
 // launch failure throws an Error naming the kernel and CUDA's message; a fault inside it surfaces
@@ -41,6 +43,23 @@ using CudaStream = ::CUstream_st*;
 int cuda_device_count(std::string* why = nullptr);
 // Waits for every operation enqueued on stream; throws an Error with CUDA's message if one failed.
 void cuda_synchronize(CudaStream stream);
+
+// A stream of the current device, destroyed with its owner: one per rank, so that each rank's work
+// and its share of the collectives are ordered on their own (LocalOptions::computes). Non-blocking:
+// it does not wait for the legacy default stream. Move-only.
+class OwnedCudaStream {
+ public:
+  OwnedCudaStream();
+  ~OwnedCudaStream();
+  OwnedCudaStream(OwnedCudaStream&& other) noexcept : stream_(other.stream_) { other.stream_ = nullptr; }
+  OwnedCudaStream& operator=(OwnedCudaStream&&) = delete;
+  OwnedCudaStream(const OwnedCudaStream&) = delete;
+  OwnedCudaStream& operator=(const OwnedCudaStream&) = delete;
+  CudaStream get() const { return stream_; }
+
+ private:
+  CudaStream stream_ = nullptr;
+};
 
 // ----------------------------------------------------------------------------------------------
 // Device memory
@@ -150,7 +169,8 @@ void cuda_sum_of_squares(const void* grad, DType grad_dtype, int64_t n, double* 
 // ----------------------------------------------------------------------------------------------
 
 // The current device's Compute: its memory from device_allocator(), its work enqueued on stream
-// (the kernels above); all_finite and sum_of_squares wait for their result on the host. One per
+// (the kernels above); all_finite and sum_of_squares wait for their result on the host. Its reduce
+// takes at most 64 inputs and 64 outputs (a local group's ranks on one device). One per
 // rank (each rank its own stream); not shared between threads.
 std::unique_ptr<Compute> make_cuda_compute(CudaStream stream);
 

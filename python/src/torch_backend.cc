@@ -42,7 +42,7 @@
 
 #include "../../src/comm/backend.h"
 #include "../../src/comm/delayed_backend.h"
-#include "../../src/comm/reduce.h"
+#include "../../src/compute/reduce.h"
 #include "../../src/comm/ring.h"
 #include "../../src/comm/shm_ring.h"
 
@@ -110,6 +110,7 @@ class TorchBackend final : public CommBackend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view name() const override { return "torch"; }
+  Device device() const override { return Device::cpu(); }
 
   void set_memory_tracker(MemoryTracker* tracker) override {
     staging_ = HostBuffer();  // un-charged from the old tracker; the next reduction re-allocates

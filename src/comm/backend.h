@@ -15,7 +15,7 @@ namespace mxddp {
 enum class CollectiveKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
 std::string_view collective_name(CollectiveKind kind);
 
-// One collective as issued by one rank. Pointers are host memory.
+// One collective as issued by one rank. Pointers are in the backend's memory (device()).
 //   all_reduce:     send == recv, count elements
 //   reduce_scatter: send holds size*count, recv count (may be send's own block)
 //   all_gather:     send holds count, recv size*count (send may be recv's own block)
@@ -52,6 +52,9 @@ class CommBackend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view name() const = 0;
+  // Where the buffers of its collectives live: the cpu for the engines between processes (mpi,
+  // torch's groups); a local group's device where its ranks' computes are one's.
+  virtual Device device() const = 0;
   // Runs `call` to completion. Must verify that every rank issued the same call (see
   // describe_mismatch) before touching any buffer, and throw Error on a mismatch or a failure.
   virtual void run(const CollectiveCall& call) = 0;

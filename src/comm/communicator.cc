@@ -11,15 +11,6 @@
 
 namespace mxddp {
 
-std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-  }
-  MXDDP_FAIL("unknown reduce op {}", static_cast<int>(op));
-}
-
 std::string_view collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kAllReduce: return "all_reduce";
@@ -85,13 +76,13 @@ namespace {
 
 bool is_float(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF64; }
 
-void check_buffer(const TensorView& t, std::string_view what, std::string_view op) {
+void check_buffer(const TensorView& t, std::string_view what, std::string_view op, Device device) {
   MXDDP_CHECK(is_float(t.dtype) || t.dtype == DType::kU8 || t.dtype == DType::kI64 || t.dtype == DType::kI32 ||
                   t.dtype == DType::kBool,
               "{}: {} has dtype {}; collectives take f32, bf16, f64, u8, i64, i32 or bool", op, what,
               dtype_name(t.dtype));
-  MXDDP_CHECK(t.device.is_cpu(), "{}: {} is on {}; the local and mpi backends take cpu buffers", op,
-              what, to_string(t.device));
+  MXDDP_CHECK(t.device == device, "{}: {} is on {}; this communicator's buffers are on {}", op, what,
+              to_string(t.device), to_string(device));
   MXDDP_CHECK(t.data != nullptr || t.numel() == 0, "{}: {} ({}) has a null data pointer", op, what,
               t.to_string());
 }
@@ -125,9 +116,9 @@ void check_in_place_or_disjoint(const TensorView& whole, const TensorView& part,
 // reduce_scatter and all_gather: `whole` must be `size` blocks of `block`'s length and dtype, and
 // either disjoint from block or have it as its block `rank` (in place).
 void check_whole_and_block(const TensorView& whole, std::string_view whole_name, const TensorView& block,
-                           std::string_view block_name, int size, int rank, std::string_view op) {
-  check_buffer(whole, whole_name, op);
-  check_buffer(block, block_name, op);
+                           std::string_view block_name, int size, int rank, std::string_view op, Device device) {
+  check_buffer(whole, whole_name, op, device);
+  check_buffer(block, block_name, op, device);
   MXDDP_CHECK(whole.dtype == block.dtype, "{}: {} is {} but {} is {}; they must match", op, whole_name,
               dtype_name(whole.dtype), block_name, dtype_name(block.dtype));
   MXDDP_CHECK(whole.numel() == block.numel() * size, "{}: {} has {} elements; it must be size ({}) x {} ({}) = {}",
@@ -147,6 +138,7 @@ Communicator::~Communicator() { queue_.reset(); }  // drain before the backend g
 int Communicator::rank() const { return backend_->rank(); }
 int Communicator::size() const { return backend_->size(); }
 std::string_view Communicator::backend_name() const { return backend_->name(); }
+Device Communicator::device() const { return backend_->device(); }
 
 Work Communicator::submit(const Call& call, bool async_op) {
   CommBackend* backend = backend_.get();
@@ -157,7 +149,7 @@ Work Communicator::submit(const Call& call, bool async_op) {
 }
 
 Work Communicator::all_reduce(TensorView buffer, const AllReduceOptions& options) {
-  check_buffer(buffer, "buffer", "all_reduce");
+  check_buffer(buffer, "buffer", "all_reduce", device());
   check_reduce_op(buffer.dtype, options.op, options.prescale, "all_reduce");
   Call call;
   call.kind = CollectiveKind::kAllReduce;
@@ -171,7 +163,7 @@ Work Communicator::all_reduce(TensorView buffer, const AllReduceOptions& options
 }
 
 Work Communicator::reduce_scatter(TensorView input, TensorView output, const ReduceScatterOptions& options) {
-  check_whole_and_block(input, "input", output, "output", size(), rank(), "reduce_scatter");
+  check_whole_and_block(input, "input", output, "output", size(), rank(), "reduce_scatter", device());
   check_reduce_op(input.dtype, options.op, options.prescale, "reduce_scatter");
   Call call;
   call.kind = CollectiveKind::kReduceScatter;
@@ -185,7 +177,7 @@ Work Communicator::reduce_scatter(TensorView input, TensorView output, const Red
 }
 
 Work Communicator::all_gather(TensorView input, TensorView output, const AllGatherOptions& options) {
-  check_whole_and_block(output, "output", input, "input", size(), rank(), "all_gather");
+  check_whole_and_block(output, "output", input, "input", size(), rank(), "all_gather", device());
   Call call;
   call.kind = CollectiveKind::kAllGather;
   call.dtype = input.dtype;
@@ -196,7 +188,7 @@ Work Communicator::all_gather(TensorView input, TensorView output, const AllGath
 }
 
 Work Communicator::broadcast(TensorView buffer, const BroadcastOptions& options) {
-  check_buffer(buffer, "buffer", "broadcast");
+  check_buffer(buffer, "buffer", "broadcast", device());
   MXDDP_CHECK(options.root >= 0 && options.root < size(), "broadcast: root {} is not a rank; valid: 0..{}",
               options.root, size() - 1);
   Call call;

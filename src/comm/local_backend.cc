@@ -10,18 +10,24 @@
 // Only step 1 can time out. Whether a collective runs is decided under the group mutex from the
 // arrival count alone, so either every rank runs it or none touches a buffer. Step 3 never times
 // out: once everyone arrived, every rank reaches it after a bounded amount of copying.
+//
+// The bytes move through each rank's Compute (LocalOptions::computes): the CPU's kernels on host
+// memory, a device's on its stream. On a device, a rank synchronizes its compute before step 1 (what
+// it enqueued before the collective is in its buffers) and after step 2 (its share is written and
+// its reads done before anyone departs).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <vector>
 
 #include <mxddp/comm.h>
+#include <mxddp/compute.h>
 
 #include "backend.h"
 #include "delayed_backend.h"
-#include "reduce.h"
 
 namespace mxddp {
 
@@ -82,6 +88,14 @@ class LocalGroupState {
     if (!aborted_) abort_locked(reason);
   }
 
+  // After step 3: throws if the group was aborted, as it is when a rank fails to move its share
+  // (before departing), so that no rank returns a result a peer left half written.
+  void check_not_aborted(int rank, CollectiveKind kind, uint64_t seq) {
+    std::lock_guard lock(mutex_);
+    MXDDP_CHECK(!aborted_, "local communicator (rank {}): {} #{} failed: {}", rank, collective_name(kind), seq,
+                abort_reason_);
+  }
+
  private:
   struct Slot {
     uint64_t seq = 0;
@@ -119,9 +133,10 @@ std::pair<int64_t, int64_t> partition(int64_t count, int parts, int index, size_
 
 class LocalBackend final : public CommBackend {
  public:
-  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank)
+  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank, Compute& compute)
       : group_(std::move(group)),
         rank_(rank),
+        compute_(compute),
         calls_(static_cast<size_t>(group_->size())),
         inputs_(calls_.size()),
         outputs_(calls_.size()) {}
@@ -129,9 +144,23 @@ class LocalBackend final : public CommBackend {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   std::string_view name() const override { return "local"; }
+  Device device() const override { return compute_.device(); }
 
   void run(const CollectiveCall& call) override {
     const uint64_t seq = ++seq_;
+    // A failure of this rank's compute (a device fault, a refused launch) fails the collective on
+    // every rank: the group aborts, so that peers waiting to arrive or reading this rank's result
+    // stop, and no rank returns a result this one left half written.
+    const auto abort_group = [&](const std::exception& e) {
+      group_->abort(fmt::format("rank {} could not move its share of {} #{}: {}", rank_, collective_name(call.kind),
+                                seq, e.what()));
+    };
+    try {
+      compute_.synchronize();
+    } catch (const std::exception& e) {
+      abort_group(e);
+      throw;
+    }
     group_->arrive(rank_, seq, call, calls_);
     const std::vector<CollectiveCall>& calls = calls_;
     std::string mismatch;
@@ -140,10 +169,21 @@ class LocalBackend final : public CommBackend {
       mismatch = describe_mismatch(calls[0], calls[static_cast<size_t>(r)]);
       mismatched_rank = r;
     }
-    if (mismatch.empty()) move_data(calls);
-    group_->depart();  // also on a mismatch: peers may still be reading the slots
+    std::exception_ptr failure;
+    if (mismatch.empty()) {
+      try {
+        move_data(calls);
+        compute_.synchronize();
+      } catch (const std::exception& e) {
+        failure = std::current_exception();
+        abort_group(e);
+      }
+    }
+    group_->depart();  // also on a mismatch or failure: peers may still be reading the slots
+    if (failure) std::rethrow_exception(failure);
     MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind),
                 seq, mismatched_rank, mismatch);
+    group_->check_not_aborted(rank_, call.kind, seq);
   }
 
  private:
@@ -170,14 +210,17 @@ class LocalBackend final : public CommBackend {
           inputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].send, begin);
           outputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].recv, begin);
         }
-        reduce_arrays_to(mine.dtype, mine.op, inputs.data(), n, end - begin, outputs.data(), n, mine.prescale);
+        compute_.reduce({.dtype = mine.dtype, .op = mine.op, .prescale = mine.prescale, .count = end - begin,
+                         .inputs = {inputs.data(), static_cast<size_t>(n)},
+                         .outputs = {outputs.data(), static_cast<size_t>(n)}});
         return;
       }
       case CollectiveKind::kReduceScatter: {
         // Block rank_ of every input is read by this rank alone, so an in-place output is safe.
         const int64_t offset = static_cast<int64_t>(rank_) * mine.count;
         for (int r = 0; r < n; ++r) inputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].send, offset);
-        reduce_arrays(mine.dtype, mine.op, inputs.data(), n, mine.count, mine.recv, mine.prescale);
+        compute_.reduce({.dtype = mine.dtype, .op = mine.op, .prescale = mine.prescale, .count = mine.count,
+                         .inputs = {inputs.data(), static_cast<size_t>(n)}, .outputs = {&mine.recv, 1}});
         return;
       }
       case CollectiveKind::kAllGather: {
@@ -188,7 +231,8 @@ class LocalBackend final : public CommBackend {
           void* dst = at(calls[static_cast<size_t>(r)].recv, static_cast<int64_t>(rank_) * mine.count);
           if (dst != mine.send) outputs[static_cast<size_t>(n_dsts++)] = dst;
         }
-        copy_to_many(mine.send, outputs.data(), n_dsts, static_cast<size_t>(mine.count) * elem);
+        compute_.copy_to_many(mine.send, {outputs.data(), static_cast<size_t>(n_dsts)},
+                              static_cast<size_t>(mine.count) * elem);
         return;
       }
       case CollectiveKind::kBroadcast: {
@@ -199,8 +243,8 @@ class LocalBackend final : public CommBackend {
         int n_dsts = 0;
         for (int r = 0; r < n; ++r)
           if (r != mine.root) outputs[static_cast<size_t>(n_dsts++)] = at(calls[static_cast<size_t>(r)].recv, begin);
-        copy_to_many(at(calls[static_cast<size_t>(mine.root)].send, begin), outputs.data(), n_dsts,
-                     static_cast<size_t>(end - begin) * elem);
+        compute_.copy_to_many(at(calls[static_cast<size_t>(mine.root)].send, begin),
+                              {outputs.data(), static_cast<size_t>(n_dsts)}, static_cast<size_t>(end - begin) * elem);
         return;
       }
       case CollectiveKind::kBarrier:
@@ -210,6 +254,7 @@ class LocalBackend final : public CommBackend {
 
   std::shared_ptr<LocalGroupState> group_;
   const int rank_;
+  Compute& compute_;  // moves this rank's share, on its memory (its stream)
   // Touched only by this rank's progress thread; sized once so a collective allocates nothing.
   uint64_t seq_ = 0;
   std::vector<CollectiveCall> calls_;  // [size] every rank's call of the current collective
@@ -222,10 +267,23 @@ class LocalBackend final : public CommBackend {
 LocalGroup::LocalGroup(int size, const LocalOptions& options) {
   MXDDP_CHECK(size >= 1, "a local group needs at least 1 rank; got {}", size);
   MXDDP_CHECK(options.timeout_ms > 0, "timeout_ms must be positive; got {}", options.timeout_ms);
+  const std::vector<Compute*>& computes = options.computes;
+  MXDDP_CHECK(computes.empty() || computes.size() == static_cast<size_t>(size),
+              "a local group of {} ranks got {} computes; give one per rank, or none (host memory)", size,
+              computes.size());
+  for (size_t r = 0; r < computes.size(); ++r) {
+    MXDDP_CHECK(computes[r] != nullptr, "the compute of local rank {} is null", r);
+    MXDDP_CHECK(computes[r]->device() == computes[0]->device(),
+                "local rank {}'s compute works on {} but rank 0's on {}; a local group's ranks read each other's "
+                "buffers, so they share one device",
+                r, to_string(computes[r]->device()), to_string(computes[0]->device()));
+  }
   state_ = std::make_shared<LocalGroupState>(size, options);
-  for (int r = 0; r < size; ++r)
-    communicators_.push_back(
-        std::make_unique<Communicator>(with_injected_delay(std::make_unique<LocalBackend>(state_, r), options.injected_delay)));
+  for (int r = 0; r < size; ++r) {
+    Compute& compute = computes.empty() ? cpu_compute() : *computes[static_cast<size_t>(r)];
+    communicators_.push_back(std::make_unique<Communicator>(
+        with_injected_delay(std::make_unique<LocalBackend>(state_, r, compute), options.injected_delay)));
+  }
 }
 
 LocalGroup::~LocalGroup() {

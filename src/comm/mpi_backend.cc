@@ -42,7 +42,7 @@
 #include "backend.h"
 #include "delayed_backend.h"
 #include "mpi_watchdog.h"
-#include "reduce.h"
+#include "../compute/reduce.h"
 #include "ring.h"
 
 namespace mxddp {
@@ -128,6 +128,7 @@ class MpiBackend final : public CommBackend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view name() const override { return "mpi"; }
+  Device device() const override { return Device::cpu(); }
 
   void run(const CollectiveCall& call) override {
     ++seq_;

@@ -41,7 +41,7 @@
 
 #include <mxddp/comm.h>
 
-#include "reduce.h"
+#include "../compute/reduce.h"
 
 namespace mxddp {
 

@@ -16,7 +16,7 @@
 
 #include <mxddp/core.h>
 
-#include "reduce.h"
+#include "../compute/reduce.h"
 
 namespace mxddp {
 

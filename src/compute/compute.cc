@@ -2,6 +2,9 @@
 // implementation's run_* does the work.
 #include <mxddp/compute.h>
 
+#include <algorithm>
+#include <cstdint>
+
 namespace mxddp {
 
 TensorView ComputeBuffer::view(DType dtype, const Shape& shape) const {
@@ -109,6 +112,41 @@ void Compute::adamw(const ShardUpdate& shard, const AdamWScalars& scalars) {
 void Compute::sgd(const ShardUpdate& shard, const SgdScalars& scalars) {
   check_shard("sgd", shard, /*two_states=*/false, *this);
   if (shard.grads.numel() > 0) run_sgd(shard, scalars);
+}
+
+void Compute::reduce(const ReduceRun& run) {
+  const DType t = run.dtype;
+  const bool is_float = t == DType::kF32 || t == DType::kBF16 || t == DType::kF64;
+  MXDDP_CHECK(is_float || t == DType::kU8 || t == DType::kI64 || t == DType::kI32 || t == DType::kBool,
+              "reduce: dtype {}; valid: f32, bf16, f64, u8, i64, i32, bool", dtype_name(t));
+  MXDDP_CHECK(run.op == ReduceOp::kSum || run.op == ReduceOp::kAvg || run.op == ReduceOp::kMax,
+              "reduce: unknown op {}; valid: sum, avg, max", static_cast<int>(run.op));
+  MXDDP_CHECK(is_float || run.op != ReduceOp::kAvg, "reduce: avg of {}; avg is for floats (f32, bf16, f64)",
+              dtype_name(t));
+  MXDDP_CHECK(run.prescale == 1.0f || (is_float && run.op != ReduceOp::kMax),
+              "reduce: prescale {} with {} of {}; a prescale applies to sum and avg of floats", run.prescale,
+              reduce_op_name(run.op), dtype_name(t));
+  MXDDP_CHECK(run.count >= 0, "reduce: count {}; valid: >= 0", run.count);
+  MXDDP_CHECK(!run.inputs.empty() && !run.outputs.empty(), "reduce: {} inputs and {} outputs; it needs one of each "
+              "at least", run.inputs.size(), run.outputs.size());
+  MXDDP_CHECK(run.inputs.size() <= INT32_MAX && run.outputs.size() <= INT32_MAX,
+              "reduce: {} inputs and {} outputs; at most 2^31 - 1 of each", run.inputs.size(), run.outputs.size());
+  // One input written back onto itself unscaled (a collective of a group of one): nothing to do.
+  // Skipped here so that no implementation rewrites it (a bf16 signaling NaN would come back quiet).
+  const auto is_the_input = [&](void* p) { return p == run.inputs[0]; };
+  const bool identity = run.inputs.size() == 1 && run.prescale == 1.0f &&
+                        std::all_of(run.outputs.begin(), run.outputs.end(), is_the_input);
+  if (run.count == 0 || identity) return;
+  for (const void* p : run.inputs) MXDDP_CHECK(p != nullptr, "reduce: a null input of {} elements", run.count);
+  for (const void* p : run.outputs) MXDDP_CHECK(p != nullptr, "reduce: a null output of {} elements", run.count);
+  run_reduce(run);
+}
+
+void Compute::copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) {
+  if (bytes == 0 || dsts.empty()) return;
+  MXDDP_CHECK(src != nullptr, "copy_to_many: a null source of {} bytes", bytes);
+  for (const void* p : dsts) MXDDP_CHECK(p != nullptr, "copy_to_many: a null destination of {} bytes", bytes);
+  run_copy_to_many(src, dsts, bytes);
 }
 
 }  // namespace mxddp

@@ -1,7 +1,8 @@
 // compute.h's host implementation: the CPU kernels (src/optim/adamw_kernel.h, core.h's casts and
 // finiteness test) spread over the calling rank's threads (parallel_elements), each thread on one
 // contiguous range, so that every result is the same at any thread count. Arguments arrive checked
-// (compute.cc).
+// (compute.cc). The collectives' reduce and copy_to_many are reduce.h's kernels on the calling
+// thread alone: the local backend already splits a collective across its ranks' progress threads.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -10,6 +11,7 @@
 
 #include "../core/parallel_elements.h"
 #include "../optim/adamw_kernel.h"
+#include "reduce.h"
 
 namespace mxddp {
 namespace {
@@ -106,6 +108,15 @@ class CpuCompute final : public Compute {
     parallel_elements(shard.grads.numel(), [&](int64_t i0, int64_t i1) {
       with_typed(shard, i0, [&](auto* g, auto* p) { optim_kernel::sgd(g, main + i0, momentum + i0, p, i1 - i0, s); });
     });
+  }
+
+  void run_reduce(const ReduceRun& r) override {
+    reduce_arrays_to(r.dtype, r.op, r.inputs.data(), static_cast<int>(r.inputs.size()), r.count, r.outputs.data(),
+                     static_cast<int>(r.outputs.size()), r.prescale);
+  }
+
+  void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) override {
+    mxddp::copy_to_many(src, dsts.data(), static_cast<int>(dsts.size()), bytes);
   }
 };
 

@@ -1,5 +1,5 @@
-// Element types: sizes, names, and the f16 conversions (bf16's are inline in core.h because they
-// are two lines and sit in every hot loop).
+// Element types and reduce ops: sizes, names, and the f16 conversions (bf16's are inline in
+// core.h because they are two lines and sit in every hot loop).
 #include <mxddp/core.h>
 
 #include <bit>
@@ -38,6 +38,15 @@ std::string_view dtype_name(DType dtype) {
     case DType::kBool: return "bool";
   }
   MXDDP_FAIL("unknown dtype value {}", static_cast<int>(dtype));
+}
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  MXDDP_FAIL("unknown reduce op {}", static_cast<int>(op));
 }
 
 DType parse_dtype(std::string_view name) {

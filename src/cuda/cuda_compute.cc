@@ -2,10 +2,12 @@
 // device_allocator(), the element work through cuda.h's kernels on the rank's stream. Arguments
 // arrive checked (src/compute/compute.cc). Tested against cpu_compute() by
 // tests/compute/compute_test.cc where a device is usable.
+#include <algorithm>
 #include <vector>
 
 #include <mxddp/cuda.h>
 
+#include "compute/reduce_cuda.h"
 #include "cuda/cuda_check.h"
 
 namespace mxddp {
@@ -84,7 +86,46 @@ class CudaCompute final : public Compute {
     cuda_sgd(s.grads.data, s.grads.dtype, s.main, s.state0, staged(s), s.params.dtype, s.grads.numel(), scalars, stream_);
   }
 
+  void run_reduce(const ReduceRun& r) override {
+    constexpr size_t kMax = cuda_kernels::kReduceBuffersMax;
+    MXDDP_CHECK(r.inputs.size() <= kMax && r.outputs.size() <= kMax,
+                "reduce on {}: {} inputs and {} outputs; the device's reduction takes at most {} of each",
+                to_string(device()), r.inputs.size(), r.outputs.size(), kMax);
+    cuda_kernels::ReduceLaunch launch{.elem = reduce_elem(r.dtype), .combine = reduce_combine(r.op),
+                                      .prescale = r.prescale, .count = r.count,
+                                      .n_inputs = static_cast<int>(r.inputs.size()),
+                                      .n_outputs = static_cast<int>(r.outputs.size())};
+    std::copy(r.inputs.begin(), r.inputs.end(), launch.inputs);
+    std::copy(r.outputs.begin(), r.outputs.end(), launch.outputs);
+    MXDDP_CUDA_CHECK(cuda_kernels::launch_reduce(launch, stream_), "reduce ({} {} of {} inputs, {} elements)",
+                     dtype_name(r.dtype), reduce_op_name(r.op), r.inputs.size(), r.count);
+  }
+
+  void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) override {
+    for (void* dst : dsts) cuda_copy(dst, src, bytes, stream_);
+  }
+
  private:
+  static cuda_kernels::ReduceElem reduce_elem(DType dtype) {
+    using E = cuda_kernels::ReduceElem;
+    switch (dtype) {
+      case DType::kF32: return E::kF32;
+      case DType::kBF16: return E::kBF16;
+      case DType::kF64: return E::kF64;
+      case DType::kU8: return E::kU8;
+      case DType::kI32: return E::kI32;
+      case DType::kI64: return E::kI64;
+      case DType::kBool: return E::kBool;
+      default: break;
+    }
+    MXDDP_FAIL("reduce: dtype {} reached the device's reduction", dtype_name(dtype));  // Compute::reduce refuses it
+  }
+  static cuda_kernels::ReduceCombine reduce_combine(ReduceOp op) {
+    return op == ReduceOp::kSum ? cuda_kernels::ReduceCombine::kSum
+           : op == ReduceOp::kAvg ? cuda_kernels::ReduceCombine::kAvg
+                                  : cuda_kernels::ReduceCombine::kMax;
+  }
+
   // The kernels' staging target: none where the params are main itself (written as main already).
   static void* staged(const ShardUpdate& s) { return s.params.data == s.main ? nullptr : s.params.data; }
 

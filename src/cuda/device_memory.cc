@@ -1,4 +1,4 @@
-// The device side's runtime glue (cuda.h): whether a device is usable, synchronization and copies,
+// The device side's runtime glue (cuda.h): whether a device is usable, streams, synchronization and copies,
 // the stream-ordered allocator interface with the CUDA runtime's pool as its default, and
 // DeviceBuffer, charged to a MemoryTracker as HostBuffer is.
 #include <atomic>
@@ -27,6 +27,14 @@ int cuda_device_count(std::string* why) {
 }
 
 void cuda_synchronize(CudaStream stream) { MXDDP_CUDA_CHECK(cudaStreamSynchronize(stream), "synchronizing a stream"); }
+
+OwnedCudaStream::OwnedCudaStream() {
+  MXDDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+}
+
+OwnedCudaStream::~OwnedCudaStream() {
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);  // returns at once; pending work still completes
+}
 
 void cuda_copy(void* dst, const void* src, size_t bytes, CudaStream stream) {
   if (bytes == 0) return;

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/reduce.h"
-#include "comm/reduce_kernels.h"
+#include "compute/reduce.h"
+#include "compute/reduce_kernels.h"
 
 namespace mxddp {
 namespace {

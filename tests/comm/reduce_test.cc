@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/reduce.h"
+#include "compute/reduce.h"
 
 namespace mxddp {
 namespace {

@@ -1,17 +1,21 @@
 // Every operation of compute.h on every implementation this process can use (the CPU's always,
 // CUDA's where the build has it and a device is usable) against the CPU reference: core.h's casts
-// and finiteness test, and the optimizer kernels (src/optim/adamw_kernel.h) run on one thread.
-// Equal bits everywhere but the sum of squares, whose order is each implementation's own.
+// and finiteness test, the optimizer kernels (src/optim/adamw_kernel.h) run on one thread, and the
+// collectives' reduction written out element by element. Equal bits everywhere but the sum of
+// squares, whose order is each implementation's own (and a NaN's payload, a device's own).
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <mxddp/compute.h>
@@ -279,6 +283,139 @@ TEST_P(ComputeConformance, BadShardsAreErrorsNamingWhatIsWrong) {
                 .find("main itself"),
             std::string::npos)
       << "params that are main must be f32";
+}
+
+// The collectives' reduction, as ReduceRun defines it, one element at a time: floats from input 0
+// (times the prescale), then each next input in order; bf16 through f32, rounded once.
+// bool is held in uint8_t (any nonzero byte is true; the result is 0 or 1).
+template <typename T>
+T reference_reduce(const std::vector<std::vector<T>>& in, size_t i, DType dtype, ReduceOp op, float prescale) {
+  const auto n = static_cast<int>(in.size());
+  if (dtype == DType::kBool) {
+    bool any = false;
+    for (int k = 0; k < n; ++k) any = any || in[static_cast<size_t>(k)][i] != 0;
+    return static_cast<T>(any);
+  }
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16_bits>) {
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const auto load = [&](int k) -> A {
+      if constexpr (std::is_same_v<T, bf16_bits>) return bf16_to_f32(in[static_cast<size_t>(k)][i]);
+      else return in[static_cast<size_t>(k)][i];
+    };
+    A acc = load(0) * static_cast<A>(prescale);
+    for (int k = 1; k < n; ++k) {
+      const A x = load(k);
+      acc = op == ReduceOp::kMax ? ((x > acc || x != x) ? x : acc) : acc + x * static_cast<A>(prescale);
+    }
+    if (op == ReduceOp::kAvg) acc = acc / static_cast<A>(n);
+    if constexpr (std::is_same_v<T, bf16_bits>) return f32_to_bf16(acc);
+    else return acc;
+  } else {
+    using U = std::make_unsigned_t<T>;
+    T acc = in[0][i];
+    for (int k = 1; k < n; ++k) {
+      const T x = in[static_cast<size_t>(k)][i];
+      acc = op == ReduceOp::kMax ? std::max(acc, x) : static_cast<T>(static_cast<U>(acc) + static_cast<U>(x));
+    }
+    return acc;
+  }
+}
+
+// Equal, or both NaN (a device's NaN carries its own payload).
+template <typename T>
+bool same_element(T a, T b) {
+  if constexpr (std::is_same_v<T, float>) return same_value(a, b);
+  else if constexpr (std::is_same_v<T, double>) return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 8) == 0;
+  else if constexpr (std::is_same_v<T, bf16_bits>) return a == b || (std::isnan(bf16_to_f32(a)) && std::isnan(bf16_to_f32(b)));
+  else return a == b;
+}
+
+// Three ranks' inputs reduced into two outputs, one of them input 1 itself (all_reduce's in-place
+// write-back), against reference_reduce; values include NaN, Inf and integer overflow.
+template <typename T>
+void check_reduce(Compute& compute, MemoryTracker& tracker, DType dtype, ReduceOp op, float prescale,
+                  const std::function<T(std::mt19937&, size_t)>& draw) {
+  SCOPED_TRACE(fmt::format("{} {} prescale {}", dtype_name(dtype), reduce_op_name(op), prescale));
+  constexpr size_t kCount = 10'007, kInputs = 3;
+  std::mt19937 rng(static_cast<unsigned>(dtype) * 31 + static_cast<unsigned>(op));
+  std::vector<std::vector<T>> in(kInputs, std::vector<T>(kCount));
+  for (auto& v : in)
+    for (size_t i = 0; i < kCount; ++i) v[i] = draw(rng, i);
+  std::vector<ComputeBuffer> buffers;
+  std::vector<const void*> inputs;
+  for (auto& v : in) {
+    buffers.push_back(compute.allocate(kCount * sizeof(T), MemoryCategory::kScratch, tracker));
+    compute.copy_from_host(buffers.back().data(), v.data(), kCount * sizeof(T));
+    inputs.push_back(buffers.back().data());
+  }
+  ComputeBuffer extra = compute.allocate(kCount * sizeof(T), MemoryCategory::kScratch, tracker);
+  void* const outputs[2] = {extra.data(), buffers[1].data()};
+  compute.reduce({.dtype = dtype, .op = op, .prescale = prescale, .count = static_cast<int64_t>(kCount),
+                  .inputs = inputs, .outputs = outputs});
+  for (void* out : outputs) {
+    std::vector<T> got(kCount);
+    compute.copy_to_host(got.data(), out, kCount * sizeof(T));
+    for (size_t i = 0; i < kCount; ++i) {
+      const T want = reference_reduce(in, i, dtype, op, prescale);
+      ASSERT_TRUE(same_element(got[i], want)) << "element " << i << ": got " << +got[i] << ", want " << +want;
+    }
+  }
+}
+
+TEST_P(ComputeConformance, ReduceMatchesTheReferenceForEveryDtypeAndOp) {
+  const auto awkward = [](std::mt19937& rng, size_t i) {
+    if (i % 1000 == 7) return std::numeric_limits<float>::quiet_NaN();
+    if (i % 1000 == 8) return std::numeric_limits<float>::infinity();
+    return std::uniform_real_distribution<float>(-1e3f, 1e3f)(rng);
+  };
+  for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    const float prescale = op == ReduceOp::kMax ? 1.0f : 0.125f;
+    check_reduce<float>(*compute_, tracker_, DType::kF32, op, prescale, awkward);
+    check_reduce<float>(*compute_, tracker_, DType::kF32, op, 1.0f, awkward);
+    check_reduce<bf16_bits>(*compute_, tracker_, DType::kBF16, op, prescale,
+                            [&](std::mt19937& rng, size_t i) { return f32_to_bf16(awkward(rng, i)); });
+    check_reduce<double>(*compute_, tracker_, DType::kF64, op, prescale,
+                         [&](std::mt19937& rng, size_t i) { return 1.0 / 3.0 * awkward(rng, i); });
+  }
+  for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+    check_reduce<uint8_t>(*compute_, tracker_, DType::kU8, op, 1.0f,
+                          [](std::mt19937& rng, size_t) { return static_cast<uint8_t>(rng()); });
+    check_reduce<int32_t>(*compute_, tracker_, DType::kI32, op, 1.0f,
+                          [](std::mt19937& rng, size_t) { return static_cast<int32_t>(rng()); });  // sums wrap
+    check_reduce<int64_t>(*compute_, tracker_, DType::kI64, op, 1.0f, [](std::mt19937& rng, size_t) {
+      return static_cast<int64_t>((uint64_t{rng()} << 32) | rng());
+    });
+    check_reduce<uint8_t>(*compute_, tracker_, DType::kBool, op, 1.0f,  // 2: a nonzero byte other than 1
+                          [](std::mt19937& rng, size_t) { return static_cast<uint8_t>(rng() % 7 == 0 ? 2 : 0); });
+  }
+}
+
+TEST_P(ComputeConformance, CopyToManyAndBadReductionsNamingWhatIsWrong) {
+  std::vector<int32_t> host(70'001);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<int32_t>(i * 7);
+  ComputeBuffer src = upload(host);
+  ComputeBuffer a = compute_->allocate(host.size() * 4, MemoryCategory::kScratch, tracker_);
+  ComputeBuffer b = compute_->allocate(host.size() * 4, MemoryCategory::kScratch, tracker_);
+  void* const dsts[2] = {a.data(), b.data()};
+  compute_->copy_to_many(src.data(), dsts, host.size() * 4);
+  EXPECT_EQ(download<int32_t>(a, host.size()), host);
+  EXPECT_EQ(download<int32_t>(b, host.size()), host);
+
+  const void* const inputs[1] = {src.data()};
+  void* const outputs[1] = {a.data()};
+  const auto message = [&](DType dtype, ReduceOp op, float prescale, std::span<const void* const> in) {
+    try {
+      compute_->reduce({.dtype = dtype, .op = op, .prescale = prescale, .count = 10, .inputs = in, .outputs = outputs});
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(DType::kI32, ReduceOp::kAvg, 1.0f, inputs).find("avg of i32"), std::string::npos);
+  EXPECT_NE(message(DType::kF32, ReduceOp::kMax, 0.5f, inputs).find("prescale 0.5 with max"), std::string::npos);
+  EXPECT_NE(message(DType::kE4M3, ReduceOp::kSum, 1.0f, inputs).find("dtype e4m3; valid"), std::string::npos);
+  EXPECT_NE(message(DType::kF32, ReduceOp::kSum, 1.0f, {}).find("0 inputs"), std::string::npos);
+  EXPECT_EQ(message(DType::kF32, ReduceOp::kSum, 1.0f, inputs), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Usable, ComputeConformance, ::testing::ValuesIn(usable_computes()),

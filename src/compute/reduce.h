@@ -1,15 +1,16 @@
-// The data-moving kernels of the collectives: the reduction shared by the local backend (across
-// peers' buffers) and the MPI backend (for what MPI cannot reduce itself), and the one-to-many
-// copy of the local backend's gathers and broadcasts. f32 and bf16 reductions run vectorized for
-// the widest ISA the CPU has (chosen at run time); tests/comm/reduce_test.cc checks them element
-// for element against a scalar reference.
+// The host's data-moving kernels of the collectives: the reduction behind cpu_compute()'s reduce
+// (the local backend's, across peers' buffers) and the MPI backend's (what MPI cannot reduce
+// itself), and the one-to-many copy behind its copy_to_many (the local backend's gathers and
+// broadcasts): the CPU references of the device's (compute.h). f32 and bf16 reductions run
+// vectorized for the widest ISA the CPU has (chosen at run time); tests/comm/reduce_test.cc checks
+// them element for element against a scalar reference.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include <mxddp/comm.h>
+#include <mxddp/core.h>
 
 namespace mxddp {
 

@@ -1,0 +1,116 @@
+// The local backend on device memory: 2 and 4 ranks as threads on one GPU, each with its own stream
+// and CUDA compute (LocalOptions::computes), run every collective on device buffers, and the
+// results must be the bits the same job gives on host memory (the CPU's kernels). Needs a device:
+// device_main.cc skips (77) saying why where there is none.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <mxddp/comm.h>
+#include <mxddp/compute.h>
+#include <mxddp/cuda.h>
+
+namespace mxddp::testing {
+namespace {
+
+constexpr int64_t kBlock = 70'003;  // per rank: odd, so the ranks' shares split mid-line
+
+// Rank r's starting values for element i (NaN and Inf among them, and sums that round).
+float start_value(int rank, int64_t i) {
+  if (i % 9973 == 5) return rank == 1 ? NAN : 1.0f;
+  if (i % 9973 == 6) return rank == 0 ? INFINITY : -2.0f;
+  return std::sin(static_cast<float>(i * (rank + 3))) * std::exp2(static_cast<float>((i + rank) % 23) - 11.0f);
+}
+
+// What one rank ends with: its buffers after the job, copied to the host in one byte string.
+std::vector<uint8_t> run_job(Communicator& comm, Compute& compute) {
+  const int r = comm.rank(), n = comm.size();
+  const int64_t whole = kBlock * n;
+  MemoryTracker tracker;
+  std::vector<float> host(static_cast<size_t>(whole));
+  for (int64_t i = 0; i < whole; ++i) host[static_cast<size_t>(i)] = start_value(r, i);
+  std::vector<bf16_bits> host16(host.size());
+  convert_f32_to_bf16(host.data(), host16.data(), host.size());
+  std::vector<int64_t> counts(64);
+  for (size_t i = 0; i < counts.size(); ++i) counts[i] = static_cast<int64_t>(i) * (r + 1) - 40;
+
+  const Device where = compute.device();
+  ComputeBuffer f = compute.allocate(host.size() * 4, MemoryCategory::kGrads, tracker);
+  ComputeBuffer h = compute.allocate(host16.size() * 2, MemoryCategory::kGrads, tracker);
+  ComputeBuffer block = compute.allocate(static_cast<size_t>(kBlock) * 4, MemoryCategory::kGrads, tracker);
+  ComputeBuffer c = compute.allocate(counts.size() * 8, MemoryCategory::kScratch, tracker);
+  compute.copy_from_host(f.data(), host.data(), host.size() * 4);
+  compute.copy_from_host(h.data(), host16.data(), host16.size() * 2);
+  compute.copy_from_host(c.data(), counts.data(), counts.size() * 8);
+  const TensorView fv = f.view(DType::kF32, Shape{whole}), hv = h.view(DType::kBF16, Shape{whole});
+  const TensorView bv = block.view(DType::kF32, Shape{kBlock});
+  EXPECT_EQ(fv.device, where);
+
+  comm.all_reduce(fv, {.prescale = 0.5f});                          // DDP's grads, 1/dp fused
+  comm.all_reduce(hv, {.op = ReduceOp::kAvg});                      // bf16 grads
+  comm.all_reduce(c.view(DType::kI64, Shape{64}), {.op = ReduceOp::kMax});
+  comm.reduce_scatter(fv, bv, {.prescale = 0.25f});                 // out of place
+  comm.reduce_scatter(hv, hv.slice(r * kBlock, kBlock));            // in place: the grad buffer's
+  Work gather = comm.all_gather(bv, fv, {.async_op = true});        // the param gather, overlapped
+  gather.wait();
+  comm.broadcast(hv.slice(0, kBlock), {.root = n - 1});
+
+  std::vector<uint8_t> out(host.size() * 4 + host16.size() * 2 + counts.size() * 8);
+  compute.copy_to_host(out.data(), f.data(), host.size() * 4);
+  compute.copy_to_host(out.data() + host.size() * 4, h.data(), host16.size() * 2);
+  compute.copy_to_host(out.data() + host.size() * 6, c.data(), counts.size() * 8);
+  return out;
+}
+
+// Every rank's result on the host and on the device; equal bytes, except that a NaN may carry the
+// device's own payload.
+void expect_device_matches_host(int ranks) {
+  std::vector<std::vector<uint8_t>> on_host(static_cast<size_t>(ranks)), on_device(static_cast<size_t>(ranks));
+  run_local(ranks, [&](Communicator& comm) {
+    on_host[static_cast<size_t>(comm.rank())] = run_job(comm, cpu_compute());
+  });
+
+  std::vector<OwnedCudaStream> streams(static_cast<size_t>(ranks));
+  std::vector<std::unique_ptr<Compute>> computes;
+  LocalOptions options{.timeout_ms = 60'000};
+  for (auto& s : streams) {
+    computes.push_back(make_cuda_compute(s.get()));
+    options.computes.push_back(computes.back().get());
+  }
+  run_local(ranks, [&](Communicator& comm) {
+    EXPECT_EQ(comm.device(), Device::cuda(0));
+    on_device[static_cast<size_t>(comm.rank())] = run_job(comm, *computes[static_cast<size_t>(comm.rank())]);
+  }, options);
+
+  const size_t whole = static_cast<size_t>(kBlock * ranks);
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const std::vector<uint8_t>& a = on_host[static_cast<size_t>(r)];
+    const std::vector<uint8_t>& b = on_device[static_cast<size_t>(r)];
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < whole; ++i) {
+      float x, y;
+      std::memcpy(&x, &a[4 * i], 4);
+      std::memcpy(&y, &b[4 * i], 4);
+      ASSERT_TRUE((std::isnan(x) && std::isnan(y)) || std::memcmp(&x, &y, 4) == 0)
+          << "f32 element " << i << ": " << x << " vs " << y;
+    }
+    for (size_t i = 0; i < whole; ++i) {
+      bf16_bits x, y;
+      std::memcpy(&x, &a[whole * 4 + 2 * i], 2);
+      std::memcpy(&y, &b[whole * 4 + 2 * i], 2);
+      ASSERT_TRUE(x == y || (std::isnan(bf16_to_f32(x)) && std::isnan(bf16_to_f32(y)))) << "bf16 element " << i;
+    }
+    EXPECT_EQ(std::memcmp(&a[whole * 6], &b[whole * 6], 64 * 8), 0) << "the i64 max";
+  }
+}
+
+TEST(CudaLocalGroup, TwoRanksOnOneDeviceMatchTheHostRun) { expect_device_matches_host(2); }
+TEST(CudaLocalGroup, FourRanksOnOneDeviceMatchTheHostRun) { expect_device_matches_host(4); }
+
+}  // namespace
+}  // namespace mxddp::testing
