@@ -106,8 +106,10 @@ class Communicator {
   int rank() const;
   int size() const;
   std::string_view backend_name() const;  // "local" or "mpi"
-  // Where this communicator's buffers live: the cpu, or a local group's device (LocalOptions).
-  // Every view given to a collective must be there.
+  // Where this communicator's buffers live, and the rank's work on them (compute.h): cpu_compute()
+  // on host memory, or a local group's rank's own (LocalOptions::computes), which DDP then puts
+  // its buffers on. Every view given to a collective must be on device().
+  Compute& compute() const;
   Device device() const;
 
   // buffer /*in,out*/: reduced in place across ranks; any element count.

@@ -137,7 +137,7 @@ class DistributedDataParallel final : public DataParallel {
 
   const DdpConfig& config() const { return config_; }
   Communicator& communicator() const override { return comm_; }
-  Compute& compute() const override { return buffer_.compute(); }  // the buffers' (host memory today)
+  Compute& compute() const override { return buffer_.compute(); }  // the buffers': the communicator's
   const std::vector<ParamSpec>& params() const override { return buffer_.params(); }
   DType param_dtype() const override { return config_.param_dtype; }
   DType grad_dtype() const override { return buffer_.grad_buffer().dtype; }

@@ -23,6 +23,7 @@
 // its moments nor counts the step.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -196,6 +197,9 @@ class DistributedOptimizer {
   // The update of one bucket's shard, with the staging into the param buffer fused in; params
   // with skip[param] set are left as they are.
   void update_bucket(int bucket, double grad_coeff, const std::vector<char>& skip);
+  // values all-reduced with op across dp: in place on the host, or staged through scalars_ where
+  // the communicator's buffers are on a device.
+  void all_reduce_scalars(std::span<float> values, ReduceOp op);
 
   DataParallel& dp_;
   std::vector<OptimizerBucket> buckets_;        // [bucket]
@@ -208,6 +212,8 @@ class DistributedOptimizer {
   std::vector<ComputeBuffer> main_copies_;         // [bucket] f32 [shard size], kMainParams; empty where aliased
   std::vector<TensorView> main_;                   // [bucket] f32 [shard size]: main_copies_[b] or the param shard
   std::vector<std::vector<ComputeBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
+  MemoryTracker scalars_tracker_;                  // their few bytes are not the rank's model state
+  ComputeBuffer scalars_;                          // f32 [max(2, num_params)] on a device; none on the host
 };
 
 }  // namespace mxddp

@@ -110,7 +110,7 @@ class TorchBackend final : public CommBackend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view name() const override { return "torch"; }
-  Device device() const override { return Device::cpu(); }
+  Compute& compute() const override { return cpu_compute(); }
 
   void set_memory_tracker(MemoryTracker* tracker) override {
     staging_ = HostBuffer();  // un-charged from the old tracker; the next reduction re-allocates

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include <mxddp/comm.h>
+#include <mxddp/compute.h>
 
 namespace mxddp {
 
@@ -52,9 +53,10 @@ class CommBackend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view name() const = 0;
-  // Where the buffers of its collectives live: the cpu for the engines between processes (mpi,
-  // torch's groups); a local group's device where its ranks' computes are one's.
-  virtual Device device() const = 0;
+  // Where the buffers of its collectives live and what works on them: cpu_compute() for the
+  // engines between processes (mpi, torch's groups); the rank's own in a local group
+  // (LocalOptions::computes).
+  virtual Compute& compute() const = 0;
   // Runs `call` to completion. Must verify that every rank issued the same call (see
   // describe_mismatch) before touching any buffer, and throw Error on a mismatch or a failure.
   virtual void run(const CollectiveCall& call) = 0;

@@ -138,7 +138,8 @@ Communicator::~Communicator() { queue_.reset(); }  // drain before the backend g
 int Communicator::rank() const { return backend_->rank(); }
 int Communicator::size() const { return backend_->size(); }
 std::string_view Communicator::backend_name() const { return backend_->name(); }
-Device Communicator::device() const { return backend_->device(); }
+Compute& Communicator::compute() const { return backend_->compute(); }
+Device Communicator::device() const { return compute().device(); }
 
 Work Communicator::submit(const Call& call, bool async_op) {
   CommBackend* backend = backend_.get();

@@ -24,7 +24,7 @@ class DelayedBackend final : public CommBackend {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string_view name() const override { return inner_->name(); }
-  Device device() const override { return inner_->device(); }
+  Compute& compute() const override { return inner_->compute(); }
   void run(const CollectiveCall& call) override;
   void set_memory_tracker(MemoryTracker* tracker) override { inner_->set_memory_tracker(tracker); }
 

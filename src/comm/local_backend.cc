@@ -144,7 +144,7 @@ class LocalBackend final : public CommBackend {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   std::string_view name() const override { return "local"; }
-  Device device() const override { return compute_.device(); }
+  Compute& compute() const override { return compute_; }
 
   void run(const CollectiveCall& call) override {
     const uint64_t seq = ++seq_;

@@ -128,7 +128,7 @@ class MpiBackend final : public CommBackend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view name() const override { return "mpi"; }
-  Device device() const override { return Device::cpu(); }
+  Compute& compute() const override { return cpu_compute(); }
 
   void run(const CollectiveCall& call) override {
     ++seq_;

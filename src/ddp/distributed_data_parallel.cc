@@ -22,10 +22,15 @@ LayoutOptions DdpConfig::layout_options(int dp) const {
 }
 
 namespace {
-BufferOptions buffer_options(const DdpConfig& c) {
+// The buffers live where the communicator's collectives run (its rank's compute): host memory, or
+// a local group's device.
+BufferOptions buffer_options(const DdpConfig& c, Communicator& comm) {
+  MXDDP_CHECK(!c.fp8_param_gather || comm.device().is_cpu(),
+              "fp8_param_gather on {}: MXFP8 params are kept and quantized in host memory only so far; "
+              "run them with a host communicator, or turn fp8_param_gather off", to_string(comm.device()));
   return BufferOptions{.param_dtype = c.param_dtype, .grad_reduce_in_fp32 = c.grad_reduce_in_fp32,
                        .buckets_per_group = c.buckets_per_group,
-                       .params_in_grad_buffer = c.reuse_grad_buf_for_mxfp8_param_ag};
+                       .params_in_grad_buffer = c.reuse_grad_buf_for_mxfp8_param_ag, .compute = &comm.compute()};
 }
 
 }  // namespace
@@ -57,7 +62,7 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, const std::
                                                  const std::vector<TensorView>& initial_values)
     : comm_(comm),
       config_((check_ddp_config(config, params), config)),
-      buffer_(params, config.layout_options(comm.size()), buffer_options(config), tracker, initial_values) {
+      buffer_(params, config.layout_options(comm.size()), buffer_options(config, comm), tracker, initial_values) {
   const auto& groups = buffer_.bucket_groups();
   std::vector<int> group_of_bucket(buffer_.layout().buckets.size());
   for (size_t g = 0; g < groups.size(); ++g)

@@ -169,6 +169,11 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
     : comm_(comm), replica_(replica), config_((check_fsdp_config(config, params, units), config)), specs_(params),
       tracker_(tracker) {
   const int dp = comm.size(), rank = comm.rank();
+  // FSDP's shards, gathers and optimizer inputs are host memory (compute() is cpu_compute()) until
+  // its storage goes through Compute; a communicator on a device could not move them.
+  MXDDP_CHECK(comm.device().is_cpu() && (replica == nullptr || replica->device().is_cpu()),
+              "FSDP on {}: its storage and gathers are in host memory so far; give it a host communicator",
+              to_string(comm.device().is_cpu() && replica != nullptr ? replica->device() : comm.device()));
   MXDDP_CHECK(replica != &comm,
               "HSDP's replica communicator is the shard group's own communicator; the replica group must be another "
               "one (the ranks holding this rank's shard index in the other shard groups)");

@@ -1,5 +1,6 @@
 // DistributedOptimizer: see optim.h. Everything here touches only this rank's shards; the one
 // collective of its own is the grad-norm all-reduce (plus the param all-gather it starts).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -72,6 +73,25 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& dp, const OptimizerConf
     for (auto& s : state_)  // zeroed by allocate
       s.push_back(compute_.allocate(static_cast<size_t>(n) * sizeof(float), MemoryCategory::kOptimizerState, tracker));
   }
+  if (!dp.communicator().device().is_cpu()) {
+    const size_t floats = std::max<size_t>(2, static_cast<size_t>(dp.num_params()));
+    scalars_ = compute_.allocate(floats * sizeof(float), MemoryCategory::kScratch, scalars_tracker_);
+  }
+}
+
+void DistributedOptimizer::all_reduce_scalars(std::span<float> values, ReduceOp op) {
+  Communicator& comm = dp_.communicator();
+  const auto n = static_cast<int64_t>(values.size());
+  if (comm.device().is_cpu()) {
+    comm.all_reduce(TensorView{values.data(), DType::kF32, Shape{n}, Device::cpu()}, {.op = op});
+    return;
+  }
+  // The collective reads the communicator's memory (as Megatron all-reduces its norm as a GPU
+  // tensor): the values go there and come back.
+  const TensorView staged = scalars_.view(DType::kF32, Shape{n});
+  compute_.copy_from_host(staged.data, values.data(), values.size_bytes());
+  comm.all_reduce(staged, {.op = op});
+  compute_.copy_to_host(values.data(), staged.data, values.size_bytes());
 }
 
 void DistributedOptimizer::set_lr(float lr) {
@@ -168,7 +188,7 @@ double DistributedOptimizer::grad_norm(double unscale) {
   const double local = local_grad_sum_of_squares() * unscale * unscale;
   float pair[2] = {static_cast<float>(local), 0.0f};
   if (std::isfinite(pair[0])) pair[1] = static_cast<float>(local - static_cast<double>(pair[0]));
-  dp_.communicator().all_reduce(TensorView{pair, DType::kF32, Shape{2}, Device::cpu()});
+  all_reduce_scalars(pair, ReduceOp::kSum);
   return std::sqrt(static_cast<double>(pair[0]) + static_cast<double>(pair[1]));
 }
 
@@ -215,8 +235,7 @@ std::vector<int> DistributedOptimizer::nonfinite_grad_params() {
       if (!compute_.all_finite(grads.flat().slice(r.in_shard.start, r.in_shard.size())))
         flags[static_cast<size_t>(r.param)] = 1.0f;
   }
-  dp_.communicator().all_reduce(TensorView{flags.data(), DType::kF32, Shape{static_cast<int64_t>(flags.size())}, Device::cpu()},
-                                {.op = ReduceOp::kMax});
+  all_reduce_scalars(flags, ReduceOp::kMax);
   std::vector<int> params;
   for (size_t p = 0; p < flags.size(); ++p)
     if (flags[p] != 0.0f) params.push_back(static_cast<int>(p));

@@ -9,54 +9,11 @@
 #include <string>
 #include <vector>
 
-#include <mxddp/compute.h>
-
 #include "comm/collective_checks.h"
+#include "comm/recording_compute.h"
 
 namespace mxddp::testing {
 namespace {
-
-// cpu_compute(), counting the collectives' calls; it may claim another device (for the checks of
-// where buffers live) and may fail its reductions.
-class RecordingCompute final : public Compute {
- public:
-  explicit RecordingCompute(Device device = Device::cpu(), bool fail_reduce = false)
-      : device_(device), fail_reduce_(fail_reduce) {}
-  std::string_view name() const override { return "recording"; }
-  Device device() const override { return device_; }
-  MemoryPlace place() const override { return MemoryPlace::kHost; }
-  void synchronize() override { ++synchronizes; }
-
-  std::atomic<int> reduces{0}, copies{0}, synchronizes{0};
-
- protected:
-  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) override {
-    return cpu().allocate(bytes, category, tracker);
-  }
-  void run_zero(void* data, size_t bytes) override { cpu().zero(data, bytes); }
-  void run_copy(void* dst, const void* src, size_t bytes) override { cpu().copy(dst, src, bytes); }
-  void run_copy_from_host(void* dst, const void* host, size_t bytes) override { cpu().copy(dst, host, bytes); }
-  void run_copy_to_host(void* host, const void* src, size_t bytes) override { cpu().copy(host, src, bytes); }
-  void run_convert(const TensorView& in, const TensorView& out) override { cpu().convert(in, out); }
-  bool run_all_finite(const TensorView& data) override { return cpu().all_finite(data); }
-  double run_sum_of_squares(std::span<const TensorView> runs) override { return cpu().sum_of_squares(runs); }
-  void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) override { cpu().adamw(shard, scalars); }
-  void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) override { cpu().sgd(shard, scalars); }
-  void run_reduce(const ReduceRun& run) override {
-    ++reduces;
-    if (fail_reduce_) MXDDP_FAIL("the device faulted (injected)");
-    cpu().reduce(run);
-  }
-  void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) override {
-    ++copies;
-    cpu().copy_to_many(src, dsts, bytes);
-  }
-
- private:
-  static Compute& cpu() { return cpu_compute(); }
-  const Device device_;
-  const bool fail_reduce_;
-};
 
 TEST(LocalGroupComputes, EveryCollectiveMovesThroughEachRanksOwnCompute) {
   constexpr int kRanks = 3;

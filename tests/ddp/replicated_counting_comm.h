@@ -21,7 +21,7 @@ class CountingBackend final : public CommBackend {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   std::string_view name() const override { return inner_.backend_name(); }
-  Device device() const override { return inner_.device(); }
+  Compute& compute() const override { return inner_.compute(); }
 
   // Runs on this communicator's progress thread; the inner one runs it on its own and we wait.
   void run(const CollectiveCall& c) override {
