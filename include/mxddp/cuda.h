@@ -171,7 +171,9 @@ void cuda_sum_of_squares(const void* grad, DType grad_dtype, int64_t n, double* 
 // The current device's Compute: its memory from device_allocator(), its work enqueued on stream
 // (the kernels above); all_finite and sum_of_squares wait for their result on the host. Its reduce
 // takes at most 64 inputs and 64 outputs (a local group's ranks on one device). One per
-// rank (each rank its own stream); not shared between threads.
+// rank (each rank its own stream), used by the rank's thread, except that its reduce, copy_to_many
+// and synchronize, which keep no state of their own, may also run on the rank's communicator
+// thread (the local backend's share of a collective) meanwhile.
 std::unique_ptr<Compute> make_cuda_compute(CudaStream stream);
 
 }  // namespace mxddp

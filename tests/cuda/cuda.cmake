@@ -2,8 +2,9 @@
 #   cuda_host_test: what runs without a device (argument checks, the missing-device reason).
 #   cuda_kernels_test: every kernel against its CPU reference, device memory and the allocator
 #     interface; exits 77 (skipped, saying why) where no CUDA device is usable (CI, this VM).
-#   cuda_local_group_test: the local backend's collectives on device buffers, 2 and 4 ranks on one
-#     GPU with a stream each, against the host run of the same job; skips likewise.
+#   cuda_local_group_test: the local backend's collectives on device buffers, then DDP and the
+#     distributed optimizer on them, 2 and 4 ranks on one GPU with a stream each, against the host
+#     run of the same jobs; skips likewise.
 mxddp_test(cuda_host_test cuda/cuda_host_test.cc)
 target_link_libraries(cuda_host_test PRIVATE mxddp_cuda)
 add_executable(cuda_kernels_test cuda/kernels_test.cc cuda/device_main.cc)
@@ -12,6 +13,6 @@ target_include_directories(cuda_kernels_test PRIVATE ${PROJECT_SOURCE_DIR}/src $
 add_test(NAME cuda_kernels_test COMMAND cuda_kernels_test)
 set_tests_properties(cuda_kernels_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 add_executable(cuda_local_group_test cuda/local_group_test.cc cuda/device_main.cc)
-target_link_libraries(cuda_local_group_test PRIVATE mxddp_cuda mxddp_comm GTest::gtest)
+target_link_libraries(cuda_local_group_test PRIVATE mxddp_cuda mxddp_optim mxddp_ddp mxddp_comm GTest::gtest)
 add_test(NAME cuda_local_group_test COMMAND cuda_local_group_test)
 set_tests_properties(cuda_local_group_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

@@ -1,11 +1,13 @@
 // The local backend on device memory: 2 and 4 ranks as threads on one GPU, each with its own stream
-// and CUDA compute (LocalOptions::computes), run every collective on device buffers, and the
-// results must be the bits the same job gives on host memory (the CPU's kernels). Needs a device:
+// and CUDA compute (LocalOptions::computes), run every collective on device buffers, then DDP and
+// the distributed optimizer train on them (their buffers on the communicator's compute); the
+// results must be the bits the same jobs give on host memory (the CPU's kernels). Needs a device:
 // device_main.cc skips (77) saying why where there is none.
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -13,6 +15,8 @@
 #include <mxddp/comm.h>
 #include <mxddp/compute.h>
 #include <mxddp/cuda.h>
+#include <mxddp/ddp.h>
+#include <mxddp/optim.h>
 
 namespace mxddp::testing {
 namespace {
@@ -66,14 +70,12 @@ std::vector<uint8_t> run_job(Communicator& comm, Compute& compute) {
   return out;
 }
 
-// Every rank's result on the host and on the device; equal bytes, except that a NaN may carry the
-// device's own payload.
-void expect_device_matches_host(int ranks) {
-  std::vector<std::vector<uint8_t>> on_host(static_cast<size_t>(ranks)), on_device(static_cast<size_t>(ranks));
-  run_local(ranks, [&](Communicator& comm) {
-    on_host[static_cast<size_t>(comm.rank())] = run_job(comm, cpu_compute());
-  });
-
+// Runs job on `ranks` ranks on the host (cpu_compute) and on the device (a stream and CUDA compute
+// per rank); returns what each rank's job returned, host runs first.
+template <typename Result, typename Job>
+std::pair<std::vector<Result>, std::vector<Result>> host_and_device(int ranks, Job job) {
+  std::vector<Result> on_host(static_cast<size_t>(ranks)), on_device(static_cast<size_t>(ranks));
+  run_local(ranks, [&](Communicator& comm) { on_host[static_cast<size_t>(comm.rank())] = job(comm, cpu_compute()); });
   std::vector<OwnedCudaStream> streams(static_cast<size_t>(ranks));
   std::vector<std::unique_ptr<Compute>> computes;
   LocalOptions options{.timeout_ms = 60'000};
@@ -83,9 +85,64 @@ void expect_device_matches_host(int ranks) {
   }
   run_local(ranks, [&](Communicator& comm) {
     EXPECT_EQ(comm.device(), Device::cuda(0));
-    on_device[static_cast<size_t>(comm.rank())] = run_job(comm, *computes[static_cast<size_t>(comm.rank())]);
+    on_device[static_cast<size_t>(comm.rank())] = job(comm, *computes[static_cast<size_t>(comm.rank())]);
   }, options);
+  return {std::move(on_host), std::move(on_device)};
+}
 
+// DDP (bf16 params, f32 grads, the grad reduce overlapped) and AdamW on the distributed optimizer,
+// 3 steps with grads made on the host from (rank, step, param) and copied into main_grad as a
+// model's backward would leave them; returns the param buffer's bytes after the last gather.
+struct DdpResult {
+  std::vector<uint8_t> params;
+  std::vector<double> norms;
+};
+
+DdpResult train_ddp(Communicator& comm, Compute& compute) {
+  const std::vector<ParamSpec> specs{{.name = "embedding", .shape = Shape{320, 64}},
+                                     {.name = "fc1.weight", .shape = Shape{256, 64}},
+                                     {.name = "fc1.bias", .shape = Shape{256}},
+                                     {.name = "fc2.weight", .shape = Shape{64, 256}},
+                                     {.name = "norm", .shape = Shape{64}}};
+  std::vector<std::vector<float>> init;
+  std::vector<TensorView> init_views;
+  for (size_t p = 0; p < specs.size(); ++p) {
+    init.emplace_back(static_cast<size_t>(specs[p].shape.numel()));
+    for (size_t i = 0; i < init.back().size(); ++i) init.back()[i] = 0.02f * std::sin(static_cast<float>(i * (p + 1)));
+    init_views.push_back(TensorView{init.back().data(), DType::kF32, specs[p].shape, Device::cpu()});
+  }
+  DdpConfig config;
+  config.use_distributed_optimizer = true;
+  config.overlap_grad_reduce = true;
+  config.bucket_size = 20'000;
+  MemoryTracker tracker;
+  DistributedDataParallel ddp(comm, specs, config, tracker, init_views);
+  EXPECT_EQ(&ddp.compute(), &compute) << "the buffers live on the communicator's compute";
+  DistributedOptimizer opt(ddp, {.lr = 1e-2f, .weight_decay = 0.1f, .clip_grad = 0}, tracker);
+  DdpResult out;
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    for (int p = static_cast<int>(specs.size()) - 1; p >= 0; --p) {  // backward's order
+      std::vector<float> grad(static_cast<size_t>(specs[static_cast<size_t>(p)].shape.numel()));
+      for (size_t i = 0; i < grad.size(); ++i)
+        grad[i] = std::cos(static_cast<float>(i + 7 * step + 13 * p) * 0.37f * static_cast<float>(comm.rank() + 1));
+      compute.copy_from_host(ddp.main_grad(p).data, grad.data(), grad.size() * sizeof(float));
+      ddp.grad_ready(p);
+    }
+    ddp.finish_grad_sync();
+    out.norms.push_back(opt.step().grad_norm);
+  }
+  opt.force_param_sync();
+  const TensorView all = ddp.buffer().param_buffer();
+  out.params.resize(all.nbytes());
+  compute.copy_to_host(out.params.data(), all.data, all.nbytes());
+  return out;
+}
+
+// Every rank's result on the host and on the device; equal bytes, except that a NaN may carry the
+// device's own payload.
+void expect_device_matches_host(int ranks) {
+  const auto [on_host, on_device] = host_and_device<std::vector<uint8_t>>(ranks, run_job);
   const size_t whole = static_cast<size_t>(kBlock * ranks);
   for (int r = 0; r < ranks; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -111,6 +168,22 @@ void expect_device_matches_host(int ranks) {
 
 TEST(CudaLocalGroup, TwoRanksOnOneDeviceMatchTheHostRun) { expect_device_matches_host(2); }
 TEST(CudaLocalGroup, FourRanksOnOneDeviceMatchTheHostRun) { expect_device_matches_host(4); }
+
+// The update is bit-exact on the device (compute_test), the grads' reduction too, so the params
+// are the host's bytes; the norm (not used: no clipping) differs only by its order of additions.
+TEST(CudaLocalGroup, DdpAndTheDistributedOptimizerOnOneDeviceMatchTheHostRun) {
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const auto [host, device] = host_and_device<DdpResult>(ranks, train_ddp);
+    for (int r = 0; r < ranks; ++r) {
+      const DdpResult& a = host[static_cast<size_t>(r)];
+      const DdpResult& b = device[static_cast<size_t>(r)];
+      EXPECT_TRUE(a.params == b.params) << "rank " << r << ": the params differ";
+      ASSERT_EQ(a.norms.size(), b.norms.size());
+      for (size_t s = 0; s < a.norms.size(); ++s) EXPECT_NEAR(a.norms[s], b.norms[s], 1e-9 * a.norms[s]) << "step " << s;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace mxddp::testing
