@@ -88,12 +88,21 @@ class LocalGroupState {
     if (!aborted_) abort_locked(reason);
   }
 
-  // After step 3: throws if the group was aborted, as it is when a rank fails to move its share
-  // (before departing), so that no rank returns a result a peer left half written.
-  void check_not_aborted(int rank, CollectiveKind kind, uint64_t seq) {
+  // A rank could not move its share of collective seq (before departing): aborts the group and
+  // marks that collective failed for every rank.
+  void fail_collective(uint64_t seq, const std::string& reason) {
     std::lock_guard lock(mutex_);
-    MXDDP_CHECK(!aborted_, "local communicator (rank {}): {} #{} failed: {}", rank, collective_name(kind), seq,
-                abort_reason_);
+    if (!aborted_) abort_locked(reason);
+    failed_seq_ = seq;
+  }
+
+  // After step 3: throws if a rank failed its share of collective seq, so that no rank returns a
+  // result a peer left half written. An abort for another reason (a rank's thread failing after
+  // the collective) does not undo a collective that completed; the next one fails instead.
+  void check_completed(int rank, CollectiveKind kind, uint64_t seq) {
+    std::lock_guard lock(mutex_);
+    MXDDP_CHECK(failed_seq_ != seq, "local communicator (rank {}): {} #{} failed: {}", rank, collective_name(kind),
+                seq, abort_reason_);
   }
 
  private:
@@ -116,6 +125,7 @@ class LocalGroupState {
   uint64_t depart_generation_ = 0;
   bool aborted_ = false;
   std::string abort_reason_;
+  uint64_t failed_seq_ = 0;  // the collective a rank failed to move its share of; 0: none
 };
 
 namespace {
@@ -152,8 +162,8 @@ class LocalBackend final : public CommBackend {
     // every rank: the group aborts, so that peers waiting to arrive or reading this rank's result
     // stop, and no rank returns a result this one left half written.
     const auto abort_group = [&](const std::exception& e) {
-      group_->abort(fmt::format("rank {} could not move its share of {} #{}: {}", rank_, collective_name(call.kind),
-                                seq, e.what()));
+      group_->fail_collective(seq, fmt::format("rank {} could not move its share of {} #{}: {}", rank_,
+                                               collective_name(call.kind), seq, e.what()));
     };
     try {
       compute_.synchronize();
@@ -183,7 +193,7 @@ class LocalBackend final : public CommBackend {
     if (failure) std::rethrow_exception(failure);
     MXDDP_CHECK(mismatch.empty(), "{} #{}: ranks disagree: rank 0 vs rank {}: {}", collective_name(call.kind),
                 seq, mismatched_rank, mismatch);
-    group_->check_not_aborted(rank_, call.kind, seq);
+    group_->check_completed(rank_, call.kind, seq);
   }
 
  private:

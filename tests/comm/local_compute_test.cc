@@ -11,6 +11,7 @@
 
 #include "comm/collective_checks.h"
 #include "comm/recording_compute.h"
+#include "core/error_of.h"
 
 namespace mxddp::testing {
 namespace {
@@ -78,29 +79,21 @@ TEST(LocalGroupComputes, AComputeThatFailsFailsTheCollectiveOnEveryRankWithoutAH
 }
 
 TEST(LocalGroupComputes, ComputesThatDoNotFitTheGroupAndViewsElsewhereAreErrors) {
-  const auto message = [](auto&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   RecordingCompute cpu0, cpu1, gpu1(Device::cuda(1)), gpu3(Device::cuda(3)), gpu3b(Device::cuda(3));
-  EXPECT_NE(message([&] { LocalGroup(2, {.computes = {&cpu0}}); }).find("2 ranks got 1 computes"), std::string::npos);
-  EXPECT_NE(message([&] { LocalGroup(2, {.computes = {&cpu0, nullptr}}); }).find("compute of local rank 1 is null"),
+  EXPECT_NE(error_of([&] { LocalGroup(2, {.computes = {&cpu0}}); }).find("2 ranks got 1 computes"), std::string::npos);
+  EXPECT_NE(error_of([&] { LocalGroup(2, {.computes = {&cpu0, nullptr}}); }).find("compute of local rank 1 is null"),
             std::string::npos);
-  EXPECT_NE(message([&] { LocalGroup(2, {.computes = {&cpu0, &gpu1}}); })
+  EXPECT_NE(error_of([&] { LocalGroup(2, {.computes = {&cpu0, &gpu1}}); })
                 .find("local rank 1's compute works on cuda:1 but rank 0's on cpu"),
             std::string::npos);
   LocalGroup on_device(2, {.computes = {&gpu3, &gpu3b}});
   EXPECT_EQ(on_device.communicator(0).device(), Device::cuda(3));
   float x[4] = {};
-  EXPECT_NE(message([&] { on_device.communicator(0).all_reduce(TensorView{x, DType::kF32, Shape{4}, Device::cpu()}); })
+  EXPECT_NE(error_of([&] { on_device.communicator(0).all_reduce(TensorView{x, DType::kF32, Shape{4}, Device::cpu()}); })
                 .find("all_reduce: buffer is on cpu; this communicator's buffers are on cuda:3"),
             std::string::npos);
   LocalGroup on_host(2, {.computes = {&cpu0, &cpu1}});
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               on_host.communicator(1).all_gather(TensorView{x, DType::kF32, Shape{2}, Device::cuda(0)},
                                                  TensorView{x, DType::kF32, Shape{4}, Device::cpu()});
             }).find("all_gather: input is on cuda:0; this communicator's buffers are on cpu"),

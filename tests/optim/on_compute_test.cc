@@ -12,6 +12,7 @@
 #include <mxddp/fsdp.h>
 
 #include "comm/recording_compute.h"
+#include "core/error_of.h"
 #include "optim/optim_checks.h"
 
 namespace mxddp::testing {
@@ -83,21 +84,13 @@ TEST(OnRankCompute, WhatIsNotOnADeviceYetIsRefusedNamingIt) {
   LocalGroup group(2, {.timeout_ms = 10'000, .computes = {&c0, &c1}});
   Communicator& comm = group.communicator(0);
   MemoryTracker tracker;
-  const auto message = [](auto&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   DdpConfig fp8 = optim_ddp_config();
   fp8.fp8_param_gather = true;
-  EXPECT_NE(message([&] { DistributedDataParallel(comm, mlp_params(), fp8, tracker); })
+  EXPECT_NE(error_of([&] { DistributedDataParallel(comm, mlp_params(), fp8, tracker); })
                 .find("fp8_param_gather on cuda:5: MXFP8 params are kept and quantized in host memory only"),
             std::string::npos);
   std::vector<std::vector<int>> units{{0, 1}, {2, 3}};
-  EXPECT_NE(message([&] { FullyShardedDataParallel(comm, mlp_params(), units, FsdpConfig{}, tracker, {}, nullptr); })
+  EXPECT_NE(error_of([&] { FullyShardedDataParallel(comm, mlp_params(), units, FsdpConfig{}, tracker, {}, nullptr); })
                 .find("FSDP on cuda:5: its storage and gathers are in host memory so far"),
             std::string::npos);
   EXPECT_EQ(tracker.usage().live(MemoryCategory::kGrads), 0) << "a refused wrapper leaves nothing allocated";
