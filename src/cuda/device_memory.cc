@@ -1,6 +1,6 @@
-// The device side's runtime glue (cuda.h): whether a device is usable, streams, synchronization and copies,
-// the stream-ordered allocator interface with the CUDA runtime's pool as its default, and
-// DeviceBuffer, charged to a MemoryTracker as HostBuffer is.
+// The device side's runtime glue (cuda.h): whether a device is usable, streams, synchronization
+// and copies, the stream-ordered allocator interface with the CUDA runtime's pool as its default,
+// and DeviceBuffer, charged to a MemoryTracker as HostBuffer is.
 #include <atomic>
 #include <cstdlib>
 

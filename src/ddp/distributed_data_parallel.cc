@@ -203,7 +203,7 @@ void DistributedDataParallel::zero_grad_buffer() {
   wait_all_issued();  // a collective may still be reading the buffer
   param_sync_->before_zero_grad_buffer();  // with reuse, a pending sync stages in this buffer
   const TensorView grads = buffer_.grad_buffer();
-  buffer_.compute().zero(grads.data, grads.nbytes());  // on the CPU over the rank's threads
+  buffer_.compute().zero(grads.data, grads.nbytes());  // the rank's threads, or its stream
   grads_live_ = false;
   reset_iteration();
 }
