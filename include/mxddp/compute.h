@@ -1,14 +1,15 @@
 // mxddp compute: the element work a rank does on its own buffers, behind one small interface per
 // place of memory (ggml's backend idea), so that the code paths above it (today the param and grad
-// buffers' allocation, DDP's zeroing and NaN check, and the distributed optimizer's step) are
+// buffers' allocation, DDP's zeroing and NaN check, the MXFP8 copies of fp8_param_gather, and the
+// distributed optimizer's step) are
 // written once and run on host memory or on a device's.
 //
 // Owns:
 //   - Compute, the interface: allocate a rank's memory (charged to a MemoryTracker), zero, copy,
 //     the f32 <-> bf16 casts, the NaN/Inf test, the grad norm's sum of squares, the AdamW and
-//     SGD updates of one contiguous run of a shard, and the collectives' data movement (the
-//     reduction of several ranks' buffers, one source copied to several), which the local
-//     backend (comm.h) runs on its ranks' memory, host or device;
+//     SGD updates of one contiguous run of a shard, MXFP8 quantization, and the collectives'
+//     data movement (the reduction of several ranks' buffers, one source copied to several),
+//     which the local backend (comm.h) runs on its ranks' memory, host or device;
 //   - cpu_compute(), the host's implementation: the CPU kernels every device kernel is tested
 //     against, spread over the rank's threads so that results do not depend on the thread count;
 //   - the scalars of one AdamW or SGD step (AdamWScalars, SgdScalars), shared with mxddp/cuda.h.
@@ -28,6 +29,7 @@
 
 #include <mxddp/core.h>
 #include <mxddp/memory.h>
+#include <mxddp/quant.h>
 
 namespace mxddp {
 
@@ -135,6 +137,11 @@ class Compute {
   double sum_of_squares(std::span<const TensorView> runs);
   void adamw(const ShardUpdate& shard, const AdamWScalars& scalars);
   void sgd(const ShardUpdate& shard, const SgdScalars& scalars);
+  // quant.h's mx_quantize into one orientation of an MXFP8 tensor in this memory (a model's MXFP8
+  // copy of a gathered param), the same bits on every implementation:
+  //   input     in   [M, N] f32 or bf16
+  //   out.data  out  [M, N] u8; out.scales out: mx_scale_shape(M, N, out.options.axis) u8
+  void mx_quantize(const TensorView& input, const Mxfp8View& out);
   // The collectives' two data movements: a reduction (ReduceRun), and dsts[j][0, bytes) = src[0,
   // bytes) for every destination (a gather's or broadcast's push; none may overlap src or another).
   void reduce(const ReduceRun& run);
@@ -154,6 +161,7 @@ class Compute {
   virtual double run_sum_of_squares(std::span<const TensorView> runs) = 0;
   virtual void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) = 0;
   virtual void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) = 0;
+  virtual void run_mx_quantize(const TensorView& input, const Mxfp8View& out) = 0;  // M, N > 0
   virtual void run_reduce(const ReduceRun& run) = 0;  // count > 0
   virtual void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) = 0;  // bytes > 0
 };

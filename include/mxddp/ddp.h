@@ -150,8 +150,7 @@ class DistributedDataParallel final : public DataParallel {
   // and a param marked mxfp8 has none: use mxfp8_param.
   TensorView param(int index) const override;
   bool is_mxfp8(int index) const override;
-  Mxfp8View mxfp8_param(int index, QuantAxis axis) const override;
-  const Mxfp8Tensor& mxfp8_tensor(int index) const;  // both orientations
+  Mxfp8View mxfp8_param(int index, QuantAxis axis) const override;  // in compute()'s memory
   TensorView main_grad(int index) override { return buffer_.main_grad(index); }
   TensorView main_grad(int index) const { return buffer_.main_grad(index); }
   // The gradient of param `index` in main_grad is final for this micro-batch. Throws if it was

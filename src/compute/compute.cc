@@ -2,6 +2,8 @@
 // implementation's run_* does the work.
 #include <mxddp/compute.h>
 
+#include "../quant/mxfp8_checks.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -112,6 +114,14 @@ void Compute::adamw(const ShardUpdate& shard, const AdamWScalars& scalars) {
 void Compute::sgd(const ShardUpdate& shard, const SgdScalars& scalars) {
   check_shard("sgd", shard, /*two_states=*/false, *this);
   if (shard.grads.numel() > 0) run_sgd(shard, scalars);
+}
+
+void Compute::mx_quantize(const TensorView& input, const Mxfp8View& out) {
+  check_mx_views(input, out.data, out.scales, out.options, "mx_quantize", device().kind);
+  check_device("mx_quantize", "the input", input, *this);
+  check_device("mx_quantize", "the data", out.data, *this);
+  check_device("mx_quantize", "the scales", out.scales, *this);
+  if (input.numel() > 0) run_mx_quantize(input, out);
 }
 
 void Compute::reduce(const ReduceRun& run) {

@@ -110,6 +110,11 @@ class CpuCompute final : public Compute {
     });
   }
 
+  // quant.h's codec, which splits a large tensor across the machine's cores itself.
+  void run_mx_quantize(const TensorView& input, const Mxfp8View& out) override {
+    mxddp::mx_quantize(input, out.data, out.scales, out.options);
+  }
+
   void run_reduce(const ReduceRun& r) override {
     reduce_arrays_to(r.dtype, r.op, r.inputs.data(), static_cast<int>(r.inputs.size()), r.count, r.outputs.data(),
                      static_cast<int>(r.outputs.size()), r.prescale);

@@ -86,6 +86,10 @@ class CudaCompute final : public Compute {
     cuda_sgd(s.grads.data, s.grads.dtype, s.main, s.state0, staged(s), s.params.dtype, s.grads.numel(), scalars, stream_);
   }
 
+  void run_mx_quantize(const TensorView& input, const Mxfp8View& out) override {
+    cuda_mx_quantize(input, out.data, out.scales, out.options, stream_);
+  }
+
   void run_reduce(const ReduceRun& r) override {
     constexpr size_t kMax = cuda_kernels::kReduceBuffersMax;
     MXDDP_CHECK(r.inputs.size() <= kMax && r.outputs.size() <= kMax,

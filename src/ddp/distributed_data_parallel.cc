@@ -22,12 +22,9 @@ LayoutOptions DdpConfig::layout_options(int dp) const {
 }
 
 namespace {
-// The buffers live where the communicator's collectives run (its rank's compute): host memory, or
-// a local group's device.
+// The buffers (and the MXFP8 and BF16 copies of fp8_param_gather) live where the communicator's
+// collectives run (its rank's compute): host memory, or a local group's device.
 BufferOptions buffer_options(const DdpConfig& c, Communicator& comm) {
-  MXDDP_CHECK(!c.fp8_param_gather || comm.device().is_cpu(),
-              "fp8_param_gather on {}: MXFP8 params are kept and quantized in host memory only so far; "
-              "run them with a host communicator, or turn fp8_param_gather off", to_string(comm.device()));
   return BufferOptions{.param_dtype = c.param_dtype, .grad_reduce_in_fp32 = c.grad_reduce_in_fp32,
                        .buckets_per_group = c.buckets_per_group,
                        .params_in_grad_buffer = c.reuse_grad_buf_for_mxfp8_param_ag, .compute = &comm.compute()};
@@ -97,13 +94,11 @@ bool DistributedDataParallel::is_mxfp8(int index) const {
   return store_ && store_->is_mxfp8(index);
 }
 
-Mxfp8View DistributedDataParallel::mxfp8_param(int index, QuantAxis axis) const { return mxfp8_tensor(index).view(axis); }
-
-const Mxfp8Tensor& DistributedDataParallel::mxfp8_tensor(int index) const {
+Mxfp8View DistributedDataParallel::mxfp8_param(int index, QuantAxis axis) const {
   MXDDP_CHECK(index >= 0 && index < num_params(), "param index {} out of range; valid: 0..{}", index, num_params() - 1);
   MXDDP_CHECK(store_, "param '{}' is not an MXFP8 param (mark it mxfp8 and turn on fp8_param_gather)",
               buffer_.params()[static_cast<size_t>(index)].name);
-  return store_->mxfp8(index);
+  return store_->mxfp8(index, axis);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {

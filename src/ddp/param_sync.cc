@@ -2,7 +2,6 @@
 #include "param_sync.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace mxddp {
 
@@ -43,7 +42,7 @@ void ParamSync::on_gathered(int group) {
     // The staging view overlaps other buckets' gradients: leave it zero for them.
     if (options_.reuse_grad_buf_for_mxfp8_param_ag) {
       const TensorView staging = buffer_.bucket_params(b);
-      std::memset(staging.data, 0, staging.nbytes());
+      buffer_.compute().zero(staging.data, staging.nbytes());
     }
   }
 }

@@ -21,7 +21,7 @@ class RecordingCompute final : public Compute {
   MemoryPlace place() const override { return MemoryPlace::kHost; }
   void synchronize() override { ++synchronizes; }
 
-  std::atomic<int> allocations{0}, reduces{0}, copies{0}, synchronizes{0};
+  std::atomic<int> allocations{0}, reduces{0}, copies{0}, synchronizes{0}, quantizes{0};
 
  protected:
   // Host memory, labelled with the claimed device: the code above sees the device's views.
@@ -45,6 +45,10 @@ class RecordingCompute final : public Compute {
   }
   void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) override { cpu().adamw(host(shard), scalars); }
   void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) override { cpu().sgd(host(shard), scalars); }
+  void run_mx_quantize(const TensorView& input, const Mxfp8View& out) override {
+    ++quantizes;
+    cpu().mx_quantize(host(input), {host(out.data), host(out.scales), out.options});
+  }
   void run_reduce(const ReduceRun& run) override {
     ++reduces;
     if (fail_reduce_) MXDDP_FAIL("the device faulted (injected)");

@@ -3,6 +3,7 @@
 // and finiteness test, the optimizer kernels (src/optim/adamw_kernel.h) run on one thread, and the
 // collectives' reduction written out element by element. Equal bits everywhere but the sum of
 // squares, whose order is each implementation's own (and a NaN's payload, a device's own).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -416,6 +417,69 @@ TEST_P(ComputeConformance, CopyToManyAndBadReductionsNamingWhatIsWrong) {
   EXPECT_NE(message(DType::kE4M3, ReduceOp::kSum, 1.0f, inputs).find("dtype e4m3; valid"), std::string::npos);
   EXPECT_NE(message(DType::kF32, ReduceOp::kSum, 1.0f, {}).find("0 inputs"), std::string::npos);
   EXPECT_EQ(message(DType::kF32, ReduceOp::kSum, 1.0f, inputs), "");
+}
+
+// quant.h's codec (mx_quantize on the host, the reference every implementation must equal): both
+// orientations and formats, both scale rules, f32 and bf16 inputs, shapes with partial blocks, and
+// zero, Inf and NaN blocks among the awkward floats.
+TEST_P(ComputeConformance, MxQuantizeMatchesTheHostCodec) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{77, 45}, {64, 96}, {1, 1}, {33, 257}}) {
+    const auto n = static_cast<size_t>(rows * cols);
+    std::vector<float> values = awkward_floats(n, static_cast<unsigned>(rows * 1000 + cols));
+    for (size_t i = 0; i < std::min<size_t>(n, 32); ++i) values[i] = 0.0f;  // a zero block (row-wise)
+    const Shape shape{rows, cols};
+    std::vector<bf16_bits> halves(n);
+    convert_f32_to_bf16(values.data(), halves.data(), n);
+    ComputeBuffer in32 = upload(values), in16 = upload(halves);
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
+        for (Fp8Format elem : {Fp8Format::kE4M3, Fp8Format::kE5M2})
+          for (ScaleMode mode : {ScaleMode::kRceil, ScaleMode::kFloor}) {
+            SCOPED_TRACE(fmt::format("{}x{} {} {} {} {}", rows, cols, dtype_name(dtype), quant_axis_name(axis),
+                                     fp8_format_name(elem), scale_mode_name(mode)));
+            const QuantizeOptions options{elem, mode, axis};
+            const Shape scale_shape = mx_scale_shape(rows, cols, axis);
+            const auto scale_numel = static_cast<size_t>(scale_shape.numel());
+            const TensorView host_in = dtype == DType::kF32 ? TensorView{values.data(), dtype, shape}
+                                                            : TensorView{halves.data(), dtype, shape};
+            std::vector<uint8_t> want_data(n), want_scales(scale_numel);
+            mx_quantize(host_in, {want_data.data(), DType::kU8, shape}, {want_scales.data(), DType::kU8, scale_shape},
+                        options);
+            ComputeBuffer data = compute_->allocate(n, MemoryCategory::kMxfp8, tracker_);
+            ComputeBuffer scales = compute_->allocate(scale_numel, MemoryCategory::kMxfp8, tracker_);
+            const ComputeBuffer& in = dtype == DType::kF32 ? in32 : in16;
+            compute_->mx_quantize(in.view(dtype, shape),
+                                  {data.view(DType::kU8, shape), scales.view(DType::kU8, scale_shape), options});
+            ASSERT_EQ(download<uint8_t>(data, n), want_data);
+            ASSERT_EQ(download<uint8_t>(scales, scale_numel), want_scales);
+          }
+  }
+}
+
+TEST_P(ComputeConformance, BadMxQuantizeArgumentsAreErrorsNamingWhatIsWrong) {
+  ComputeBuffer in = compute_->allocate(64 * 4, MemoryCategory::kScratch, tracker_);
+  ComputeBuffer data = compute_->allocate(64, MemoryCategory::kScratch, tracker_);
+  ComputeBuffer scales = compute_->allocate(8, MemoryCategory::kScratch, tracker_);
+  const auto message = [&](const TensorView& input, const Mxfp8View& out) {
+    try {
+      compute_->mx_quantize(input, out);
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string();
+  };
+  const Shape shape{2, 32};
+  const Mxfp8View good{data.view(DType::kU8, shape), scales.view(DType::kU8, Shape{2, 1}), {}};
+  EXPECT_EQ(message(in.view(DType::kF32, shape), good), "");
+  EXPECT_NE(message(in.view(DType::kF32, Shape{64}), good).find("expects a 2-D [M, N] tensor; got [64]"),
+            std::string::npos);
+  Mxfp8View bad_scales = good;
+  bad_scales.scales = scales.view(DType::kU8, Shape{1, 2});
+  EXPECT_NE(message(in.view(DType::kF32, shape), bad_scales).find("scales must be u8 [2, 1]"), std::string::npos);
+  // Host memory handed to a device's implementation (or a device's to the host's) is refused.
+  std::vector<float> host(64);
+  TensorView elsewhere{host.data(), DType::kF32, shape, compute_->device().is_cpu() ? Device::cuda(3) : Device::cpu()};
+  EXPECT_NE(message(elsewhere, good), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Usable, ComputeConformance, ::testing::ValuesIn(usable_computes()),

@@ -92,17 +92,20 @@ std::pair<std::vector<Result>, std::vector<Result>> host_and_device(int ranks, J
 
 // DDP (bf16 params, f32 grads, the grad reduce overlapped) and AdamW on the distributed optimizer,
 // 3 steps with grads made on the host from (rank, step, param) and copied into main_grad as a
-// model's backward would leave them; returns the param buffer's bytes after the last gather.
+// model's backward would leave them; returns the param buffer's bytes after the last gather. With
+// mxfp8_reuse the weights are MXFP8 params gathered through the grad buffer (fp8_param_gather and
+// reuse_grad_buf_for_mxfp8_param_ag), and the result is the model's copies instead: every MXFP8
+// param's data and scales in both orientations, quantized on the device, and the others' bf16.
 struct DdpResult {
   std::vector<uint8_t> params;
   std::vector<double> norms;
 };
 
-DdpResult train_ddp(Communicator& comm, Compute& compute) {
-  const std::vector<ParamSpec> specs{{.name = "embedding", .shape = Shape{320, 64}},
-                                     {.name = "fc1.weight", .shape = Shape{256, 64}},
+DdpResult train_ddp(Communicator& comm, Compute& compute, bool mxfp8_reuse) {
+  const std::vector<ParamSpec> specs{{.name = "embedding", .shape = Shape{320, 64}, .mxfp8 = mxfp8_reuse},
+                                     {.name = "fc1.weight", .shape = Shape{256, 64}, .mxfp8 = mxfp8_reuse},
                                      {.name = "fc1.bias", .shape = Shape{256}},
-                                     {.name = "fc2.weight", .shape = Shape{64, 256}},
+                                     {.name = "fc2.weight", .shape = Shape{64, 256}, .mxfp8 = mxfp8_reuse},
                                      {.name = "norm", .shape = Shape{64}}};
   std::vector<std::vector<float>> init;
   std::vector<TensorView> init_views;
@@ -115,6 +118,8 @@ DdpResult train_ddp(Communicator& comm, Compute& compute) {
   config.use_distributed_optimizer = true;
   config.overlap_grad_reduce = true;
   config.bucket_size = 20'000;
+  config.fp8_param_gather = mxfp8_reuse;
+  config.reuse_grad_buf_for_mxfp8_param_ag = mxfp8_reuse;
   MemoryTracker tracker;
   DistributedDataParallel ddp(comm, specs, config, tracker, init_views);
   EXPECT_EQ(&ddp.compute(), &compute) << "the buffers live on the communicator's compute";
@@ -133,9 +138,20 @@ DdpResult train_ddp(Communicator& comm, Compute& compute) {
     out.norms.push_back(opt.step().grad_norm);
   }
   opt.force_param_sync();
-  const TensorView all = ddp.buffer().param_buffer();
-  out.params.resize(all.nbytes());
-  compute.copy_to_host(out.params.data(), all.data, all.nbytes());
+  auto append = [&](const TensorView& v) {
+    const size_t at = out.params.size();
+    out.params.resize(at + v.nbytes());
+    compute.copy_to_host(out.params.data() + at, v.data, v.nbytes());
+  };
+  if (!mxfp8_reuse) append(ddp.buffer().param_buffer());
+  for (int p = 0; mxfp8_reuse && p < ddp.num_params(); ++p) {
+    if (!ddp.is_mxfp8(p)) append(ddp.param(p));
+    else
+      for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
+        append(ddp.mxfp8_param(p, axis).data);
+        append(ddp.mxfp8_param(p, axis).scales);
+      }
+  }
   return out;
 }
 
@@ -171,18 +187,22 @@ TEST(CudaLocalGroup, FourRanksOnOneDeviceMatchTheHostRun) { expect_device_matche
 
 // The update is bit-exact on the device (compute_test), the grads' reduction too, so the params
 // are the host's bytes; the norm (not used: no clipping) differs only by its order of additions.
+// With MXFP8 params the quantization is bit-exact too (cuda_kernels_test), so their copies are.
 TEST(CudaLocalGroup, DdpAndTheDistributedOptimizerOnOneDeviceMatchTheHostRun) {
-  for (int ranks : {2, 4}) {
-    SCOPED_TRACE(std::to_string(ranks) + " ranks");
-    const auto [host, device] = host_and_device<DdpResult>(ranks, train_ddp);
-    for (int r = 0; r < ranks; ++r) {
-      const DdpResult& a = host[static_cast<size_t>(r)];
-      const DdpResult& b = device[static_cast<size_t>(r)];
-      EXPECT_TRUE(a.params == b.params) << "rank " << r << ": the params differ";
-      ASSERT_EQ(a.norms.size(), b.norms.size());
-      for (size_t s = 0; s < a.norms.size(); ++s) EXPECT_NEAR(a.norms[s], b.norms[s], 1e-9 * a.norms[s]) << "step " << s;
+  for (int ranks : {2, 4})
+    for (bool mxfp8_reuse : {false, true}) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks" +
+                   (mxfp8_reuse ? ", MXFP8 params gathered through the grad buffer" : ""));
+      const auto [host, device] = host_and_device<DdpResult>(
+          ranks, [&](Communicator& comm, Compute& compute) { return train_ddp(comm, compute, mxfp8_reuse); });
+      for (int r = 0; r < ranks; ++r) {
+        const DdpResult& a = host[static_cast<size_t>(r)];
+        const DdpResult& b = device[static_cast<size_t>(r)];
+        EXPECT_TRUE(a.params == b.params) << "rank " << r << ": the params differ";
+        ASSERT_EQ(a.norms.size(), b.norms.size());
+        for (size_t s = 0; s < a.norms.size(); ++s) EXPECT_NEAR(a.norms[s], b.norms[s], 1e-9 * a.norms[s]) << "step " << s;
+      }
     }
-  }
 }
 
 }  // namespace

@@ -279,9 +279,9 @@ TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradient
     GlobalMemoryBuffer pool(tracker);
     DistributedDataParallel ddp(comm, specs, {.use_distributed_optimizer = true, .fp8_param_gather = true}, tracker,
                                 init_f32.views);
-    auto dequantized = [](const Mxfp8Tensor& q, QuantAxis axis, const Shape& shape) {
+    auto dequantized = [](const Mxfp8View& q, const Shape& shape) {
       std::vector<float> v(static_cast<size_t>(shape.numel()));
-      mx_dequantize(q.data(axis), q.scales(axis), {v.data(), DType::kF32, shape}, q.options(axis));
+      mx_dequantize(q.data, q.scales, {v.data(), DType::kF32, shape}, q.options);
       return std::vector<double>(v.begin(), v.end());
     };
     std::vector<std::vector<double>> row(specs.size()), col(specs.size());
@@ -295,12 +295,12 @@ TEST(GptModelOverDdp, Mxfp8WeightsAreRowWiseInForwardAndColumnWiseInDataGradient
         continue;
       }
       ++mxfp8_params;
-      const Mxfp8Tensor& q = ddp.mxfp8_tensor(static_cast<int>(i));
+      const Mxfp8View q_row = ddp.mxfp8_param(static_cast<int>(i), QuantAxis::kRow);
+      const Mxfp8View q_col = ddp.mxfp8_param(static_cast<int>(i), QuantAxis::kCol);
       std::vector<float> replacement(other[i].begin(), other[i].end());
-      mx_quantize({replacement.data(), DType::kF32, specs[i].shape}, q.data(QuantAxis::kCol), q.scales(QuantAxis::kCol),
-                  q.options(QuantAxis::kCol));
-      row[i] = dequantized(q, QuantAxis::kRow, specs[i].shape);
-      col[i] = dequantized(q, QuantAxis::kCol, specs[i].shape);
+      mx_quantize({replacement.data(), DType::kF32, specs[i].shape}, q_col.data, q_col.scales, q_col.options);
+      row[i] = dequantized(q_row, specs[i].shape);
+      col[i] = dequantized(q_col, specs[i].shape);
     }
     EXPECT_EQ(mxfp8_params, 4 * c.num_layers);
     ReferenceGpt ref(c, row), row_everywhere(c, row);

@@ -6,9 +6,12 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <vector>
 
+#include <mxddp/compute.h>
 #include <mxddp/optim.h>
 #include <mxddp/quant.h>
 
@@ -121,20 +124,31 @@ inline double forward_backward(const ModelHooks& m, int step, int first, int cou
   return loss / count;
 }
 
-// An MXFP8 param dequantized, in the given orientation.
-inline std::vector<float> dequantized(const Mxfp8Tensor& t, QuantAxis axis) {
-  std::vector<float> v(static_cast<size_t>(t.rows() * t.cols()));
-  mx_dequantize(t.data(axis), t.scales(axis), TensorView{v.data(), DType::kF32, Shape{t.rows(), t.cols()}}, t.options(axis));
+// The bytes of view v of compute's memory (host or a device's), copied to the host.
+inline std::vector<uint8_t> bytes_on_host(Compute& compute, const TensorView& v) {
+  std::vector<uint8_t> bytes(v.nbytes());
+  compute.copy_to_host(bytes.data(), v.data, bytes.size());
+  return bytes;
+}
+
+// An MXFP8 param dequantized, in the given orientation; its bytes may be in compute's memory.
+inline std::vector<float> dequantized(const Mxfp8View& t, Compute& compute = cpu_compute()) {
+  std::vector<uint8_t> data = bytes_on_host(compute, t.data), scales = bytes_on_host(compute, t.scales);
+  std::vector<float> v(static_cast<size_t>(t.data.numel()));
+  mx_dequantize({data.data(), DType::kU8, t.data.shape}, {scales.data(), DType::kU8, t.scales.shape},
+                TensorView{v.data(), DType::kF32, t.data.shape}, t.options);
   return v;
 }
 
-// Param i as f32: an MXFP8 param dequantized in the given orientation, any other widened.
+// Param i as f32: an MXFP8 param dequantized in the given orientation, any other widened. Read
+// through the DDP's compute, so its buffers may be a device's.
 inline std::vector<float> ddp_param_f32(const DistributedDataParallel& ddp, int i, QuantAxis mxfp8_axis) {
-  if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_tensor(i), mxfp8_axis);
+  if (ddp.buffer().params()[static_cast<size_t>(i)].mxfp8) return dequantized(ddp.mxfp8_param(i, mxfp8_axis), ddp.compute());
   const TensorView p = ddp.param(i);
+  const std::vector<uint8_t> bytes = bytes_on_host(ddp.compute(), p);
   std::vector<float> v(static_cast<size_t>(p.numel()));
-  if (p.dtype == DType::kF32) std::copy_n(p.data_as<const float>(), v.size(), v.begin());
-  else convert_bf16_to_f32(p.data_as<const bf16_bits>(), v.data(), v.size());
+  if (p.dtype == DType::kF32) std::memcpy(v.data(), bytes.data(), bytes.size());
+  else convert_bf16_to_f32(reinterpret_cast<const bf16_bits*>(bytes.data()), v.data(), v.size());
   return v;
 }
 

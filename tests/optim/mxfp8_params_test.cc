@@ -51,9 +51,9 @@ bool model_params_match_main(const DistributedOptimizer& opt, std::string* why) 
     }
     Mxfp8Tensor expect(spec.shape[0], spec.shape[1], ddp.config().mxfp8_elem, ddp.config().mxfp8_scale_mode, scratch);
     expect.quantize_from(TensorView{want.data(), DType::kBF16, spec.shape});
-    const Mxfp8Tensor& got = ddp.mxfp8_tensor(p);
     for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
-      for (const auto& [a, b] : {std::pair{got.data(axis), expect.data(axis)}, std::pair{got.scales(axis), expect.scales(axis)}})
+      for (const Mxfp8View got = ddp.mxfp8_param(p, axis);
+           const auto& [a, b] : {std::pair{got.data, expect.data(axis)}, std::pair{got.scales, expect.scales(axis)}})
         if (std::memcmp(a.data, b.data, a.nbytes()) != 0) return *why = spec.name + (axis == QuantAxis::kRow ? " (row)" : " (col)"), false;
   }
   return true;
@@ -109,7 +109,7 @@ RunResult train_mxfp8(Communicator& comm, bool reuse, bool overlap, int steps) {
   EXPECT_TRUE(model_params_match_main(opt, &why)) << "after force_param_sync: " << why;
   for (int p = 0; p < ddp.num_params(); ++p)
     if (ddp.buffer().params()[static_cast<size_t>(p)].mxfp8) {
-      const TensorView d = ddp.mxfp8_tensor(p).data(QuantAxis::kRow);
+      const TensorView d = ddp.mxfp8_param(p, QuantAxis::kRow).data;
       r.weights.insert(r.weights.end(), d.data_as<uint8_t>(), d.data_as<uint8_t>() + d.numel());
     }
   return r;
@@ -186,7 +186,7 @@ TEST(Mxfp8Params, NaivePathGathersGradientsOrZerosIntoTheModel) {
     ddp.start_param_sync(/*force_sync=*/true);
     std::string why;
     EXPECT_FALSE(model_params_match_main(opt, &why)) << "the naive gather should have produced wrong weights";
-    const TensorView w = ddp.mxfp8_tensor(0).data(QuantAxis::kRow);
+    const TensorView w = ddp.mxfp8_param(0, QuantAxis::kRow).data;
     EXPECT_TRUE(std::all_of(w.data_as<uint8_t>(), w.data_as<uint8_t>() + w.numel(), [](uint8_t c) { return c == 0; }))
         << "it gathered the zeroed staging area";
     // The guarded path gets them right.

@@ -3,8 +3,8 @@
 // it and every step's work and collective runs on it. Here the ranks' computes claim a device
 // (tests/comm/recording_compute.h: host memory labelled cuda:5), so the device path runs on the CPU
 // (the views it hands out, the checks of where buffers live, the norm and NaN flags staged through
-// the communicator's memory) and must give the host run's bytes. What is not on a device yet is
-// refused naming the device: MXFP8 params and FSDP.
+// the communicator's memory, the MXFP8 copies of fp8_param_gather quantized through it) and must give
+// the host run's bytes. What is not on a device yet is refused naming the device: FSDP.
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,18 +19,30 @@ namespace mxddp::testing {
 namespace {
 
 struct RankResult {
-  std::vector<char> params;      // the whole param buffer after the last sync
+  std::vector<uint8_t> params;   // the model's params after the last sync: with fp8_param_gather
+                                 // every MXFP8 param's data and scales, both orientations
+  std::vector<uint8_t> buffer;   // the whole param buffer (none under reuse: it is the grads')
   std::vector<double> losses;    // this rank's
   std::vector<double> norms;     // the global grad norm of each step
   std::vector<int> nonfinite;    // nonfinite_grad_params() after the last step
   bool on_rank_compute = false;  // DDP's compute was the communicator's
 };
 
-RankResult train(Communicator& comm, int steps) {
+// What a job keeps of its params: plain bf16, MXFP8 params (fp8_param_gather), or MXFP8 params
+// gathered through the grad buffer (and reuse_grad_buf_for_mxfp8_param_ag).
+enum class Params { kBf16, kMxfp8, kMxfp8Reuse };
+
+DdpConfig config_for(Params params) {
+  DdpConfig c = optim_ddp_config(/*overlap_param_gather=*/true);
+  c.fp8_param_gather = params != Params::kBf16;
+  c.reuse_grad_buf_for_mxfp8_param_ag = params == Params::kMxfp8Reuse;
+  return c;
+}
+
+RankResult train(Communicator& comm, int steps, Params params = Params::kBf16) {
   MemoryTracker tracker;
   auto init = mlp_init();
-  DistributedDataParallel ddp(comm, mlp_params(), optim_ddp_config(/*overlap_param_gather=*/true), tracker,
-                              views_of(init));
+  DistributedDataParallel ddp(comm, mlp_params(params != Params::kBf16), config_for(params), tracker, views_of(init));
   DistributedOptimizer opt(ddp, {.lr = 1e-2f, .clip_grad = 0.05f}, tracker);
   RankResult out;
   out.on_rank_compute = &ddp.compute() == &comm.compute();
@@ -43,30 +55,46 @@ RankResult train(Communicator& comm, int steps) {
   }
   out.nonfinite = opt.nonfinite_grad_params();
   opt.force_param_sync();
-  const TensorView all = ddp.buffer().param_buffer();
-  EXPECT_EQ(all.device, comm.device());
-  out.params.resize(all.nbytes());
-  ddp.compute().copy_to_host(out.params.data(), all.data, all.nbytes());
+  auto append = [&](std::vector<uint8_t>& to, const TensorView& v) {
+    EXPECT_EQ(v.device, comm.device()) << v.to_string();
+    const std::vector<uint8_t> bytes = bytes_on_host(ddp.compute(), v);
+    to.insert(to.end(), bytes.begin(), bytes.end());
+  };
+  for (int p = 0; p < ddp.num_params(); ++p) {
+    if (!ddp.is_mxfp8(p)) append(out.params, ddp.param(p));
+    else
+      for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
+        append(out.params, ddp.mxfp8_param(p, axis).data);
+        append(out.params, ddp.mxfp8_param(p, axis).scales);
+      }
+  }
+  if (params != Params::kMxfp8Reuse) append(out.buffer, ddp.buffer().param_buffer());
   return out;
 }
 
-TEST(OnRankCompute, DdpAndTheOptimizerOnADevicesComputeGiveTheHostRunsBytes) {
+class OnRankCompute : public ::testing::TestWithParam<Params> {};
+
+TEST_P(OnRankCompute, DdpAndTheOptimizerOnADevicesComputeGiveTheHostRunsBytes) {
+  const Params params = GetParam();
   for (int dp : {2, 4}) {
     SCOPED_TRACE("dp " + std::to_string(dp));
     std::vector<RankResult> host(static_cast<size_t>(dp)), device(static_cast<size_t>(dp));
-    run_local(dp, [&](Communicator& comm) { host[static_cast<size_t>(comm.rank())] = train(comm, 4); });
+    run_local(dp, [&](Communicator& comm) { host[static_cast<size_t>(comm.rank())] = train(comm, 4, params); });
     std::vector<std::unique_ptr<RecordingCompute>> computes;
     LocalOptions options;
     for (int r = 0; r < dp; ++r) {
       computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
       options.computes.push_back(computes.back().get());
     }
-    run_local(dp, [&](Communicator& comm) { device[static_cast<size_t>(comm.rank())] = train(comm, 4); }, options);
+    run_local(dp, [&](Communicator& comm) { device[static_cast<size_t>(comm.rank())] = train(comm, 4, params); },
+              options);
     for (int r = 0; r < dp; ++r) {
       const RankResult& a = host[static_cast<size_t>(r)];
       const RankResult& b = device[static_cast<size_t>(r)];
       EXPECT_TRUE(b.on_rank_compute) << "rank " << r;
+      EXPECT_FALSE(a.params.empty());
       EXPECT_EQ(a.params, b.params) << "rank " << r;
+      EXPECT_EQ(a.buffer, b.buffer) << "rank " << r;
       EXPECT_EQ(a.losses, b.losses) << "rank " << r;
       EXPECT_EQ(a.norms, b.norms) << "rank " << r << ": the norm's all-reduce, staged on the device";
       EXPECT_EQ(a.nonfinite, b.nonfinite) << "rank " << r;
@@ -75,20 +103,26 @@ TEST(OnRankCompute, DdpAndTheOptimizerOnADevicesComputeGiveTheHostRunsBytes) {
       EXPECT_GE(c.allocations.load(), 5) << "rank " << r;
       EXPECT_GT(c.reduces.load(), 0) << "rank " << r << ": the grads were reduced on its compute";
       EXPECT_GT(c.copies.load(), 0) << "rank " << r << ": the params were gathered on its compute";
+      // Each MXFP8 weight (three) in both orientations, at start and after every sync at least.
+      if (params != Params::kBf16) EXPECT_GE(c.quantizes.load(), 3 * 2 * 5) << "rank " << r;
+      else EXPECT_EQ(c.quantizes.load(), 0) << "rank " << r;
     }
   }
 }
 
-TEST(OnRankCompute, WhatIsNotOnADeviceYetIsRefusedNamingIt) {
+INSTANTIATE_TEST_SUITE_P(Params, OnRankCompute,
+                         ::testing::Values(Params::kBf16, Params::kMxfp8, Params::kMxfp8Reuse),
+                         [](const ::testing::TestParamInfo<Params>& info) {
+                           return std::string(info.param == Params::kBf16    ? "Bf16"
+                                              : info.param == Params::kMxfp8 ? "Mxfp8"
+                                                                             : "Mxfp8Reuse");
+                         });
+
+TEST(OnRankComputeRefusal, WhatIsNotOnADeviceYetIsRefusedNamingIt) {
   RecordingCompute c0(Device::cuda(5)), c1(Device::cuda(5));
   LocalGroup group(2, {.timeout_ms = 10'000, .computes = {&c0, &c1}});
   Communicator& comm = group.communicator(0);
   MemoryTracker tracker;
-  DdpConfig fp8 = optim_ddp_config();
-  fp8.fp8_param_gather = true;
-  EXPECT_NE(error_of([&] { DistributedDataParallel(comm, mlp_params(), fp8, tracker); })
-                .find("fp8_param_gather on cuda:5: MXFP8 params are kept and quantized in host memory only"),
-            std::string::npos);
   std::vector<std::vector<int>> units{{0, 1}, {2, 3}};
   EXPECT_NE(error_of([&] { FullyShardedDataParallel(comm, mlp_params(), units, FsdpConfig{}, tracker, {}, nullptr); })
                 .find("FSDP on cuda:5: its storage and gathers are in host memory so far"),
