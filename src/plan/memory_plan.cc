@@ -4,7 +4,7 @@
 // What each step charges, and where the real allocation is:
 //   DDP:       grad buffer, then param buffer (none with MXFP8 reuse)    ParamAndGradBuffer
 //              with fp8_param_gather, per param: bf16 copy, or MXFP8 row
-//              and column payloads and scales                            ModelParamStore, Mxfp8Tensor
+//              and column payloads and scales                            ModelParamStore
 //   FSDP:      per bucket, by strategy; transients in the iterations     FsdpMemorySim (fsdp_memory_sim.h)
 //   optimizer: per bucket, its main params then each state               DistributedOptimizer
 //   scratch:   every named request, grown as the pool grows              GlobalMemoryBuffer::get_tensor
