@@ -118,7 +118,9 @@ class Compute {
   virtual MemoryPlace place() const = 0;      // how the tracker counts it
 
   // bytes of this implementation's memory, charged to tracker under category; zeroed.
-  ComputeBuffer allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker);
+  // With zeroed false the contents are undefined: for a buffer the caller overwrites whole before
+  // reading it (an all-gather's output), which saves a pass over its bytes.
+  ComputeBuffer allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed = true);
   void zero(void* data, size_t bytes);
   // Within this implementation's memory; the ranges must not overlap.
   void copy(void* dst, const void* src, size_t bytes);
@@ -151,7 +153,7 @@ class Compute {
 
  protected:
   // The implementation's side, called with checked arguments (byte counts > 0 for the copies).
-  virtual ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) = 0;
+  virtual ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) = 0;
   virtual void run_zero(void* data, size_t bytes) = 0;
   virtual void run_copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void run_copy_from_host(void* dst, const void* host, size_t bytes) = 0;

@@ -57,9 +57,9 @@ class DataParallel {
   virtual ~DataParallel() = default;
 
   virtual Communicator& communicator() const = 0;
-  // Where this rank's buffers live and the element work on them runs (the optimizer's step): DDP's
-  // communicator's (Communicator::compute(): host memory, or a local group's device); FSDP's is
-  // cpu_compute(), its storage being host memory.
+  // Where this rank's buffers live and the element work on them runs (the optimizer's step): for
+  // DDP and FSDP alike their communicator's (Communicator::compute(): host memory, or a local
+  // group's device).
   virtual Compute& compute() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
   int num_params() const { return static_cast<int>(params().size()); }

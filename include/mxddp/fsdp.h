@@ -226,7 +226,7 @@ class FullyShardedDataParallel final : public DataParallel {
 
   const FsdpConfig& config() const;
   Communicator& communicator() const override;  // the shard group
-  Compute& compute() const override { return cpu_compute(); }  // the shards and gathers are host memory
+  Compute& compute() const override;  // the shards and gathers': the communicator's
   Communicator* replica_communicator() const;    // HSDP's replica group; null without HSDP
   const std::vector<ParamSpec>& params() const override;
   DType param_dtype() const override;

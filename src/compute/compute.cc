@@ -37,8 +37,8 @@ void check_device(std::string_view op, std::string_view what, const TensorView& 
 
 }  // namespace
 
-ComputeBuffer Compute::allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) {
-  return run_allocate(bytes, category, tracker);
+ComputeBuffer Compute::allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) {
+  return run_allocate(bytes, category, tracker, zeroed);
 }
 
 void Compute::zero(void* data, size_t bytes) {

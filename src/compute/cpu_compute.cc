@@ -40,9 +40,9 @@ class CpuCompute final : public Compute {
   void synchronize() override {}  // every operation has finished when it returns
 
  protected:
-  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) override {
+  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
     auto block = std::make_shared<HostBuffer>(bytes, category, tracker);
-    if (bytes > 0) parallel_zero(block->data(), bytes);
+    if (zeroed && bytes > 0) parallel_zero(block->data(), bytes);
     void* data = block->data();
     return ComputeBuffer(std::move(block), data, bytes, Device::cpu());
   }

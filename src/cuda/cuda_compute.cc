@@ -25,9 +25,9 @@ class CudaCompute final : public Compute {
   void synchronize() override { cuda_synchronize(stream_); }
 
  protected:
-  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) override {
+  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
     auto block = std::make_shared<DeviceBuffer>(bytes, category, tracker, stream_);
-    cuda_zero(block->data(), bytes, stream_);
+    if (zeroed) cuda_zero(block->data(), bytes, stream_);
     void* data = block->data();
     return ComputeBuffer(std::move(block), data, bytes, device());
   }

@@ -1,10 +1,13 @@
-// FsdpEngine::Bucket: the storage of one FSDP bucket (a unit's params of one kind,
-// or the non-unit params'), shared by the files that implement fsdp.h. Which members are allocated,
-// their bytes, categories and lifetimes, are the bucket's FsdpStoragePlan (fsdp_storage_plan.h).
+// FsdpEngine::Bucket: the storage of one FSDP bucket (a unit's params of one kind, or the non-unit
+// params'), shared by the files that implement fsdp.h. Every buffer lives in the engine's compute
+// (its communicator's: host memory, or the rank's device). Which members are allocated, their
+// bytes, categories and lifetimes, are the bucket's FsdpStoragePlan (fsdp_storage_plan.h).
 #pragma once
 
 #include <array>
 #include <vector>
+
+#include <mxddp/compute.h>
 
 #include "fsdp_engine.h"
 
@@ -18,28 +21,28 @@ struct FsdpEngine::Bucket {
   int64_t numel = 0;    // padded: G
   int64_t shard = 0;    // G / dp
   bool mxfp8 = false;   // holds MXFP8 params only (FSDP gives a unit's MXFP8 params a bucket of their own)
-  HostBuffer params_full;   // [G] param dtype, kParams: no_shard, optim, optim_grads
+  ComputeBuffer params_full;   // [G] param dtype, kParams: no_shard, optim, optim_grads
   // [G/dp] param dtype, kParams: optim_grads_params. For an MXFP8 bucket it is only the optimizer's
   // staging of bf16(main params): from construction (the initial values) to the first
   // start_iteration, and while a step or a forced sync writes it, until quantized.
-  HostBuffer params_shard;
-  HostBuffer row_shard, col_shard;  // [G/dp] u8, kMxfp8: this rank's row-/column-wise payloads
+  ComputeBuffer params_shard;
+  ComputeBuffer row_shard, col_shard;  // [G/dp] u8, kMxfp8: this rank's row-/column-wise payloads
   // [S_axis/dp] u8, kMxfp8, per QuantAxis: this rank's shard of the orientation's scale array (each
   // param's mx_scale_shape at FsdpEngine::scale_offset_[param][axis], zero-padded to S_axis).
-  std::array<HostBuffer, 2> scales_shard;
+  std::array<ComputeBuffer, 2> scales_shard;
   // [S_row + S_col] u8, kMxfp8, while the bucket's shards are quantized: the whole arrays, row-wise
   // first; each rank's partial scales, then (MAX all-reduced) the whole tensor's.
-  HostBuffer quantize_scales;
+  ComputeBuffer quantize_scales;
   // Per GatherSlot while gathered: [G] param dtype (values) or u8 (row-/column-wise), kGathered.
-  std::array<HostBuffer, kGatherSlots> gathered;
+  std::array<ComputeBuffer, kGatherSlots> gathered;
   // Row-/column-wise slots while gathered: [S_axis] u8, the orientation's whole scale array, kGathered.
-  std::array<HostBuffer, kGatherSlots> gathered_scales;
-  HostBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
-  HostBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
+  std::array<ComputeBuffer, kGatherSlots> gathered_scales;
+  ComputeBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
+  ComputeBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
   bool reduction_in_flight = false;
 
   // The member that holds `buffer`.
-  HostBuffer& held(FsdpBuffer buffer) {
+  ComputeBuffer& held(FsdpBuffer buffer) {
     switch (buffer) {
       case FsdpBuffer::kParamsFull: return params_full;
       case FsdpBuffer::kParamsShard: return params_shard;
@@ -58,10 +61,12 @@ struct FsdpEngine::Bucket {
     }
     MXDDP_FAIL("unknown FSDP buffer {}", static_cast<int>(buffer));
   }
-  // Allocates `buffer` as the storage plan sizes it (contents uninitialized).
-  void allocate(FsdpBuffer buffer, MemoryTracker& tracker) {
+  // Allocates `buffer` as the storage plan sizes it, in compute's memory: zeroed, except a gather's
+  // output, which the all-gather overwrites whole (padding included).
+  void allocate(FsdpBuffer buffer, Compute& compute, MemoryTracker& tracker) {
     const FsdpBufferPlan& plan = storage.buffer(buffer);
-    held(buffer) = HostBuffer(static_cast<size_t>(plan.bytes), plan.category, tracker);
+    held(buffer) = compute.allocate(static_cast<size_t>(plan.bytes), plan.category, tracker,
+                                    /*zeroed=*/plan.category != MemoryCategory::kGathered);
   }
 };
 

@@ -55,6 +55,7 @@ class FsdpEngine final : private FsdpHookActions {
   const FsdpConfig& config() const { return config_; }
   Communicator& communicator() const { return comm_; }
   Communicator* replica_communicator() const { return replica_; }
+  Compute& compute() const { return compute_; }  // where the shards and gathers live: the communicator's
   const std::vector<ParamSpec>& params() const { return specs_; }
   int num_params() const { return static_cast<int>(specs_.size()); }
   DType param_dtype() const { return config_.param_dtype; }
@@ -161,6 +162,7 @@ class FsdpEngine final : private FsdpHookActions {
   void check_all_ready(const std::vector<int>& params, std::string_view hook) const;
 
   Communicator& comm_;
+  Compute& compute_;                 // comm_'s: every bucket's memory and the work on it
   Communicator* replica_ = nullptr;  // HSDP's replica group, or null
   // HSDP: the thread that issues each replica all-reduce once its shard group's reduction has
   // landed, in issue order, so the main thread never blocks on the chain. One per replica

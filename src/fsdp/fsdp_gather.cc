@@ -70,10 +70,10 @@ void FsdpEngine::dispatch_gather(int group, GatherSlot slot) {
   for (int bi : group_buckets(group)) {
     Bucket& b = *buckets_[static_cast<size_t>(bi)];
     if (!slot_applies(slot, b.mxfp8)) continue;
-    const HostBuffer& shard = slot == GatherSlot::kValues ? b.params_shard
+    const ComputeBuffer& shard = slot == GatherSlot::kValues ? b.params_shard
                               : slot == GatherSlot::kRowwise ? b.row_shard : b.col_shard;
     for (FsdpBuffer buffer : FsdpStoragePlan::gathered_buffers(slot)) {
-      b.allocate(buffer, tracker_);
+      b.allocate(buffer, compute_, tracker_);
       gathered_bytes_[s] += static_cast<int64_t>(b.held(buffer).size_bytes());
     }
     auto& works = gather_works_[static_cast<size_t>(group)][s];
@@ -117,8 +117,8 @@ void FsdpEngine::release_slot(int group, GatherSlot slot) {
   for (int bi : group_buckets(group)) {
     Bucket& b = *buckets_[static_cast<size_t>(bi)];
     gathered_bytes_[s] -= static_cast<int64_t>(b.gathered[s].size_bytes() + b.gathered_scales[s].size_bytes());
-    b.gathered[s] = HostBuffer();
-    b.gathered_scales[s] = HostBuffer();
+    b.gathered[s] = ComputeBuffer();
+    b.gathered_scales[s] = ComputeBuffer();
   }
   state = 0;
   ++releases_;

@@ -5,8 +5,8 @@
 // (gathered with the payload of that orientation). The row- and column-wise slots are per pass
 // (encoding_axis): a weight read column-wise in forward has its column-wise copy in the row slot. quant.h's mx_shard_scales says why the result is
 // bitwise what quantizing the whole gathered tensor gives (tests/quant/mxfp8_shard_test.cc proves
-// it for every cut; tests/fsdp/fsdp_mxfp8_test.cc for the training losses).
-#include <cstring>
+// it for every cut; tests/fsdp/fsdp_mxfp8_test.cc for the training losses). The shard codec runs
+// on the host only (mx_shard_scales, mx_shard_encode): the engine refuses MXFP8 params on a device.
 #include <optional>
 #include <utility>
 #include <vector>
@@ -22,8 +22,7 @@ void FsdpEngine::allocate_staging(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   MXDDP_ASSERT(b.mxfp8);
   if (b.params_shard.data()) return;  // still the initial values (before the first iteration)
-  b.allocate(FsdpBuffer::kParamsShard, tracker_);
-  std::memset(b.params_shard.data(), 0, b.params_shard.size_bytes());  // the optimizer writes params only; padding stays 0
+  b.allocate(FsdpBuffer::kParamsShard, compute_, tracker_);  // zeroed: the optimizer writes params only; padding stays 0
 }
 
 QuantAxis FsdpEngine::encoding_axis(int param, QuantAxis slot_axis) const {
@@ -59,8 +58,7 @@ Work FsdpEngine::start_shard_scales(int bucket) {
   // every block it touches, which lie outside its own scale shard (the arrays are split by dp
   // separately from the payloads). A param this rank holds none of contributes zeros, the MAX's
   // identity; so does the padding.
-  b.allocate(FsdpBuffer::kQuantizeScales, tracker_);
-  std::memset(b.quantize_scales.data(), 0, b.quantize_scales.size_bytes());
+  b.allocate(FsdpBuffer::kQuantizeScales, compute_, tracker_);  // zeroed
   for (const ShardParamRange& r : layout_.shards[static_cast<size_t>(comm_.rank())][static_cast<size_t>(bucket)].params) {
     const Shape& shape = specs_[static_cast<size_t>(r.param)].shape;
     for (QuantAxis slot_axis : {QuantAxis::kRow, QuantAxis::kCol})
@@ -78,13 +76,13 @@ void FsdpEngine::finish_shard_quantize(int bucket, const Work& scales_reduced, b
   scales_reduced.wait();
   const TensorView staging = b.params_shard.view(config_.param_dtype, Shape{b.shard});
   // Padding encodes as 0 (its elements are 0): every rank's gathered bytes are the same.
-  std::memset(b.row_shard.data(), 0, b.row_shard.size_bytes());
-  std::memset(b.col_shard.data(), 0, b.col_shard.size_bytes());
+  compute_.zero(b.row_shard.data(), b.row_shard.size_bytes());
+  compute_.zero(b.col_shard.data(), b.col_shard.size_bytes());
   for (const ShardParamRange& r : layout_.shards[static_cast<size_t>(comm_.rank())][static_cast<size_t>(bucket)].params) {
     const Shape& shape = specs_[static_cast<size_t>(r.param)].shape;
     const TensorView values = staging.slice(r.in_shard.start, r.in_shard.size());
     for (QuantAxis slot_axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-      const HostBuffer& out = slot_axis == QuantAxis::kRow ? b.row_shard : b.col_shard;
+      const ComputeBuffer& out = slot_axis == QuantAxis::kRow ? b.row_shard : b.col_shard;
       mx_shard_encode(values, r.in_param.start, shape,
                       param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
                       out.view(DType::kU8, Shape{b.shard}).slice(r.in_shard.start, r.in_shard.size()),
@@ -95,11 +93,11 @@ void FsdpEngine::finish_shard_quantize(int bucket, const Work& scales_reduced, b
   // the shards gathered with a payload slot are the whole array again).
   for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
     const int64_t n = b.storage.scales_shard_numel(axis);
-    std::memcpy(b.scales_shard[static_cast<size_t>(axis)].data(),
-                quantize_scales(bucket, axis).slice(comm_.rank() * n, n).data, static_cast<size_t>(n));
+    compute_.copy(b.scales_shard[static_cast<size_t>(axis)].data(),
+                  quantize_scales(bucket, axis).slice(comm_.rank() * n, n).data, static_cast<size_t>(n));
   }
-  b.quantize_scales = HostBuffer();
-  if (!keep_staging) b.params_shard = HostBuffer();
+  b.quantize_scales = ComputeBuffer();
+  if (!keep_staging) b.params_shard = ComputeBuffer();
 }
 
 void FsdpEngine::quantize_staged_shards(bool keep_staging) {

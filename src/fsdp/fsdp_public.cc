@@ -23,6 +23,7 @@ const FsdpEngine& fsdp_engine(const FullyShardedDataParallel& fsdp) {
 const FsdpConfig& FullyShardedDataParallel::config() const { return engine_->config(); }
 Communicator& FullyShardedDataParallel::communicator() const { return engine_->communicator(); }
 Communicator* FullyShardedDataParallel::replica_communicator() const { return engine_->replica_communicator(); }
+Compute& FullyShardedDataParallel::compute() const { return engine_->compute(); }
 const std::vector<ParamSpec>& FullyShardedDataParallel::params() const { return engine_->params(); }
 DType FullyShardedDataParallel::param_dtype() const { return engine_->param_dtype(); }
 DType FullyShardedDataParallel::grad_dtype() const { return engine_->grad_dtype(); }

@@ -10,7 +10,6 @@
 #include <mxddp/fsdp.h>
 
 #include "../comm/progress_queue.h"
-#include "../core/parallel_elements.h"
 #include "fsdp_bucket.h"
 #include "fsdp_engine.h"
 
@@ -59,18 +58,6 @@ void copy_converted(const TensorView& src, void* dst, DType dst_dtype, size_t co
   else MXDDP_FAIL("initial value of dtype {} cannot initialize a {} param", dtype_name(src.dtype), dtype_name(dst_dtype));
 }
 
-// dst [n] += src [n], f32 or bf16 (summed in f32, rounded once).
-void accumulate(void* dst, const void* src, DType dtype, int64_t n) {
-  if (dtype == DType::kF32) {
-    float* d = static_cast<float*>(dst);
-    const float* s = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
-    return;
-  }
-  bf16_bits* d = static_cast<bf16_bits*>(dst);
-  const bf16_bits* s = static_cast<const bf16_bits*>(src);
-  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
-}
 
 // The walk order for the layout: reverse registration order (the rule's), except that within each
 // run of one unit's params the MXFP8 ones come after the others, so that the key (unit, mxfp8)
@@ -166,14 +153,19 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
                                                    const std::vector<std::vector<int>>& units, const FsdpConfig& config,
                                                    MemoryTracker& tracker, const std::vector<TensorView>& initial_values,
                                                    Communicator* replica)
-    : comm_(comm), replica_(replica), config_((check_fsdp_config(config, params, units), config)), specs_(params),
+    : comm_(comm), compute_(comm.compute()), replica_(replica), config_((check_fsdp_config(config, params, units), config)), specs_(params),
       tracker_(tracker) {
   const int dp = comm.size(), rank = comm.rank();
-  // FSDP's shards, gathers and optimizer inputs are host memory (compute() is cpu_compute()) until
-  // its storage goes through Compute; a communicator on a device could not move them.
-  MXDDP_CHECK(comm.device().is_cpu() && (replica == nullptr || replica->device().is_cpu()),
-              "FSDP on {}: its storage and gathers are in host memory so far; give it a host communicator",
-              to_string(comm.device().is_cpu() && replica != nullptr ? replica->device() : comm.device()));
+  // The shards, gathers and grads live in the communicator's compute (host memory, or the rank's
+  // device), so HSDP's replica all-reduce must reach the same memory.
+  MXDDP_CHECK(replica == nullptr || replica->device() == comm.device(),
+              "HSDP: the replica communicator's collectives run on {} but the shard group's on {}; both must "
+              "reach the same memory", to_string(replica->device()), to_string(comm.device()));
+  if (!comm.device().is_cpu())
+    for (const ParamSpec& p : params)
+      MXDDP_CHECK(!p.mxfp8, "FSDP on {}: param '{}' is marked mxfp8, and MXFP8 shards are quantized in host memory "
+                  "only so far (mx_shard_scales, mx_shard_encode); give FSDP a host communicator or unmark it",
+                  to_string(comm.device()), p.name);
   MXDDP_CHECK(replica != &comm,
               "HSDP's replica communicator is the shard group's own communicator; the replica group must be another "
               "one (the ranks holding this rank's shard index in the other shard groups)");
@@ -200,9 +192,10 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
     // What the storage plan keeps from construction (an MXFP8 bucket's params_shard is the
     // optimizer's initial staging, quantized below).
     for (const FsdpBufferPlan& buffer : bucket->storage.buffers())
-      if (bucket->storage.allocated_at_construction(buffer.buffer)) bucket->allocate(buffer.buffer, tracker);
+      if (bucket->storage.allocated_at_construction(buffer.buffer)) bucket->allocate(buffer.buffer, compute_, tracker);
     const auto g = static_cast<size_t>(bucket->numel), s = static_cast<size_t>(bucket->shard);
-    // The bucket's initial values, padding zero; every rank keeps what its strategy keeps.
+    // The bucket's initial values, padding zero, assembled in host memory; every rank copies in
+    // what its strategy keeps. Its grads start zeroed (allocate).
     std::vector<char> full(g * elem, 0);
     for (int p : placement.params) {
       const int64_t at = layout_.params[static_cast<size_t>(p)].range.start - placement.range.start;
@@ -210,10 +203,8 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
                      config_.param_dtype, static_cast<size_t>(params[static_cast<size_t>(p)].shape.numel()));
     }
     if (bucket->params_shard.data())
-      std::memcpy(bucket->params_shard.data(), full.data() + static_cast<size_t>(rank) * s * elem, s * elem);
-    else std::memcpy(bucket->params_full.data(), full.data(), g * elem);
-    HostBuffer& grads = shards_grads() ? bucket->grads_shard : bucket->grads_full;
-    std::memset(grads.data(), 0, grads.size_bytes());
+      compute_.copy_from_host(bucket->params_shard.data(), full.data() + static_cast<size_t>(rank) * s * elem, s * elem);
+    else compute_.copy_from_host(bucket->params_full.data(), full.data(), g * elem);
     if (bucket->mxfp8)
       for (size_t k = 0; k < placement.params.size(); ++k)
         for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
@@ -323,8 +314,7 @@ TensorView FsdpEngine::main_grad(int index) {
   if (shards_grads() && !b.grads_full.data()) {
     // The bucket's unsharded grads live from its first gradient of the micro-batch until its
     // reduce-scatter lands in the shard.
-    b.allocate(FsdpBuffer::kGradsFull, tracker_);
-    std::memset(b.grads_full.data(), 0, b.grads_full.size_bytes());
+    b.allocate(FsdpBuffer::kGradsFull, compute_, tracker_);  // zeroed
   }
   return fsdp_sub(b.grads_full.view(grad_dtype(), Shape{b.numel}), p.range.start - b.range.start,
                                                                specs_[static_cast<size_t>(index)].shape);
@@ -438,12 +428,14 @@ void FsdpEngine::complete_oldest_reduction() {
   b.reduction_in_flight = false;
   work.wait();
   if (!shards_grads()) return;
-  // Fold this micro-batch's reduced shard into the kept one and free the unsharded grads.
+  // Fold this micro-batch's reduced shard into the kept one (summed in f32, rounded once) and free
+  // the unsharded grads.
   const size_t elem = dtype_size_bytes(grad_dtype());
-  accumulate(b.grads_shard.data(),
-             static_cast<const char*>(b.grads_full.data()) + static_cast<size_t>(comm_.rank() * b.shard) * elem,
-             grad_dtype(), b.shard);
-  b.grads_full = HostBuffer();
+  const void* const inputs[2] = {b.grads_shard.data(), static_cast<const char*>(b.grads_full.data()) +
+                                                           static_cast<size_t>(comm_.rank() * b.shard) * elem};
+  void* const outputs[1] = {b.grads_shard.data()};
+  compute_.reduce({.dtype = grad_dtype(), .op = ReduceOp::kSum, .count = b.shard, .inputs = inputs, .outputs = outputs});
+  b.grads_full = ComputeBuffer();
 }
 
 void FsdpEngine::complete_reductions() {
@@ -476,8 +468,8 @@ void FsdpEngine::finish_grad_sync() {
 void FsdpEngine::zero_grad_buffer() {
   complete_reductions();  // a collective may still be reading the grads
   for (auto& b : buckets_) {
-    HostBuffer& kept = shards_grads() ? b->grads_shard : b->grads_full;
-    parallel_zero(kept.data(), kept.size_bytes());  // over the rank's threads, as the optimizer's update
+    ComputeBuffer& kept = shards_grads() ? b->grads_shard : b->grads_full;
+    compute_.zero(kept.data(), kept.size_bytes());  // the rank's threads, or its stream
   }
   reduced_.assign(reduced_.size(), false);
   schedule_.clear_ready();
@@ -579,7 +571,7 @@ void FsdpEngine::start_iteration(const std::function<void()>&) {
   schedule_.start_iteration();
   // The MXFP8 buckets' initial staging has served the optimizer's construction.
   for (auto& b : buckets_)
-    if (b->mxfp8) b->params_shard = HostBuffer();
+    if (b->mxfp8) b->params_shard = ComputeBuffer();
   // The design's start_param_sync: the non-unit params and the first unit, plus the prefetch.
   if (shards_params() && config_.overlap_param_gather) {
     const int first = schedule_.first_forward_unit();

@@ -25,9 +25,9 @@ class RecordingCompute final : public Compute {
 
  protected:
   // Host memory, labelled with the claimed device: the code above sees the device's views.
-  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker) override {
+  ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
     ++allocations;
-    auto block = std::make_shared<ComputeBuffer>(cpu().allocate(bytes, category, tracker));
+    auto block = std::make_shared<ComputeBuffer>(cpu().allocate(bytes, category, tracker, zeroed));
     void* data = block->data();
     return ComputeBuffer(std::move(block), data, bytes, device_);
   }

@@ -4,7 +4,8 @@
 #     interface; exits 77 (skipped, saying why) where no CUDA device is usable (CI, this VM).
 #   cuda_local_group_test: the local backend's collectives on device buffers, then DDP and the
 #     distributed optimizer on them, 2 and 4 ranks on one GPU with a stream each, against the host
-#     run of the same jobs; skips likewise.
+#     run of the same jobs, and every FSDP strategy against the generic model's serial reference;
+#     skips likewise.
 mxddp_test(cuda_host_test cuda/cuda_host_test.cc)
 target_link_libraries(cuda_host_test PRIVATE mxddp_cuda)
 add_executable(cuda_kernels_test cuda/kernels_test.cc cuda/device_main.cc)
@@ -12,7 +13,8 @@ target_link_libraries(cuda_kernels_test PRIVATE mxddp_cuda GTest::gtest)  # only
 target_include_directories(cuda_kernels_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
 add_test(NAME cuda_kernels_test COMMAND cuda_kernels_test)
 set_tests_properties(cuda_kernels_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
-add_executable(cuda_local_group_test cuda/local_group_test.cc cuda/device_main.cc)
-target_link_libraries(cuda_local_group_test PRIVATE mxddp_cuda mxddp_optim mxddp_ddp mxddp_comm GTest::gtest)
+add_executable(cuda_local_group_test cuda/local_group_test.cc cuda/fsdp_device_test.cc cuda/device_main.cc)
+target_link_libraries(cuda_local_group_test PRIVATE mxddp_cuda mxddp_optim mxddp_fsdp mxddp_ddp mxddp_comm GTest::gtest)
+target_include_directories(cuda_local_group_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
 add_test(NAME cuda_local_group_test COMMAND cuda_local_group_test)
 set_tests_properties(cuda_local_group_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

@@ -32,6 +32,7 @@
 #include <string>
 #include <tuple>
 
+#include "comm/recording_compute.h"
 #include "fsdp/generic_model_run.h"
 #include "fsdp/jittered_data_parallel.h"
 
@@ -331,6 +332,47 @@ TEST_P(AnyStructureJitter, MatchesTheSerialReferenceUnderDelays) {
     }
   }
 }
+
+// ---- On a device ----
+
+class AnyStructureOnADevice : public ::testing::TestWithParam<StructureClass> {};
+
+// The ranks' computes claim a device (tests/comm/recording_compute.h: host memory labelled cuda:5),
+// so every FSDP strategy and DDP with the distributed optimizer (and MXFP8 params) take their
+// device path here: every buffer allocated, zeroed, filled and folded through the communicator's
+// compute, every view on cuda:5, the model's reads and writes through copies. Still bit for bit.
+// Not here: DDP with the replicated optimizer (its test harness steps the params in host code), and
+// MXFP8 params under FSDP, which a device refuses (the shard codec is the host's).
+TEST_P(AnyStructureOnADevice, MatchesTheSerialReference) {
+  const StructureClass structure = GetParam();
+  int k = 0;
+  for (const ModeVariant& v : kModeVariants) {
+    if (v.mode == DpMode::kDdp || (is_fsdp(v.mode) && v.mxfp8)) continue;
+    for (int dp : {2, 4}) {
+      GenericCase c{.structure = structure, .seed = 7, .mode = v.mode, .fine_grained = k % 2 == 1, .mxfp8 = v.mxfp8,
+                    .overlap_grad_reduce = k % 3 != 0, .overlap_param_gather = k % 3 != 1};
+      c.run.dp = dp;
+      c.run.micro_batches = k % 2 == 0 ? 3 : 1;
+      c.run.recompute = k % 4 == 1;
+      ++k;
+      std::vector<std::unique_ptr<RecordingCompute>> computes;
+      LocalOptions options;
+      for (int r = 0; r < dp; ++r) {
+        computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
+        options.computes.push_back(computes.back().get());
+      }
+      SCOPED_TRACE(c.name() + " on cuda:5");
+      run_local_case(c, options);
+      for (const auto& compute : computes) {
+        EXPECT_GT(compute->allocations.load(), 0) << "the buffers were allocated on the rank's compute";
+        EXPECT_GT(compute->reduces.load(), 0) << "the grads were reduced on the rank's compute";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Structure, AnyStructureOnADevice, ::testing::ValuesIn(kStructureClasses),
+                         [](const ::testing::TestParamInfo<StructureClass>& info) { return structure_class_name(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Structure, AnyStructureJitter, ::testing::ValuesIn(kStructureClasses),
                          [](const ::testing::TestParamInfo<StructureClass>& info) { return structure_class_name(info.param); });

@@ -510,6 +510,8 @@ inline std::vector<std::vector<std::vector<float>>> generic_reference(const Gene
 
 // ---- The model over a DataParallel ----
 
+// The model computes on the host; a DataParallel whose buffers are another place's (its compute's
+// device) is read and written through copies of them.
 class DataParallelModelAccess final : public GenericModelAccess {
  public:
   explicit DataParallelModelAccess(DataParallel& dp) : dp_(dp) {}
@@ -518,10 +520,12 @@ class DataParallelModelAccess final : public GenericModelAccess {
     std::vector<float> v(static_cast<size_t>(shape.numel()));
     if (dp_.is_mxfp8(index)) {
       const Mxfp8View q = dp_.mxfp8_param(index, use);
-      mx_dequantize(q.data, q.scales, TensorView{v.data(), DType::kF32, shape}, q.options);
+      std::vector<uint8_t> data, scales;
+      mx_dequantize(on_host(q.data, data), on_host(q.scales, scales), TensorView{v.data(), DType::kF32, shape}, q.options);
       return v;
     }
-    const TensorView p = dp_.param(index);
+    std::vector<uint8_t> bytes;
+    const TensorView p = on_host(dp_.param(index), bytes);
     if (p.dtype == DType::kF32) std::copy_n(p.data_as<const float>(), v.size(), v.begin());
     else convert_bf16_to_f32(p.data_as<const bf16_bits>(), v.data(), v.size());
     return v;
@@ -529,8 +533,10 @@ class DataParallelModelAccess final : public GenericModelAccess {
   void add_grad(int index, const std::vector<float>& g) override {
     const TensorView mg = dp_.main_grad(index);
     MXDDP_CHECK(mg.dtype == DType::kF32, "the generic model accumulates f32 grads; got {}", dtype_name(mg.dtype));
-    float* dst = mg.data_as<float>();
+    std::vector<uint8_t> bytes;
+    float* dst = on_host(mg, bytes).data_as<float>();
     for (size_t i = 0; i < g.size(); ++i) dst[i] += g[i];
+    if (!mg.device.is_cpu()) dp_.compute().copy_from_host(mg.data, bytes.data(), bytes.size());
   }
   void grad_ready(int index) override { dp_.grad_ready(index); }
   void before_forward(const std::vector<int>& p) override { dp_.before_forward(p); }
@@ -539,6 +545,14 @@ class DataParallelModelAccess final : public GenericModelAccess {
   void after_backward(const std::vector<int>& p) override { dp_.after_backward(p); }
 
  private:
+  // v itself on the host; elsewhere a host copy of its bytes, kept in `copy`.
+  TensorView on_host(TensorView v, std::vector<uint8_t>& copy) const {
+    if (v.device.is_cpu()) return v;
+    copy.resize(v.nbytes());
+    dp_.compute().copy_to_host(copy.data(), v.data, copy.size());
+    return TensorView{copy.data(), v.dtype, v.shape, Device::cpu()};
+  }
+
   DataParallel& dp_;
 };
 

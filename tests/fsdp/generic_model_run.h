@@ -175,7 +175,9 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
       opt->step();
       // This rank's updated elements of every bucket against the reference.
       for (int b = 0; b < opt->num_buckets(); ++b) {
-        const float* main = opt->main_params(b).data_as<const float>();
+        const TensorView main_view = opt->main_params(b);  // the compute's memory: read a host copy
+        std::vector<float> main(static_cast<size_t>(main_view.numel()));
+        dp->compute().copy_to_host(main.data(), main_view.data, main_view.nbytes());
         for (const ShardParamRange& r : opt->bucket(b).update)
           for (int64_t k = 0; k < r.in_param.size(); ++k)
             bad.check(main[r.in_shard.start + k], want[static_cast<size_t>(it)][static_cast<size_t>(r.param)][static_cast<size_t>(r.in_param.start + k)],

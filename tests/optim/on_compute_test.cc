@@ -4,7 +4,9 @@
 // (tests/comm/recording_compute.h: host memory labelled cuda:5), so the device path runs on the CPU
 // (the views it hands out, the checks of where buffers live, the norm and NaN flags staged through
 // the communicator's memory, the MXFP8 copies of fp8_param_gather quantized through it) and must give
-// the host run's bytes. What is not on a device yet is refused naming the device: FSDP.
+// the host run's bytes. FSDP on a device is tests/fsdp/fsdp_any_structure_test.cc's
+// AnyStructureOnADevice; what is not on a device yet is refused here naming the device: MXFP8
+// params under FSDP.
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,9 +125,20 @@ TEST(OnRankComputeRefusal, WhatIsNotOnADeviceYetIsRefusedNamingIt) {
   LocalGroup group(2, {.timeout_ms = 10'000, .computes = {&c0, &c1}});
   Communicator& comm = group.communicator(0);
   MemoryTracker tracker;
+  auto init = mlp_init();
   std::vector<std::vector<int>> units{{0, 1}, {2, 3}};
-  EXPECT_NE(error_of([&] { FullyShardedDataParallel(comm, mlp_params(), units, FsdpConfig{}, tracker, {}, nullptr); })
-                .find("FSDP on cuda:5: its storage and gathers are in host memory so far"),
+  FsdpConfig mxfp8;
+  mxfp8.data_parallel_sharding_strategy = ShardingStrategy::kOptimGradsParams;
+  mxfp8.param_dtype = DType::kBF16;
+  EXPECT_NE(error_of([&] { FullyShardedDataParallel(comm, mlp_params(true), units, mxfp8, tracker, views_of(init)); })
+                .find("FSDP on cuda:5: param 'l0.w' is marked mxfp8, and MXFP8 shards are quantized in host memory only"),
+            std::string::npos);
+  // HSDP's replica all-reduce must reach the shard group's memory.
+  LocalGroup host_replica(1);
+  EXPECT_NE(error_of([&] {
+              FullyShardedDataParallel(comm, mlp_params(), units, FsdpConfig{}, tracker, views_of(init),
+                                       &host_replica.communicator(0));
+            }).find("HSDP: the replica communicator's collectives run on cpu but the shard group's on cuda:5"),
             std::string::npos);
   EXPECT_EQ(tracker.usage().live(MemoryCategory::kGrads), 0) << "a refused wrapper leaves nothing allocated";
 }

@@ -1,0 +1,57 @@
+// Every FSDP strategy, and DDP with the distributed optimizer (with MXFP8 params too), with 2 and 4
+// ranks on one GPU (a stream and a CUDA compute each): the generic model of
+// tests/fsdp/generic_model.h trains on device buffers and its main params must equal the serial
+// reference bit for bit after every iteration, as on the host (tests/fsdp/fsdp_any_structure_test.cc
+// runs the same cases on a claimed device in every CI run). The model itself computes on the host,
+// reading and writing the device buffers through copies. Needs a device: device_main.cc skips (77).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <mxddp/cuda.h>
+
+#include "fsdp/generic_model_run.h"
+
+namespace mxddp::testing {
+namespace {
+
+struct Mode {
+  DpMode mode;
+  bool mxfp8;
+};
+
+TEST(CudaFsdp, EveryStrategyOnOneDeviceMatchesTheSerialReference) {
+  int k = 0;
+  for (StructureClass structure : {StructureClass::kNonUnitMiddle, StructureClass::kTiedFirstLast})
+    for (Mode m : {Mode{DpMode::kDdpDistOpt, false}, Mode{DpMode::kDdpDistOpt, true}, Mode{DpMode::kNoShard, false},
+                   Mode{DpMode::kOptim, false}, Mode{DpMode::kOptimGrads, false}, Mode{DpMode::kOptimGradsParams, false}})
+      for (int dp : {2, 4}) {
+        GenericCase c{.structure = structure, .seed = 11, .mode = m.mode, .fine_grained = k % 2 == 1, .mxfp8 = m.mxfp8,
+                      .overlap_grad_reduce = true, .overlap_param_gather = true};
+        c.run.dp = dp;
+        c.run.micro_batches = k % 2 == 0 ? 3 : 1;
+        ++k;
+        SCOPED_TRACE(c.name() + " on cuda");
+        const GenericModel model = generic_model_of(c);
+        const auto want = generic_reference_of(c, model);
+        std::vector<OwnedCudaStream> streams(static_cast<size_t>(dp));
+        std::vector<std::unique_ptr<Compute>> computes;
+        LocalOptions options{.timeout_ms = 60'000};
+        for (auto& s : streams) {
+          computes.push_back(make_cuda_compute(s.get()));
+          options.computes.push_back(computes.back().get());
+        }
+        run_local(
+            dp,
+            [&](Communicator& comm) {
+              EXPECT_EQ(comm.device(), Device::cuda(0));
+              run_generic_case(comm, c, model, want, /*tol=*/0);
+            },
+            options);
+      }
+}
+
+}  // namespace
+}  // namespace mxddp::testing
