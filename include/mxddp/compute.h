@@ -144,6 +144,15 @@ class Compute {
   //   input     in   [M, N] f32 or bf16
   //   out.data  out  [M, N] u8; out.scales out: mx_scale_shape(M, N, out.options.axis) u8
   void mx_quantize(const TensorView& input, const Mxfp8View& out);
+  // quant.h's shard codec (FSDP's MXFP8 shards), the same bits on every implementation:
+  //   shard  in   [n] f32 or bf16: the flat elements [offset, offset + n) of an [M, N] tensor
+  //   scales out (mx_shard_scales) / in (mx_shard_encode): u8, mx_scale_shape(M, N, options.axis)'s
+  //          numel, the whole tensor's
+  //   data   out  [n] u8
+  void mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                       const QuantizeOptions& options);
+  void mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                       const TensorView& data, const QuantizeOptions& options);
   // The collectives' two data movements: a reduction (ReduceRun), and dsts[j][0, bytes) = src[0,
   // bytes) for every destination (a gather's or broadcast's push; none may overlap src or another).
   void reduce(const ReduceRun& run);
@@ -164,6 +173,11 @@ class Compute {
   virtual void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) = 0;
   virtual void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) = 0;
   virtual void run_mx_quantize(const TensorView& input, const Mxfp8View& out) = 0;  // M, N > 0
+  virtual void run_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape,
+                                   const TensorView& scales, const QuantizeOptions& options) = 0;  // M, N > 0
+  virtual void run_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape,
+                                   const TensorView& scales, const TensorView& data,
+                                   const QuantizeOptions& options) = 0;  // n > 0
   virtual void run_reduce(const ReduceRun& run) = 0;  // count > 0
   virtual void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) = 0;  // bytes > 0
 };

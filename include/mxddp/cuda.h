@@ -145,6 +145,12 @@ void cuda_mx_quantize(const TensorView& input, TensorView data, TensorView scale
                       CudaStream stream);
 void cuda_mx_dequantize(const TensorView& data, const TensorView& scales, TensorView output,
                         const QuantizeOptions& options, CudaStream stream);
+// quant.h's mx_shard_scales / mx_shard_encode (FSDP's MXFP8 shards) on device views, bit-exact
+// with the CPU's.
+void cuda_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, TensorView scales,
+                          const QuantizeOptions& options, CudaStream stream);
+void cuda_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                          TensorView data, const QuantizeOptions& options, CudaStream stream);
 
 // One AdamW step over a shard of n elements, as the distributed optimizer's CPU step does
 // (src/optim/adamw_kernel.h, bit-exact): in grad [n] (f32 or bf16, grad_dtype); in/out main,

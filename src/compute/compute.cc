@@ -124,6 +124,25 @@ void Compute::mx_quantize(const TensorView& input, const Mxfp8View& out) {
   if (input.numel() > 0) run_mx_quantize(input, out);
 }
 
+void Compute::mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                              const QuantizeOptions& options) {
+  check_mx_shard(shard, offset, shape, scales, options, "mx_shard_scales");
+  check_device("mx_shard_scales", "the shard", shard, *this);
+  check_device("mx_shard_scales", "the scales", scales, *this);
+  if (scales.numel() > 0) run_mx_shard_scales(shard, offset, shape, scales, options);
+}
+
+void Compute::mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                              const TensorView& data, const QuantizeOptions& options) {
+  check_mx_shard(shard, offset, shape, scales, options, "mx_shard_encode");
+  MXDDP_CHECK(data.dtype == DType::kU8 && data.numel() == shard.numel(), "mx_shard_encode: data must be u8 [{}]; got {}",
+              shard.numel(), data.to_string());
+  check_device("mx_shard_encode", "the shard", shard, *this);
+  check_device("mx_shard_encode", "the scales", scales, *this);
+  check_device("mx_shard_encode", "the data", data, *this);
+  if (shard.numel() > 0) run_mx_shard_encode(shard, offset, shape, scales, data, options);
+}
+
 void Compute::reduce(const ReduceRun& run) {
   const DType t = run.dtype;
   const bool is_float = t == DType::kF32 || t == DType::kBF16 || t == DType::kF64;

@@ -115,6 +115,15 @@ class CpuCompute final : public Compute {
     mxddp::mx_quantize(input, out.data, out.scales, out.options);
   }
 
+  void run_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                           const QuantizeOptions& options) override {
+    mxddp::mx_shard_scales(shard, offset, shape, scales, options);
+  }
+  void run_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                           const TensorView& data, const QuantizeOptions& options) override {
+    mxddp::mx_shard_encode(shard, offset, shape, scales, data, options);
+  }
+
   void run_reduce(const ReduceRun& r) override {
     reduce_arrays_to(r.dtype, r.op, r.inputs.data(), static_cast<int>(r.inputs.size()), r.count, r.outputs.data(),
                      static_cast<int>(r.outputs.size()), r.prescale);

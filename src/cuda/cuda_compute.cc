@@ -90,6 +90,15 @@ class CudaCompute final : public Compute {
     cuda_mx_quantize(input, out.data, out.scales, out.options, stream_);
   }
 
+  void run_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                           const QuantizeOptions& options) override {
+    cuda_mx_shard_scales(shard, offset, shape, scales, options, stream_);
+  }
+  void run_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                           const TensorView& data, const QuantizeOptions& options) override {
+    cuda_mx_shard_encode(shard, offset, shape, scales, data, options, stream_);
+  }
+
   void run_reduce(const ReduceRun& r) override {
     constexpr size_t kMax = cuda_kernels::kReduceBuffersMax;
     MXDDP_CHECK(r.inputs.size() <= kMax && r.outputs.size() <= kMax,

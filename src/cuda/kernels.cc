@@ -44,7 +44,40 @@ cuda_kernels::MxShape check_mx(const TensorView& values, const TensorView& data,
           .rceil = o.scale_mode == ScaleMode::kRceil, .colwise = o.axis == QuantAxis::kCol};
 }
 
+// The shard codec's rules, and every view given on a CUDA device.
+cuda_kernels::MxShape check_mx_shard_on_device(const TensorView& shard, int64_t offset, const Shape& shape,
+                                               const TensorView& scales, const TensorView* data,
+                                               const QuantizeOptions& o, std::string_view op) {
+  check_mx_shard(shard, offset, shape, scales, o, op);
+  for (const TensorView* v : {&shard, &scales, data})
+    MXDDP_CHECK(v == nullptr || v->numel() == 0 || v->device.kind == Device::Kind::kCuda,
+                "{}: the CUDA codec runs on cuda tensors; got {}", op, v->to_string());
+  return {.rows = shape[0], .cols = shape[1], .e4m3 = o.elem == Fp8Format::kE4M3,
+          .rceil = o.scale_mode == ScaleMode::kRceil, .colwise = o.axis == QuantAxis::kCol};
+}
+
 }  // namespace
+
+void cuda_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, TensorView scales,
+                          const QuantizeOptions& options, CudaStream stream) {
+  const cuda_kernels::MxShape s =
+      check_mx_shard_on_device(shard, offset, shape, scales, nullptr, options, "cuda_mx_shard_scales");
+  MXDDP_CUDA_CHECK(cuda_kernels::launch_mx_shard_scales(shard.data, shard.dtype == DType::kBF16, offset, shard.numel(),
+                                                        scales.data_as<uint8_t>(), s, stream),
+                   "cuda_mx_shard_scales of {} at {} of {}", shard.to_string(), offset, shape.to_string());
+}
+
+void cuda_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                          TensorView data, const QuantizeOptions& options, CudaStream stream) {
+  const cuda_kernels::MxShape s =
+      check_mx_shard_on_device(shard, offset, shape, scales, &data, options, "cuda_mx_shard_encode");
+  MXDDP_CHECK(data.dtype == DType::kU8 && data.numel() == shard.numel(),
+              "cuda_mx_shard_encode: data must be u8 [{}]; got {}", shard.numel(), data.to_string());
+  MXDDP_CUDA_CHECK(cuda_kernels::launch_mx_shard_encode(shard.data, shard.dtype == DType::kBF16, offset, shard.numel(),
+                                                        scales.data_as<const uint8_t>(), data.data_as<uint8_t>(), s,
+                                                        stream),
+                   "cuda_mx_shard_encode of {} at {} of {}", shard.to_string(), offset, shape.to_string());
+}
 
 void cuda_convert_f32_to_bf16(const float* in, bf16_bits* out, int64_t n, CudaStream stream) {
   check_elements("cuda_convert_f32_to_bf16", n, in, out);

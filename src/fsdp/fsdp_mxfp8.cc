@@ -5,8 +5,8 @@
 // (gathered with the payload of that orientation). The row- and column-wise slots are per pass
 // (encoding_axis): a weight read column-wise in forward has its column-wise copy in the row slot. quant.h's mx_shard_scales says why the result is
 // bitwise what quantizing the whole gathered tensor gives (tests/quant/mxfp8_shard_test.cc proves
-// it for every cut; tests/fsdp/fsdp_mxfp8_test.cc for the training losses). The shard codec runs
-// on the host only (mx_shard_scales, mx_shard_encode): the engine refuses MXFP8 params on a device.
+// it for every cut; tests/fsdp/fsdp_mxfp8_test.cc for the training losses). Every step runs on the
+// engine's compute (the shard codec: Compute::mx_shard_scales / mx_shard_encode), host or device.
 #include <optional>
 #include <utility>
 #include <vector>
@@ -62,9 +62,9 @@ Work FsdpEngine::start_shard_scales(int bucket) {
   for (const ShardParamRange& r : layout_.shards[static_cast<size_t>(comm_.rank())][static_cast<size_t>(bucket)].params) {
     const Shape& shape = specs_[static_cast<size_t>(r.param)].shape;
     for (QuantAxis slot_axis : {QuantAxis::kRow, QuantAxis::kCol})
-      mx_shard_scales(staging.slice(r.in_shard.start, r.in_shard.size()), r.in_param.start, shape,
-                      param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
-                      {config_.mxfp8_elem, config_.mxfp8_scale_mode, encoding_axis(r.param, slot_axis)});
+      compute_.mx_shard_scales(staging.slice(r.in_shard.start, r.in_shard.size()), r.in_param.start, shape,
+                               param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
+                               {config_.mxfp8_elem, config_.mxfp8_scale_mode, encoding_axis(r.param, slot_axis)});
   }
   log_.push_back({FsdpCollective::Kind::kAllReduce, bucket});
   return comm_.all_reduce(b.quantize_scales.view(DType::kU8, Shape{static_cast<int64_t>(b.quantize_scales.size_bytes())}),
@@ -83,10 +83,10 @@ void FsdpEngine::finish_shard_quantize(int bucket, const Work& scales_reduced, b
     const TensorView values = staging.slice(r.in_shard.start, r.in_shard.size());
     for (QuantAxis slot_axis : {QuantAxis::kRow, QuantAxis::kCol}) {
       const ComputeBuffer& out = slot_axis == QuantAxis::kRow ? b.row_shard : b.col_shard;
-      mx_shard_encode(values, r.in_param.start, shape,
-                      param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
-                      out.view(DType::kU8, Shape{b.shard}).slice(r.in_shard.start, r.in_shard.size()),
-                      {config_.mxfp8_elem, config_.mxfp8_scale_mode, encoding_axis(r.param, slot_axis)});
+      compute_.mx_shard_encode(values, r.in_param.start, shape,
+                               param_scales(r.param, slot_axis, quantize_scales(bucket, slot_axis)),
+                               out.view(DType::kU8, Shape{b.shard}).slice(r.in_shard.start, r.in_shard.size()),
+                               {config_.mxfp8_elem, config_.mxfp8_scale_mode, encoding_axis(r.param, slot_axis)});
     }
   }
   // Each rank keeps its shard of each orientation's whole scales (the same cut on every rank, so

@@ -161,11 +161,6 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
   MXDDP_CHECK(replica == nullptr || replica->device() == comm.device(),
               "HSDP: the replica communicator's collectives run on {} but the shard group's on {}; both must "
               "reach the same memory", to_string(replica->device()), to_string(comm.device()));
-  if (!comm.device().is_cpu())
-    for (const ParamSpec& p : params)
-      MXDDP_CHECK(!p.mxfp8, "FSDP on {}: param '{}' is marked mxfp8, and MXFP8 shards are quantized in host memory "
-                  "only so far (mx_shard_scales, mx_shard_encode); give FSDP a host communicator or unmark it",
-                  to_string(comm.device()), p.name);
   MXDDP_CHECK(replica != &comm,
               "HSDP's replica communicator is the shard group's own communicator; the replica group must be another "
               "one (the ranks holding this rank's shard index in the other shard groups)");

@@ -160,20 +160,6 @@ void encode_shard(const TensorView& shard, int64_t offset, int64_t cols, const u
   });
 }
 
-void check_shard(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
-                 const QuantizeOptions& o, std::string_view op) {
-  MXDDP_CHECK(shape.ndim() == 2, "{}: the full tensor must be 2-D [M, N]; got {}", op, shape.to_string());
-  MXDDP_CHECK(shard.dtype == DType::kF32 || shard.dtype == DType::kBF16, "{}: values must be f32 or bf16; got {}", op,
-              dtype_name(shard.dtype));
-  MXDDP_CHECK(offset >= 0 && shard.numel() <= shape.numel() - offset,
-              "{}: a shard of {} elements at offset {} does not fit a {} tensor", op, shard.numel(), offset,
-              shape.to_string());
-  const Shape want = mx_scale_shape(shape[0], shape[1], o.axis);
-  MXDDP_CHECK(scales.dtype == DType::kU8 && scales.numel() == want.numel(),
-              "{}: scales must be u8 {} for {}-wise blocks; got {}", op, want.to_string(),
-              o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
-}
-
 }  // namespace
 
 void check_mx_views(const TensorView& values, const TensorView& data, const TensorView& scales,
@@ -193,6 +179,20 @@ void check_mx_views(const TensorView& values, const TensorView& data, const Tens
   const Shape want = mx_scale_shape(values.shape[0], values.shape[1], o.axis);
   MXDDP_CHECK(scales.dtype == DType::kU8 && scales.shape == want, "{}: scales must be u8 {} for {}-wise blocks; got {}",
               op, want.to_string(), o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
+}
+
+void check_mx_shard(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                    const QuantizeOptions& o, std::string_view op) {
+  MXDDP_CHECK(shape.ndim() == 2, "{}: the full tensor must be 2-D [M, N]; got {}", op, shape.to_string());
+  MXDDP_CHECK(shard.dtype == DType::kF32 || shard.dtype == DType::kBF16, "{}: values must be f32 or bf16; got {}", op,
+              dtype_name(shard.dtype));
+  MXDDP_CHECK(offset >= 0 && shard.numel() <= shape.numel() - offset,
+              "{}: a shard of {} elements at offset {} does not fit a {} tensor", op, shard.numel(), offset,
+              shape.to_string());
+  const Shape want = mx_scale_shape(shape[0], shape[1], o.axis);
+  MXDDP_CHECK(scales.dtype == DType::kU8 && scales.numel() == want.numel(),
+              "{}: scales must be u8 {} for {}-wise blocks; got {}", op, want.to_string(),
+              o.axis == QuantAxis::kRow ? "row" : "column", scales.to_string());
 }
 
 Shape mx_scale_shape(int64_t rows, int64_t cols, QuantAxis axis) {
@@ -254,7 +254,7 @@ void Mxfp8Tensor::quantize_from(const TensorView& input) {
 
 void mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, TensorView scales,
                      const QuantizeOptions& o) {
-  check_shard(shard, offset, shape, scales, o, "mx_shard_scales");
+  check_mx_shard(shard, offset, shape, scales, o, "mx_shard_scales");
   const int64_t cols = shape[1];
   // Each block's amax over the shard's elements of it, as |x|'s bits (NaN and Inf sort above all).
   std::vector<uint32_t> amax(static_cast<size_t>(scales.numel()), 0u);
@@ -270,7 +270,7 @@ void mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape
 
 void mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
                      TensorView data, const QuantizeOptions& o) {
-  check_shard(shard, offset, shape, scales, o, "mx_shard_encode");
+  check_mx_shard(shard, offset, shape, scales, o, "mx_shard_encode");
   MXDDP_CHECK(data.dtype == DType::kU8 && data.numel() == shard.numel(), "mx_shard_encode: data must be u8 [{}]; got {}",
               shard.numel(), data.to_string());
   const auto* s = scales.data_as<const uint8_t>();

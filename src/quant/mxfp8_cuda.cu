@@ -7,6 +7,8 @@
 // shuffled to all, and each lane writes its byte, so loads and stores are coalesced.
 // Column-wise: one thread per column of a 32-row band keeps the block's 32 values in registers:
 // a max, then the encode; neighbouring threads touch neighbouring columns, so both coalesce.
+// The shard codec (FSDP's MXFP8 shards): a thread per block for the scales, per element for the
+// encode; reference and check: mx_shard_scales / mx_shard_encode, tests/compute/compute_test.cc.
 #include <cuda_runtime.h>
 
 #include "cuda/launch_shape.h"
@@ -85,7 +87,70 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
   }
 }
 
+// The shard codec. Scales: a thread per block of the whole tensor takes the amax of the shard's
+// elements in it (at most 32: a row block's are contiguous, a column block's a column's 32 rows),
+// 0 where it has none, which gives scale 0 as the CPU's zero-initialized amax does.
+template <typename T>
+__global__ void shard_scales_kernel(const T* __restrict__ shard, int64_t offset, int64_t n, uint8_t* __restrict__ scales,
+                                    MxShape s) {
+  const fp8::Spec spec = fp8::spec_of(s.e4m3);
+  const int64_t blocks_per_row = (s.cols + kBlock - 1) / kBlock;
+  const int64_t total = s.colwise ? ((s.rows + kBlock - 1) / kBlock) * s.cols : s.rows * blocks_per_row;
+  const int64_t end = offset + n;
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < total; b += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t amax = 0;
+    if (!s.colwise) {
+      const int64_t r = b / blocks_per_row, c0 = (b % blocks_per_row) * kBlock;
+      const int64_t first = r * s.cols + c0, last = r * s.cols + (c0 + kBlock < s.cols ? c0 + kBlock : s.cols);
+      for (int64_t i = first > offset ? first : offset; i < (last < end ? last : end); ++i)
+        amax = max(amax, abs_bits(load_value(shard, i - offset)));
+    } else {
+      const int64_t r0 = (b / s.cols) * kBlock, c = b % s.cols;
+      for (int64_t r = r0; r < r0 + kBlock && r < s.rows; ++r) {
+        const int64_t i = r * s.cols + c;
+        if (i >= offset && i < end) amax = max(amax, abs_bits(load_value(shard, i - offset)));
+      }
+    }
+    scales[b] = fp8::scale_for_amax(amax_from_bits(amax), spec, s.rceil);
+  }
+}
+
+// Encode: a thread per shard element, with its block's scale of the whole tensor; a NaN-scaled
+// block stores zeros, as mx_quantize does.
+template <typename T>
+__global__ void shard_encode_kernel(const T* __restrict__ shard, int64_t offset, int64_t n,
+                                    const uint8_t* __restrict__ scales, uint8_t* __restrict__ data, MxShape s) {
+  const fp8::Spec spec = fp8::spec_of(s.e4m3);
+  const int64_t blocks_per_row = (s.cols + kBlock - 1) / kBlock;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t at = offset + i, r = at / s.cols, c = at % s.cols;
+    const uint8_t scale = s.colwise ? scales[(r / kBlock) * s.cols + c] : scales[r * blocks_per_row + c / kBlock];
+    data[i] = scale == fp8::kE8M0NanCode ? 0 : fp8::encode(load_value(shard, i) * fp8::e8m0_inverse(scale), spec);
+  }
+}
+
 }  // namespace
+
+int launch_mx_shard_scales(const void* shard, bool shard_bf16, int64_t offset, int64_t n, uint8_t* scales,
+                           const MxShape& s, CUstream_st* stream) {
+  if (s.rows == 0 || s.cols == 0) return cudaSuccess;
+  const int64_t total = s.colwise ? ((s.rows + kBlock - 1) / kBlock) * s.cols : s.rows * ((s.cols + kBlock - 1) / kBlock);
+  const unsigned grid = elementwise_blocks(total);
+  if (shard_bf16)
+    shard_scales_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const bf16_bits*>(shard), offset, n, scales, s);
+  else shard_scales_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const float*>(shard), offset, n, scales, s);
+  return cudaGetLastError();
+}
+
+int launch_mx_shard_encode(const void* shard, bool shard_bf16, int64_t offset, int64_t n, const uint8_t* scales,
+                           uint8_t* data, const MxShape& s, CUstream_st* stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned grid = elementwise_blocks(n);
+  if (shard_bf16)
+    shard_encode_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const bf16_bits*>(shard), offset, n, scales, data, s);
+  else shard_encode_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const float*>(shard), offset, n, scales, data, s);
+  return cudaGetLastError();
+}
 
 int launch_mx_quantize(const void* in, bool in_bf16, uint8_t* data, uint8_t* scales, const MxShape& s,
                        CUstream_st* stream) {

@@ -49,6 +49,16 @@ class RecordingCompute final : public Compute {
     ++quantizes;
     cpu().mx_quantize(host(input), {host(out.data), host(out.scales), out.options});
   }
+  void run_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                           const QuantizeOptions& options) override {
+    ++quantizes;
+    cpu().mx_shard_scales(host(shard), offset, shape, host(scales), options);
+  }
+  void run_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
+                           const TensorView& data, const QuantizeOptions& options) override {
+    ++quantizes;
+    cpu().mx_shard_encode(host(shard), offset, shape, host(scales), host(data), options);
+  }
   void run_reduce(const ReduceRun& run) override {
     ++reduces;
     if (fail_reduce_) MXDDP_FAIL("the device faulted (injected)");

@@ -425,7 +425,8 @@ TEST_P(ComputeConformance, CopyToManyAndBadReductionsNamingWhatIsWrong) {
 TEST_P(ComputeConformance, MxQuantizeMatchesTheHostCodec) {
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{77, 45}, {64, 96}, {1, 1}, {33, 257}}) {
     const auto n = static_cast<size_t>(rows * cols);
-    std::vector<float> values = awkward_floats(n, static_cast<unsigned>(rows * 1000 + cols));
+    std::vector<float> values = awkward_floats(std::max<size_t>(n, 4), static_cast<unsigned>(rows * 1000 + cols));
+    values.resize(n);  // awkward_floats sets its first four
     for (size_t i = 0; i < std::min<size_t>(n, 32); ++i) values[i] = 0.0f;  // a zero block (row-wise)
     const Shape shape{rows, cols};
     std::vector<bf16_bits> halves(n);
@@ -454,6 +455,69 @@ TEST_P(ComputeConformance, MxQuantizeMatchesTheHostCodec) {
             ASSERT_EQ(download<uint8_t>(scales, scale_numel), want_scales);
           }
   }
+}
+
+// quant.h's shard codec (FSDP's MXFP8 shards) against the host's: shards cut anywhere (mid-row,
+// mid-block, the whole tensor, one element, none), both orientations and formats, f32 and bf16.
+TEST_P(ComputeConformance, MxShardCodecMatchesTheHostCodec) {
+  const int64_t rows = 45, cols = 77;
+  const Shape shape{rows, cols};
+  const auto total = static_cast<size_t>(rows * cols);
+  std::vector<float> values = awkward_floats(total, 5);
+  std::vector<bf16_bits> halves(total);
+  convert_f32_to_bf16(values.data(), halves.data(), total);
+  for (const auto& [offset, n] : {std::pair<int64_t, int64_t>{0, rows * cols}, {0, 1000}, {1000, 1001}, {2001, 1464},
+                                  {77 * 13 + 5, 1}, {500, 0}})
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
+        for (Fp8Format elem : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+          SCOPED_TRACE(fmt::format("[{}, {}) {} {} {}", offset, offset + n, dtype_name(dtype), quant_axis_name(axis),
+                                   fp8_format_name(elem)));
+          const QuantizeOptions options{elem, ScaleMode::kRceil, axis};
+          const auto scale_numel = static_cast<size_t>(mx_scale_shape(rows, cols, axis).numel());
+          const auto count = static_cast<size_t>(n);
+          const TensorView host_shard = dtype == DType::kF32
+                                            ? TensorView{values.data() + offset, dtype, Shape{n}}
+                                            : TensorView{halves.data() + offset, dtype, Shape{n}};
+          std::vector<uint8_t> want_scales(scale_numel), want_data(count);
+          mx_shard_scales(host_shard, offset, shape, {want_scales.data(), DType::kU8, Shape{int64_t(scale_numel)}}, options);
+          mx_shard_encode(host_shard, offset, shape, {want_scales.data(), DType::kU8, Shape{int64_t(scale_numel)}},
+                          {want_data.data(), DType::kU8, Shape{n}}, options);
+          ComputeBuffer shard = dtype == DType::kF32
+                                    ? upload(std::vector<float>(values.begin() + offset, values.begin() + offset + n))
+                                    : upload(std::vector<bf16_bits>(halves.begin() + offset, halves.begin() + offset + n));
+          ComputeBuffer scales = compute_->allocate(scale_numel, MemoryCategory::kMxfp8, tracker_);
+          ComputeBuffer data = compute_->allocate(std::max<size_t>(count, 1), MemoryCategory::kMxfp8, tracker_);
+          compute_->mx_shard_scales(shard.view(dtype, Shape{n}), offset, shape,
+                                    scales.view(DType::kU8, Shape{int64_t(scale_numel)}), options);
+          ASSERT_EQ(download<uint8_t>(scales, scale_numel), want_scales);
+          compute_->mx_shard_encode(shard.view(dtype, Shape{n}), offset, shape,
+                                    scales.view(DType::kU8, Shape{int64_t(scale_numel)}), data.view(DType::kU8, Shape{n}),
+                                    options);
+          if (n > 0) {
+            ASSERT_EQ(download<uint8_t>(data, count), want_data);
+          }
+        }
+  // Bad cuts and views name the value.
+  ComputeBuffer shard = compute_->allocate(100 * 4, MemoryCategory::kScratch, tracker_);
+  ComputeBuffer scales = compute_->allocate(rows * 3, MemoryCategory::kScratch, tracker_);
+  const auto message = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string();
+  };
+  const TensorView s = scales.view(DType::kU8, Shape{rows * 3});
+  EXPECT_NE(message([&] { compute_->mx_shard_scales(shard.view(DType::kF32, Shape{100}), rows * cols - 50, shape, s, {}); })
+                .find("a shard of 100 elements at offset 3415 does not fit a [45, 77] tensor"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              compute_->mx_shard_encode(shard.view(DType::kF32, Shape{100}), 0, shape, s,
+                                        scales.view(DType::kU8, Shape{99}), {});
+            }).find("mx_shard_encode: data must be u8 [100]"),
+            std::string::npos);
 }
 
 TEST_P(ComputeConformance, BadMxQuantizeArgumentsAreErrorsNamingWhatIsWrong) {

@@ -1,9 +1,10 @@
-// Every FSDP strategy, and DDP with the distributed optimizer (with MXFP8 params too), with 2 and 4
-// ranks on one GPU (a stream and a CUDA compute each): the generic model of
-// tests/fsdp/generic_model.h trains on device buffers and its main params must equal the serial
-// reference bit for bit after every iteration, as on the host (tests/fsdp/fsdp_any_structure_test.cc
-// runs the same cases on a claimed device in every CI run). The model itself computes on the host,
-// reading and writing the device buffers through copies. Needs a device: device_main.cc skips (77).
+// Every FSDP strategy (optim_grads_params with MXFP8 params too) and DDP with the distributed
+// optimizer (with MXFP8 params too), with 2 and 4 ranks on one GPU (a stream and a CUDA compute
+// each): the generic model of tests/fsdp/generic_model.h trains on device buffers and its main
+// params must equal the serial reference bit for bit after every iteration, as on the host
+// (tests/fsdp/fsdp_any_structure_test.cc runs such cases on a claimed device in every CI run). The
+// model itself computes on the host, reading and writing the device buffers through copies. Needs
+// a device: device_main.cc skips (77).
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +27,8 @@ TEST(CudaFsdp, EveryStrategyOnOneDeviceMatchesTheSerialReference) {
   int k = 0;
   for (StructureClass structure : {StructureClass::kNonUnitMiddle, StructureClass::kTiedFirstLast})
     for (Mode m : {Mode{DpMode::kDdpDistOpt, false}, Mode{DpMode::kDdpDistOpt, true}, Mode{DpMode::kNoShard, false},
-                   Mode{DpMode::kOptim, false}, Mode{DpMode::kOptimGrads, false}, Mode{DpMode::kOptimGradsParams, false}})
+                   Mode{DpMode::kOptim, false}, Mode{DpMode::kOptimGrads, false}, Mode{DpMode::kOptimGradsParams, false},
+                   Mode{DpMode::kOptimGradsParams, true}})
       for (int dp : {2, 4}) {
         GenericCase c{.structure = structure, .seed = 11, .mode = m.mode, .fine_grained = k % 2 == 1, .mxfp8 = m.mxfp8,
                       .overlap_grad_reduce = true, .overlap_param_gather = true};

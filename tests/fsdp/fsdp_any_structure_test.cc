@@ -338,16 +338,16 @@ TEST_P(AnyStructureJitter, MatchesTheSerialReferenceUnderDelays) {
 class AnyStructureOnADevice : public ::testing::TestWithParam<StructureClass> {};
 
 // The ranks' computes claim a device (tests/comm/recording_compute.h: host memory labelled cuda:5),
-// so every FSDP strategy and DDP with the distributed optimizer (and MXFP8 params) take their
-// device path here: every buffer allocated, zeroed, filled and folded through the communicator's
-// compute, every view on cuda:5, the model's reads and writes through copies. Still bit for bit.
-// Not here: DDP with the replicated optimizer (its test harness steps the params in host code), and
-// MXFP8 params under FSDP, which a device refuses (the shard codec is the host's).
+// so every FSDP strategy and DDP with the distributed optimizer, with and without MXFP8 params,
+// take their device path here: every buffer allocated, zeroed, filled, quantized and folded
+// through the communicator's compute, every view on cuda:5, the model's reads and writes through
+// copies. Still bit for bit. Not here: DDP with the replicated optimizer (its test harness steps
+// the params in host code).
 TEST_P(AnyStructureOnADevice, MatchesTheSerialReference) {
   const StructureClass structure = GetParam();
   int k = 0;
   for (const ModeVariant& v : kModeVariants) {
-    if (v.mode == DpMode::kDdp || (is_fsdp(v.mode) && v.mxfp8)) continue;
+    if (v.mode == DpMode::kDdp) continue;
     for (int dp : {2, 4}) {
       GenericCase c{.structure = structure, .seed = 7, .mode = v.mode, .fine_grained = k % 2 == 1, .mxfp8 = v.mxfp8,
                     .overlap_grad_reduce = k % 3 != 0, .overlap_param_gather = k % 3 != 1};
