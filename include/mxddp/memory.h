@@ -77,8 +77,17 @@ MemoryUsage max_peaks(const MemoryUsage& earlier, const MemoryUsage& later);
 // allocates.
 class MemoryTracker {
  public:
-  void on_allocate(MemoryCategory category, int64_t bytes, MemoryPlace place = MemoryPlace::kHost);
-  void on_free(MemoryCategory category, int64_t bytes, MemoryPlace place = MemoryPlace::kHost);
+  void on_allocate(MemoryCategory category, int64_t bytes, MemoryPlace place);
+  void on_free(MemoryCategory category, int64_t bytes, MemoryPlace place);
+  // At the category's default place: the host, unless set_default_place said otherwise (a plan's
+  // tracker puts a data-parallel object's state where its buffers would live).
+  void on_allocate(MemoryCategory category, int64_t bytes) { on_allocate(category, bytes, default_place(category)); }
+  void on_free(MemoryCategory category, int64_t bytes) { on_free(category, bytes, default_place(category)); }
+  // Call before any charge of the category (not thread-safe against those).
+  void set_default_place(MemoryCategory category, MemoryPlace place) {
+    default_place_[static_cast<size_t>(category)] = place;
+  }
+  MemoryPlace default_place(MemoryCategory category) const { return default_place_[static_cast<size_t>(category)]; }
   MemoryUsage usage() const;
   // Restarts peak tracking from the current live bytes (e.g. to measure a steady state).
   void reset_peaks();
@@ -100,6 +109,7 @@ class MemoryTracker {
   };
   Counters all_;
   std::array<Counters, kNumMemoryPlaces> by_place_;
+  std::array<MemoryPlace, kNumMemoryCategories> default_place_{};  // all kHost
 };
 
 // ----------------------------------------------------------------------------------------------

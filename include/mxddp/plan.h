@@ -59,6 +59,13 @@ struct MemoryPlanOptions {
   // FSDP's bytes at dp / it (the replica all-reduce works in place; on the mpi backend an f32 one
   // needs no staging, and bf16 grads are refused there: that staging is not planned). 1: plain FSDP.
   int num_distributed_optimizer_instances = 1;
+  // Where the data-parallel object's and the optimizer's buffers live: the communicator's compute
+  // (Communicator::compute(); a local group whose ranks each have a device's puts them there). The
+  // params, grads, main params, optimizer state, MXFP8 copies and FSDP's gathers are then planned as
+  // device bytes (MemoryPlan's usage .at(MemoryPlace::kDevice)); the model's scratch and the mpi
+  // backend's staging stay host bytes. plan_ddp_memory, plan_fsdp_memory and plan_param_memory;
+  // plan_train_memory refuses kDevice (train() keeps every buffer on the host).
+  MemoryPlace data_parallel_place = MemoryPlace::kHost;
 };
 
 // What the bytes are made of, for the comparison with the closed forms.

@@ -44,7 +44,7 @@ HostBuffer::HostBuffer(size_t bytes, MemoryCategory category, MemoryTracker& tra
   const size_t padded = static_cast<size_t>(round_up(static_cast<int64_t>(bytes), kHostAlignmentBytes));
   data_ = std::aligned_alloc(kHostAlignmentBytes, padded);
   if (data_ == nullptr) throw OutOfMemory(bytes, memory_category_name(category));
-  tracker_->on_allocate(category_, static_cast<int64_t>(bytes_));
+  tracker_->on_allocate(category_, static_cast<int64_t>(bytes_), MemoryPlace::kHost);
 }
 
 HostBuffer::~HostBuffer() { release(); }
@@ -65,7 +65,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
 void HostBuffer::release() noexcept {
   if (data_ == nullptr) return;
   std::free(data_);
-  tracker_->on_free(category_, static_cast<int64_t>(bytes_));
+  tracker_->on_free(category_, static_cast<int64_t>(bytes_), MemoryPlace::kHost);
   data_ = nullptr;
   bytes_ = 0;
 }

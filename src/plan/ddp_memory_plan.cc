@@ -53,6 +53,12 @@ void charge_optimizer_construction(const std::vector<int64_t>& shard_numel, Opti
   }
 }
 
+void place_data_parallel_state(MemoryTracker& tracker, MemoryPlace place) {
+  for (MemoryCategory c : {MemoryCategory::kParams, MemoryCategory::kGrads, MemoryCategory::kMainParams,
+                           MemoryCategory::kOptimizerState, MemoryCategory::kMxfp8, MemoryCategory::kGathered})
+    tracker.set_default_place(c, place);
+}
+
 void describe_layout(const ParamLayout& layout, MemoryPlanLayout& d) {
   d.params_numel = layout.params_numel();
   d.buffer_numel = layout.numel;
@@ -77,6 +83,7 @@ MemoryPlan plan_ddp_memory(const std::vector<ParamSpec>& params, const DdpConfig
   MXDDP_CHECK(n <= std::numeric_limits<int64_t>::max() / kBytesPerElementMax,
               "the param list's {} elements are more than mxddp plans: their bytes would not fit in a 64-bit count", n);
   MemoryTracker tracker;
+  place_data_parallel_state(tracker, opts.data_parallel_place);
   const ParamLayout layout = charge_ddp_construction(params, config, dp, tracker);
   if (optimizer) {
     std::vector<int64_t> shard_numel;

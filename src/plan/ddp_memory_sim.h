@@ -32,6 +32,11 @@ int64_t gradient_sync_staging_bytes(const ParamLayout& layout, bool reduce_scatt
 void charge_optimizer_construction(const std::vector<int64_t>& shard_numel, OptimizerType optimizer,
                                    DType param_dtype, MemoryTracker& tracker);
 
+// Sets tracker's default place of every category a data-parallel object and its optimizer charge
+// (params, grads, main params, optimizer state, MXFP8, gathered) to place: MemoryPlanOptions::
+// data_parallel_place. Scratch and comm keep the host.
+void place_data_parallel_state(MemoryTracker& tracker, MemoryPlace place);
+
 // The plan's layout figures (params, padding, buckets) for a layout.
 void describe_layout(const ParamLayout& layout, MemoryPlanLayout& out);
 

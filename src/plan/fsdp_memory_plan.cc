@@ -111,6 +111,7 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
   // HSDP: every figure is FSDP's over the shard group (the replica all-reduce is in place).
   const int shard = fsdp_shard_group_size(opts, config);
   MemoryTracker tracker;
+  place_data_parallel_state(tracker, opts.data_parallel_place);
   DataParallelSim dpsim(tracker, nullptr);
   dpsim.build_fsdp(params, units, config, shard, opts.mpi_backend);
   if (optimizer) dpsim.build_optimizer(*optimizer);

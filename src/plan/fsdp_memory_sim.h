@@ -6,7 +6,7 @@
 // only when each is charged and refunded.
 // It is the state machine of src/fsdp/ (the gather state per group and slot, the releases, the
 // bounded reduce-scatter queue that frees each bucket's transient unsharded grads, the MXFP8
-// staging shards of a step and a forced sync), kept to the allocations: every HostBuffer the real
+// staging shards of a step and a forced sync), kept to the allocations: every buffer the real
 // object would create or drop is a charge or a refund on the tracker here, in the same order. What
 // the hooks decide (which pass, what to wait for, prefetch, release and reduce) is not copied:
 // FsdpHookSchedule (fsdp.h) decides it for both. It runs one rank: every rank's state is the same.

@@ -86,6 +86,9 @@ MemoryPlan plan_train_memory(const TrainConfig& config, const MemoryPlanOptions&
               "num_distributed_optimizer_instances {} is not valid for mxddp train's plan: train() does not run "
               "hybrid sharding (HSDP); plan a param list (--shapes, --safetensors) or mxddp.torch's FSDP instead; valid: 1",
               opts.num_distributed_optimizer_instances);
+  MXDDP_CHECK(opts.data_parallel_place == MemoryPlace::kHost,
+              "data_parallel_place device is not valid for mxddp train's plan: train() keeps every buffer in host "
+              "memory; plan a param list (--shapes, --safetensors), a DDP or an FSDP on a device instead; valid: host");
   check_plannable(config.model, config.micro_batch_size);
   const GptConfig& mc = config.model;
   const GptModelOptions model_options = config.model_options();
@@ -173,6 +176,7 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
   MXDDP_CHECK(n <= std::numeric_limits<int64_t>::max() / kPlanBytesPerParamMax,
               "the param list's {} elements are more than mxddp plans: their bytes would not fit in a 64-bit count", n);
   MemoryTracker tracker;
+  place_data_parallel_state(tracker, opts.data_parallel_place);
   DataParallelSim dpsim(tracker, nullptr);
   if (config.use_megatron_fsdp) {
     // A unit per layer index in the names ("...layers.3.", "...h.3."), in order of appearance;

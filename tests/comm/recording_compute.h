@@ -1,10 +1,17 @@
 // RecordingCompute: cpu_compute() behind a Compute that counts the calls the tests look for, may
-// claim another device (its host memory labelled as that device's, so that the code above it runs
-// its device path on the CPU: every view it gives out, every check of where buffers live) and may
-// fail its reductions (a device fault). Shared by the comm and optimizer tests.
+// claim another device and may fail its reductions (a device fault). Shared by the comm, optimizer,
+// FSDP and plan tests.
+//
+// Claiming a device runs the code above it down its device path on the CPU: every view it gives
+// out says that device, every check of where buffers live applies, and its bytes are charged to
+// the caller's tracker as device bytes (as a DeviceBuffer charges them). The pointers it hands out
+// are its host blocks' addresses moved by kPoisonOffset, which makes them non-canonical on x86-64:
+// code above that reads or writes "device" memory directly, instead of through a Compute, faults
+// at once, as it would on a GPU. Each run_* moves them back (real()) before cpu_compute() works.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -18,70 +25,115 @@ class RecordingCompute final : public Compute {
       : device_(device), fail_reduce_(fail_reduce) {}
   std::string_view name() const override { return "recording"; }
   Device device() const override { return device_; }
-  MemoryPlace place() const override { return MemoryPlace::kHost; }
+  MemoryPlace place() const override { return device_.is_cpu() ? MemoryPlace::kHost : MemoryPlace::kDevice; }
   void synchronize() override { ++synchronizes; }
 
   std::atomic<int> allocations{0}, reduces{0}, copies{0}, synchronizes{0}, quantizes{0};
 
  protected:
-  // Host memory, labelled with the claimed device: the code above sees the device's views.
   ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
     ++allocations;
-    auto block = std::make_shared<ComputeBuffer>(cpu().allocate(bytes, category, tracker, zeroed));
-    void* data = block->data();
+    if (device_.is_cpu()) {
+      auto block = std::make_shared<ComputeBuffer>(cpu().allocate(bytes, category, tracker, zeroed));
+      void* data = block->data();
+      return ComputeBuffer(std::move(block), data, bytes, device_);
+    }
+    auto block = std::make_shared<DeviceCharge>(host_tracker_, bytes, category, tracker, zeroed);
+    void* data = poisoned(block->block.data());
     return ComputeBuffer(std::move(block), data, bytes, device_);
   }
-  void run_zero(void* data, size_t bytes) override { cpu().zero(data, bytes); }
-  void run_copy(void* dst, const void* src, size_t bytes) override { cpu().copy(dst, src, bytes); }
-  void run_copy_from_host(void* dst, const void* host, size_t bytes) override { cpu().copy(dst, host, bytes); }
-  void run_copy_to_host(void* host, const void* src, size_t bytes) override { cpu().copy(host, src, bytes); }
-  // The views come labelled with the claimed device; cpu_compute() gets them as the host's.
-  void run_convert(const TensorView& in, const TensorView& out) override { cpu().convert(host(in), host(out)); }
-  bool run_all_finite(const TensorView& data) override { return cpu().all_finite(host(data)); }
+  void run_zero(void* data, size_t bytes) override { cpu().zero(real(data), bytes); }
+  void run_copy(void* dst, const void* src, size_t bytes) override { cpu().copy(real(dst), real(src), bytes); }
+  void run_copy_from_host(void* dst, const void* host, size_t bytes) override { cpu().copy(real(dst), host, bytes); }
+  void run_copy_to_host(void* host, const void* src, size_t bytes) override { cpu().copy(host, real(src), bytes); }
+  void run_convert(const TensorView& in, const TensorView& out) override { cpu().convert(on_host(in), on_host(out)); }
+  bool run_all_finite(const TensorView& data) override { return cpu().all_finite(on_host(data)); }
   double run_sum_of_squares(std::span<const TensorView> runs) override {
-    std::vector<TensorView> on_host(runs.begin(), runs.end());
-    for (TensorView& v : on_host) v = host(v);
-    return cpu().sum_of_squares(on_host);
+    std::vector<TensorView> moved(runs.begin(), runs.end());
+    for (TensorView& v : moved) v = on_host(v);
+    return cpu().sum_of_squares(moved);
   }
-  void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) override { cpu().adamw(host(shard), scalars); }
-  void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) override { cpu().sgd(host(shard), scalars); }
+  void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) override { cpu().adamw(on_host(shard), scalars); }
+  void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) override { cpu().sgd(on_host(shard), scalars); }
   void run_mx_quantize(const TensorView& input, const Mxfp8View& out) override {
     ++quantizes;
-    cpu().mx_quantize(host(input), {host(out.data), host(out.scales), out.options});
+    cpu().mx_quantize(on_host(input), {on_host(out.data), on_host(out.scales), out.options});
   }
   void run_mx_shard_scales(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
                            const QuantizeOptions& options) override {
     ++quantizes;
-    cpu().mx_shard_scales(host(shard), offset, shape, host(scales), options);
+    cpu().mx_shard_scales(on_host(shard), offset, shape, on_host(scales), options);
   }
   void run_mx_shard_encode(const TensorView& shard, int64_t offset, const Shape& shape, const TensorView& scales,
                            const TensorView& data, const QuantizeOptions& options) override {
     ++quantizes;
-    cpu().mx_shard_encode(host(shard), offset, shape, host(scales), host(data), options);
+    cpu().mx_shard_encode(on_host(shard), offset, shape, on_host(scales), on_host(data), options);
   }
   void run_reduce(const ReduceRun& run) override {
     ++reduces;
     if (fail_reduce_) MXDDP_FAIL("the device faulted (injected)");
-    cpu().reduce(run);
+    std::vector<const void*> inputs(run.inputs.begin(), run.inputs.end());
+    std::vector<void*> outputs(run.outputs.begin(), run.outputs.end());
+    for (const void*& p : inputs) p = real(p);
+    for (void*& p : outputs) p = real(p);
+    ReduceRun moved = run;
+    moved.inputs = inputs;
+    moved.outputs = outputs;
+    cpu().reduce(moved);
   }
   void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) override {
     ++copies;
-    cpu().copy_to_many(src, dsts, bytes);
+    std::vector<void*> moved(dsts.begin(), dsts.end());
+    for (void*& p : moved) p = real(p);
+    cpu().copy_to_many(real(src), moved, bytes);
   }
 
  private:
+  static constexpr uintptr_t kPoisonOffset = uintptr_t{1} << 62;
+
+  // A host block charged to the caller's tracker as a device's while it lives. It keeps the host
+  // blocks' own tracker alive, so a buffer may outlive its RecordingCompute.
+  struct DeviceCharge {
+    DeviceCharge(std::shared_ptr<MemoryTracker> host, size_t bytes, MemoryCategory c, MemoryTracker& t, bool zeroed)
+        : host_tracker(std::move(host)), block(cpu().allocate(bytes, c, *host_tracker, zeroed)), tracker(t), category(c) {
+      tracker.on_allocate(category, static_cast<int64_t>(bytes), MemoryPlace::kDevice);
+    }
+    ~DeviceCharge() { tracker.on_free(category, static_cast<int64_t>(block.size_bytes()), MemoryPlace::kDevice); }
+    DeviceCharge(const DeviceCharge&) = delete;
+    DeviceCharge& operator=(const DeviceCharge&) = delete;
+    std::shared_ptr<MemoryTracker> host_tracker;  // declared first: outlives block
+    ComputeBuffer block;
+    MemoryTracker& tracker;
+    MemoryCategory category;
+  };
+
   static Compute& cpu() { return cpu_compute(); }
-  static TensorView host(TensorView v) {
+  // A host address as this compute hands it out, and back.
+  void* poisoned(void* p) const {
+    return p == nullptr || device_.is_cpu() ? p : reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) + kPoisonOffset);
+  }
+  template <typename T>
+  T* real(T* p) const {
+    return p == nullptr || device_.is_cpu() ? p : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) - kPoisonOffset);
+  }
+  // A view of this compute's memory as cpu_compute() takes it: the host's, at the real address.
+  TensorView on_host(TensorView v) const {
     v.device = Device::cpu();
+    v.data = real(v.data);
     return v;
   }
-  static ShardUpdate host(ShardUpdate s) {
-    s.grads = host(s.grads);
-    s.params = host(s.params);
+  ShardUpdate on_host(ShardUpdate s) const {
+    s.grads = on_host(s.grads);
+    s.params = on_host(s.params);
+    s.main = real(s.main);
+    s.state0 = real(s.state0);
+    s.state1 = real(s.state1);
     return s;
   }
+
   const Device device_;
   const bool fail_reduce_;
+  std::shared_ptr<MemoryTracker> host_tracker_ = std::make_shared<MemoryTracker>();  // the host blocks' charges
 };
 
 }  // namespace mxddp::testing

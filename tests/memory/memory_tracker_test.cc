@@ -37,6 +37,25 @@ TEST(MemoryTracker, HostBufferChargesLiveAndPeakPerCategory) {
   EXPECT_EQ(tracker.usage().at(MemoryPlace::kDevice).total_peak_bytes, 0);
 }
 
+// A plan's tracker places a category's charges without a place where set_default_place says; an
+// explicit place still wins, and the other categories keep the host.
+TEST(MemoryTracker, ADefaultPlacePerCategoryTakesChargesWithoutAPlace) {
+  MemoryTracker tracker;
+  tracker.set_default_place(MemoryCategory::kGrads, MemoryPlace::kDevice);
+  EXPECT_EQ(tracker.default_place(MemoryCategory::kGrads), MemoryPlace::kDevice);
+  EXPECT_EQ(tracker.default_place(MemoryCategory::kScratch), MemoryPlace::kHost);
+  tracker.on_allocate(MemoryCategory::kGrads, 1000);
+  tracker.on_allocate(MemoryCategory::kGrads, 24, MemoryPlace::kHost);
+  tracker.on_allocate(MemoryCategory::kScratch, 500);
+  tracker.on_free(MemoryCategory::kGrads, 400);
+  const MemoryUsage u = tracker.usage();
+  EXPECT_EQ(u.at(MemoryPlace::kDevice).live(MemoryCategory::kGrads), 600);
+  EXPECT_EQ(u.at(MemoryPlace::kDevice).peak(MemoryCategory::kGrads), 1000);
+  EXPECT_EQ(u.at(MemoryPlace::kHost).live(MemoryCategory::kGrads), 24);
+  EXPECT_EQ(u.at(MemoryPlace::kHost).live(MemoryCategory::kScratch), 500);
+  EXPECT_EQ(u.live(MemoryCategory::kGrads), 624);
+}
+
 TEST(MemoryTracker, DeviceAndHostBytesAreChargedApartAndTogether) {
   MemoryTracker tracker;
   tracker.on_allocate(MemoryCategory::kGrads, 4096, MemoryPlace::kDevice);

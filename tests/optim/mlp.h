@@ -159,8 +159,17 @@ inline ModelHooks ddp_hooks(DistributedDataParallel& ddp) {
   m.param = [&ddp](int i) { return ddp_param_f32(ddp, i, QuantAxis::kRow); };
   m.param_for_data_grad = [&ddp](int i) { return ddp_param_f32(ddp, i, QuantAxis::kCol); };
   m.accumulate = [&ddp](int i, const std::vector<float>& g) {
-    float* dst = ddp.main_grad(i).data_as<float>();
-    for (size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
+    const TensorView grad = ddp.main_grad(i);
+    if (grad.device.is_cpu()) {
+      float* dst = grad.data_as<float>();
+      for (size_t k = 0; k < g.size(); ++k) dst[k] += g[k];
+      return;
+    }
+    // The device's main_grad: through a host copy, as the params are read.
+    std::vector<float> sum(g.size());
+    ddp.compute().copy_to_host(sum.data(), grad.data, grad.nbytes());
+    for (size_t k = 0; k < g.size(); ++k) sum[k] += g[k];
+    ddp.compute().copy_from_host(grad.data, sum.data(), grad.nbytes());
   };
   m.grad_ready = [&ddp](int i) { ddp.grad_ready(i); };
   m.before_forward = [&ddp](const std::vector<int>& params) { ddp.before_forward(params); };

@@ -1,5 +1,6 @@
 // The memory-plan tests' comparison of a planned MemoryUsage with a measured one: every category's
-// live and peak bytes and the totals, each named, so a mismatch says which.
+// live and peak bytes and the totals, each named, so a mismatch says which; in all and per place
+// (host, device).
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@
 
 namespace mxddp::testing {
 
-inline void expect_same_usage(const MemoryUsage& planned, const MemoryUsage& measured, const std::string& what) {
+inline void expect_same_amounts(const MemoryAmounts& planned, const MemoryAmounts& measured, const std::string& what) {
   for (int k = 0; k < kNumMemoryCategories; ++k) {
     const auto c = static_cast<MemoryCategory>(k);
     EXPECT_EQ(planned.live(c), measured.live(c)) << what << ": live " << memory_category_name(c);
@@ -18,6 +19,12 @@ inline void expect_same_usage(const MemoryUsage& planned, const MemoryUsage& mea
   }
   EXPECT_EQ(planned.total_live_bytes, measured.total_live_bytes) << what << ": live total";
   EXPECT_EQ(planned.total_peak_bytes, measured.total_peak_bytes) << what << ": peak total";
+}
+
+inline void expect_same_usage(const MemoryUsage& planned, const MemoryUsage& measured, const std::string& what) {
+  expect_same_amounts(planned, measured, what);
+  for (MemoryPlace place : {MemoryPlace::kHost, MemoryPlace::kDevice})
+    expect_same_amounts(planned.at(place), measured.at(place), what + " (" + std::string(memory_place_name(place)) + ")");
 }
 
 }  // namespace mxddp::testing

@@ -15,6 +15,7 @@
 // 4) with a tight reduce-scatter queue; the mpi backend's staging arithmetic; bad hooked modules
 // refused, naming what is wrong.
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <tuple>
 
@@ -25,6 +26,7 @@
 #include <mxddp/optim.h>
 #include <mxddp/plan.h>
 
+#include "comm/recording_compute.h"
 #include "fsdp/generic_model.h"
 #include "plan/expect_same_usage.h"
 
@@ -172,18 +174,31 @@ Measured measure(Communicator& comm, const GenericModel& model, const std::vecto
 }
 
 // Plans, runs on dp local ranks, and compares every rank with the plan. Returns whether all agreed.
+// on_device: the ranks' computes claim a device (tests/comm/recording_compute.h), so FSDP's and the
+// optimizer's bytes are device bytes, planned with data_parallel_place device.
 bool plan_equals_run(const GenericModel& model, const FsdpConfig& fc, std::optional<OptimizerType> opt, int dp,
                      int micro_batches, const std::string& what,
                      const std::vector<FsdpHookedModule>* hooked_given = nullptr,
-                     ReRun re_run = ReRun::kAfterPreBackward, const std::vector<bool>& fused = {}) {
+                     ReRun re_run = ReRun::kAfterPreBackward, const std::vector<bool>& fused = {}, bool on_device = false) {
   const std::vector<FsdpHookedModule> hooked = hooked_given ? *hooked_given : hooked_modules_of(model);
-  const MemoryPlan plan = plan_fsdp_memory(model.specs, model.units, hooked, fc, opt,
-                                           {.dp = dp, .micro_batches = micro_batches, .fused_grads = fused});
+  const MemoryPlan plan = plan_fsdp_memory(
+      model.specs, model.units, hooked, fc, opt,
+      {.dp = dp, .micro_batches = micro_batches, .fused_grads = fused,
+       .data_parallel_place = on_device ? MemoryPlace::kDevice : MemoryPlace::kHost});
+  std::vector<std::unique_ptr<RecordingCompute>> computes;
+  LocalOptions options;
+  for (int r = 0; on_device && r < dp; ++r) {
+    computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
+    options.computes.push_back(computes.back().get());
+  }
   std::vector<Measured> ranks(static_cast<size_t>(dp));
-  run_local(dp, [&](Communicator& comm) {
-    ranks[static_cast<size_t>(comm.rank())] = measure(comm, model, hooked, fc, opt, micro_batches, /*iterations=*/3,
-                                                      re_run, fused);
-  });
+  run_local(
+      dp,
+      [&](Communicator& comm) {
+        ranks[static_cast<size_t>(comm.rank())] =
+            measure(comm, model, hooked, fc, opt, micro_batches, /*iterations=*/3, re_run, fused);
+      },
+      options);
   for (int r = 0; r < dp; ++r) {
     const Measured& m = ranks[static_cast<size_t>(r)];
     expect_same_usage(plan.steady, m.steady, fmt::format("{} rank {} steady state", what, r));
@@ -256,6 +271,26 @@ INSTANTIATE_TEST_SUITE_P(
       return structure_class_name(std::get<0>(info.param)) + "_" + std::string(sharding_strategy_name(v.strategy)) +
              (v.mxfp8 ? "_mxfp8" : "");
     });
+
+// On a device (the ranks' computes claim cuda:5): every strategy's bytes, MXFP8 ones included, are
+// device bytes, and the plan with data_parallel_place device says so to the byte, per place.
+TEST(FsdpMemoryPlanOnADevice, EveryStrategyEqualsTheRunsDeviceBytes) {
+  for (const StrategyVariant& v : kVariants) {
+    const GenericModel model = make_generic_model(StructureClass::kNonUnitMiddle, 3, /*fine_grained=*/false, v.mxfp8);
+    FsdpConfig fc;
+    fc.data_parallel_sharding_strategy = v.strategy;
+    fc.overlap_grad_reduce = true;
+    fc.overlap_param_gather = true;
+    fc.param_dtype = DType::kBF16;
+    const std::string what = fmt::format("{}{} on cuda:5", sharding_strategy_name(v.strategy), v.mxfp8 ? " mxfp8" : "");
+    ASSERT_TRUE(plan_equals_run(model, fc, OptimizerType::kAdam, 2, 2, what, nullptr, ReRun::kAfterPreBackward, {},
+                                /*on_device=*/true));
+    const MemoryPlan plan = plan_fsdp_memory(model.specs, model.units, hooked_modules_of(model), fc, OptimizerType::kAdam,
+                                             {.dp = 2, .micro_batches = 2, .data_parallel_place = MemoryPlace::kDevice});
+    EXPECT_GT(plan.overall.at(MemoryPlace::kDevice).total_peak_bytes, 0) << what;
+    EXPECT_EQ(plan.overall.at(MemoryPlace::kHost).total_peak_bytes, 0) << what << ": no model, no mpi staging";
+  }
+}
 
 // The gathers are real where params are sharded: the plan's gathered peaks are not zero there (so
 // the equality above compares something), and fine-grained units gather less at once.

@@ -11,6 +11,7 @@
 
 #include <mxddp/plan.h>
 
+#include "comm/recording_compute.h"
 #include "model/train_util.h"
 #include "plan/expect_same_usage.h"
 
@@ -231,6 +232,63 @@ TEST(MemoryPlan, DdpPlanEqualsTheDdpAndOptimizerOnEveryRank) {
           }
   EXPECT_EQ(cases, 48);
   EXPECT_THROW(plan_ddp_memory(params, DdpConfig{}, std::nullopt, {.dp = 0}), Error);
+}
+
+// On a device: a DDP and its optimizer whose ranks' computes claim cuda:5 (tests/comm/
+// recording_compute.h) hold every byte on the device, bf16 params, MXFP8 params and MXFP8 params
+// gathered through the grad buffer alike; plan_ddp_memory with data_parallel_place device plans
+// them there, to the byte per place. train()'s plan refuses the device: its buffers are the host's.
+TEST(MemoryPlan, DdpPlanOnADeviceEqualsTheRunsDeviceBytes) {
+  const std::vector<ParamSpec> params = {{.name = "embed", .shape = Shape{300, 16}, .mxfp8 = true},
+                                         {.name = "w1", .shape = Shape{16, 48}, .mxfp8 = true},
+                                         {.name = "b1", .shape = Shape{48}}};
+  for (int dp : {2, 4})
+    for (int mxfp8 : {0, 1, 2}) {  // none, fp8_param_gather, and with reuse
+      DdpConfig c{.overlap_grad_reduce = true, .use_distributed_optimizer = true, .bucket_size = 2000,
+                  .param_dtype = DType::kBF16};
+      c.fp8_param_gather = mxfp8 > 0;
+      c.reuse_grad_buf_for_mxfp8_param_ag = mxfp8 == 2;
+      std::vector<ParamSpec> specs = params;
+      for (ParamSpec& p : specs) p.mxfp8 = p.mxfp8 && mxfp8 > 0;
+      const std::string what = fmt::format("dp {} mxfp8 {}", dp, mxfp8);
+      const MemoryPlan plan =
+          plan_ddp_memory(specs, c, OptimizerType::kAdam, {.dp = dp, .data_parallel_place = MemoryPlace::kDevice});
+      EXPECT_GT(plan.overall.at(MemoryPlace::kDevice).total_peak_bytes, 0) << what;
+      EXPECT_EQ(plan.overall.at(MemoryPlace::kHost).total_peak_bytes, 0) << what;
+      std::vector<std::unique_ptr<RecordingCompute>> computes;
+      LocalOptions options;
+      for (int r = 0; r < dp; ++r) {
+        computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
+        options.computes.push_back(computes.back().get());
+      }
+      run_local(
+          dp,
+          [&](Communicator& comm) {
+            MemoryTracker tracker;
+            DistributedDataParallel ddp(comm, specs, c, tracker);
+            DistributedOptimizer optimizer(ddp, OptimizerConfig{.optimizer = OptimizerType::kAdam}, tracker);
+            optimizer.zero_grad();
+            for (int p = static_cast<int>(specs.size()) - 1; p >= 0; --p) ddp.grad_ready(p);
+            ddp.finish_grad_sync();
+            optimizer.step();
+            expect_same_usage(plan.overall, tracker.usage(), what + fmt::format(" rank {}", comm.rank()));
+          },
+          options);
+    }
+  TrainConfig t;
+  t.model = GptConfig{.num_layers = 1, .hidden_size = 64, .num_attention_heads = 2, .seq_length = 16};
+  EXPECT_THROW(
+      {
+        try {
+          plan_train_memory(t, {.dp = 1, .data_parallel_place = MemoryPlace::kDevice});
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("data_parallel_place device is not valid for mxddp train's plan"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 TEST(MemoryPlan, PlansOneTrillionParamsAtDp4096Quickly) {
