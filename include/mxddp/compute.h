@@ -1,8 +1,8 @@
 // mxddp compute: the element work a rank does on its own buffers, behind one small interface per
-// place of memory (ggml's backend idea), so that the code paths above it (today the param and grad
-// buffers' allocation, DDP's zeroing and NaN check, the MXFP8 copies of fp8_param_gather, and the
-// distributed optimizer's step) are
-// written once and run on host memory or on a device's.
+// place of memory (ggml's backend idea), so that the code paths above it (the param and grad
+// buffers, DDP's zeroing and NaN check, the MXFP8 copies of fp8_param_gather, FSDP's storage,
+// gathers and shard quantization, the distributed optimizer's step, and the local backend's
+// collectives) are written once and run on host memory or on a device's.
 //
 // Owns:
 //   - Compute, the interface: allocate a rank's memory (charged to a MemoryTracker), zero, copy,

@@ -193,6 +193,12 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
     // what its strategy keeps. Its grads start zeroed (allocate).
     std::vector<char> full(g * elem, 0);
     for (int p : placement.params) {
+      const TensorView& value = initial_values[static_cast<size_t>(p)];
+      const ParamSpec& spec = params[static_cast<size_t>(p)];
+      MXDDP_CHECK(value.numel() == spec.shape.numel(), "initial value of '{}' has {} elements ({}); the param has {} ({})",
+                  spec.name, value.numel(), value.shape.to_string(), spec.shape.numel(), spec.shape.to_string());
+      MXDDP_CHECK(value.device.is_cpu(), "initial value of '{}' is on {}; expected cpu", spec.name,
+                  to_string(value.device));
       const int64_t at = layout_.params[static_cast<size_t>(p)].range.start - placement.range.start;
       copy_converted(initial_values[static_cast<size_t>(p)], full.data() + static_cast<size_t>(at) * elem,
                      config_.param_dtype, static_cast<size_t>(params[static_cast<size_t>(p)].shape.numel()));

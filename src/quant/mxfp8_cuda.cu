@@ -105,8 +105,10 @@ __global__ void shard_scales_kernel(const T* __restrict__ shard, int64_t offset,
       for (int64_t i = first > offset ? first : offset; i < (last < end ? last : end); ++i)
         amax = max(amax, abs_bits(load_value(shard, i - offset)));
     } else {
+      // Only the rows the shard reaches: [offset / cols, (end - 1) / cols].
       const int64_t r0 = (b / s.cols) * kBlock, c = b % s.cols;
-      for (int64_t r = r0; r < r0 + kBlock && r < s.rows; ++r) {
+      const int64_t r_first = offset / s.cols, r_last = n > 0 ? (end - 1) / s.cols : -1;
+      for (int64_t r = r0 > r_first ? r0 : r_first; r < r0 + kBlock && r < s.rows && r <= r_last; ++r) {
         const int64_t i = r * s.cols + c;
         if (i >= offset && i < end) amax = max(amax, abs_bits(load_value(shard, i - offset)));
       }

@@ -1,7 +1,7 @@
 // The MXFP8 kernels' launchers (mxfp8_cuda.cu), beside their CPU reference (mxfp8.cc's
 // mx_quantize / mx_dequantize / mx_shard_scales / mx_shard_encode; both use fp8_element.h's
-// arithmetic). They return the launch's
-// cudaError_t as an int; cuda.h's cuda_mx_quantize / cuda_mx_dequantize check the views and throw.
+// arithmetic). They return the launch's cudaError_t as an int; cuda.h's entry points of the same
+// names (cuda_mx_quantize, ...) check the views and throw.
 #pragma once
 
 #include <cstdint>

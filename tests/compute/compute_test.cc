@@ -458,7 +458,8 @@ TEST_P(ComputeConformance, MxQuantizeMatchesTheHostCodec) {
 }
 
 // quant.h's shard codec (FSDP's MXFP8 shards) against the host's: shards cut anywhere (mid-row,
-// mid-block, the whole tensor, one element, none), both orientations and formats, f32 and bf16.
+// mid-block, the whole tensor, one element, none), both orientations, formats and scale rules, f32
+// and bf16.
 TEST_P(ComputeConformance, MxShardCodecMatchesTheHostCodec) {
   const int64_t rows = 45, cols = 77;
   const Shape shape{rows, cols};
@@ -471,9 +472,11 @@ TEST_P(ComputeConformance, MxShardCodecMatchesTheHostCodec) {
     for (DType dtype : {DType::kF32, DType::kBF16})
       for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol})
         for (Fp8Format elem : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
-          SCOPED_TRACE(fmt::format("[{}, {}) {} {} {}", offset, offset + n, dtype_name(dtype), quant_axis_name(axis),
-                                   fp8_format_name(elem)));
-          const QuantizeOptions options{elem, ScaleMode::kRceil, axis};
+          // Both scale rules, alternating with the format.
+          const ScaleMode mode = elem == Fp8Format::kE4M3 ? ScaleMode::kRceil : ScaleMode::kFloor;
+          SCOPED_TRACE(fmt::format("[{}, {}) {} {} {} {}", offset, offset + n, dtype_name(dtype), quant_axis_name(axis),
+                                   fp8_format_name(elem), scale_mode_name(mode)));
+          const QuantizeOptions options{elem, mode, axis};
           const auto scale_numel = static_cast<size_t>(mx_scale_shape(rows, cols, axis).numel());
           const auto count = static_cast<size_t>(n);
           const TensorView host_shard = dtype == DType::kF32

@@ -90,6 +90,21 @@ TEST(CudaHost, Mxfp8KernelsRefuseCpuViewsAndWrongShapes) {
   EXPECT_NE(error_of([&] { cuda_mx_dequantize(on_device(data), on_device(scales), flat, QuantizeOptions{}, nullptr); })
                 .find("expects a 2-D [M, N] tensor"),
             std::string::npos);
+  // The shard codec: host views, a shard past the tensor's end, and data of another size.
+  const TensorView shard{x, DType::kF32, Shape{40}, Device::cpu()};
+  const Shape whole{2, 32};
+  EXPECT_NE(error_of([&] { cuda_mx_shard_scales(shard, 0, whole, scales, QuantizeOptions{}, nullptr); })
+                .find("cuda_mx_shard_scales: the CUDA codec runs on cuda tensors; got"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cuda_mx_shard_scales(on_device(shard), 30, whole, on_device(scales), QuantizeOptions{}, nullptr); })
+                .find("a shard of 40 elements at offset 30 does not fit a [2, 32] tensor"),
+            std::string::npos);
+  TensorView short_data = on_device(data);
+  short_data.shape = Shape{39};
+  EXPECT_NE(error_of([&] {
+              cuda_mx_shard_encode(on_device(shard), 0, whole, on_device(scales), short_data, QuantizeOptions{}, nullptr);
+            }).find("cuda_mx_shard_encode: data must be u8 [40]"),
+            std::string::npos);
 }
 
 }  // namespace

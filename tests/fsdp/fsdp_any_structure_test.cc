@@ -341,8 +341,9 @@ class AnyStructureOnADevice : public ::testing::TestWithParam<StructureClass> {}
 // so every FSDP strategy and DDP with the distributed optimizer, with and without MXFP8 params,
 // take their device path here: every buffer allocated, zeroed, filled, quantized and folded
 // through the communicator's compute, every view on cuda:5, the model's reads and writes through
-// copies. Still bit for bit. Not here: DDP with the replicated optimizer (its test harness steps
-// the params in host code).
+// copies. The computes hand out poisoned pointers, so any direct host access to a buffer faults.
+// Still bit for bit. Not here: DDP with the replicated optimizer (its test harness steps the
+// params in host code).
 TEST_P(AnyStructureOnADevice, MatchesTheSerialReference) {
   const StructureClass structure = GetParam();
   int k = 0;
@@ -366,6 +367,9 @@ TEST_P(AnyStructureOnADevice, MatchesTheSerialReference) {
       for (const auto& compute : computes) {
         EXPECT_GT(compute->allocations.load(), 0) << "the buffers were allocated on the rank's compute";
         EXPECT_GT(compute->reduces.load(), 0) << "the grads were reduced on the rank's compute";
+        if (v.mxfp8) {
+          EXPECT_GT(compute->quantizes.load(), 0) << "the MXFP8 copies were quantized on the rank's compute";
+        }
       }
     }
   }

@@ -197,6 +197,24 @@ TEST(Fsdp, BadConfigsNameTheValue) {
                  "megatron_fsdp_main_params_dtype bf16");
     EXPECT_PRED2(has, message({}, {{2, 3}, {3}}), "in FSDP units 0 and 1");
     EXPECT_PRED2(has, message({}, {{99}}), "names param 99");
+    // Initial values are read on the host, whole: a short one or one on a device is refused, naming it.
+    auto with_initial = [&](size_t index, const TensorView& value) {
+      std::vector<TensorView> bad = views;
+      bad[index] = value;
+      try {
+        FullyShardedDataParallel fsdp(comm, specs, gpt_fsdp_units(model), FsdpConfig{}, tracker, bad);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    TensorView shorter = views[1];
+    shorter.shape = Shape{shorter.numel() - 1};
+    EXPECT_PRED2(has, with_initial(1, shorter), "initial value of '" + specs[1].name + "' has");
+    TensorView elsewhere = views[2];
+    elsewhere.device = Device::cuda(0);
+    EXPECT_PRED2(has, with_initial(2, elsewhere), "initial value of '" + specs[2].name + "' is on cuda:0; expected cpu");
+    EXPECT_EQ(tracker.usage().total_live_bytes, 0) << "a refused FSDP leaves nothing allocated";
   });
   EXPECT_THROW(parse_sharding_strategy("zero3"), Error);
   TrainConfig c = fsdp_config(ShardingStrategy::kOptim, false);
