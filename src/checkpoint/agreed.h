@@ -12,6 +12,8 @@
 
 #include <mxddp/comm.h>
 
+#include "host_collectives.h"
+
 namespace mxddp::ckpt {
 
 // Runs fn on every rank; if it threw on any rank, every rank throws (the failing one its own
@@ -31,13 +33,13 @@ void agreed(Communicator& comm, std::string_view what, Fn&& fn) {
     message = "unknown exception";
   }
   float failed_rank_plus_one = failure ? static_cast<float>(comm.rank() + 1) : 0.0f;
-  comm.all_reduce(TensorView{&failed_rank_plus_one, DType::kF32, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
+  all_reduce_host(comm, TensorView{&failed_rank_plus_one, DType::kF32, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
   if (failed_rank_plus_one == 0.0f) return;
   const int root = static_cast<int>(failed_rank_plus_one) - 1;
   constexpr size_t kMessageBytesMax = 4096;
   std::array<char, kMessageBytesMax> text{};  // the root's message, NUL-padded
   if (comm.rank() == root) std::memcpy(text.data(), message.data(), std::min(message.size(), kMessageBytesMax - 1));
-  comm.broadcast(TensorView{text.data(), DType::kU8, Shape{static_cast<int64_t>(text.size())}, Device::cpu()},
+  broadcast_host(comm, TensorView{text.data(), DType::kU8, Shape{static_cast<int64_t>(text.size())}, Device::cpu()},
                  {.root = root});
   if (failure) std::rethrow_exception(failure);
   MXDDP_FAIL("{} failed on rank {}: {}; nothing was changed", what, root, text.data());

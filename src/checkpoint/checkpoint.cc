@@ -83,16 +83,27 @@ std::vector<char> encode_rank_file(const DistributedOptimizer& opt, const std::s
               "checkpoints store model params as bf16 or f32; this model's are {}", dtype_name(model_dtype));
   std::vector<ckpt::TensorToWrite> tensors;
   std::vector<std::vector<bf16_bits>> model_bf16;  // [owned slices] kept alive until encoded
+  // Host memory is read in place; a device's main params and states are copied to the host first
+  // (through the data-parallel object's compute), kept alive until encoded.
+  std::vector<std::vector<float>> from_device;
+  auto on_host = [&](const TensorView& v) -> const float* {
+    if (v.device.is_cpu()) return v.data_as<const float>();
+    std::vector<float>& copy = from_device.emplace_back(static_cast<size_t>(v.numel()));
+    dp.compute().copy_to_host(copy.data(), v.data, v.nbytes());
+    return copy.data();
+  };
   for (int b = 0; b < opt.num_buckets(); ++b) {
+    const float* bucket_main = on_host(opt.main_params(b));
+    std::vector<const float*> bucket_state;
+    for (int s = 0; s < opt.state_count(); ++s) bucket_state.push_back(on_host(opt.state(s, b)));
     for (const ShardParamRange& r : opt.bucket(b).owned) {
       const std::string& name = dp.params()[static_cast<size_t>(r.param)].name;
       const int64_t n = r.in_shard.size();
-      tensors.push_back({slice_name("main", name, r.in_param), DType::kF32, n,
-                         opt.main_params(static_cast<int>(b)).data_as<const float>() + r.in_shard.start});
+      tensors.push_back({slice_name("main", name, r.in_param), DType::kF32, n, bucket_main + r.in_shard.start});
       for (int s = 0; s < opt.state_count(); ++s)
         tensors.push_back({slice_name(opt.state_name(s), name, r.in_param), DType::kF32, n,
-                           opt.state(s, static_cast<int>(b)).data_as<const float>() + r.in_shard.start});
-      const float* main = opt.main_params(static_cast<int>(b)).data_as<const float>() + r.in_shard.start;
+                           bucket_state[static_cast<size_t>(s)] + r.in_shard.start});
+      const float* main = bucket_main + r.in_shard.start;
       if (model_dtype == DType::kF32) {
         tensors.push_back({slice_name("model", name, r.in_param), DType::kF32, n, main});
       } else {
@@ -159,7 +170,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
   uint64_t save_id = 0;
   if (comm.rank() == 0) save_id = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  comm.broadcast(TensorView{&save_id, DType::kU8, Shape{8}, Device::cpu()}, {.root = 0});
+  ckpt::broadcast_host(comm, TensorView{&save_id, DType::kU8, Shape{8}, Device::cpu()}, {.root = 0});
   const std::string save_id_text = fmt::format("{:016x}", save_id);
   // Each rank writes its file and shares (size, crc) with the others.
   int64_t info[2] = {0, 0};  // bytes, crc32
@@ -170,8 +181,8 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
     info[1] = ckpt::crc32_of(bytes);
   });
   std::vector<int64_t> infos(static_cast<size_t>(2 * comm.size()));
-  comm.all_gather(TensorView{info, DType::kU8, Shape{16}, Device::cpu()},
-                  TensorView{infos.data(), DType::kU8, Shape{16 * comm.size()}, Device::cpu()});
+  ckpt::all_gather_host(comm, TensorView{info, DType::kU8, Shape{16}, Device::cpu()},
+                        TensorView{infos.data(), DType::kU8, Shape{16 * comm.size()}, Device::cpu()});
   agreed(comm, "checkpoint save (manifest)", [&] {
     if (comm.rank() != 0) return;
     json m = config_json(opt);
@@ -332,12 +343,13 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
     metadata = m.metadata;
   };
   agreed(comm, "checkpoint load", stage);
-  // Commit: every rank has everything.
+  // Commit: every rank has everything. Through the compute: the buffers may be a device's.
+  Compute& compute = buf.compute();
   for (size_t b = 0; b < num_buckets; ++b) {
-    std::memcpy(opt.main_params(static_cast<int>(b)).data, main[b].data(), main[b].size() * sizeof(float));
+    compute.copy_from_host(opt.main_params(static_cast<int>(b)).data, main[b].data(), main[b].size() * sizeof(float));
     for (int s = 0; s < opt.state_count(); ++s)
-      std::memcpy(opt.state(s, static_cast<int>(b)).data, state[static_cast<size_t>(s)][b].data(),
-                  main[b].size() * sizeof(float));
+      compute.copy_from_host(opt.state(s, static_cast<int>(b)).data, state[static_cast<size_t>(s)][b].data(),
+                             main[b].size() * sizeof(float));
   }
   opt.set_step_count(step);
   opt.force_param_sync();

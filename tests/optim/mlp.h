@@ -192,7 +192,17 @@ inline double ddp_train_step(DistributedOptimizer& opt, int step, int global_bat
   opt.step();
   // The mean loss over the global batch, for comparison with an unsharded run.
   float l = static_cast<float>(loss);
-  ddp.communicator().all_reduce(TensorView{&l, DType::kF32, Shape{1}, Device::cpu()}, {.op = ReduceOp::kAvg});
+  Communicator& comm = ddp.communicator();
+  if (comm.device().is_cpu()) {
+    comm.all_reduce(TensorView{&l, DType::kF32, Shape{1}, Device::cpu()}, {.op = ReduceOp::kAvg});
+    return l;
+  }
+  // A device's communicator reduces its own memory: the loss goes through a float of it.
+  MemoryTracker scratch;
+  const ComputeBuffer staged = ddp.compute().allocate(sizeof l, MemoryCategory::kScratch, scratch);
+  ddp.compute().copy_from_host(staged.data(), &l, sizeof l);
+  comm.all_reduce(staged.view(DType::kF32, Shape{1}), {.op = ReduceOp::kAvg});
+  ddp.compute().copy_to_host(&l, staged.data(), sizeof l);
   return l;
 }
 

@@ -6,10 +6,14 @@
 // the communicator's memory, the MXFP8 copies of fp8_param_gather quantized through it) and must give
 // the host run's bytes. FSDP on a device is tests/fsdp/fsdp_any_structure_test.cc's
 // AnyStructureOnADevice.
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <mxddp/checkpoint.h>
 #include <mxddp/fsdp.h>
 
 #include "comm/recording_compute.h"
@@ -118,6 +122,61 @@ INSTANTIATE_TEST_SUITE_P(Params, OnRankCompute,
                                               : info.param == Params::kMxfp8 ? "Mxfp8"
                                                                              : "Mxfp8Reuse");
                          });
+
+// A checkpoint reads and writes the main params and states through the compute, so a run on a
+// device saves what a host run saves and resumes from either: saved on the device after 3 of 6
+// steps and resumed on the host, and saved on the host and resumed on the device, the last 3
+// steps' losses and the final params equal the uninterrupted host run's.
+TEST(OnRankComputeCheckpoint, SavedOnADeviceResumesOnTheHostAndBack) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("mxddp_on_compute_{}", ::getpid())).string();
+  std::filesystem::remove_all(dir);
+  struct Segment {
+    std::vector<double> losses;
+    std::vector<uint8_t> params;  // rank 0's, after the segment
+  };
+  auto segment = [&](bool on_device, int first, int last, bool load, bool save) {
+    std::vector<std::unique_ptr<RecordingCompute>> computes;
+    LocalOptions options;
+    for (int r = 0; on_device && r < 2; ++r) {
+      computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
+      options.computes.push_back(computes.back().get());
+    }
+    Segment out;
+    run_local(
+        2,
+        [&](Communicator& comm) {
+          MemoryTracker tracker;
+          auto init = mlp_init();
+          DistributedDataParallel ddp(comm, mlp_params(true), config_for(Params::kMxfp8Reuse), tracker, views_of(init));
+          DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+          if (load) load_checkpoint(dir, opt);
+          std::vector<double> losses;
+          for (int s = first; s < last; ++s) losses.push_back(ddp_train_step(opt, s, kGlobalBatch));
+          if (save) save_checkpoint(dir, opt, {.overwrite = true});
+          opt.force_param_sync();
+          if (comm.rank() != 0) return;
+          out.losses = losses;
+          for (int p = 0; p < ddp.num_params(); ++p) {
+            const TensorView v = ddp.is_mxfp8(p) ? ddp.mxfp8_param(p, QuantAxis::kRow).data : ddp.param(p);
+            const std::vector<uint8_t> bytes = bytes_on_host(ddp.compute(), v);
+            out.params.insert(out.params.end(), bytes.begin(), bytes.end());
+          }
+        },
+        options);
+    return out;
+  };
+  const Segment whole = segment(/*on_device=*/false, 0, 6, false, false);
+  const std::vector<double> last_three(whole.losses.begin() + 3, whole.losses.end());
+  for (bool saved_on_device : {true, false}) {
+    SCOPED_TRACE(saved_on_device ? "saved on cuda:5, resumed on the host" : "saved on the host, resumed on cuda:5");
+    segment(saved_on_device, 0, 3, false, true);
+    const Segment resumed = segment(!saved_on_device, 3, 6, true, false);
+    EXPECT_EQ(resumed.losses, last_three);
+    EXPECT_EQ(resumed.params, whole.params);
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST(OnRankComputeRefusal, AnHsdpReplicaOnOtherMemoryIsRefusedNamingBoth) {
   RecordingCompute c0(Device::cuda(5)), c1(Device::cuda(5));

@@ -1,0 +1,51 @@
+// The checkpoint layer's small collectives (failure flags, save ids, file sizes and CRCs) on host
+// values, whatever memory the data-parallel communicator's collectives run on. On a device's they
+// go through a few bytes of its compute, copied in and back, as the optimizer stages its norm.
+#pragma once
+
+#include <mxddp/comm.h>
+#include <mxddp/compute.h>
+
+namespace mxddp::ckpt {
+
+// A host view's bytes in the communicator's memory for one collective: the view itself on the
+// host; on a device, a copy there (of the host bytes when copy_in), put back by copy_out().
+class CommStaged {
+ public:
+  CommStaged(Communicator& comm, const TensorView& host, bool copy_in) : comm_(comm), host_(host) {
+    if (comm.device().is_cpu()) return;
+    block_ = comm.compute().allocate(host.nbytes(), MemoryCategory::kComm, tracker_);
+    if (copy_in) comm.compute().copy_from_host(block_.data(), host.data, host.nbytes());
+  }
+  TensorView view() const { return comm_.device().is_cpu() ? host_ : block_.view(host_.dtype, host_.shape); }
+  void copy_out() const {
+    if (!comm_.device().is_cpu()) comm_.compute().copy_to_host(host_.data, block_.data(), host_.nbytes());
+  }
+
+ private:
+  Communicator& comm_;
+  TensorView host_;
+  MemoryTracker tracker_;  // a few bytes for one collective, not the rank's
+  ComputeBuffer block_;
+};
+
+// comm.all_reduce / broadcast / all_gather of host views (device Device::cpu()), waited for.
+inline void all_reduce_host(Communicator& comm, const TensorView& buffer, const AllReduceOptions& options = {}) {
+  const CommStaged staged(comm, buffer, /*copy_in=*/true);
+  comm.all_reduce(staged.view(), options);
+  staged.copy_out();
+}
+
+inline void broadcast_host(Communicator& comm, const TensorView& buffer, const BroadcastOptions& options = {}) {
+  const CommStaged staged(comm, buffer, /*copy_in=*/true);
+  comm.broadcast(staged.view(), options);
+  staged.copy_out();
+}
+
+inline void all_gather_host(Communicator& comm, const TensorView& input, const TensorView& output) {
+  const CommStaged in(comm, input, /*copy_in=*/true), out(comm, output, /*copy_in=*/false);
+  comm.all_gather(in.view(), out.view());
+  out.copy_out();
+}
+
+}  // namespace mxddp::ckpt
