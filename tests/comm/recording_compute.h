@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include <mxddp/comm.h>
 #include <mxddp/compute.h>
 
 namespace mxddp::testing {
@@ -134,6 +135,20 @@ class RecordingCompute final : public Compute {
   const Device device_;
   const bool fail_reduce_;
   std::shared_ptr<MemoryTracker> host_tracker_ = std::make_shared<MemoryTracker>();  // the host blocks' charges
+};
+
+// A local group's ranks on a claimed device: one RecordingCompute per rank claiming `device` (none
+// for 0 ranks: the group stays on the host), and the LocalOptions that hand them to run_local or a
+// LocalGroup. Must outlive the group.
+struct ClaimedDevice {
+  explicit ClaimedDevice(int ranks, Device device = Device::cuda(5)) {
+    for (int r = 0; r < ranks; ++r) {
+      computes.push_back(std::make_unique<RecordingCompute>(device));
+      options.computes.push_back(computes.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<RecordingCompute>> computes;  // [rank]
+  LocalOptions options;
 };
 
 }  // namespace mxddp::testing

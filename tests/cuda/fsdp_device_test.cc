@@ -13,6 +13,7 @@
 
 #include <mxddp/cuda.h>
 
+#include "cuda/cuda_ranks.h"
 #include "fsdp/generic_model_run.h"
 
 namespace mxddp::testing {
@@ -38,20 +39,14 @@ TEST(CudaFsdp, EveryStrategyOnOneDeviceMatchesTheSerialReference) {
         SCOPED_TRACE(c.name() + " on cuda");
         const GenericModel model = generic_model_of(c);
         const auto want = generic_reference_of(c, model);
-        std::vector<OwnedCudaStream> streams(static_cast<size_t>(dp));
-        std::vector<std::unique_ptr<Compute>> computes;
-        LocalOptions options{.timeout_ms = 60'000};
-        for (auto& s : streams) {
-          computes.push_back(make_cuda_compute(s.get()));
-          options.computes.push_back(computes.back().get());
-        }
+        const CudaRanks gpu(dp);
         run_local(
             dp,
             [&](Communicator& comm) {
               EXPECT_EQ(comm.device(), Device::cuda(0));
               run_generic_case(comm, c, model, want, /*tol=*/0);
             },
-            options);
+            gpu.options);
       }
 }
 

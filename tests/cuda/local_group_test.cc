@@ -18,6 +18,8 @@
 #include <mxddp/ddp.h>
 #include <mxddp/optim.h>
 
+#include "cuda/cuda_ranks.h"
+
 namespace mxddp::testing {
 namespace {
 
@@ -76,17 +78,11 @@ template <typename Result, typename Job>
 std::pair<std::vector<Result>, std::vector<Result>> host_and_device(int ranks, Job job) {
   std::vector<Result> on_host(static_cast<size_t>(ranks)), on_device(static_cast<size_t>(ranks));
   run_local(ranks, [&](Communicator& comm) { on_host[static_cast<size_t>(comm.rank())] = job(comm, cpu_compute()); });
-  std::vector<OwnedCudaStream> streams(static_cast<size_t>(ranks));
-  std::vector<std::unique_ptr<Compute>> computes;
-  LocalOptions options{.timeout_ms = 60'000};
-  for (auto& s : streams) {
-    computes.push_back(make_cuda_compute(s.get()));
-    options.computes.push_back(computes.back().get());
-  }
+  const CudaRanks gpu(ranks);
   run_local(ranks, [&](Communicator& comm) {
     EXPECT_EQ(comm.device(), Device::cuda(0));
-    on_device[static_cast<size_t>(comm.rank())] = job(comm, *computes[static_cast<size_t>(comm.rank())]);
-  }, options);
+    on_device[static_cast<size_t>(comm.rank())] = job(comm, *gpu.computes[static_cast<size_t>(comm.rank())]);
+  }, gpu.options);
   return {std::move(on_host), std::move(on_device)};
 }
 

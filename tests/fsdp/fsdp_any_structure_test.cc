@@ -356,15 +356,10 @@ TEST_P(AnyStructureOnADevice, MatchesTheSerialReference) {
       c.run.micro_batches = k % 2 == 0 ? 3 : 1;
       c.run.recompute = k % 4 == 1;
       ++k;
-      std::vector<std::unique_ptr<RecordingCompute>> computes;
-      LocalOptions options;
-      for (int r = 0; r < dp; ++r) {
-        computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
-        options.computes.push_back(computes.back().get());
-      }
+      const ClaimedDevice claimed(dp);
       SCOPED_TRACE(c.name() + " on cuda:5");
-      run_local_case(c, options);
-      for (const auto& compute : computes) {
+      run_local_case(c, claimed.options);
+      for (const auto& compute : claimed.computes) {
         EXPECT_GT(compute->allocations.load(), 0) << "the buffers were allocated on the rank's compute";
         EXPECT_GT(compute->reduces.load(), 0) << "the grads were reduced on the rank's compute";
         if (v.mxfp8) {

@@ -85,14 +85,9 @@ TEST_P(OnRankCompute, DdpAndTheOptimizerOnADevicesComputeGiveTheHostRunsBytes) {
     SCOPED_TRACE("dp " + std::to_string(dp));
     std::vector<RankResult> host(static_cast<size_t>(dp)), device(static_cast<size_t>(dp));
     run_local(dp, [&](Communicator& comm) { host[static_cast<size_t>(comm.rank())] = train(comm, 4, params); });
-    std::vector<std::unique_ptr<RecordingCompute>> computes;
-    LocalOptions options;
-    for (int r = 0; r < dp; ++r) {
-      computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
-      options.computes.push_back(computes.back().get());
-    }
+    const ClaimedDevice claimed(dp);
     run_local(dp, [&](Communicator& comm) { device[static_cast<size_t>(comm.rank())] = train(comm, 4, params); },
-              options);
+              claimed.options);
     for (int r = 0; r < dp; ++r) {
       const RankResult& a = host[static_cast<size_t>(r)];
       const RankResult& b = device[static_cast<size_t>(r)];
@@ -103,7 +98,7 @@ TEST_P(OnRankCompute, DdpAndTheOptimizerOnADevicesComputeGiveTheHostRunsBytes) {
       EXPECT_EQ(a.losses, b.losses) << "rank " << r;
       EXPECT_EQ(a.norms, b.norms) << "rank " << r << ": the norm's all-reduce, staged on the device";
       EXPECT_EQ(a.nonfinite, b.nonfinite) << "rank " << r;
-      const RecordingCompute& c = *computes[static_cast<size_t>(r)];
+      const RecordingCompute& c = *claimed.computes[static_cast<size_t>(r)];
       // The param and grad buffers, the main params, two states and the staged scalars at least.
       EXPECT_GE(c.allocations.load(), 5) << "rank " << r;
       EXPECT_GT(c.reduces.load(), 0) << "rank " << r << ": the grads were reduced on its compute";
@@ -136,12 +131,7 @@ TEST(OnRankComputeCheckpoint, SavedOnADeviceResumesOnTheHostAndBack) {
     std::vector<uint8_t> params;  // rank 0's, after the segment
   };
   auto segment = [&](bool on_device, int first, int last, bool load, bool save) {
-    std::vector<std::unique_ptr<RecordingCompute>> computes;
-    LocalOptions options;
-    for (int r = 0; on_device && r < 2; ++r) {
-      computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
-      options.computes.push_back(computes.back().get());
-    }
+    const ClaimedDevice claimed(on_device ? 2 : 0);
     Segment out;
     run_local(
         2,
@@ -163,7 +153,7 @@ TEST(OnRankComputeCheckpoint, SavedOnADeviceResumesOnTheHostAndBack) {
             out.params.insert(out.params.end(), bytes.begin(), bytes.end());
           }
         },
-        options);
+        claimed.options);
     return out;
   };
   const Segment whole = segment(/*on_device=*/false, 0, 6, false, false);

@@ -185,12 +185,7 @@ bool plan_equals_run(const GenericModel& model, const FsdpConfig& fc, std::optio
       model.specs, model.units, hooked, fc, opt,
       {.dp = dp, .micro_batches = micro_batches, .fused_grads = fused,
        .data_parallel_place = on_device ? MemoryPlace::kDevice : MemoryPlace::kHost});
-  std::vector<std::unique_ptr<RecordingCompute>> computes;
-  LocalOptions options;
-  for (int r = 0; on_device && r < dp; ++r) {
-    computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
-    options.computes.push_back(computes.back().get());
-  }
+  const ClaimedDevice claimed(on_device ? dp : 0);
   std::vector<Measured> ranks(static_cast<size_t>(dp));
   run_local(
       dp,
@@ -198,7 +193,7 @@ bool plan_equals_run(const GenericModel& model, const FsdpConfig& fc, std::optio
         ranks[static_cast<size_t>(comm.rank())] =
             measure(comm, model, hooked, fc, opt, micro_batches, /*iterations=*/3, re_run, fused);
       },
-      options);
+      claimed.options);
   for (int r = 0; r < dp; ++r) {
     const Measured& m = ranks[static_cast<size_t>(r)];
     expect_same_usage(plan.steady, m.steady, fmt::format("{} rank {} steady state", what, r));

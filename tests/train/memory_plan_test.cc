@@ -255,12 +255,7 @@ TEST(MemoryPlan, DdpPlanOnADeviceEqualsTheRunsDeviceBytes) {
           plan_ddp_memory(specs, c, OptimizerType::kAdam, {.dp = dp, .data_parallel_place = MemoryPlace::kDevice});
       EXPECT_GT(plan.overall.at(MemoryPlace::kDevice).total_peak_bytes, 0) << what;
       EXPECT_EQ(plan.overall.at(MemoryPlace::kHost).total_peak_bytes, 0) << what;
-      std::vector<std::unique_ptr<RecordingCompute>> computes;
-      LocalOptions options;
-      for (int r = 0; r < dp; ++r) {
-        computes.push_back(std::make_unique<RecordingCompute>(Device::cuda(5)));
-        options.computes.push_back(computes.back().get());
-      }
+      const ClaimedDevice claimed(dp);
       run_local(
           dp,
           [&](Communicator& comm) {
@@ -273,7 +268,7 @@ TEST(MemoryPlan, DdpPlanOnADeviceEqualsTheRunsDeviceBytes) {
             optimizer.step();
             expect_same_usage(plan.overall, tracker.usage(), what + fmt::format(" rank {}", comm.rank()));
           },
-          options);
+          claimed.options);
     }
   TrainConfig t;
   t.model = GptConfig{.num_layers = 1, .hidden_size = 64, .num_attention_heads = 2, .seq_length = 16};
