@@ -5,7 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <mxddp/memory.h>
+#include <mxddp/compute.h>
 
 #include "bench_util.h"
 

@@ -12,7 +12,9 @@
 //     which the local backend (comm.h) runs on its ranks' memory, host or device;
 //   - cpu_compute(), the host's implementation: the CPU kernels every device kernel is tested
 //     against, spread over the rank's threads so that results do not depend on the thread count;
-//   - the scalars of one AdamW or SGD step (AdamWScalars, SgdScalars), shared with mxddp/cuda.h.
+//   - the scalars of one AdamW or SGD step (AdamWScalars, SgdScalars), shared with mxddp/cuda.h;
+//   - the GlobalMemoryBuffer: a pool of named scratch tensors in a rank's memory (host or device),
+//     whose storage is reused across steps instead of reallocated.
 // The CUDA implementation is mxddp/cuda.h's make_cuda_compute(); tests/compute/compute_test.cc runs
 // every operation on every implementation this process can use against cpu_compute().
 //
@@ -23,9 +25,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include <mxddp/core.h>
 #include <mxddp/memory.h>
@@ -184,5 +190,49 @@ class Compute {
 
 // The host's implementation (one per process; thread-safe: it holds no state).
 Compute& cpu_compute();
+
+// ----------------------------------------------------------------------------------------------
+// The global memory buffer (Megatron's name): a rank's scratch tensors
+// ----------------------------------------------------------------------------------------------
+
+struct GlobalMemoryBufferOptions {
+  // When a request exceeds a key's capacity: false grows to max(request, 2 x old capacity) so a
+  // slowly growing request costs O(log n) reallocations; true grows to exactly the request.
+  bool grow_exact = false;
+  // Where the storage lives: the rank's compute (on a device, its memory, allocated through the
+  // device allocator on the compute's stream). Null: host memory, cpu_compute(). It must outlive
+  // the pool.
+  Compute* compute = nullptr;
+};
+
+// A pool of scratch tensors keyed by (name, dtype), so that a training step in steady state
+// allocates nothing. get_tensor returns a view of the key's storage (on the compute's device): the
+// same pointer for every request that fits the capacity, new storage (the old views dangle) when
+// it grows. Contents are never zeroed. All bytes are charged as kScratch, at the compute's place.
+//
+// Threading rule: the map is guarded by a mutex, but the pooled storage is shared by name: keep one
+// pool per rank (the local backend runs ranks as threads), and within a rank do not hand the same
+// (name, dtype) to two users that are live at once.
+class GlobalMemoryBuffer {
+ public:
+  explicit GlobalMemoryBuffer(MemoryTracker& tracker, GlobalMemoryBufferOptions options = {});
+
+  TensorView get_tensor(const Shape& shape, DType dtype, const std::string& name);
+
+  Compute& compute() const { return compute_; }
+  // Capacity of a key in elements (0 if never requested).
+  int64_t capacity_numel(const std::string& name, DType dtype) const;
+  int64_t total_bytes() const;
+  // Number of (re)allocations since construction: a steady-state step should add none.
+  int64_t allocation_count() const;
+
+ private:
+  MemoryTracker& tracker_;
+  GlobalMemoryBufferOptions options_;
+  Compute& compute_;
+  mutable std::mutex mutex_;  // guards pool_ and allocation_count_
+  std::map<std::pair<std::string, DType>, ComputeBuffer> pool_;
+  int64_t allocation_count_ = 0;
+};
 
 }  // namespace mxddp

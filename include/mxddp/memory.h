@@ -1,21 +1,16 @@
 // mxddp memory: every byte the library holds, and who holds it.
 //
-// Owns: aligned host allocation (HostBuffer, an owning RAII block), the MemoryTracker that every
-// library allocation is charged to (live and peak bytes per category), and the GlobalMemoryBuffer:
-// a pool of named scratch tensors whose storage is reused across steps instead of reallocated.
+// Owns: aligned host allocation (HostBuffer, an owning RAII block) and the MemoryTracker that every
+// library allocation is charged to (live and peak bytes per category, per place: host or device).
+// The global memory buffer, a pool of scratch tensors in a rank's memory, is compute.h's.
 //
-// Threading rule: a MemoryTracker may be charged from any thread (its counters are atomic). A
-// GlobalMemoryBuffer's map is guarded by a mutex, but its pooled storage is shared by name: keep
-// one pool per rank (the local backend runs ranks as threads), and within a rank do not hand the
-// same (name, dtype) to two users that are live at once.
+// Threading rule: a MemoryTracker may be charged from any thread (its counters are atomic).
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
@@ -177,39 +172,6 @@ class HostBuffer {
   size_t bytes_ = 0;
   MemoryCategory category_ = MemoryCategory::kScratch;
   MemoryTracker* tracker_ = nullptr;
-};
-
-// ----------------------------------------------------------------------------------------------
-// The global memory buffer
-// ----------------------------------------------------------------------------------------------
-
-struct GlobalMemoryBufferOptions {
-  // When a request exceeds a key's capacity: false grows to max(request, 2 x old capacity) so a
-  // slowly growing request costs O(log n) reallocations; true grows to exactly the request.
-  bool grow_exact = false;
-};
-
-// A pool of scratch tensors keyed by (name, dtype). get_tensor returns a view of the key's
-// storage: the same pointer for every request that fits the capacity, new storage (the old views
-// dangle) when it grows. Contents are never zeroed. All bytes are charged as kScratch.
-class GlobalMemoryBuffer {
- public:
-  explicit GlobalMemoryBuffer(MemoryTracker& tracker, GlobalMemoryBufferOptions options = {});
-
-  TensorView get_tensor(const Shape& shape, DType dtype, const std::string& name);
-
-  // Capacity of a key in elements (0 if never requested).
-  int64_t capacity_numel(const std::string& name, DType dtype) const;
-  int64_t total_bytes() const;
-  // Number of (re)allocations since construction: a steady-state step should add none.
-  int64_t allocation_count() const;
-
- private:
-  MemoryTracker& tracker_;
-  GlobalMemoryBufferOptions options_;
-  mutable std::mutex mutex_;  // guards pool_ and allocation_count_
-  std::map<std::pair<std::string, DType>, HostBuffer> pool_;
-  int64_t allocation_count_ = 0;
 };
 
 }  // namespace mxddp

@@ -130,6 +130,15 @@ GptModel::GptModel(DataParallel& ddp, GlobalMemoryBuffer& scratch, const GptConf
     : impl_(std::make_unique<Impl>(ddp, scratch, config)) {
   config.validate();
   options.validate();
+  // Its kernels read and write the params, grads and scratch directly, on the CPU.
+  MXDDP_CHECK(ddp.compute().device().is_cpu(),
+              "the reference GPT computes on the CPU, but its data-parallel buffers are on {}; give it a "
+              "communicator on host memory",
+              to_string(ddp.compute().device()));
+  MXDDP_CHECK(scratch.compute().device().is_cpu(),
+              "the reference GPT computes on the CPU, but its global memory buffer is on {}; give it one on "
+              "host memory (GlobalMemoryBufferOptions::compute null)",
+              to_string(scratch.compute().device()));
   Impl& m = *impl_;
   m.specs = ddp.params();
   if (options.bf16) m.gemm_dtype = model::GemmDType::kBF16;

@@ -3,7 +3,7 @@
 // (row- and column-wise, E4M3 and E5M2, rceil and floor, f32 and bf16 inputs, partial blocks,
 // NaN/Inf/zero blocks) and dequantize, AdamW and SGD on a shard, bit for bit; the grad norm's sum
 // of squares, the same on every run and within f64 rounding of the CPU's; device memory charged to
-// the tracker and served by a replaced allocator. Needs a device (device_main.cc skips without).
+// the tracker and served by a replaced allocator, the global memory buffer there. Needs a device (device_main.cc skips without).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <mxddp/compute.h>
 #include <mxddp/cuda.h>
 
 #include "optim/adamw_kernel.h"
@@ -326,6 +327,33 @@ TEST(CudaKernels, DeviceBuffersAreChargedAndServedByThePluggedAllocator) {
   EXPECT_EQ(&device_allocator(), &cuda_pool_allocator());
   // A request no device can hold is OutOfMemory, naming the bytes.
   EXPECT_THROW(DeviceBuffer(size_t{1} << 60, MemoryCategory::kScratch, tracker, nullptr), OutOfMemory);
+  EXPECT_EQ(tracker.usage().total_live_bytes, 0);
+}
+
+// The global memory buffer on a device: its storage comes from the plugged allocator on the
+// compute's stream, is charged as device scratch, and keeps what the compute wrote into it.
+TEST(CudaKernels, TheGlobalMemoryBufferLivesOnTheDevice) {
+  MemoryTracker tracker;
+  CountingAllocator counting;
+  set_device_allocator(&counting);
+  {
+    OwnedCudaStream stream;
+    const std::unique_ptr<Compute> compute = make_cuda_compute(stream.get());
+    GlobalMemoryBuffer pool(tracker, {.compute = compute.get()});
+    const TensorView a = pool.get_tensor(Shape{1 << 16}, DType::kF32, "act");
+    EXPECT_EQ(a.device, compute->device());
+    EXPECT_EQ(counting.live_bytes, 4 << 16);
+    EXPECT_EQ(tracker.usage().at(MemoryPlace::kDevice).live(MemoryCategory::kScratch), 4 << 16);
+    const std::vector<float> x = awkward_floats(1 << 16, 9);
+    compute->copy_from_host(a.data, x.data(), x.size() * sizeof(float));
+    std::vector<float> back(x.size());
+    compute->copy_to_host(back.data(), pool.get_tensor(Shape{1 << 16}, DType::kF32, "act").data, back.size() * sizeof(float));
+    compute->synchronize();
+    EXPECT_EQ(std::memcmp(back.data(), x.data(), x.size() * sizeof(float)), 0);
+    EXPECT_EQ(pool.allocation_count(), 1);
+  }
+  set_device_allocator(nullptr);
+  EXPECT_EQ(counting.live_bytes, 0);
   EXPECT_EQ(tracker.usage().total_live_bytes, 0);
 }
 

@@ -1,11 +1,16 @@
 // The global memory buffer: pointer stability within capacity, geometric or exact growth, keys by
-// (name, dtype), scratch accounting, and one pool per rank thread.
+// (name, dtype), scratch accounting, one pool per rank thread, and a pool in a rank's memory on a
+// (claimed) device, which the reference GPT refuses.
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include <mxddp/memory.h>
+#include <mxddp/compute.h>
+#include <mxddp/ddp.h>
+#include <mxddp/model.h>
+
+#include "comm/recording_compute.h"
 
 namespace mxddp {
 namespace {
@@ -81,6 +86,69 @@ TEST(GlobalMemoryBuffer, OnePoolPerRankThread) {
     });
   for (auto& t : threads) t.join();
   for (auto& t : trackers) EXPECT_EQ(t.usage().live(MemoryCategory::kScratch), 0);
+}
+
+// A pool given a compute keeps its storage in that compute's memory: views on its device, bytes
+// charged as device scratch, every block allocated through it (never zeroed: scratch is written
+// before it is read), and the growth rules unchanged. The compute here claims cuda:5 (host memory
+// at poisoned addresses, tests/comm/recording_compute.h), so nothing may touch the storage directly.
+TEST(GlobalMemoryBuffer, LivesInTheComputesMemory) {
+  MemoryTracker tracker;
+  testing::RecordingCompute device(Device::cuda(5));
+  GlobalMemoryBuffer pool(tracker, {.compute = &device});
+  EXPECT_EQ(&pool.compute(), &device);
+  const TensorView a = pool.get_tensor(Shape{1000}, DType::kF32, "act");
+  EXPECT_EQ(a.device, Device::cuda(5));
+  EXPECT_EQ(a.shape, Shape({1000}));
+  EXPECT_EQ(pool.get_tensor(Shape{10, 100}, DType::kF32, "act").data, a.data) << "within capacity: the same storage";
+  pool.get_tensor(Shape{1001}, DType::kF32, "act");
+  EXPECT_EQ(pool.capacity_numel("act", DType::kF32), 2000);
+  pool.get_tensor(Shape{64}, DType::kBF16, "act");
+  EXPECT_EQ(device.allocations.load(), 3);
+  EXPECT_EQ(pool.allocation_count(), 3);
+  const MemoryUsage usage = tracker.usage();
+  EXPECT_EQ(usage.at(MemoryPlace::kDevice).live(MemoryCategory::kScratch), 2000 * 4 + 64 * 2);
+  EXPECT_EQ(usage.at(MemoryPlace::kDevice).peak(MemoryCategory::kScratch), 2000 * 4 + 64 * 2)
+      << "the old block is freed before the new one";
+  EXPECT_EQ(usage.at(MemoryPlace::kHost).live(MemoryCategory::kScratch), 0);
+  // The contents are the compute's to move: a value written through it is there on the next request.
+  const float value = 42.0f;
+  device.copy_from_host(pool.get_tensor(Shape{8}, DType::kF32, "act").data_as<float>() + 3, &value, sizeof value);
+  float back = 0;
+  device.copy_to_host(&back, pool.get_tensor(Shape{4}, DType::kF32, "act").data_as<float>() + 3, sizeof back);
+  EXPECT_EQ(back, 42.0f);
+  EXPECT_EQ(tracker.usage().at(MemoryPlace::kDevice).live(MemoryCategory::kScratch), 2000 * 4 + 64 * 2);
+}
+
+TEST(GlobalMemoryBuffer, RefusesARequestWhoseBytesOverflow) {
+  MemoryTracker tracker;
+  GlobalMemoryBuffer pool(tracker, {.grow_exact = true});
+  try {
+    pool.get_tensor(Shape{int64_t{1} << 31, int64_t{1} << 30}, DType::kF64, "huge");
+    FAIL() << "2^61 f64 elements were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scratch tensor 'huge' in bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.total_bytes(), 0);
+  EXPECT_EQ(tracker.usage().live(MemoryCategory::kScratch), 0);
+}
+
+// The reference GPT computes on the CPU: a global memory buffer on a device is refused, naming it.
+TEST(GlobalMemoryBuffer, TheReferenceGptRefusesAPoolOnADevice) {
+  const GptConfig config{.num_layers = 1, .hidden_size = 16, .num_attention_heads = 2, .seq_length = 8};
+  run_local(1, [&](Communicator& comm) {
+    MemoryTracker tracker;
+    const std::vector<ParamSpec> specs = gpt_param_specs(config);
+    DistributedDataParallel ddp(comm, specs, DdpConfig{}, tracker);
+    testing::RecordingCompute device(Device::cuda(5));
+    GlobalMemoryBuffer pool(tracker, {.compute = &device});
+    try {
+      GptModel gpt(ddp, pool, config);
+      ADD_FAILURE() << "a GPT was built over a pool on cuda:5";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("its global memory buffer is on cuda:5"), std::string::npos) << e.what();
+    }
+  });
 }
 
 }  // namespace
