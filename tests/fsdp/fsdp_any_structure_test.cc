@@ -29,6 +29,8 @@
 // progress thread) and a sleep of up to 200 us after every module's forward: still bit for bit, and
 // every rank issues FSDP's collectives in the same order.
 #include <algorithm>
+#include <cstring>
+#include <utility>
 #include <string>
 #include <tuple>
 
@@ -365,6 +367,42 @@ TEST_P(AnyStructureOnADevice, MatchesTheSerialReference) {
         if (v.mxfp8) {
           EXPECT_GT(compute->quantizes.load(), 0) << "the MXFP8 copies were quantized on the rank's compute";
         }
+      }
+    }
+  }
+}
+
+// HSDP on a device: a 2 x 2 grid (and 2 x 1, 1 x 2) whose ranks' computes claim cuda:5, both
+// groups of a rank moving its bytes through its compute, under every FSDP strategy (MXFP8 params
+// under optim_grads_params too). HSDP groups the gradient's sum ((g0 + g1) + (g2 + g3)) where the
+// reference adds in rank order, so it is held to the reference within a bound (1e-6 with f32
+// params, as hsdp_local_test.cc bounds the reference GPT's; 1e-4 with bf16 params, where a last-bit
+// difference in a main param can flip the bf16 copy the next forward reads: 1.5e-5 measured), and
+// to the same job on host memory bit for bit: every main param element every rank updated, after
+// every iteration.
+TEST(AnyStructureHsdp, OnADeviceGivesTheHostRunsBits) {
+  const StructureClass structure = StructureClass::kTiedFirstLast;
+  int k = 0;
+  for (const ModeVariant& v : kModeVariants) {
+    if (!is_fsdp(v.mode)) continue;
+    for (const auto& [shard, replicas] : {std::pair{2, 2}, std::pair{2, 1}, std::pair{1, 2}}) {
+      GenericCase c{.structure = structure, .seed = 3, .mode = v.mode, .fine_grained = k % 2 == 1, .mxfp8 = v.mxfp8,
+                    .overlap_grad_reduce = k % 3 != 0, .overlap_param_gather = k % 3 != 1};
+      c.run.dp = shard * replicas;
+      c.run.micro_batches = k % 2 == 0 ? 3 : 1;
+      c.run.param_dtype = v.mxfp8 || k % 2 == 1 ? DType::kBF16 : DType::kF32;  // MXFP8 needs bf16
+      const double tol = c.run.param_dtype == DType::kF32 ? 1e-6 : 1e-4;
+      ++k;
+      SCOPED_TRACE(fmt::format("{} as {} x {} HSDP", c.name(), shard, replicas));
+      const GenericModel model = generic_model_of(c);
+      const auto want = generic_reference_of(c, model);
+      const auto on_host = run_hsdp_generic_case(c, model, want, tol, shard, replicas);
+      const ClaimedDevice claimed(c.run.dp);
+      expect_same_updated_mains(on_host, run_hsdp_generic_case(c, model, want, tol, shard, replicas, claimed.options.computes));
+      for (int r = 0; r < c.run.dp; ++r) {
+        const RecordingCompute& compute = *claimed.computes[static_cast<size_t>(r)];
+        EXPECT_GT(compute.allocations.load(), 0) << "rank " << r << ": the buffers were allocated on the rank's compute";
+        EXPECT_GT(compute.reduces.load(), 0) << "rank " << r << ": the grads were reduced on the rank's compute";
       }
     }
   }

@@ -20,6 +20,7 @@
 
 #include "fsdp/fsdp_engine.h"
 #include "fsdp/generic_model.h"
+#include "fsdp/hsdp_grid.h"
 
 namespace mxddp::testing {
 
@@ -102,14 +103,30 @@ struct Mismatches {
   }
 };
 
-// Runs case c on this rank (comm.size() == c.run.dp) and checks it against `want` (the reference's
-// main params after each iteration). tol 0: bit for bit; otherwise |got - want| <= tol * max(1, |want|).
+// What a rank of an HSDP run adds (tests/fsdp/hsdp_grid.h's grid), and what a run may record.
+struct GenericRankExtras {
+  // HSDP: comm is the rank's shard group and replica its replica group (FSDP modes only); the
+  // rank's data is that of global rank replica->rank() * comm.size() + comm.rank().
+  Communicator* replica = nullptr;
+  // If set, every main param element this rank updated, in the order checked, appended after
+  // each iteration: the trace two runs of the same job are compared by, bit for bit.
+  std::vector<float>* updated_mains = nullptr;
+};
+
+// Runs case c on this rank (comm.size() == c.run.dp, or times the replica group's size under HSDP)
+// and checks it against `want` (the reference's main params after each iteration). tol 0: bit for
+// bit; otherwise |got - want| <= tol * max(1, |want|).
 // wrap: decorates the DataParallel the model and the optimizer see (the jitter tests), or none.
 inline void run_generic_case(Communicator& comm, const GenericCase& c, const GenericModel& model,
                              const std::vector<std::vector<std::vector<float>>>& want, double tol,
-                             const std::function<std::unique_ptr<DataParallel>(std::unique_ptr<DataParallel>)>& wrap = {}) {
-  MXDDP_CHECK(comm.size() == c.run.dp, "case {} wants dp {}; the communicator has {} ranks", c.name(), c.run.dp, comm.size());
-  const std::string what = fmt::format("{} rank {}", c.name(), comm.rank());
+                             const std::function<std::unique_ptr<DataParallel>(std::unique_ptr<DataParallel>)>& wrap = {},
+                             const GenericRankExtras& extras = {}) {
+  const int replicas = extras.replica ? extras.replica->size() : 1;
+  MXDDP_CHECK(comm.size() * replicas == c.run.dp, "case {} wants dp {}; the communicators have {} x {} ranks", c.name(),
+              c.run.dp, comm.size(), replicas);
+  MXDDP_CHECK(!extras.replica || is_fsdp(c.mode), "case {}: HSDP needs an FSDP mode", c.name());
+  const int rank = extras.replica ? extras.replica->rank() * comm.size() + comm.rank() : comm.rank();
+  const std::string what = fmt::format("{} rank {}", c.name(), rank);
   MemoryTracker tracker;
   const GenericInitialValues init(model);
 
@@ -121,7 +138,8 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
     fc.overlap_grad_reduce = c.overlap_grad_reduce;
     fc.overlap_param_gather = c.overlap_param_gather;
     fc.param_dtype = c.run.param_dtype;
-    auto f = std::make_unique<FullyShardedDataParallel>(comm, model.specs, model.units, fc, tracker, init.views);
+    auto f = std::make_unique<FullyShardedDataParallel>(comm, model.specs, model.units, fc, tracker, init.views,
+                                                        extras.replica);
     fsdp = &fsdp_engine(*f);
     owned = std::move(f);
   } else {
@@ -141,7 +159,6 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
   else opt.emplace(*dp, generic_optimizer_config(), tracker);
 
   DataParallelModelAccess access(*dp);
-  const int rank = comm.rank();
   for (int it = 0; it < c.run.iterations; ++it) {
     if (opt) opt->zero_grad();
     else dp->zero_grad_buffer();
@@ -179,9 +196,11 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
         std::vector<float> main(static_cast<size_t>(main_view.numel()));
         dp->compute().copy_to_host(main.data(), main_view.data, main_view.nbytes());
         for (const ShardParamRange& r : opt->bucket(b).update)
-          for (int64_t k = 0; k < r.in_param.size(); ++k)
+          for (int64_t k = 0; k < r.in_param.size(); ++k) {
+            if (extras.updated_mains) extras.updated_mains->push_back(main[r.in_shard.start + k]);
             bad.check(main[r.in_shard.start + k], want[static_cast<size_t>(it)][static_cast<size_t>(r.param)][static_cast<size_t>(r.in_param.start + k)],
                       tol, model.specs[static_cast<size_t>(r.param)].name, r.in_param.start + k);
+          }
       }
     } else {
       std::vector<std::vector<float>> grads;
@@ -209,6 +228,37 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
     if (c.mode == DpMode::kOptimGradsParams) {
       EXPECT_GT(fsdp->gathers_started(), 0) << what;
     }
+  }
+}
+
+// HSDP: case c (c.run.dp = shard x replicas) on tests/fsdp/hsdp_grid.h's grid, each rank checked
+// against want within tol; computes: one per global rank (their memory), or none (the host's).
+// Returns every main param element each global rank updated, in order (GenericRankExtras).
+inline std::vector<std::vector<float>> run_hsdp_generic_case(const GenericCase& c, const GenericModel& model,
+                                                             const std::vector<std::vector<std::vector<float>>>& want,
+                                                             double tol, int shard, int replicas,
+                                                             const std::vector<Compute*>& computes = {},
+                                                             const LocalOptions& options = {}) {
+  std::vector<std::vector<float>> updated(static_cast<size_t>(c.run.dp));
+  run_grid(
+      shard, replicas,
+      [&](Communicator& comm, Communicator& replica, int rank) {
+        run_generic_case(comm, c, model, want, tol, {}, {.replica = &replica, .updated_mains = &updated[static_cast<size_t>(rank)]});
+      },
+      options, computes);
+  return updated;
+}
+
+// Two runs' updated main params (run_hsdp_generic_case), rank by rank: the same bits, and not none.
+inline void expect_same_updated_mains(const std::vector<std::vector<float>>& on_host,
+                                      const std::vector<std::vector<float>>& on_device) {
+  ASSERT_EQ(on_device.size(), on_host.size());
+  for (size_t r = 0; r < on_host.size(); ++r) {
+    ASSERT_EQ(on_device[r].size(), on_host[r].size()) << "rank " << r;
+    EXPECT_GT(on_host[r].size(), 0u) << "rank " << r << " updated nothing";
+    // NaN payloads may differ on a GPU (docs/cuda.md); these models hold no NaN, so the bits must agree.
+    EXPECT_EQ(std::memcmp(on_device[r].data(), on_host[r].data(), on_host[r].size() * sizeof(float)), 0)
+        << "rank " << r << ": the device run's main params differ from the host run's";
   }
 }
 
