@@ -12,14 +12,16 @@
 #                                        collectives on device memory (2 and 4 ranks on the GPU against
 #                                        the host run; DDP, MXFP8 params and every FSDP strategy on
 #                                        them), the kernels' throughput against the copy bandwidth,
-#                                        torch's fused AdamW on the same shard, and the grad buffer's
-#                                        bucket-ready to collective-issued latency on the device; the
+#                                        torch's fused AdamW on the same shard, the grad buffer's
+#                                        bucket-ready to collective-issued latency on the device, and
+#                                        the NCCL communicator at world 1 (collectives, DDP, FSDP); the
 #                                        results go to OUT (summary.txt and the logs)
 #
 # The GPU machine has no network and none of this project's Debian libraries, so nothing is built
 # there: the binaries link the CUDA runtime statically and find the rest (libfmt, libgomp, and
 # OpenMPI's libraries, which the communication layer links though the local backend never starts
-# MPI) beside them.
+# MPI) beside them. NCCL's library (250 MB, over the carry's limit) is the machine's own: its torch
+# wheel's nvidia-nccl.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mode="${1:-}"
@@ -28,14 +30,14 @@ if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
   source scripts/setup.sh release --tests >/dev/null
   binaries=(build/release/tests/cuda_kernels_test build/release/tests/compute_test
             build/release/tests/cuda_local_group_test build/release/bench/cuda_kernels_bench
-            build/release/bench/bucket_issue_bench)
+            build/release/bench/bucket_issue_bench build/release/tests/nccl_device_test)
   cmake --build --preset release --target cuda_kernels_test compute_test cuda_local_group_test cuda_kernels_bench \
-    bucket_issue_bench
+    bucket_issue_bench nccl_device_test
   mkdir -p "$dir"
   cp "${binaries[@]}" bench/cuda_adamw_torch.py "$dir/"
   # Every library the binaries load but the C and C++ runtimes, which the machine has.
   ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-    grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64)\.so' |
+    grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux-x86-64|libnccl)\.so' |
     while read -r lib; do cp -L "$lib" "$dir/"; done
   echo "gpu_check: prepared $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: scripts/gpu_check.sh --run $dir \$OUT"
   exit 0
@@ -47,17 +49,20 @@ fi
 out="$3"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL from the machine's torch (nvidia-nccl), for nccl_device_test.
+nccl_lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null || true)
+[ -n "$nccl_lib" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_lib"
 summary="$out/summary.txt"
 {
   echo "# gpu_check $(date -u +%FT%TZ) on $(hostname)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || true
 } >"$summary"
 status=0
-timeout 100 "$dir/cuda_kernels_test" --gtest_brief=1 >"$out/kernels_test.log" 2>&1 || status=$?
+timeout 80 "$dir/cuda_kernels_test" --gtest_brief=1 >"$out/kernels_test.log" 2>&1 || status=$?
 echo "cuda_kernels_test: exit $status" >>"$summary"
 grep -E '^SKIP|^\[  (PASSED|FAILED) |tests? ran' "$out/kernels_test.log" >>"$summary" || true
 local_status=0
-timeout 150 "$dir/cuda_local_group_test" --gtest_brief=1 >"$out/local_group_test.log" 2>&1 || local_status=$?
+timeout 130 "$dir/cuda_local_group_test" --gtest_brief=1 >"$out/local_group_test.log" 2>&1 || local_status=$?
 echo "cuda_local_group_test: exit $local_status" >>"$summary"
 grep -E '^SKIP|^\[  (PASSED|FAILED) |tests? ran' "$out/local_group_test.log" >>"$summary" || true
 compute_status=0
@@ -73,13 +78,17 @@ cat "$out/adamw_torch.log" >>"$summary"
 issue_status=0
 timeout 45 "$dir/bucket_issue_bench" --device cuda --runs 5 >"$out/bucket_issue_bench.log" 2>&1 || issue_status=$?
 cat "$out/bucket_issue_bench.log" >>"$summary"
+nccl_status=0
+timeout 40 "$dir/nccl_device_test" --gtest_brief=1 >"$out/nccl_device_test.log" 2>&1 || nccl_status=$?
+echo "nccl_device_test: exit $nccl_status (NCCL library: ${nccl_lib:-not found})" >>"$summary"
+grep -E '^SKIP|^\[  (PASSED|FAILED) |tests? ran|error while loading' "$out/nccl_device_test.log" >>"$summary" || true
 ours=$(awk '/^adamw_ms/ {print $2}' "$out/kernels_bench.log")
 theirs=$(awk '/^torch_fused_adamw_ms/ {print $2}' "$out/adamw_torch.log")
 if [ -n "$ours" ] && [ -n "$theirs" ]; then
   awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "adamw: mxddp %.3f ms, torch fused %.3f ms: %.2fx torch'"'"'s time\n", a, b, a / b }' >>"$summary"
 fi
 echo "exit codes: kernels_test $status, local_group_test $local_status, compute_test $compute_status," \
-  "kernels_bench $bench_status, torch $torch_status, bucket_issue_bench $issue_status" >>"$summary"
+  "kernels_bench $bench_status, torch $torch_status, bucket_issue_bench $issue_status, nccl_device_test $nccl_status" >>"$summary"
 cat "$summary"
 [ "$status" -eq 0 ] && [ "$local_status" -eq 0 ] && [ "$compute_status" -eq 0 ] && [ "$bench_status" -eq 0 ] &&
-  [ "$torch_status" -eq 0 ] && [ "$issue_status" -eq 0 ]
+  [ "$torch_status" -eq 0 ] && [ "$issue_status" -eq 0 ] && [ "$nccl_status" -eq 0 ]

@@ -26,6 +26,7 @@ fi
 # (scripts/setup.sh hands this nvcc to CMake). Optional: without them MXDDP_CUDA stays off and the
 # CPU build is unchanged.
 torch_nvcc=""
+torch_nccl=""
 if [ -x "$torch_venv/bin/python" ]; then
   cuda_runtime=$("$torch_venv/bin/python" -c "import importlib.metadata as m; print(m.version('nvidia-cuda-runtime'))" 2>/dev/null || true)
   if [ -n "$cuda_runtime" ]; then
@@ -39,4 +40,8 @@ if [ -x "$torch_venv/bin/python" ]; then
     fi
     [ -x "$candidate" ] && torch_nvcc="$candidate"
   fi
+  # NCCL's header and library come with torch's CUDA wheel (nvidia-nccl): the NCCL communicator
+  # (include/mxddp/nccl.h) builds against them.
+  torch_nccl=$("$torch_venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/nvidia/nccl
+  [ -f "$torch_nccl/include/nccl.h" ] && [ -f "$torch_nccl/lib/libnccl.so.2" ] || torch_nccl=""
 fi

@@ -64,6 +64,7 @@ fi
 cuda_flags=()
 if [[ -n "$torch_nvcc" && "$preset" != asan && "$preset" != tsan && "$preset" != fuzz ]]; then
   cuda_flags=("-DCMAKE_CUDA_COMPILER=$torch_nvcc")
+  [ -n "$torch_nccl" ] && cuda_flags+=("-DMXDDP_NCCL_ROOT=$torch_nccl")
 fi
 cmake --preset "$preset" "${python_flags[@]}" "${cuda_flags[@]}" >/dev/null
 cmake --build --preset "$preset"

@@ -5,6 +5,7 @@
 //   - local: N ranks are N threads of one process. Collectives read peers' buffers directly and
 //     reduce in rank order 0..N-1, so results are bitwise deterministic and identical on every rank.
 //   - mpi:   one process per rank under mpirun, over OpenMPI.
+//   - nccl:  one process per rank, each on its own GPU (mxddp/nccl.h; built with the CUDA layer).
 //
 // Ordering and progress: a Communicator executes its collectives one at a time, in the order they
 // were issued, on a progress thread of its own. An asynchronous call returns at once and the
@@ -105,7 +106,7 @@ class Communicator {
 
   int rank() const;
   int size() const;
-  std::string_view backend_name() const;  // "local" or "mpi"
+  std::string_view backend_name() const;  // "local", "mpi", "nccl" (nccl.h), "torch" (the Python package)
   // Where this communicator's buffers live, and the rank's work on them (compute.h): cpu_compute()
   // on host memory, or a local group's rank's own (LocalOptions::computes), which DDP then puts
   // its buffers on. Every view given to a collective must be on device().

@@ -18,3 +18,21 @@ target_link_libraries(cuda_local_group_test PRIVATE mxddp_cuda mxddp_optim mxddp
 target_include_directories(cuda_local_group_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
 add_test(NAME cuda_local_group_test COMMAND cuda_local_group_test)
 set_tests_properties(cuda_local_group_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+
+# The NCCL communicator's tests (include/mxddp/nccl.h), built when MXDDP_NCCL is on.
+#   nccl_host_test: what runs without a device (the version, unique ids, refused arguments, the
+#     missing-device reason); CI runs it.
+#   nccl_mpi_test_np2/np4: the unique id over MPI reaches every rank; with a GPU per rank, they
+#     join and all-reduce (skipped, saying why, without).
+#   nccl_device_test: NCCL at world 1 on the GPU against the host runs; skips (77) without a device.
+if(MXDDP_NCCL)
+  mxddp_test(nccl_host_test cuda/nccl_host_test.cc)
+  target_link_libraries(nccl_host_test PRIVATE mxddp_nccl)
+  mxddp_mpi_test(nccl_mpi_test cuda/nccl_mpi_test.cc)
+  target_link_libraries(nccl_mpi_test PRIVATE mxddp_nccl)
+  add_executable(nccl_device_test cuda/nccl_device_test.cc cuda/device_main.cc)
+  target_link_libraries(nccl_device_test PRIVATE mxddp_nccl mxddp_optim mxddp_fsdp mxddp_ddp mxddp_comm GTest::gtest)
+  target_include_directories(nccl_device_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+  add_test(NAME nccl_device_test COMMAND nccl_device_test)
+  set_tests_properties(nccl_device_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
