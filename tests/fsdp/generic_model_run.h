@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <mxddp/checkpoint.h>
 #include <mxddp/ddp.h>
 #include <mxddp/fsdp.h>
 #include <mxddp/optim.h>
@@ -111,6 +112,12 @@ struct GenericRankExtras {
   // If set, every main param element this rank updated, in the order checked, appended after
   // each iteration: the trace two runs of the same job are compared by, bit for bit.
   std::vector<float>* updated_mains = nullptr;
+  // The iterations this run takes, [first_iteration, end_iteration) (-1: c.run.iterations), and
+  // checkpoints (the distributed optimizer's modes): loaded before the first, saved after the last.
+  int first_iteration = 0;
+  int end_iteration = -1;
+  std::string load_dir;
+  std::string save_dir;
 };
 
 // Runs case c on this rank (comm.size() == c.run.dp, or times the replica group's size under HSDP)
@@ -157,9 +164,13 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
   std::optional<PlainAdamW> replicated;  // DDP without the distributed optimizer
   if (c.mode == DpMode::kDdp) replicated.emplace(generic_optimizer_config(), model, c.run.param_dtype);
   else opt.emplace(*dp, generic_optimizer_config(), tracker);
+  MXDDP_CHECK(opt || (extras.load_dir.empty() && extras.save_dir.empty() && extras.first_iteration == 0),
+              "case {}: checkpoints need the distributed optimizer", c.name());
+  if (!extras.load_dir.empty()) load_checkpoint(extras.load_dir, *opt);
+  const int end_iteration = extras.end_iteration >= 0 ? extras.end_iteration : c.run.iterations;
 
   DataParallelModelAccess access(*dp);
-  for (int it = 0; it < c.run.iterations; ++it) {
+  for (int it = extras.first_iteration; it < end_iteration; ++it) {
     if (opt) opt->zero_grad();
     else dp->zero_grad_buffer();
     for (int m = 0; m < c.run.micro_batches; ++m) {
@@ -223,6 +234,7 @@ inline void run_generic_case(Communicator& comm, const GenericCase& c, const Gen
     EXPECT_EQ(bad.count, 0) << what << ": iteration " << it << ": " << bad.count << " main param element(s) differ from the "
                             << "reference; first: " << bad.first;
   }
+  if (!extras.save_dir.empty()) save_checkpoint(extras.save_dir, *opt, {.overwrite = true});
   if (fsdp) {
     EXPECT_EQ(fsdp->gathers_started(), fsdp->releases_done()) << what << ": a gather was never released";
     if (c.mode == DpMode::kOptimGradsParams) {
