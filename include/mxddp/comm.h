@@ -8,7 +8,8 @@
 //   - nccl:  one process per rank, each on its own GPU (mxddp/nccl.h; built with the CUDA layer).
 //
 // Ordering and progress: a Communicator executes its collectives one at a time, in the order they
-// were issued, on a progress thread of its own. An asynchronous call returns at once and the
+// were issued, on a progress thread of its own (a stream-ordered one, nccl, enqueues them on the
+// issuing thread in the device's stream order instead: see Work::wait). An asynchronous call returns at once and the
 // collective advances while the caller computes; a blocking call is the same call followed by
 // wait(). Every rank must issue the same collectives in the same order with the same dtype, element
 // count, reduce op and root; a mismatch is detected before any buffer is touched and fails the
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,8 +46,12 @@ class Work {
   explicit Work(std::shared_ptr<detail::WorkState> state);
 
   // Blocks until the collective finished. If it failed, rethrows its error (on every call).
+  // On a stream-ordered communicator (nccl.h) the host does not wait for the device: wait() makes
+  // the rank's compute stream wait for the collective, so the work enqueued there after it sees
+  // its results, and rethrows a failure its engine found by then.
   void wait() const;
-  // True once the collective finished, successfully or not. Never blocks.
+  // True once the collective finished, successfully or not (on a stream-ordered communicator:
+  // once the device finished it). Never blocks.
   bool is_completed() const;
 
  private:
@@ -93,13 +99,18 @@ struct BarrierOptions {
 // Communicator
 // ----------------------------------------------------------------------------------------------
 
-class CommBackend;  // the engine interface; private to src/comm
-class Compute;      // compute.h
+class CommEngine;            // the engine interfaces; private to src/comm
+class CommBackend;
+class StreamOrderedBackend;
+class Compute;               // compute.h
 class ProgressQueue;
 
 class Communicator {
  public:
   explicit Communicator(std::unique_ptr<CommBackend> backend);
+  // Collectives enqueued in the device's stream order on the issuing thread (nccl.h): no progress
+  // thread, and Work::wait() orders the compute stream instead of waiting on the host.
+  explicit Communicator(std::unique_ptr<StreamOrderedBackend> backend);
   ~Communicator();  // drains the collectives already issued
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -107,6 +118,7 @@ class Communicator {
   int rank() const;
   int size() const;
   std::string_view backend_name() const;  // "local", "mpi", "nccl" (nccl.h), "torch" (the Python package)
+  bool stream_ordered() const { return ordered_ != nullptr; }
   // Where this communicator's buffers live, and the rank's work on them (compute.h): cpu_compute()
   // on host memory, or a local group's rank's own (LocalOptions::computes), which DDP then puts
   // its buffers on. Every view given to a collective must be on device().
@@ -144,8 +156,13 @@ class Communicator {
   struct Call;
   Work submit(const Call& call, bool async_op);
 
+  // Exactly one engine: backend_ with its progress thread (queue_), or ordered_ with the mutex that
+  // keeps its enqueue calls one at a time, in issue order.
   std::unique_ptr<CommBackend> backend_;
   std::unique_ptr<ProgressQueue> queue_;
+  std::unique_ptr<StreamOrderedBackend> ordered_;
+  std::unique_ptr<std::mutex> issue_mutex_;
+  CommEngine* engine_ = nullptr;  // whichever of the two it is
 };
 
 // ----------------------------------------------------------------------------------------------

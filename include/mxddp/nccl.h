@@ -8,18 +8,27 @@
 // make_nccl_communicator(id, rank, size) with the device it owns. NCCL refuses two ranks of one
 // communicator on the same GPU.
 //
-// Ordering: the communicator's buffers are on the rank's device, and its compute() is a CUDA
-// compute on the rank's compute stream (NcclOptions::stream). The progress thread runs each
-// collective on a communication stream of its own, after an event recorded on the compute stream
-// when the collective is taken up, so the work enqueued before a collective was issued is in its
-// buffers, and the work enqueued after it overlaps it on the device. The progress thread then waits
-// for the communication stream (polling, under the watchdog) before the Work completes: once
-// wait() returns, the results are in the buffers for any stream. Only the progress thread ever
-// waits on the host.
+// Ordering (stream order, never a host wait): the communicator's buffers are on the rank's device,
+// and its compute() is a CUDA compute on the rank's compute stream (NcclOptions::stream). Issuing a
+// collective enqueues it at once, on the issuing thread, on an NCCL stream of the communicator's,
+// after an event recorded on the compute stream: the work enqueued before the collective was
+// issued is in its buffers, and the work enqueued after it overlaps it on the device.
+// Work::wait() makes the compute stream wait for the collective and returns (a blocking call is
+// the same): work enqueued on the compute stream after it sees the results, and so does the host
+// through the compute's copies, which wait for that stream. Work on another stream must wait for
+// the compute stream first. is_completed() asks the device. A watchdog thread retires the
+// collectives as they complete; one still running after timeout_ms, or an asynchronous NCCL
+// error, aborts the communicator, and every later wait() and call rethrows that failure (the
+// buffers of the collectives then in flight are undefined: destroy the communicator).
+//
+// Threads: joining, issuing and wait() make the rank's device the calling thread's current device
+// and leave it so (as torch.cuda.set_device does); the rank's compute launches there. HSDP over a
+// stream-ordered communicator is refused (its two communicators would not be ordered together).
 //
 // What NCCL computes differs from the local backend's rank-order arithmetic: NCCL sums in its own
 // order (rings, trees), bf16 in bf16; a prescale is its PreMulSum; max may not propagate NaN. The
-// results agree with the CPU's within rounding, not bit for bit (docs/cuda.md).
+// results agree with the CPU's within rounding, not bit for bit (docs/cuda.md). No staging: the
+// communicator's set_memory_tracker has nothing to charge.
 #pragma once
 
 #include <array>
@@ -53,21 +62,22 @@ struct NcclOptions {
   // current device.
   int device = -1;
   // The stream the rank's compute work runs on (Communicator::compute() enqueues there, and each
-  // collective waits for it): null: a stream the communicator creates and owns.
+  // collective waits for it); it must outlive the communicator and its Works. Null: a stream the
+  // communicator creates and owns (kept alive by the Works that order it).
   CudaStream stream = nullptr;
-  // Checks before each collective that every rank issued the same call (an all-gather of each
-  // rank's call header, and a wait for it), as the mpi backend does: a mismatch is an Error on
-  // every rank instead of a hang or corrupt data inside NCCL.
+  // Checks before each collective that every rank issued the same call, as the mpi backend does: a
+  // mismatch is an Error on every rank instead of a hang or corrupt data inside NCCL. The headers go
+  // over a second NCCL communicator (split from the first, on a stream of its own), and the issuing
+  // thread waits for that small gather only, that is for its peers to reach the collective.
   bool check_consistency = true;
   // The watchdog: joining the group, or a collective, that has not completed after this long
   // aborts the NCCL communicator (ncclCommAbort) and fails, naming what it waited for; every later
   // collective then fails at once.
   int64_t timeout_ms = 300'000;
-  CollectiveDelay injected_delay;
 };
 
 // Joins rank `rank` of `size` to the group of `id` (ncclCommInitRankConfig, nonblocking, under the
-// watchdog). Throws an Error naming the value for a rank or size out of range or a device that does
+// watchdog; NCCL 2.18 or later, for the header group's ncclCommSplit). Throws an Error naming the value for a rank or size out of range or a device that does
 // not exist, and CUDA's or NCCL's reason when the group cannot be made (no usable device, a peer
 // that never joined).
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int size,

@@ -29,23 +29,29 @@ class CommStaged {
   ComputeBuffer block_;
 };
 
-// comm.all_reduce / broadcast / all_gather of host views (device Device::cpu()), waited for.
+// comm.all_reduce / broadcast / all_gather of host views (device Device::cpu()), waited for. Each
+// waits once more after the copy back: on a stream-ordered communicator (nccl) the first wait only
+// ordered the compute stream, and a failure its engine found while the copy waited for the device
+// (an aborted, partly written result) must be rethrown, never read as the answer.
 inline void all_reduce_host(Communicator& comm, const TensorView& buffer, const AllReduceOptions& options = {}) {
   const CommStaged staged(comm, buffer, /*copy_in=*/true);
-  comm.all_reduce(staged.view(), options);
+  const Work work = comm.all_reduce(staged.view(), options);
   staged.copy_out();
+  work.wait();
 }
 
 inline void broadcast_host(Communicator& comm, const TensorView& buffer, const BroadcastOptions& options = {}) {
   const CommStaged staged(comm, buffer, /*copy_in=*/true);
-  comm.broadcast(staged.view(), options);
+  const Work work = comm.broadcast(staged.view(), options);
   staged.copy_out();
+  work.wait();
 }
 
 inline void all_gather_host(Communicator& comm, const TensorView& input, const TensorView& output) {
   const CommStaged in(comm, input, /*copy_in=*/true), out(comm, output, /*copy_in=*/false);
-  comm.all_gather(in.view(), out.view());
+  const Work work = comm.all_gather(in.view(), out.view());
   out.copy_out();
+  work.wait();
 }
 
 }  // namespace mxddp::ckpt

@@ -1,10 +1,13 @@
-// The engine interface under Communicator. A backend runs one already-validated collective to
-// completion on the calling thread (the communicator's progress thread); ordering, asynchrony and
-// argument validation live in Communicator, so each engine is only its data movement.
+// The engine interfaces under Communicator. A CommBackend runs one already-validated collective to
+// completion on the calling thread (the communicator's progress thread); a StreamOrderedBackend
+// (nccl) enqueues it in its device's stream order on the issuing thread instead. Argument
+// validation and the order of issue live in Communicator, so each engine is only its data movement.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -47,22 +50,45 @@ std::array<int64_t, kCallHeaderFields> pack_call_header(uint64_t seq, const Coll
 // collective, the first rank that differs and how.
 void check_call_headers(const int64_t* headers, int size, int stride, uint64_t seq, CollectiveKind kind);
 
-class CommBackend {
+// What every engine says about itself.
+class CommEngine {
  public:
-  virtual ~CommBackend() = default;
+  virtual ~CommEngine() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view name() const = 0;
   // Where the buffers of its collectives live and what works on them: cpu_compute() for the
   // engines between processes (mpi, torch's groups); the rank's own in a local group
-  // (LocalOptions::computes).
+  // (LocalOptions::computes); a CUDA compute on the rank's stream for nccl.
   virtual Compute& compute() const = 0;
+};
+
+class CommBackend : public CommEngine {
+ public:
   // Runs `call` to completion. Must verify that every rank issued the same call (see
   // describe_mismatch) before touching any buffer, and throw Error on a mismatch or a failure.
   virtual void run(const CollectiveCall& call) = 0;
   // Communicator::set_memory_tracker, on the progress thread between collectives. Only a backend
   // with staging buffers (mpi) has anything to charge.
   virtual void set_memory_tracker(MemoryTracker* /*tracker*/) {}
+};
+
+// One collective a stream-ordered engine has enqueued: what its Work does (work_state.h).
+struct EnqueuedCollective {
+  std::function<void()> order_after;                  // the rank's compute stream waits for it
+  std::function<bool()> finished;                     // whether the device is done with it
+  std::function<std::exception_ptr()> late_failure;   // the engine's failure found since, or null
+};
+
+// An engine whose collectives run in its device's stream order (nccl): Communicator calls enqueue()
+// on the issuing thread, one call at a time in issue order, and the Work it returns orders the
+// rank's compute stream after the collective instead of waiting on the host.
+class StreamOrderedBackend : public CommEngine {
+ public:
+  // Enqueues `call` after the work enqueued so far on the compute stream. Must verify that every rank
+  // issued the same call before touching any buffer, and throw Error on a mismatch or a failure
+  // found while enqueueing; a failure found later is late_failure's.
+  virtual EnqueuedCollective enqueue(const CollectiveCall& call) = 0;
 };
 
 }  // namespace mxddp

@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "progress_queue.h"
+#include "work_state.h"
 
 namespace mxddp {
 
@@ -131,20 +132,48 @@ void check_whole_and_block(const TensorView& whole, std::string_view whole_name,
 struct Communicator::Call : CollectiveCall {};
 
 Communicator::Communicator(std::unique_ptr<CommBackend> backend)
-    : backend_(std::move(backend)), queue_(std::make_unique<ProgressQueue>()) {}
+    : backend_(std::move(backend)), queue_(std::make_unique<ProgressQueue>()), engine_(backend_.get()) {
+  MXDDP_CHECK(backend_ != nullptr, "Communicator: no engine");
+}
+
+Communicator::Communicator(std::unique_ptr<StreamOrderedBackend> backend)
+    : ordered_(std::move(backend)), issue_mutex_(std::make_unique<std::mutex>()), engine_(ordered_.get()) {
+  MXDDP_CHECK(ordered_ != nullptr, "Communicator: no engine");
+}
 
 Communicator::~Communicator() { queue_.reset(); }  // drain before the backend goes away
 
-int Communicator::rank() const { return backend_->rank(); }
-int Communicator::size() const { return backend_->size(); }
-std::string_view Communicator::backend_name() const { return backend_->name(); }
-Compute& Communicator::compute() const { return backend_->compute(); }
+int Communicator::rank() const { return engine_->rank(); }
+int Communicator::size() const { return engine_->size(); }
+std::string_view Communicator::backend_name() const { return engine_->name(); }
+Compute& Communicator::compute() const { return engine_->compute(); }
 Device Communicator::device() const { return compute().device(); }
 
 Work Communicator::submit(const Call& call, bool async_op) {
-  CommBackend* backend = backend_.get();
-  CollectiveCall c = call;
-  Work work = queue_->submit([backend, c] { backend->run(c); });
+  const CollectiveCall c = call;
+  if (!ordered_) {
+    CommBackend* backend = backend_.get();
+    Work work = queue_->submit([backend, c] { backend->run(c); });
+    if (!async_op) work.wait();
+    return work;
+  }
+  // Stream-ordered: enqueued here, one issuing thread at a time, so every rank's engine sees the
+  // collectives in the order they were issued. An error while enqueueing is the Work's.
+  auto state = std::make_shared<detail::WorkState>();
+  {
+    std::lock_guard lock(*issue_mutex_);
+    std::exception_ptr failure;
+    try {
+      EnqueuedCollective enqueued = ordered_->enqueue(c);
+      state->order_after = std::move(enqueued.order_after);
+      state->finished = std::move(enqueued.finished);
+      state->late_failure = std::move(enqueued.late_failure);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    state->complete(failure);
+  }
+  Work work(state);
   if (!async_op) work.wait();
   return work;
 }
@@ -210,6 +239,7 @@ Work Communicator::barrier(const BarrierOptions& options) {
 
 // On the progress thread, in issue order: the backend's staging is only touched there.
 void Communicator::set_memory_tracker(MemoryTracker* tracker) {
+  if (ordered_) return;  // no staging: the stream-ordered engine reduces in place on the device
   CommBackend* backend = backend_.get();
   queue_->submit([backend, tracker] { backend->set_memory_tracker(tracker); }).wait();
 }

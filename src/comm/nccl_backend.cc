@@ -1,19 +1,25 @@
-// The NCCL engine (include/mxddp/nccl.h): one process per rank, each on its own GPU.
+// The NCCL engine (include/mxddp/nccl.h): one process per rank, each on its own GPU, with its
+// collectives in the device's stream order (backend.h's StreamOrderedBackend).
 //
-// A collective, on the communicator's progress thread:
-//   1. the rank's device is made current (a CUDA device is per thread);
-//   2. an event recorded on the compute stream makes the communication stream wait for the work
-//      enqueued before the collective was taken up;
-//   3. with check_consistency, every rank's call header is all-gathered and compared (the mpi
-//      backend's rule: a mismatch is an Error on every rank, before any buffer is touched);
-//   4. the NCCL call is enqueued on the communication stream;
-//   5. the progress thread polls the stream until it is done, and NCCL for an asynchronous error,
-//      under the watchdog: past timeout_ms the communicator is aborted and the call fails.
-// The communicator is nonblocking (NCCL's config.blocking = 0), so that joining the group and
-// every call can be given up on: a call that answers ncclInProgress is polled the same way.
+// A collective, enqueued on the issuing thread (Communicator holds one issuer at a time):
+//   1. with check_consistency, every rank's call header is all-gathered over a second NCCL
+//      communicator (split from the first, on a stream of its own, so the gather waits only for
+//      the peers to arrive, not for the work in flight) and compared on the host: a mismatch is an
+//      Error on every rank before any buffer is touched, as with the mpi backend;
+//   2. an event recorded on the compute stream makes the NCCL stream wait for the work enqueued so
+//      far, and the NCCL call is enqueued there;
+//   3. a fresh event is recorded after it and handed to the Work: wait() makes the compute stream
+//      wait for that event (the host does not), is_completed() queries it;
+//   4. the watchdog thread takes the event: it polls the events in flight and NCCL's asynchronous
+//      error, and past timeout_ms (or on an error) aborts the communicators; the failure is then
+//      every later wait()'s and enqueue's.
+// Both communicators are nonblocking (NCCL's config.blocking = 0), so joining and every call can be
+// given up on: a call that answers ncclInProgress is polled until NCCL has taken it up.
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
-#include <optional>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,27 +33,25 @@
 
 #include "../cuda/cuda_check.h"
 #include "backend.h"
-#include "delayed_backend.h"
 
 static_assert(sizeof(ncclUniqueId) == sizeof(mxddp::NcclUniqueId::bytes), "NCCL_UNIQUE_ID_BYTES changed");
-
-// MXDDP_NCCL_CHECK(call, what...): throws an Error with NCCL's name for the result, its last error
-// message, and the caller's context.
-#define MXDDP_NCCL_CHECK(call, ...)                                                                   \
-  do {                                                                                                \
-    const ncclResult_t mxddp_nccl_rc_ = (call);                                                       \
-    if (mxddp_nccl_rc_ != ncclSuccess && mxddp_nccl_rc_ != ncclInProgress) [[unlikely]]               \
-      MXDDP_FAIL("{}: NCCL error {} ({}){}", ::fmt::format(__VA_ARGS__), ncclGetErrorString(mxddp_nccl_rc_), \
-                 static_cast<int>(mxddp_nccl_rc_), ::mxddp::nccl_last_error());                          \
-  } while (0)
 
 namespace mxddp {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 std::string nccl_last_error() {
   const char* text = ncclGetLastError(nullptr);
   return text && *text ? fmt::format(": {}", text) : std::string();
+}
+
+std::string nccl_failure(ncclResult_t rc) { return fmt::format("NCCL error {}{}", ncclGetErrorString(rc), nccl_last_error()); }
+
+// For the calls that need no communicator (the version, a unique id).
+void nccl_check(ncclResult_t rc, std::string_view what) {
+  if (rc != ncclSuccess) MXDDP_FAIL("{}: {}", what, nccl_failure(rc));
 }
 
 ncclDataType_t nccl_type(DType dtype) {
@@ -67,13 +71,12 @@ ncclDataType_t nccl_type(DType dtype) {
   MXDDP_FAIL("dtype {} has no NCCL type; the communicator moves f32, bf16, f64, i64, i32, u8 and bool", dtype_name(dtype));
 }
 
-// The owning handles a backend holds, released in the right order even when its constructor
-// throws half way (streams and events are CUDA's, the communicator NCCL's).
+// ---- Owning handles, released in the right order even when a constructor throws half way ----
+
+// cudaStreamDestroy returns at once and releases the stream once its work is done: the engine
+// never waits here, since after an abort that work may never end cleanly.
 struct StreamDeleter {
-  void operator()(CUstream_st* stream) const noexcept {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-  }
+  void operator()(CUstream_st* stream) const noexcept { cudaStreamDestroy(stream); }
 };
 struct EventDeleter {
   void operator()(CUevent_st* event) const noexcept { cudaEventDestroy(event); }
@@ -85,6 +88,27 @@ using UniqueStream = std::unique_ptr<CUstream_st, StreamDeleter>;
 using UniqueEvent = std::unique_ptr<CUevent_st, EventDeleter>;
 using UniquePinned = std::unique_ptr<int64_t[], PinnedDeleter>;
 
+UniqueStream make_stream(std::string_view what) {
+  cudaStream_t stream = nullptr;
+  MXDDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating {}", what);
+  return UniqueStream(stream);
+}
+
+std::shared_ptr<CUevent_st> make_event(std::string_view what) {
+  cudaEvent_t event = nullptr;
+  MXDDP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating {}", what);
+  return std::shared_ptr<CUevent_st>(event, EventDeleter{});
+}
+
+// Makes `device` the calling thread's current device, and leaves it so, as torch.cuda.set_device
+// does: the rank's CUDA compute launches on the current device, and restoring a thread that never
+// chose one would create a context on device 0 in every rank.
+void select_device(int device) {
+  int current = -1;
+  MXDDP_CUDA_CHECK(cudaGetDevice(&current), "reading the current device");
+  if (current != device) MXDDP_CUDA_CHECK(cudaSetDevice(device), "selecting device {}", device);
+}
+
 // An NCCL communicator: finalized (its calls completed, within timeout_ms) then destroyed; aborted
 // instead when that fails or when it was given up on.
 struct CommHandle {
@@ -93,17 +117,19 @@ struct CommHandle {
   CommHandle() = default;
   CommHandle(const CommHandle&) = delete;
   CommHandle& operator=(const CommHandle&) = delete;
-  ~CommHandle() {
+  ~CommHandle() { finalize(); }
+  void finalize() noexcept {
     if (comm == nullptr) return;
     ncclResult_t state = ncclCommFinalize(comm);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     while (state == ncclSuccess || state == ncclInProgress) {
       if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
-      if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) break;
+      if (state != ncclInProgress || Clock::now() > deadline) break;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     if (state == ncclSuccess) ncclCommDestroy(comm);
     else ncclCommAbort(comm);
+    comm = nullptr;
   }
   void abort() noexcept {
     if (comm != nullptr) ncclCommAbort(comm);
@@ -111,7 +137,35 @@ struct CommHandle {
   }
 };
 
-class NcclBackend final : public CommBackend {
+// The engine's failure, shared with its Works (which may outlive it): set once, by whichever
+// thread finds it first.
+class Health {
+ public:
+  std::exception_ptr error() const {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+  std::string reason() const {
+    std::lock_guard lock(mutex_);
+    return reason_;
+  }
+  // Records the failure (the first one only) and returns the Error for it.
+  Error record(const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    if (!error_) {
+      reason_ = reason;
+      error_ = std::make_exception_ptr(Error(fmt::format("{}; the NCCL communicator is aborted", reason), "nccl"));
+    }
+    return Error(fmt::format("{}; the NCCL communicator is aborted", reason_), "nccl");
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::exception_ptr error_;
+  std::string reason_;
+};
+
+class NcclBackend final : public StreamOrderedBackend {
  public:
   NcclBackend(const NcclUniqueId& id, int rank, int size, const NcclOptions& options)
       : rank_(rank), size_(size), options_(options) {
@@ -122,46 +176,71 @@ class NcclBackend final : public CommBackend {
       MXDDP_CHECK(options.device < devices, "make_nccl_communicator: NcclOptions::device {} does not exist; this "
                   "process sees {} device(s), 0..{}", options.device, devices, devices - 1);
       device_ = options.device;
-      MXDDP_CUDA_CHECK(cudaSetDevice(device_), "selecting device {}", device_);
     } else {
       MXDDP_CUDA_CHECK(cudaGetDevice(&device_), "reading the current device");
     }
-    if (options.stream == nullptr) owned_stream_.emplace();
-    compute_stream_ = options.stream ? options.stream : owned_stream_->get();
+    select_device(device_);
+    if (options.stream == nullptr) owned_stream_ = make_stream("the rank's compute stream");  // shared with the Works
+    compute_stream_ = options.stream ? options.stream : owned_stream_.get();
     compute_ = make_cuda_compute(compute_stream_);
-    cudaStream_t stream = nullptr;
-    MXDDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating the NCCL stream");
-    comm_stream_.reset(stream);
-    cudaEvent_t event = nullptr;
-    MXDDP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating the NCCL ordering event");
-    ready_.reset(event);
+    nccl_stream_ = make_stream("the NCCL stream");
+    check_stream_ = make_stream("the call headers' stream");
+    ready_ = make_event("the NCCL ordering event");
 
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclUniqueId nccl_id;
-    std::memcpy(&nccl_id, id.bytes.data(), sizeof nccl_id);
-    comm_.timeout_ms = options.timeout_ms;
     // The call headers' exchange: size slots of kHeaderFields i64 each on the device, and pinned on
-    // the host (this rank's header, then every rank's), so that both copies are truly asynchronous
-    // and the watchdog's wait covers them.
+    // the host (this rank's header, then every rank's), so that both copies are asynchronous and
+    // the wait for them is the watchdog's.
     const size_t header_bytes = static_cast<size_t>(size) * kHeaderFields * sizeof(int64_t);
     headers_ = compute_->allocate(header_bytes, MemoryCategory::kComm, tracker_);
+    barrier_slot_ = compute_->allocate(sizeof(int64_t), MemoryCategory::kComm, tracker_);
+    // Allocated and zeroed in the compute stream's order, but used on the engine's own streams.
+    compute_->synchronize();
     void* pinned = nullptr;
     MXDDP_CUDA_CHECK(cudaMallocHost(&pinned, header_bytes + kHeaderFields * sizeof(int64_t)),
                      "pinning {} bytes for the call headers", header_bytes + kHeaderFields * sizeof(int64_t));
     host_headers_.reset(static_cast<int64_t*>(pinned));
 
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclUniqueId nccl_id;
+    std::memcpy(&nccl_id, id.bytes.data(), sizeof nccl_id);
+    comm_.timeout_ms = check_comm_.timeout_ms = options.timeout_ms;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options.timeout_ms);
     const std::string joining = fmt::format("rank {} of {} joining the NCCL group on cuda:{}", rank, size, device_);
-    start_deadline();
     check(ncclCommInitRankConfig(&comm_.comm, size, nccl_id, rank, &config), joining);
-    settle(joining);
+    settle(comm_.comm, joining, deadline);
+    if (options.check_consistency && size > 1) {
+      ncclConfig_t split_config = NCCL_CONFIG_INITIALIZER;
+      split_config.blocking = 0;
+      split_config.splitShare = 1;  // the parent's resources: the headers are 64 bytes a rank
+      check(ncclCommSplit(comm_.comm, 0, rank, &check_comm_.comm, &split_config), joining + ", its header group");
+      settle(check_comm_.comm, joining + ", its header group", deadline);
+    }
+    watchdog_ = std::thread([this] { watch(); });
   }
 
-  ~NcclBackend() override {  // before the members go: their CUDA and NCCL calls need the device
+  // Waits for the collectives in flight (the watchdog ends once they are done, or aborts them past
+  // their deadline), then releases everything on the rank's device (which the calling thread is
+  // left on), in order.
+  ~NcclBackend() override {
+    {
+      std::lock_guard lock(flight_mutex_);
+      stopping_ = true;
+    }
+    flight_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     cudaSetDevice(device_);
-    // Every collective ended (done, or aborted and drained), so this returns; the header slots are
-    // then freed on the compute stream with nothing on the NCCL stream still using them.
-    if (comm_stream_) cudaStreamSynchronize(comm_stream_.get());
+    // Freed on the compute stream: nothing on the engine's streams uses them now (every collective
+    // completed, or the engine was aborted and they are undefined anyway).
+    barrier_slot_ = ComputeBuffer();
+    headers_ = ComputeBuffer();
+    check_comm_.finalize();
+    comm_.finalize();
+    ready_.reset();
+    check_stream_.reset();
+    nccl_stream_.reset();
+    compute_.reset();
+    owned_stream_.reset();  // destroyed once the last Work that orders it goes
   }
 
   int rank() const override { return rank_; }
@@ -169,25 +248,52 @@ class NcclBackend final : public CommBackend {
   std::string_view name() const override { return "nccl"; }
   Compute& compute() const override { return *compute_; }
 
-  void run(const CollectiveCall& call) override {
-    MXDDP_CHECK(broken_.empty(), "{}: the NCCL communicator was aborted earlier: {}", collective_name(call.kind), broken_);
+  EnqueuedCollective enqueue(const CollectiveCall& call) override {
+    std::lock_guard nccl_lock(nccl_mutex_);  // with the watchdog's abort
+    if (const std::exception_ptr failed = health_->error()) std::rethrow_exception(failed);
     const uint64_t seq = seq_++;
     const std::string what = fmt::format("{} #{} ({} x {}) on rank {} of {}, cuda:{}", collective_name(call.kind), seq,
                                          call.count, dtype_name(call.dtype), rank_, size_, device_);
-    start_deadline();
-    MXDDP_CUDA_CHECK(cudaSetDevice(device_), "{}: selecting the device", what);
+    select_device(device_);
+    if (check_comm_.comm != nullptr)
+      check_consistency(call, seq, what, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
+    // The collective's own budget starts once its peers are known to have reached it.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+    std::shared_ptr<CUevent_st> done = make_event(what + "'s completion event");  // before the call: it must be tracked
     MXDDP_CUDA_CHECK(cudaEventRecord(ready_.get(), compute_stream_), "{}: recording the compute stream's event", what);
-    MXDDP_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), ready_.get(), 0), "{}: ordering after the compute stream", what);
-    if (options_.check_consistency && size_ > 1) check_consistency(call, seq, what);
-    enqueue(call, what);
-    wait_for_stream(what);
+    MXDDP_CUDA_CHECK(cudaStreamWaitEvent(nccl_stream_.get(), ready_.get(), 0), "{}: ordering after the compute stream", what);
+    run_nccl(call, what, deadline);
+    MXDDP_CUDA_CHECK(cudaEventRecord(done.get(), nccl_stream_.get()), "{}: recording its completion", what);
+    {
+      std::lock_guard lock(flight_mutex_);
+      in_flight_.push_back({done, deadline, what});
+    }
+    flight_cv_.notify_all();
+
+    // The Work's side: it may outlive this engine, so it holds the event, the compute stream (if
+    // owned here) and the health by reference count.
+    EnqueuedCollective out;
+    out.order_after = [done, device = device_, stream = compute_stream_, owned = owned_stream_] {
+      select_device(device);  // the waiter's thread may be on none yet (a context on device 0 otherwise)
+      MXDDP_CUDA_CHECK(cudaStreamWaitEvent(stream, done.get(), 0), "ordering the compute stream after an NCCL collective");
+    };
+    out.finished = [done] { return cudaEventQuery(done.get()) != cudaErrorNotReady; };
+    out.late_failure = [health = health_] { return health->error(); };
+    return out;
   }
 
  private:
   static constexpr int kHeaderFields = 8;  // kCallHeaderFields, padded
 
-  // Every rank's header for call, gathered and compared with rank 0's.
-  void check_consistency(const CollectiveCall& call, uint64_t seq, const std::string& what) {
+  struct InFlight {
+    std::shared_ptr<CUevent_st> done;
+    Clock::time_point deadline;
+    std::string what;
+  };
+
+  // Every rank's header for call, gathered over the header group and compared with rank 0's. The
+  // host waits here, but only for the peers to reach this collective.
+  void check_consistency(const CollectiveCall& call, uint64_t seq, const std::string& what, Clock::time_point deadline) {
     const auto header = pack_call_header(seq, call);
     int64_t* mine = host_headers_.get();                 // [kHeaderFields], pinned
     int64_t* all = host_headers_.get() + kHeaderFields;  // [size, kHeaderFields], pinned
@@ -196,164 +302,209 @@ class NcclBackend final : public CommBackend {
     auto* slots = static_cast<int64_t*>(headers_.data());
     int64_t* own = slots + static_cast<ptrdiff_t>(rank_) * kHeaderFields;
     const size_t all_bytes = static_cast<size_t>(size_) * kHeaderFields * sizeof(int64_t);
-    MXDDP_CUDA_CHECK(cudaMemcpyAsync(own, mine, kHeaderFields * sizeof(int64_t), cudaMemcpyHostToDevice, comm_stream_.get()),
+    const std::string exchanging = what + ", exchanging call headers";
+    MXDDP_CUDA_CHECK(cudaMemcpyAsync(own, mine, kHeaderFields * sizeof(int64_t), cudaMemcpyHostToDevice, check_stream_.get()),
                      "{}: staging the call header", what);
-    check(ncclAllGather(own, slots, kHeaderFields, ncclInt64, comm_.comm, comm_stream_.get()), what + ", exchanging call headers");
-    settle(what);
-    MXDDP_CUDA_CHECK(cudaMemcpyAsync(all, slots, all_bytes, cudaMemcpyDeviceToHost, comm_stream_.get()),
+    check(ncclAllGather(own, slots, kHeaderFields, ncclInt64, check_comm_.comm, check_stream_.get()), exchanging);
+    settle(check_comm_.comm, exchanging, deadline);
+    MXDDP_CUDA_CHECK(cudaMemcpyAsync(all, slots, all_bytes, cudaMemcpyDeviceToHost, check_stream_.get()),
                      "{}: reading the call headers", what);
-    wait_for_stream(what + ", exchanging call headers");
+    for (int64_t polls = 0;; ++polls) {
+      const cudaError_t done = cudaStreamQuery(check_stream_.get());
+      if (done == cudaSuccess) break;
+      if (done != cudaErrorNotReady)
+        fail(fmt::format("{}: {} ({})", exchanging, cudaGetErrorString(done), cudaGetErrorName(done)));
+      ncclResult_t state = ncclSuccess;
+      check(ncclCommGetAsyncError(check_comm_.comm, &state), exchanging);
+      if (state != ncclSuccess && state != ncclInProgress) fail(fmt::format("{}: {}", exchanging, nccl_failure(state)));
+      if (Clock::now() > deadline)
+        fail(fmt::format("{}: a peer did not reach it within timeout_ms {}", exchanging, options_.timeout_ms));
+      pause(polls);
+    }
     check_call_headers(all, size_, kHeaderFields, seq, call.kind);
   }
 
-  void enqueue(const CollectiveCall& call, const std::string& what) {
+  void run_nccl(const CollectiveCall& call, const std::string& what, Clock::time_point deadline) {
     const ncclDataType_t type = nccl_type(call.dtype);
     const auto count = static_cast<size_t>(call.count);
+    cudaStream_t stream = nccl_stream_.get();
     switch (call.kind) {
       case CollectiveKind::kAllReduce:
       case CollectiveKind::kReduceScatter: {
-        PreparedOp op = prepare_op(call, type, what);
+        const ncclRedOp_t op = prepare_op(call, type, what);
         const ncclResult_t rc = call.kind == CollectiveKind::kAllReduce
-                                    ? ncclAllReduce(call.send, call.recv, count, type, op.op, comm_.comm, comm_stream_.get())
-                                    : ncclReduceScatter(call.send, call.recv, count, type, op.op, comm_.comm, comm_stream_.get());
-        if (rc == ncclSuccess || rc == ncclInProgress) settle(what);  // NCCL has taken the op up
-        op.release(comm_.comm);
+                                    ? ncclAllReduce(call.send, call.recv, count, type, op, comm_.comm, stream)
+                                    : ncclReduceScatter(call.send, call.recv, count, type, op, comm_.comm, stream);
+        if (rc == ncclSuccess || rc == ncclInProgress) settle(comm_.comm, what, deadline);  // NCCL took the op up
+        if (op != ncclSum && op != ncclAvg && op != ncclMax) ncclRedOpDestroy(op, comm_.comm);
         check(rc, what);
         return;
       }
       case CollectiveKind::kAllGather:
-        check(ncclAllGather(call.send, call.recv, count, type, comm_.comm, comm_stream_.get()), what);
+        check(ncclAllGather(call.send, call.recv, count, type, comm_.comm, stream), what);
         break;
       case CollectiveKind::kBroadcast:
-        check(ncclBroadcast(call.send, call.recv, count, type, call.root, comm_.comm, comm_stream_.get()), what);
+        check(ncclBroadcast(call.send, call.recv, count, type, call.root, comm_.comm, stream), what);
         break;
       case CollectiveKind::kBarrier: {
-        // A one-element all-reduce of the header slot: every rank must reach it.
-        void* slot = headers_.data();
-        check(ncclAllReduce(slot, slot, 1, ncclInt64, ncclMax, comm_.comm, comm_stream_.get()), what);
+        // A one-element all-reduce of a word of its own (the header slots are the header stream's).
+        void* slot = barrier_slot_.data();
+        check(ncclAllReduce(slot, slot, 1, ncclInt64, ncclMax, comm_.comm, stream), what);
         break;
       }
     }
-    settle(what);
+    settle(comm_.comm, what, deadline);
   }
 
   // The NCCL reduction of a call: sum, avg, max; a prescale is a PreMulSum (of prescale / size for
-  // avg), created for this call and released once NCCL has taken the call up, as NCCL allows.
-  struct PreparedOp {
-    ncclRedOp_t op = ncclSum;
-    bool created = false;
-    void release(ncclComm_t comm) {
-      if (created) ncclRedOpDestroy(op, comm);
-    }
-  };
-  PreparedOp prepare_op(const CollectiveCall& call, ncclDataType_t type, const std::string& what) {
-    if (call.dtype == DType::kBool) return {ncclMax, false};
+  // avg), created for this call and destroyed once NCCL has taken the call up, as NCCL allows.
+  ncclRedOp_t prepare_op(const CollectiveCall& call, ncclDataType_t type, const std::string& what) {
+    if (call.dtype == DType::kBool) return ncclMax;
     if (call.prescale == 1.0f) {
       switch (call.op) {
-        case ReduceOp::kSum: return {ncclSum, false};
-        case ReduceOp::kAvg: return {ncclAvg, false};
-        case ReduceOp::kMax: return {ncclMax, false};
+        case ReduceOp::kSum: return ncclSum;
+        case ReduceOp::kAvg: return ncclAvg;
+        case ReduceOp::kMax: return ncclMax;
       }
     }
     // Communicator allows a prescale on floats' sum and avg only.
     const double factor = call.op == ReduceOp::kAvg ? static_cast<double>(call.prescale) / size_ : call.prescale;
-    PreparedOp prepared{ncclSum, true};
     float f32 = static_cast<float>(factor);
     bf16_bits bf16 = f32_to_bf16(f32);
     double f64 = factor;
     void* scalar = call.dtype == DType::kBF16 ? static_cast<void*>(&bf16)
                    : call.dtype == DType::kF64 ? static_cast<void*>(&f64)
                                                : static_cast<void*>(&f32);
-    check(ncclRedOpCreatePreMulSum(&prepared.op, scalar, type, ncclScalarHostImmediate, comm_.comm),
+    ncclRedOp_t op = ncclSum;
+    check(ncclRedOpCreatePreMulSum(&op, scalar, type, ncclScalarHostImmediate, comm_.comm),
           fmt::format("{}: the prescale {} (PreMulSum)", what, call.prescale));
-    return prepared;
+    return op;
   }
 
-  // Until NCCL has finished taking up the last call (a nonblocking communicator's ncclInProgress).
-  void settle(const std::string& what) {
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      check(ncclCommGetAsyncError(comm_.comm, &state), what + ": reading NCCL's state");
-      if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(what, fmt::format("NCCL error {}{}", ncclGetErrorString(state), nccl_last_error()));
-      if (std::chrono::steady_clock::now() > deadline_)
-        fail(what, fmt::format("NCCL did not take the call up within timeout_ms {}", options_.timeout_ms));
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  }
-
-  // Until the communication stream is done, watching NCCL for an asynchronous error.
-  void wait_for_stream(const std::string& what) {
+  // Until NCCL has taken the last call on comm up (a nonblocking communicator's ncclInProgress).
+  void settle(ncclComm_t comm, const std::string& what, Clock::time_point deadline) {
     for (int64_t polls = 0;; ++polls) {
-      const cudaError_t done = cudaStreamQuery(comm_stream_.get());
-      if (done == cudaSuccess) return;
-      if (done != cudaErrorNotReady)
-        fail(what, fmt::format("on the NCCL stream: {} ({})", cudaGetErrorString(done), cudaGetErrorName(done)));
       ncclResult_t state = ncclSuccess;
-      check(ncclCommGetAsyncError(comm_.comm, &state), what + ": reading NCCL's state");
-      if (state != ncclSuccess && state != ncclInProgress)
-        fail(what, fmt::format("NCCL error {}{}", ncclGetErrorString(state), nccl_last_error()));
-      if (std::chrono::steady_clock::now() > deadline_)
-        fail(what, fmt::format("not complete after timeout_ms {}: a peer stalled or left", options_.timeout_ms));
-      // Spin briefly (a collective of a few KiB takes microseconds), then leave the core to others.
-      if (polls < 1000) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      check(ncclCommGetAsyncError(comm, &state), what + ": reading NCCL's state");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(fmt::format("{}: {}", what, nccl_failure(state)));
+      if (Clock::now() > deadline)
+        fail(fmt::format("{}: NCCL did not take the call up within timeout_ms {}", what, options_.timeout_ms));
+      pause(polls);
     }
-  }
-
-  // The watchdog's one deadline for everything a call (or joining) waits on.
-  void start_deadline() {
-    deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
   }
 
   // An NCCL call's result: taken up (ncclInProgress is settled later), a misuse of the API (a bug
   // here, which leaves the communicator as it was), or a failure, which aborts it.
   void check(ncclResult_t rc, const std::string& what) {
     if (rc == ncclSuccess || rc == ncclInProgress) return;
-    if (rc == ncclInvalidArgument || rc == ncclInvalidUsage)
-      MXDDP_FAIL("{}: NCCL refused the call: {}{}", what, ncclGetErrorString(rc), nccl_last_error());
-    fail(what, fmt::format("NCCL error {}{}", ncclGetErrorString(rc), nccl_last_error()));
+    if (rc == ncclInvalidArgument || rc == ncclInvalidUsage) MXDDP_FAIL("{}: NCCL refused the call: {}", what, nccl_failure(rc));
+    fail(fmt::format("{}: {}", what, nccl_failure(rc)));
   }
 
-  // Aborts the NCCL communicator and drains its stream (its kernels see the abort and end), so no
-  // buffer of the failed call is still being written once it fails; every later call fails at once.
-  [[noreturn]] void fail(const std::string& what, const std::string& why) {
-    broken_ = fmt::format("{}: {}", what, why);
+  // Aborts both NCCL communicators and records the failure: this and every later call fail, and
+  // so does every wait() on a collective of this engine. The buffers of the collectives in flight
+  // are undefined from then on (an aborted kernel ends early); the engine does not wait for them,
+  // since after an abort they may never end cleanly. Called with nccl_mutex_ held.
+  [[noreturn]] void fail(const std::string& reason) {
+    const Error error = health_->record(reason);
+    check_comm_.abort();
     comm_.abort();
-    if (comm_stream_) cudaStreamSynchronize(comm_stream_.get());
-    MXDDP_FAIL("{}; the NCCL communicator is aborted", broken_);
+    throw error;
+  }
+
+  // Spin briefly (a small collective takes microseconds), then leave the core to others.
+  static void pause(int64_t polls) {
+    if (polls < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+  // The watchdog thread: retires the collectives in flight as their events complete; the oldest
+  // one past its deadline, or an asynchronous NCCL error, aborts the engine (health_ then fails
+  // every later wait() and enqueue). Ends when asked to stop with nothing in flight, or after a
+  // failure. It calls NCCL only when no enqueue is (try_lock: an enqueue waiting for its peers
+  // holds the lock, under a deadline of its own).
+  void watch() {
+    cudaSetDevice(device_);
+    for (;;) {
+      InFlight oldest;
+      {
+        std::unique_lock lock(flight_mutex_);
+        while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done.get()) != cudaErrorNotReady)
+          in_flight_.pop_front();
+        if (in_flight_.empty()) {
+          if (stopping_ || health_->error()) return;
+          flight_cv_.wait(lock, [&] { return stopping_ || !in_flight_.empty(); });
+          continue;
+        }
+        oldest = in_flight_.front();
+      }
+      {
+        std::unique_lock nccl_lock(nccl_mutex_, std::try_to_lock);
+        if (nccl_lock.owns_lock() && !health_->error()) {
+          std::string reason;
+          ncclResult_t state = ncclSuccess;
+          if (ncclCommGetAsyncError(comm_.comm, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
+            reason = fmt::format("{}: {}", oldest.what, nccl_failure(state));
+          else if (Clock::now() > oldest.deadline)
+            reason = fmt::format("{}: not complete after timeout_ms {}: a peer stalled or left", oldest.what,
+                                 options_.timeout_ms);
+          if (!reason.empty()) {
+            try {
+              fail(reason);
+            } catch (const Error&) {  // recorded in health_
+            }
+          }
+        }
+      }
+      std::unique_lock lock(flight_mutex_);
+      if (health_->error()) {
+        in_flight_.clear();  // aborted: their kernels have ended
+        return;
+      }
+      flight_cv_.wait_for(lock, std::chrono::microseconds(200));
+    }
   }
 
   const int rank_, size_;
   const NcclOptions options_;
   int device_ = 0;
-  // Declared in the order they are made; destroyed in reverse: the header slots freed on the compute
-  // stream, the NCCL communicator finalized, then the streams.
-  std::optional<OwnedCudaStream> owned_stream_;
+  // Declared in the order they are made; destroyed in reverse: the header slots freed on the
+  // compute stream, the NCCL communicators finalized, then the streams. The compute stream, when
+  // owned here, is shared with the Works whose wait() orders it.
+  std::shared_ptr<CUstream_st> owned_stream_;
   CudaStream compute_stream_ = nullptr;
   std::unique_ptr<Compute> compute_;
-  UniqueStream comm_stream_;
-  UniqueEvent ready_;
+  UniqueStream nccl_stream_;
+  UniqueStream check_stream_;
+  std::shared_ptr<CUevent_st> ready_;
   CommHandle comm_;
+  CommHandle check_comm_;  // the header group (with check_consistency, size > 1)
   MemoryTracker tracker_;  // the header slots (a few bytes per rank)
-  ComputeBuffer headers_;       // [size, kHeaderFields] i64 on the device
-  UniquePinned host_headers_;   // [1 + size, kHeaderFields] i64: this rank's header, then every rank's
-  std::chrono::steady_clock::time_point deadline_;
-  uint64_t seq_ = 0;
-  std::string broken_;  // why the communicator was aborted; empty while it works
+  ComputeBuffer headers_;  // [size, kHeaderFields] i64 on the device, the header stream's
+  ComputeBuffer barrier_slot_;  // [1] i64 on the device, the NCCL stream's
+  UniquePinned host_headers_;  // [1 + size, kHeaderFields] i64: this rank's header, then every rank's
+  uint64_t seq_ = 0;       // under nccl_mutex_
+  std::shared_ptr<Health> health_ = std::make_shared<Health>();
+  std::mutex nccl_mutex_;  // one thread at a time calls NCCL on the communicators (enqueue, abort)
+  std::mutex flight_mutex_;
+  std::condition_variable flight_cv_;
+  std::deque<InFlight> in_flight_;  // under flight_mutex_, oldest first
+  bool stopping_ = false;           // under flight_mutex_
+  std::thread watchdog_;            // started last
 };
 
 }  // namespace
 
 int nccl_version() {
   int version = 0;
-  MXDDP_NCCL_CHECK(ncclGetVersion(&version), "reading NCCL's version");
+  nccl_check(ncclGetVersion(&version), "reading NCCL's version");
   return version;
 }
 
 NcclUniqueId nccl_unique_id() {
   ncclUniqueId id;
-  MXDDP_NCCL_CHECK(ncclGetUniqueId(&id), "making an NCCL unique id");
+  nccl_check(ncclGetUniqueId(&id), "making an NCCL unique id");
   NcclUniqueId out;
   std::memcpy(out.bytes.data(), &id, sizeof id);
   return out;
@@ -382,10 +533,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int
               "(the current device)", options.device);
   MXDDP_CHECK(options.timeout_ms > 0, "make_nccl_communicator: NcclOptions::timeout_ms {} must be positive",
               options.timeout_ms);
-  // Before joining: a bad delay found after the join would leave the peers waiting in it.
-  validate_collective_delay(options.injected_delay);
   return std::make_unique<Communicator>(
-      with_injected_delay(std::make_unique<NcclBackend>(id, rank, size, options), options.injected_delay));
+      std::unique_ptr<StreamOrderedBackend>(std::make_unique<NcclBackend>(id, rank, size, options)));
 }
 
 }  // namespace mxddp

@@ -7,22 +7,40 @@ namespace mxddp {
 Work::Work() = default;
 Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
 
-void Work::wait() const {
-  if (!state_) return;
-  std::unique_lock lock(state_->mutex);
-  state_->done_cv.wait(lock, [&] { return state_->done.load(std::memory_order_acquire); });
-  if (!state_->error) return;
-  // Each waiter gets its own copy of an mxddp::Error rather than the exception object stored in
-  // the state, which every waiter and the progress thread share and which is freed by whichever
-  // thread drops the last reference, possibly while another still reads its message.
+namespace {
+
+// Each waiter gets its own copy of an mxddp::Error rather than the exception object stored in the
+// state, which every waiter and the progress thread share and which is freed by whichever thread
+// drops the last reference, possibly while another still reads its message.
+[[noreturn]] void rethrow_copy(const std::exception_ptr& error) {
   try {
-    std::rethrow_exception(state_->error);
+    std::rethrow_exception(error);
   } catch (const Error& e) {
     throw Error(e.message(), e.where());  // not the copy constructor: runtime_error shares its buffer
   }
 }
 
-bool Work::is_completed() const { return !state_ || state_->done.load(std::memory_order_acquire); }
+}  // namespace
+
+void Work::wait() const {
+  if (!state_) return;
+  {
+    std::unique_lock lock(state_->mutex);
+    state_->done_cv.wait(lock, [&] { return state_->done.load(std::memory_order_acquire); });
+    if (state_->error) rethrow_copy(state_->error);
+  }
+  // A stream-ordered collective: enqueued, so the compute stream is ordered after it (the host does
+  // not wait), unless its engine has failed since.
+  if (state_->late_failure)
+    if (std::exception_ptr late = state_->late_failure()) rethrow_copy(late);
+  if (state_->order_after) state_->order_after();
+}
+
+bool Work::is_completed() const {
+  if (!state_) return true;
+  if (!state_->done.load(std::memory_order_acquire)) return false;
+  return !state_->finished || state_->finished();
+}
 
 ProgressQueue::ProgressQueue() : thread_([this] { loop(); }) {}
 

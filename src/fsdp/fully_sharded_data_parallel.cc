@@ -161,6 +161,13 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
   MXDDP_CHECK(replica == nullptr || replica->device() == comm.device(),
               "HSDP: the replica communicator's collectives run on {} but the shard group's on {}; both must "
               "reach the same memory", to_string(replica->device()), to_string(comm.device()));
+  // Two stream-ordered communicators (nccl) would each order their collectives with their own
+  // compute stream, not with each other, and the replica chain's thread would interleave the two
+  // communicators' calls differently on each rank, which NCCL may deadlock on.
+  MXDDP_CHECK(replica == nullptr || (!comm.stream_ordered() && !replica->stream_ordered()),
+              "HSDP over a stream-ordered ({}) communicator is not supported yet: its replica all-reduces would "
+              "not be ordered with the shard group's collectives; use FSDP over one communicator",
+              comm.stream_ordered() ? comm.backend_name() : replica->backend_name());
   MXDDP_CHECK(replica != &comm,
               "HSDP's replica communicator is the shard group's own communicator; the replica group must be another "
               "one (the ranks holding this rank's shard index in the other shard groups)");

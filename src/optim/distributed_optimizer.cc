@@ -90,8 +90,9 @@ void DistributedOptimizer::all_reduce_scalars(std::span<float> values, ReduceOp 
   // tensor): the values go there and come back.
   const TensorView staged = scalars_.view(DType::kF32, Shape{n});
   compute_.copy_from_host(staged.data, values.data(), values.size_bytes());
-  comm.all_reduce(staged, {.op = op});
+  const Work work = comm.all_reduce(staged, {.op = op});
   compute_.copy_to_host(values.data(), staged.data, values.size_bytes());
+  work.wait();  // again: a stream-ordered engine's failure found during the copy is not a result
 }
 
 void DistributedOptimizer::set_lr(float lr) {

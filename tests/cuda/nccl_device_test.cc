@@ -64,6 +64,35 @@ TEST(NcclDevice, EveryFsdpStrategyMatchesTheSerialReference) {
     }
 }
 
+// Stream order: with the compute stream busy (100 passes of zeroing 1 GiB queued), an all-reduce
+// issued and waited on returns at once, the device not having run it yet; once the compute stream
+// is synchronized, the collective is complete and its result there.
+TEST(NcclDevice, WaitOrdersTheComputeStreamWithoutBlockingTheHost) {
+  const std::unique_ptr<Communicator> comm = nccl_world_1();
+  Compute& compute = comm->compute();
+  MemoryTracker tracker;
+  const size_t big_bytes = size_t{1} << 30;
+  const ComputeBuffer big = compute.allocate(big_bytes, MemoryCategory::kScratch, tracker, /*zeroed=*/false);
+  const ComputeBuffer small = compute.allocate(1024 * sizeof(float), MemoryCategory::kScratch, tracker);
+  std::vector<float> ones(1024, 1.0f);
+  compute.copy_from_host(small.data(), ones.data(), ones.size() * sizeof(float));
+  // A first collective and zeroing, waited for: NCCL's and the kernels' first-use setup may block
+  // the host, which is not what this measures.
+  comm->all_reduce(small.view(DType::kF32, Shape{1024}));
+  compute.zero(big.data(), big_bytes);
+  compute.synchronize();
+  for (int i = 0; i < 100; ++i) compute.zero(big.data(), big_bytes);
+  const auto start = std::chrono::steady_clock::now();
+  Work work = comm->all_reduce(small.view(DType::kF32, Shape{1024}), {.async_op = true, .prescale = 0.5f});
+  work.wait();
+  const double wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(work.is_completed()) << "the device was still zeroing, yet the collective reads as done";
+  std::printf("issue + wait behind ~35 ms of queued work: %.3f ms on the host\n", wait_ms);
+  compute.copy_to_host(ones.data(), small.data(), ones.size() * sizeof(float));  // waits for the compute stream
+  EXPECT_TRUE(work.is_completed());
+  for (float v : ones) ASSERT_EQ(v, 0.5f);
+}
+
 // A peer that never joins: rank 0 of 2 alone gives up after timeout_ms, naming what it waited for,
 // instead of hanging (the nonblocking join under the watchdog).
 TEST(NcclDevice, AJoinNoPeerAnswersFailsAfterTheTimeout) {
