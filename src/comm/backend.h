@@ -14,6 +14,8 @@
 #include <mxddp/comm.h>
 #include <mxddp/compute.h>
 
+#include "work_state.h"
+
 namespace mxddp {
 
 enum class CollectiveKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
@@ -73,12 +75,8 @@ class CommBackend : public CommEngine {
   virtual void set_memory_tracker(MemoryTracker* /*tracker*/) {}
 };
 
-// One collective a stream-ordered engine has enqueued: what its Work does (work_state.h).
-struct EnqueuedCollective {
-  std::function<void()> order_after;                  // the rank's compute stream waits for it
-  std::function<bool()> finished;                     // whether the device is done with it
-  std::function<std::exception_ptr()> late_failure;   // the engine's failure found since, or null
-};
+// One collective a stream-ordered engine has enqueued: what its Work does.
+using EnqueuedCollective = detail::StreamOrderHooks;
 
 // An engine whose collectives run in its device's stream order (nccl): Communicator calls enqueue()
 // on the issuing thread, one call at a time in issue order, and the Work it returns orders the

@@ -164,10 +164,7 @@ Work Communicator::submit(const Call& call, bool async_op) {
     std::lock_guard lock(*issue_mutex_);
     std::exception_ptr failure;
     try {
-      EnqueuedCollective enqueued = ordered_->enqueue(c);
-      state->order_after = std::move(enqueued.order_after);
-      state->finished = std::move(enqueued.finished);
-      state->late_failure = std::move(enqueued.late_failure);
+      state->stream = ordered_->enqueue(c);
     } catch (...) {
       failure = std::current_exception();
     }

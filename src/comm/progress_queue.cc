@@ -31,15 +31,16 @@ void Work::wait() const {
   }
   // A stream-ordered collective: enqueued, so the compute stream is ordered after it (the host does
   // not wait), unless its engine has failed since.
-  if (state_->late_failure)
-    if (std::exception_ptr late = state_->late_failure()) rethrow_copy(late);
-  if (state_->order_after) state_->order_after();
+  const detail::StreamOrderHooks& stream = state_->stream;
+  if (stream.late_failure)
+    if (std::exception_ptr late = stream.late_failure()) rethrow_copy(late);
+  if (stream.order_after) stream.order_after();
 }
 
 bool Work::is_completed() const {
   if (!state_) return true;
   if (!state_->done.load(std::memory_order_acquire)) return false;
-  return !state_->finished || state_->finished();
+  return !state_->stream.finished || state_->stream.finished();
 }
 
 ProgressQueue::ProgressQueue() : thread_([this] { loop(); }) {}

@@ -11,17 +11,22 @@
 
 namespace mxddp::detail {
 
+// What a stream-ordered engine's collective does for its Work (backend.h's EnqueuedCollective):
+// wait() rethrows late_failure's error, then calls order_after; is_completed() asks finished.
+struct StreamOrderHooks {
+  std::function<void()> order_after;                 // the rank's compute stream waits for it
+  std::function<bool()> finished;                    // whether the device is done with it
+  std::function<std::exception_ptr()> late_failure;  // the engine's failure found since, or null
+};
+
 struct WorkState {
   std::mutex mutex;
   std::condition_variable done_cv;
   std::atomic<bool> done{false};  // release-stored after error is set, so readers see the error
   std::exception_ptr error;       // guarded by mutex; null on success
-  // A stream-ordered engine's collective (backend.h's EnqueuedCollective), set before complete():
-  // wait() rethrows late_failure's error, then calls order_after; is_completed() asks finished.
-  // Empty for the engines that run a collective to completion.
-  std::function<void()> order_after;
-  std::function<bool()> finished;
-  std::function<std::exception_ptr()> late_failure;
+  // A stream-ordered engine's collective, set before complete(); empty for the engines that run
+  // a collective to completion.
+  StreamOrderHooks stream;
 
   void complete(std::exception_ptr failure) {
     {
