@@ -120,8 +120,9 @@ class Communicator {
   std::string_view backend_name() const;  // "local", "mpi", "nccl" (nccl.h), "torch" (the Python package)
   bool stream_ordered() const { return ordered_ != nullptr; }
   // Where this communicator's buffers live, and the rank's work on them (compute.h): cpu_compute()
-  // on host memory, or a local group's rank's own (LocalOptions::computes), which DDP then puts
-  // its buffers on. Every view given to a collective must be on device().
+  // on host memory, or a rank's own, which DDP then puts its buffers on: a local group's
+  // (LocalOptions::computes), a device compute staged through host memory (MpiOptions::compute),
+  // nccl's. Every view given to a collective must be on device().
   Compute& compute() const;
   Device device() const;
 
@@ -145,8 +146,9 @@ class Communicator {
 
   Work barrier(const BarrierOptions& options = {});
 
-  // Charges the backend's staging buffers (the mpi backend's f32 buffers, mpi_staging_bytes; the
-  // local backend has none) to tracker from now on, as MemoryCategory::kComm; null: a tracker
+  // Charges the backend's staging buffers (the mpi backend's f32 buffers, mpi_staging_bytes, and
+  // for a device's buffers its page-locked copies of them, MpiOptions::compute; the local backend
+  // has none) to tracker from now on, as MemoryCategory::kComm; null: a tracker
   // private to the backend. Runs after every collective this rank already issued; the staging held
   // so far is released from the old tracker, and the next reduction that needs it allocates it
   // against the new one. Before tracker is destroyed, set another (or null).
@@ -264,6 +266,13 @@ struct MpiOptions {
   // communicator.
   MemoryTracker* memory_tracker = nullptr;
   CollectiveDelay injected_delay;
+  // Where this rank's buffers live. Null, or a compute on the host: host memory, which MPI moves
+  // itself (the communicator's compute() is then cpu_compute()). A device's compute (one GPU shared by several processes, where NCCL refuses two ranks
+  // per device): every collective is staged through page-locked host memory, its input copied
+  // there, MPI run on it, the output copied back on the compute's stream, the staging (the largest
+  // message so far) charged to memory_tracker as comm at the host's place, besides the f32
+  // staging below. Must outlive the communicator.
+  Compute* compute = nullptr;
 };
 
 // The f32 staging the mpi backend holds for one reduction, in bytes (it keeps the largest so far,

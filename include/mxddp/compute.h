@@ -127,11 +127,17 @@ class Compute {
   // With zeroed false the contents are undefined: for a buffer the caller overwrites whole before
   // reading it (an all-gather's output), which saves a pass over its bytes.
   ComputeBuffer allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed = true);
+  // bytes of host memory that this implementation copies to and from at its full speed (page-locked
+  // for a device; ordinary memory for the host's), charged to tracker under category at the host's
+  // place; zeroed unless zeroed is false. A copy_from_host out of it may still be reading it when it
+  // returns: synchronize() before writing it again. The staging of collectives between processes.
+  ComputeBuffer allocate_host(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed = true);
   void zero(void* data, size_t bytes);
   // Within this implementation's memory; the ranges must not overlap.
   void copy(void* dst, const void* src, size_t bytes);
   // Between host memory and this implementation's: a checkpoint's reads and writes, a test's
-  // inputs. copy_to_host waits until host holds the bytes.
+  // inputs, a staged collective's. copy_to_host waits until host holds the bytes; copy_from_host has
+  // read ordinary host memory when it returns (not memory of allocate_host: see there).
   void copy_from_host(void* dst, const void* host, size_t bytes);
   void copy_to_host(void* host, const void* src, size_t bytes);
   // out = in: the same number of elements, f32 -> bf16 (round to nearest even, NaN kept quiet),
@@ -169,6 +175,8 @@ class Compute {
  protected:
   // The implementation's side, called with checked arguments (byte counts > 0 for the copies).
   virtual ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) = 0;
+  virtual ComputeBuffer run_allocate_host(size_t bytes, MemoryCategory category, MemoryTracker& tracker,
+                                          bool zeroed) = 0;
   virtual void run_zero(void* data, size_t bytes) = 0;
   virtual void run_copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void run_copy_from_host(void* dst, const void* host, size_t bytes) = 0;

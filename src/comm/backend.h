@@ -46,10 +46,15 @@ std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b);
 // sequence number, then the fields describe_mismatch compares, as int64s (prescale as its f32 bits).
 inline constexpr int kCallHeaderFields = 7;
 std::array<int64_t, kCallHeaderFields> pack_call_header(uint64_t seq, const CollectiveCall& call);
+// The count of the call a rank issues in place of its own when it failed before it could take part
+// (StagedBackend: its input could not be staged). No real call has it (counts are >= 0), so every
+// rank's agreement check refuses the collective at once, naming that rank, instead of waiting for
+// bytes that will never come; and the ranks' sequences stay in step.
+inline constexpr int64_t kRefusedCallCount = -1;
 // Checks every rank's header, headers[r * stride, r * stride + kCallHeaderFields) for r < size (a
 // backend may append fields of its own): each must carry sequence seq (else the ranks' sequences
-// diverged, a bug in mxddp), and each call must agree with rank 0's. Throws an Error naming the
-// collective, the first rank that differs and how.
+// diverged, a bug in mxddp), none may be a refused call (kRefusedCallCount), and each call must
+// agree with rank 0's. Throws an Error naming the collective, the first rank that differs and how.
 void check_call_headers(const int64_t* headers, int size, int stride, uint64_t seq, CollectiveKind kind);
 
 // What every engine says about itself.
@@ -60,8 +65,9 @@ class CommEngine {
   virtual int size() const = 0;
   virtual std::string_view name() const = 0;
   // Where the buffers of its collectives live and what works on them: cpu_compute() for the
-  // engines between processes (mpi, torch's groups); the rank's own in a local group
-  // (LocalOptions::computes); a CUDA compute on the rank's stream for nccl.
+  // engines between processes (mpi, torch's groups), or the rank's device compute when they are
+  // staged through host memory (MpiOptions::compute, StagedBackend); the rank's own in a local
+  // group (LocalOptions::computes); a CUDA compute on the rank's stream for nccl.
   virtual Compute& compute() const = 0;
 };
 

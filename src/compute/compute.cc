@@ -41,6 +41,10 @@ ComputeBuffer Compute::allocate(size_t bytes, MemoryCategory category, MemoryTra
   return run_allocate(bytes, category, tracker, zeroed);
 }
 
+ComputeBuffer Compute::allocate_host(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) {
+  return run_allocate_host(bytes, category, tracker, zeroed);
+}
+
 void Compute::zero(void* data, size_t bytes) {
   check_bytes("zero", bytes, data, data);
   if (bytes > 0) run_zero(data, bytes);

@@ -46,6 +46,10 @@ class CpuCompute final : public Compute {
     void* data = block->data();
     return ComputeBuffer(std::move(block), data, bytes, Device::cpu());
   }
+  // The host's own memory is what it copies fastest.
+  ComputeBuffer run_allocate_host(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
+    return run_allocate(bytes, category, tracker, zeroed);
+  }
 
   void run_zero(void* data, size_t bytes) override { parallel_zero(data, bytes); }
   void run_copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }

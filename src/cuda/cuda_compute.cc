@@ -1,8 +1,10 @@
 // compute.h's implementation on the current CUDA device (cuda.h's make_cuda_compute): memory from
-// device_allocator(), the element work through cuda.h's kernels on the rank's stream. Arguments
+// device_allocator() (and page-locked host memory for staging), the element work through cuda.h's
+// kernels on the rank's stream. Arguments
 // arrive checked (src/compute/compute.cc). Tested against cpu_compute() by
 // tests/compute/compute_test.cc where a device is usable.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include <mxddp/cuda.h>
@@ -13,6 +15,34 @@
 namespace mxddp {
 namespace {
 
+// Page-locked host memory (cudaHostAlloc), charged to a tracker at the host's place while it lives.
+struct PinnedBlock {
+  PinnedBlock(size_t bytes_in, MemoryCategory category_in, MemoryTracker& tracker_in)
+      : bytes(bytes_in), category(category_in), tracker(tracker_in) {
+    if (bytes == 0) return;
+    // Portable: page-locked for every context, whichever device the allocating thread has current.
+    const cudaError_t status = cudaHostAlloc(&data, bytes, cudaHostAllocPortable);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw OutOfMemory(bytes, "page-locked host memory (cudaHostAlloc)");
+    }
+    MXDDP_CUDA_CHECK(status, "cudaHostAlloc of {} bytes", bytes);
+    tracker.on_allocate(category, static_cast<int64_t>(bytes), MemoryPlace::kHost);
+  }
+  ~PinnedBlock() {
+    if (data == nullptr) return;
+    cudaFreeHost(data);
+    tracker.on_free(category, static_cast<int64_t>(bytes), MemoryPlace::kHost);
+  }
+  PinnedBlock(const PinnedBlock&) = delete;
+  PinnedBlock& operator=(const PinnedBlock&) = delete;
+
+  void* data = nullptr;
+  size_t bytes;
+  MemoryCategory category;
+  MemoryTracker& tracker;
+};
+
 class CudaCompute final : public Compute {
  public:
   explicit CudaCompute(CudaStream stream) : stream_(stream) {
@@ -22,7 +52,10 @@ class CudaCompute final : public Compute {
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::cuda(device_); }
   MemoryPlace place() const override { return MemoryPlace::kDevice; }
-  void synchronize() override { cuda_synchronize(stream_); }
+  void synchronize() override {
+    select();
+    cuda_synchronize(stream_);
+  }
 
  protected:
   ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
@@ -32,11 +65,24 @@ class CudaCompute final : public Compute {
     return ComputeBuffer(std::move(block), data, bytes, device());
   }
 
+  // Page-locked, so that the copies to and from it run at the link's speed and asynchronously.
+  ComputeBuffer run_allocate_host(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
+    select();
+    auto block = std::make_shared<PinnedBlock>(bytes, category, tracker);
+    if (zeroed && bytes > 0) std::memset(block->data, 0, bytes);
+    void* data = block->data;
+    return ComputeBuffer(std::move(block), data, bytes, Device::cpu());
+  }
+
   void run_zero(void* data, size_t bytes) override { cuda_zero(data, bytes, stream_); }
   void run_copy(void* dst, const void* src, size_t bytes) override { cuda_copy(dst, src, bytes, stream_); }
   // From pageable host memory the copy has read host when it returns (CUDA stages it).
-  void run_copy_from_host(void* dst, const void* host, size_t bytes) override { cuda_copy(dst, host, bytes, stream_); }
+  void run_copy_from_host(void* dst, const void* host, size_t bytes) override {
+    select();
+    cuda_copy(dst, host, bytes, stream_);
+  }
   void run_copy_to_host(void* host, const void* src, size_t bytes) override {
+    select();
     cuda_copy(host, src, bytes, stream_);
     cuda_synchronize(stream_);
   }
@@ -104,6 +150,7 @@ class CudaCompute final : public Compute {
     MXDDP_CHECK(r.inputs.size() <= kMax && r.outputs.size() <= kMax,
                 "reduce on {}: {} inputs and {} outputs; the device's reduction takes at most {} of each",
                 to_string(device()), r.inputs.size(), r.outputs.size(), kMax);
+    select();
     cuda_kernels::ReduceLaunch launch{.elem = reduce_elem(r.dtype), .combine = reduce_combine(r.op),
                                       .prescale = r.prescale, .count = r.count,
                                       .n_inputs = static_cast<int>(r.inputs.size()),
@@ -115,10 +162,20 @@ class CudaCompute final : public Compute {
   }
 
   void run_copy_to_many(const void* src, std::span<void* const> dsts, size_t bytes) override {
+    select();
     for (void* dst : dsts) cuda_copy(dst, src, bytes, stream_);
   }
 
  private:
+  // Makes this compute's device the calling thread's current one (and leaves it so, as nccl.h's
+  // communicator does). The collectives call the methods above from their progress threads, which
+  // chose no device: their first CUDA call would otherwise create a context on device 0.
+  void select() const {
+    int current = -1;
+    MXDDP_CUDA_CHECK(cudaGetDevice(&current), "reading the current device");
+    if (current != device_) MXDDP_CUDA_CHECK(cudaSetDevice(device_), "selecting device {}", device_);
+  }
+
   static cuda_kernels::ReduceElem reduce_elem(DType dtype) {
     using E = cuda_kernels::ReduceElem;
     switch (dtype) {

@@ -29,7 +29,10 @@ class RecordingCompute final : public Compute {
   MemoryPlace place() const override { return device_.is_cpu() ? MemoryPlace::kHost : MemoryPlace::kDevice; }
   void synchronize() override { ++synchronizes; }
 
-  std::atomic<int> allocations{0}, reduces{0}, copies{0}, synchronizes{0}, quantizes{0};
+  std::atomic<int> allocations{0}, host_allocations{0}, reduces{0}, copies{0}, copies_from_host{0}, synchronizes{0},
+      quantizes{0};
+  // While set, allocate_host fails (no page-locked memory left), as a staged collective would see it.
+  std::atomic<bool> fail_host_allocation{false};
 
  protected:
   ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
@@ -43,9 +46,18 @@ class RecordingCompute final : public Compute {
     void* data = poisoned(block->block.data());
     return ComputeBuffer(std::move(block), data, bytes, device_);
   }
+  // Host memory, never poisoned: the code above reads and writes it directly.
+  ComputeBuffer run_allocate_host(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
+    ++host_allocations;
+    if (fail_host_allocation) MXDDP_FAIL("no page-locked host memory left (injected)");
+    return cpu().allocate(bytes, category, tracker, zeroed);
+  }
   void run_zero(void* data, size_t bytes) override { cpu().zero(real(data), bytes); }
   void run_copy(void* dst, const void* src, size_t bytes) override { cpu().copy(real(dst), real(src), bytes); }
-  void run_copy_from_host(void* dst, const void* host, size_t bytes) override { cpu().copy(real(dst), host, bytes); }
+  void run_copy_from_host(void* dst, const void* host, size_t bytes) override {
+    ++copies_from_host;
+    cpu().copy(real(dst), host, bytes);
+  }
   void run_copy_to_host(void* host, const void* src, size_t bytes) override { cpu().copy(host, real(src), bytes); }
   void run_convert(const TensorView& in, const TensorView& out) override { cpu().convert(on_host(in), on_host(out)); }
   bool run_all_finite(const TensorView& data) override { return cpu().all_finite(on_host(data)); }

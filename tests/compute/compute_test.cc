@@ -103,6 +103,30 @@ TEST_P(ComputeConformance, AllocateChargesTheTrackerAtItsPlaceAndZeroes) {
   EXPECT_EQ(tracker_.usage().live(MemoryCategory::kOptimizerState), 0);
 }
 
+// Host memory for staging (page-locked on a device): on the host, charged there, zeroed on request;
+// the copies in and out of it, including a copy_from_host out of it that the compute is synchronized
+// after before the block is written again (the staged collectives' order).
+TEST_P(ComputeConformance, AllocateHostIsHostMemoryChargedThereThatTheCopiesUse) {
+  {
+    ComputeBuffer staging = compute_->allocate_host(4096, MemoryCategory::kComm, tracker_);
+    EXPECT_EQ(staging.device(), Device::cpu());
+    EXPECT_EQ(tracker_.usage().at(MemoryPlace::kHost).live(MemoryCategory::kComm), 4096);
+    EXPECT_EQ(tracker_.usage().at(MemoryPlace::kDevice).live(MemoryCategory::kComm), 0);
+    auto* host = static_cast<float*>(staging.data());
+    for (int i = 0; i < 1024; ++i) ASSERT_EQ(host[i], 0.0f) << i;  // read directly: it is host memory
+    for (int i = 0; i < 1024; ++i) host[i] = static_cast<float>(i) - 0.25f;
+    ComputeBuffer b = compute_->allocate(4096, MemoryCategory::kScratch, tracker_);
+    compute_->copy_from_host(b.data(), host, 4096);
+    compute_->synchronize();
+    for (int i = 0; i < 1024; ++i) host[i] = 0.0f;
+    compute_->copy_to_host(host, b.data(), 4096);
+    for (int i = 0; i < 1024; ++i) ASSERT_EQ(host[i], static_cast<float>(i) - 0.25f) << i;
+    ComputeBuffer empty = compute_->allocate_host(0, MemoryCategory::kComm, tracker_, /*zeroed=*/false);
+    EXPECT_EQ(empty.size_bytes(), 0u);
+  }
+  EXPECT_EQ(tracker_.usage().total_live_bytes, 0);
+}
+
 TEST_P(ComputeConformance, ZeroAndCopy) {
   std::vector<float> host(300'000);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;

@@ -18,6 +18,19 @@ target_link_libraries(cuda_local_group_test PRIVATE mxddp_cuda mxddp_checkpoint 
 target_include_directories(cuda_local_group_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
 add_test(NAME cuda_local_group_test COMMAND cuda_local_group_test)
 set_tests_properties(cuda_local_group_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+#   cuda_staged_mpi_test_np2/np4: MPI processes sharing one GPU, every collective staged through
+#     page-locked host memory (MpiOptions::compute), DDP on them, against the host runs. Without a
+#     device its cases skip, saying why, and the run passes (mpi_main.cc), as nccl_mpi_test's join.
+#     Linked to the layers it runs only (no oneDNN: the GPU machine's carry is limited to 64 MiB).
+add_executable(cuda_staged_mpi_test cuda/staged_mpi_device_test.cc mpi_main.cc)
+target_link_libraries(cuda_staged_mpi_test PRIVATE mxddp_cuda mxddp_optim mxddp_ddp mxddp_comm GTest::gtest MPI::MPI_CXX)
+target_include_directories(cuda_staged_mpi_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+foreach(np 2 4)
+  add_test(NAME cuda_staged_mpi_test_np${np}
+           COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe --bind-to none ${MPIEXEC_NUMPROC_FLAG} ${np}
+                   $<TARGET_FILE:cuda_staged_mpi_test>)
+  set_tests_properties(cuda_staged_mpi_test_np${np} PROPERTIES TIMEOUT 300 RUN_SERIAL ON)
+endforeach()
 
 # The NCCL communicator's tests (include/mxddp/nccl.h), built when MXDDP_NCCL is on.
 #   nccl_host_test: what runs without a device (the version, unique ids, refused arguments, the
