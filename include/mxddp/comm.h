@@ -267,11 +267,12 @@ struct MpiOptions {
   MemoryTracker* memory_tracker = nullptr;
   CollectiveDelay injected_delay;
   // Where this rank's buffers live. Null, or a compute on the host: host memory, which MPI moves
-  // itself (the communicator's compute() is then cpu_compute()). A device's compute (one GPU shared by several processes, where NCCL refuses two ranks
-  // per device): every collective is staged through page-locked host memory, its input copied
-  // there, MPI run on it, the output copied back on the compute's stream, the staging (the largest
-  // message so far) charged to memory_tracker as comm at the host's place, besides the f32
-  // staging below. Must outlive the communicator.
+  // itself (the communicator's compute() is then cpu_compute()). A device's compute (one GPU
+  // shared by several processes, where NCCL refuses two ranks per device): every collective is
+  // staged through page-locked host memory, its input copied there, MPI run on it, the output
+  // copied back on the compute's stream, the staging (the largest message so far) charged to
+  // memory_tracker as comm at the host's place, besides the f32 staging below. Must outlive the
+  // communicator.
   Compute* compute = nullptr;
 };
 

@@ -64,8 +64,8 @@ struct MemoryPlanOptions {
   // params, grads, main params, optimizer state, MXFP8 copies and FSDP's gathers are then planned as
   // device bytes (MemoryPlan's usage .at(MemoryPlace::kDevice)); the model's scratch and the mpi
   // backend's staging stay host bytes. Not planned: the page-locked copies an mpi communicator on a
-  // device keeps of its messages (MpiOptions::compute; staged_host_bytes). plan_ddp_memory, plan_fsdp_memory and plan_param_memory;
-  // plan_train_memory refuses kDevice (train() keeps every buffer on the host).
+  // device keeps of its messages (MpiOptions::compute; staged_host_bytes). plan_ddp_memory,
+  // plan_fsdp_memory and plan_param_memory; plan_train_memory refuses kDevice (train() keeps every buffer on the host).
   MemoryPlace data_parallel_place = MemoryPlace::kHost;
 };
 

@@ -66,8 +66,9 @@ void check_call_headers(const int64_t* headers, int size, int stride, uint64_t s
                 "diverged (a bug in mxddp)", collective_name(kind), seq, r, sent);
   }
   for (int r = 0; r < size; ++r)
-    MXDDP_CHECK(unpack_call_header(header(r)).count != kRefusedCallCount, "{} #{}: rank {} failed before it could take part (its own error "
-                "says why); nothing was moved", collective_name(kind), seq, r);
+    MXDDP_CHECK(unpack_call_header(header(r)).count != kRefusedCallCount,
+                "{} #{}: rank {} failed before it could take part (its own error says why); nothing was moved",
+                collective_name(kind), seq, r);
   const CollectiveCall first = unpack_call_header(header(0));
   for (int r = 1; r < size; ++r) {
     const std::string mismatch = describe_mismatch(first, unpack_call_header(header(r)));

@@ -458,7 +458,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& options) {
   MPI_Finalized(&finalized);
   MXDDP_CHECK(initialized && !finalized, "make_mpi_communicator needs a live MpiRuntime (MPI initialized: {}, "
               "finalized: {})", initialized != 0, finalized != 0);
-  std::unique_ptr<CommBackend> engine = with_injected_delay(std::make_unique<MpiBackend>(options), options.injected_delay);
+  std::unique_ptr<CommBackend> engine =
+      with_injected_delay(std::make_unique<MpiBackend>(options), options.injected_delay);
   if (options.compute != nullptr && options.compute->place() == MemoryPlace::kDevice)
     engine = std::make_unique<StagedBackend>(std::move(engine), *options.compute, options.memory_tracker,
                                              options.check_consistency);

@@ -100,15 +100,6 @@ std::shared_ptr<CUevent_st> make_event(std::string_view what) {
   return std::shared_ptr<CUevent_st>(event, EventDeleter{});
 }
 
-// Makes `device` the calling thread's current device, and leaves it so, as torch.cuda.set_device
-// does: the rank's CUDA compute launches on the current device, and restoring a thread that never
-// chose one would create a context on device 0 in every rank.
-void select_device(int device) {
-  int current = -1;
-  MXDDP_CUDA_CHECK(cudaGetDevice(&current), "reading the current device");
-  if (current != device) MXDDP_CUDA_CHECK(cudaSetDevice(device), "selecting device {}", device);
-}
-
 // An NCCL communicator: finalized (its calls completed, within timeout_ms) then destroyed; aborted
 // instead when that fails or when it was given up on.
 struct CommHandle {

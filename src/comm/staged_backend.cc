@@ -60,9 +60,13 @@ void* StagedBackend::staging(size_t bytes) {
 
 namespace {
 
+// One rank's count of the call's elements, in bytes.
+size_t block_bytes_of(const CollectiveCall& call) {
+  return static_cast<size_t>(call.count) * dtype_size_bytes(call.dtype);
+}
+
 bool in_place(const CollectiveCall& call, int rank) {
-  const size_t block_bytes = static_cast<size_t>(call.count) * dtype_size_bytes(call.dtype);
-  const size_t own_offset_bytes = static_cast<size_t>(rank) * block_bytes;
+  const size_t own_offset_bytes = static_cast<size_t>(rank) * block_bytes_of(call);
   if (call.kind == CollectiveKind::kReduceScatter)
     return static_cast<const char*>(call.recv) == static_cast<const char*>(call.send) + own_offset_bytes;
   if (call.kind == CollectiveKind::kAllGather)
@@ -73,7 +77,7 @@ bool in_place(const CollectiveCall& call, int rank) {
 }  // namespace
 
 CollectiveCall StagedBackend::stage_in(const CollectiveCall& call) {
-  const size_t block_bytes = static_cast<size_t>(call.count) * dtype_size_bytes(call.dtype);  // one rank's count
+  const size_t block_bytes = block_bytes_of(call);
   const bool same_buffer = in_place(call, rank());
   auto* host = static_cast<char*>(
       staging(static_cast<size_t>(staged_host_bytes(call.kind, call.dtype, call.count, size(), same_buffer))));
@@ -111,16 +115,14 @@ CollectiveCall StagedBackend::stage_in(const CollectiveCall& call) {
 // Only what the collective writes: a reduce-scatter's block (not the rest of an in-place input),
 // not a broadcast root's buffer.
 void StagedBackend::copy_out(const CollectiveCall& call, const CollectiveCall& staged) {
-  const size_t block_bytes = static_cast<size_t>(call.count) * dtype_size_bytes(call.dtype);
+  const size_t block_bytes = block_bytes_of(call);
   switch (call.kind) {
     case CollectiveKind::kAllReduce:
+    case CollectiveKind::kReduceScatter:
       device_.copy_from_host(call.recv, staged.recv, block_bytes);
       break;
     case CollectiveKind::kBroadcast:
       if (rank() != call.root) device_.copy_from_host(call.recv, staged.recv, block_bytes);
-      break;
-    case CollectiveKind::kReduceScatter:
-      device_.copy_from_host(call.recv, staged.recv, block_bytes);
       break;
     case CollectiveKind::kAllGather:
       device_.copy_from_host(call.recv, staged.recv, block_bytes * static_cast<size_t>(size()));

@@ -1,8 +1,7 @@
 // compute.h's implementation on the current CUDA device (cuda.h's make_cuda_compute): memory from
 // device_allocator() (and page-locked host memory for staging), the element work through cuda.h's
-// kernels on the rank's stream. Arguments
-// arrive checked (src/compute/compute.cc). Tested against cpu_compute() by
-// tests/compute/compute_test.cc where a device is usable.
+// kernels on the rank's stream. Arguments arrive checked (src/compute/compute.cc). Tested against
+// cpu_compute() by tests/compute/compute_test.cc where a device is usable.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -167,14 +166,9 @@ class CudaCompute final : public Compute {
   }
 
  private:
-  // Makes this compute's device the calling thread's current one (and leaves it so, as nccl.h's
-  // communicator does). The collectives call the methods above from their progress threads, which
-  // chose no device: their first CUDA call would otherwise create a context on device 0.
-  void select() const {
-    int current = -1;
-    MXDDP_CUDA_CHECK(cudaGetDevice(&current), "reading the current device");
-    if (current != device_) MXDDP_CUDA_CHECK(cudaSetDevice(device_), "selecting device {}", device_);
-  }
+  // The collectives call the methods that select() from their progress threads, which chose no
+  // device: their first CUDA call would otherwise create a context on device 0.
+  void select() const { select_device(device_); }
 
   static cuda_kernels::ReduceElem reduce_elem(DType dtype) {
     using E = cuda_kernels::ReduceElem;
