@@ -288,9 +288,17 @@ void add_train_flags(CLI::App* cmd, TrainArgs& a) {
 
 namespace {
 
-// --exit-signal-handler. The handler stores the signal (a lock-free atomic store is
+// --exit-signal-handler. Receiving a signal stores it (a lock-free atomic store is
 // async-signal-safe) and writes a line made beforehand (write(2) is async-signal-safe too); the
 // training loop polls the flag after each iteration (TrainCallbacks::stop_requested).
+//
+// The signals are received by one thread of their own, never by a thread that computes: oneDNN's
+// generated GEMM kernels (gemm:jit, which the attention products use) point the stack pointer into
+// the heap while they run (oneDNN issue 4845, fixed in 3.12; Debian 12 ships 2.6), so a signal
+// handled on a thread inside one writes its frame there and corrupts the heap (about one run in
+// ten crashed that way under mpirun). So the stop signals are blocked before any other thread
+// exists (MPI's, OpenMP's and the local ranks' threads inherit the mask) and the thread waits for
+// them with sigwait().
 static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<int> g_stop_signal{0};  // the last stop signal received; 0: none
 // What the handler writes for each of kStopSignals; written before the handler is installed and
@@ -307,6 +315,15 @@ extern "C" void on_stop_signal(int number) {
   for (size_t i = 0; i < kStopSignals.size(); ++i)
     if (kStopSignals[i].number == number)
       static_cast<void>(::write(STDOUT_FILENO, g_received_lines[i].text.data(), g_received_lines[i].size));
+}
+
+// The thread that receives the blocked stop signals, for the life of the process (detached: exit
+// does not wait for it, and it owns nothing to destroy).
+void receive_stop_signals(sigset_t signals) {
+  for (;;) {
+    int number = 0;
+    if (sigwait(&signals, &number) == 0) on_stop_signal(number);
+  }
 }
 
 const char* stop_signal_name(int number) {
@@ -329,6 +346,8 @@ std::string received_line(const char* signal_name, const TrainArgs& a) {
 // Catches --exit-signal's signal, or SIGTERM and SIGUSR1: SIGTERM is what Slurm, Kubernetes and a
 // plain kill send; SIGUSR1 is what mpirun forwards without killing the ranks after it.
 void install_stop_signal_handler(const TrainArgs& a) {
+  sigset_t caught_set;
+  sigemptyset(&caught_set);
   for (size_t i = 0; i < kStopSignals.size(); ++i) {
     const StopSignal& s = kStopSignals[i];
     const bool caught = a.exit_signal.empty() ? (s.number == SIGTERM || s.number == SIGUSR1) : a.exit_signal == s.name;
@@ -343,7 +362,13 @@ void install_stop_signal_handler(const TrainArgs& a) {
     sigemptyset(&action.sa_mask);
     MXDDP_CHECK(sigaction(s.number, &action, nullptr) == 0, "--exit-signal-handler: cannot install a {} handler: {}",
                 s.name, std::strerror(errno));
+    sigaddset(&caught_set, s.number);
   }
+  // The handler stays installed: it replaces a SIG_IGN inherited from the launcher (sigwait never
+  // sees an ignored signal), and it would serve a thread started before this point, if there were one.
+  const int rc = pthread_sigmask(SIG_BLOCK, &caught_set, nullptr);
+  MXDDP_CHECK(rc == 0, "--exit-signal-handler: cannot block the stop signals: {}", std::strerror(rc));
+  std::thread(receive_stop_signals, caught_set).detach();
 }
 
 // Rank 0's view of the run on stdout (under MPI only rank 0 writes): a bar redrawn in place on an
