@@ -158,8 +158,8 @@ class Communicator {
   struct Call;
   Work submit(const Call& call, bool async_op);
 
-  // Exactly one engine: backend_ with its progress thread (queue_), or ordered_ with the mutex that
-  // keeps its enqueue calls one at a time, in issue order.
+  // Exactly one engine: backend_ with its progress thread (queue_), or ordered_. issue_mutex_ keeps
+  // the issuing threads one at a time, so either engine sees the calls in issue order.
   std::unique_ptr<CommBackend> backend_;
   std::unique_ptr<ProgressQueue> queue_;
   std::unique_ptr<StreamOrderedBackend> ordered_;
@@ -269,10 +269,10 @@ struct MpiOptions {
   // Where this rank's buffers live. Null, or a compute on the host: host memory, which MPI moves
   // itself (the communicator's compute() is then cpu_compute()). A device's compute (one GPU
   // shared by several processes, where NCCL refuses two ranks per device): every collective is
-  // staged through page-locked host memory, its input copied there, MPI run on it, the output
-  // copied back on the compute's stream, the staging (the largest message so far) charged to
-  // memory_tracker as comm at the host's place, besides the f32 staging below. Must outlive the
-  // communicator.
+  // staged through page-locked host memory: its input's copy there enqueued on the compute's
+  // stream when it is issued, MPI run on it, the output's copy back enqueued on that stream; the
+  // staging (a block per collective in flight, reused) charged to memory_tracker as comm at the
+  // host's place, besides the f32 staging below. Must outlive the communicator.
   Compute* compute = nullptr;
 };
 

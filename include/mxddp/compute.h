@@ -113,6 +113,16 @@ class ComputeBuffer {
   Device device_;
 };
 
+// A point in one Compute's order of work (Compute::record_event): a CUDA event on a device's
+// stream; on the host, whose work is done when each call returns, a point already reached.
+class ComputeEvent {
+ public:
+  virtual ~ComputeEvent() = default;
+  // Waits on the calling thread until the work enqueued before the event is done; throws an Error
+  // naming a failure of that work.
+  virtual void wait() = 0;
+};
+
 // One validated entry point per operation (NCCL's rule): each checks its arguments (sizes, dtypes,
 // null pointers, views on another device) and throws an Error naming what is wrong, then calls its
 // implementation's run_* below, which may assume them checked.
@@ -140,6 +150,12 @@ class Compute {
   // read ordinary host memory when it returns (not memory of allocate_host: see there).
   void copy_from_host(void* dst, const void* host, size_t bytes);
   void copy_to_host(void* host, const void* src, size_t bytes);
+  // copy_to_host into memory of allocate_host, only enqueued: the bytes are there once an event
+  // recorded after it has been waited for. A staged collective copies its input in the caller's
+  // order of work this way, without waiting for the work enqueued after it.
+  void copy_to_host_async(void* host, const void* src, size_t bytes);
+  // An event after everything enqueued so far (see ComputeEvent).
+  std::unique_ptr<ComputeEvent> record_event();
   // out = in: the same number of elements, f32 -> bf16 (round to nearest even, NaN kept quiet),
   // bf16 -> f32 (exact), or a copy when the dtypes match.
   void convert(const TensorView& in, const TensorView& out);
@@ -181,6 +197,8 @@ class Compute {
   virtual void run_copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void run_copy_from_host(void* dst, const void* host, size_t bytes) = 0;
   virtual void run_copy_to_host(void* host, const void* src, size_t bytes) = 0;
+  virtual void run_copy_to_host_async(void* host, const void* src, size_t bytes) = 0;
+  virtual std::unique_ptr<ComputeEvent> run_record_event() = 0;
   virtual void run_convert(const TensorView& in, const TensorView& out) = 0;  // of different dtypes, n > 0
   virtual bool run_all_finite(const TensorView& data) = 0;
   virtual double run_sum_of_squares(std::span<const TensorView> runs) = 0;

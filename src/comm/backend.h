@@ -73,6 +73,11 @@ class CommEngine {
 
 class CommBackend : public CommEngine {
  public:
+  // Called by Communicator on the issuing thread, one call at a time in issue order, just before
+  // `call` is queued for run(): an engine that must act in the caller's order of work does it here
+  // (StagedBackend enqueues its input's copy on the rank's stream). Must not throw: a failure here
+  // is the run()'s to report, so that every rank still runs the call and the sequences stay in step.
+  virtual void issue(const CollectiveCall& /*call*/) noexcept {}
   // Runs `call` to completion. Must verify that every rank issued the same call (see
   // describe_mismatch) before touching any buffer, and throw Error on a mismatch or a failure.
   virtual void run(const CollectiveCall& call) = 0;

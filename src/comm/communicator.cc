@@ -136,7 +136,10 @@ void check_whole_and_block(const TensorView& whole, std::string_view whole_name,
 struct Communicator::Call : CollectiveCall {};
 
 Communicator::Communicator(std::unique_ptr<CommBackend> backend)
-    : backend_(std::move(backend)), queue_(std::make_unique<ProgressQueue>()), engine_(backend_.get()) {
+    : backend_(std::move(backend)),
+      queue_(std::make_unique<ProgressQueue>()),
+      issue_mutex_(std::make_unique<std::mutex>()),
+      engine_(backend_.get()) {
   MXDDP_CHECK(backend_ != nullptr, "Communicator: no engine");
 }
 
@@ -157,7 +160,13 @@ Work Communicator::submit(const Call& call, bool async_op) {
   const CollectiveCall c = call;
   if (!ordered_) {
     CommBackend* backend = backend_.get();
-    Work work = queue_->submit([backend, c] { backend->run(c); });
+    Work work;
+    {
+      // Issued and queued together, so that the engine's issue() sees the calls in run() order.
+      std::lock_guard lock(*issue_mutex_);
+      backend->issue(c);
+      work = queue_->submit([backend, c] { backend->run(c); });
+    }
     if (!async_op) work.wait();
     return work;
   }

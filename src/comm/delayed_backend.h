@@ -25,6 +25,7 @@ class DelayedBackend final : public CommBackend {
   int size() const override { return inner_->size(); }
   std::string_view name() const override { return inner_->name(); }
   Compute& compute() const override { return inner_->compute(); }
+  void issue(const CollectiveCall& call) noexcept override { inner_->issue(call); }
   void run(const CollectiveCall& call) override;
   void set_memory_tracker(MemoryTracker* tracker) override { inner_->set_memory_tracker(tracker); }
 

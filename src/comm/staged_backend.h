@@ -3,9 +3,15 @@
 // from the device into page-locked host memory (Compute::allocate_host), the host engine runs the
 // same collective there, and its output is copied back. This is how several processes share one
 // GPU, where NCCL refuses two ranks on the same device (docs/comm.md, "Ranks on a device").
+// The copies run in the rank's stream order: the input's is enqueued when the collective is issued,
+// the output's when the host engine is done, so neither waits for the rank's later work.
 #pragma once
 
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "backend.h"
 
@@ -26,25 +32,45 @@ class StagedBackend final : public CommBackend {
   // the ranks issued the same call before moving bytes (MpiOptions::check_consistency); only then
   // can a rank that fails to stage its input make every peer fail at once (kRefusedCallCount).
   StagedBackend(std::unique_ptr<CommBackend> host, Compute& device, MemoryTracker* tracker, bool host_checks_agreement);
+  ~StagedBackend() override;
+  StagedBackend(const StagedBackend&) = delete;
+  StagedBackend& operator=(const StagedBackend&) = delete;
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   std::string_view name() const override { return host_->name(); }
   Compute& compute() const override { return device_; }
+  void issue(const CollectiveCall& call) noexcept override;
   void run(const CollectiveCall& call) override;
   void set_memory_tracker(MemoryTracker* tracker) override;
 
  private:
-  // The call as host runs it, its input copied into the staging.
-  CollectiveCall stage_in(const CollectiveCall& call);
+  // One collective between issue() and run(): its input's copy enqueued into its own staging block.
+  struct Staged {
+    CollectiveCall call;                  // as host runs it, its buffers in block
+    ComputeBuffer block;                  // [staged_host_bytes] page-locked
+    std::unique_ptr<ComputeEvent> input;  // reached when the input's copy is done
+    std::exception_ptr failure;           // why this rank could not stage it
+  };
+  CollectiveCall stage_in(const CollectiveCall& call, char* host);
   void copy_out(const CollectiveCall& call, const CollectiveCall& staged);
-  void* staging(size_t bytes);
+  ComputeBuffer take_block(size_t bytes);
+  void give_back(ComputeBuffer block, std::unique_ptr<ComputeEvent> read = nullptr);
+  [[noreturn]] void refuse(std::exception_ptr failure);
 
   std::unique_ptr<CommBackend> host_;
   Compute& device_;
   const bool host_checks_agreement_;
   MemoryTracker own_tracker_;
+  std::mutex mutex_;  // guards tracker_, pending_ and free_ (issue() and run() are on two threads)
   MemoryTracker* tracker_;
-  ComputeBuffer staging_;  // [staged_host_bytes] page-locked; declared after the trackers it is charged to
+  std::deque<Staged> pending_;  // issued, not yet run, in issue order
+  // A staging block no pending call holds, and an event after the last copy out of it (null: none
+  // queued): a block is freed only once that copy has read it.
+  struct FreeBlock {
+    ComputeBuffer block;
+    std::unique_ptr<ComputeEvent> read;
+  };
+  std::vector<FreeBlock> free_;  // declared after the trackers its blocks are charged to
 };
 
 }  // namespace mxddp

@@ -65,6 +65,13 @@ void Compute::copy_to_host(void* host, const void* src, size_t bytes) {
   if (bytes > 0) run_copy_to_host(host, src, bytes);
 }
 
+void Compute::copy_to_host_async(void* host, const void* src, size_t bytes) {
+  check_bytes("copy_to_host_async", bytes, host, src);
+  if (bytes > 0) run_copy_to_host_async(host, src, bytes);
+}
+
+std::unique_ptr<ComputeEvent> Compute::record_event() { return run_record_event(); }
+
 void Compute::convert(const TensorView& in, const TensorView& out) {
   MXDDP_CHECK(in.numel() == out.numel(), "convert: {} elements into {}; the counts must match", in.numel(),
               out.numel());

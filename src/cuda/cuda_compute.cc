@@ -42,6 +42,30 @@ struct PinnedBlock {
   MemoryTracker& tracker;
 };
 
+// A CUDA event recorded on a rank's stream (no timing: only its completion is asked for).
+class CudaEvent final : public ComputeEvent {
+ public:
+  CudaEvent(int device, CudaStream stream) : device_(device) {
+    select_device(device_);
+    MXDDP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating an event on device {}",
+                     device_);
+    const cudaError_t status = cudaEventRecord(event_, stream);
+    if (status != cudaSuccess) cudaEventDestroy(event_);
+    MXDDP_CUDA_CHECK(status, "recording an event on device {}'s stream", device_);
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void wait() override {
+    select_device(device_);
+    MXDDP_CUDA_CHECK(cudaEventSynchronize(event_), "the work before an event on device {}", device_);
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
 class CudaCompute final : public Compute {
  public:
   explicit CudaCompute(CudaStream stream) : stream_(stream) {
@@ -85,6 +109,12 @@ class CudaCompute final : public Compute {
     cuda_copy(host, src, bytes, stream_);
     cuda_synchronize(stream_);
   }
+  // Into page-locked memory (allocate_host) cudaMemcpyAsync returns at once.
+  void run_copy_to_host_async(void* host, const void* src, size_t bytes) override {
+    select();
+    cuda_copy(host, src, bytes, stream_);
+  }
+  std::unique_ptr<ComputeEvent> run_record_event() override { return std::make_unique<CudaEvent>(device_, stream_); }
 
   void run_convert(const TensorView& in, const TensorView& out) override {
     if (in.dtype == DType::kF32)

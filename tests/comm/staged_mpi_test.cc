@@ -1,11 +1,17 @@
 // The mpi communicator for ranks whose buffers are on a device (MpiOptions::compute;
 // src/comm/staged_backend.h), under mpirun at 2 and 4 processes. Each process's compute claims
 // cuda:0, as processes sharing one GPU would (tests/comm/recording_compute.h: host memory behind
-// poisoned pointers, so any direct host read or write of a "device" buffer faults at once). Every
+// poisoned pointers, so any direct host read or write of a "device" buffer faults at once) and
+// lags: its copies between host and "device" run later, in order, as on a stream, so staging read
+// before its copy is waited for, or reused while a copy out of it is queued, gives wrong bytes. Every
 // collective must give the bits the host communicator (g_mpi_comm) gives for the same inputs, touch
 // on the device only what the collective writes, keep its staging in host memory charged as comm,
 // and leave the device buffers as they were when the ranks disagree.
+#include <array>
 #include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "comm/collective_checks.h"
 #include "comm/recording_compute.h"
@@ -49,7 +55,9 @@ void expect_same(const Buf& got, int64_t got_offset, const Buf& want, int64_t wa
 
 class StagedMpi : public ::testing::TestWithParam<DType> {
  protected:
-  StagedMpi() : device_(Device::cuda(0)), comm_(make_mpi_communicator({.memory_tracker = &tracker_, .compute = &device_})) {}
+  StagedMpi() : device_(Device::cuda(0)), comm_(make_mpi_communicator({.memory_tracker = &tracker_, .compute = &device_})) {
+    device_.lagging = true;  // its copies run behind the host, as a stream's
+  }
 
   Communicator& host() { return *g_mpi_comm; }
   Communicator& staged() { return *comm_; }
@@ -169,6 +177,7 @@ TEST(StagedMpiBackend, StagingIsTheComputesHostMemoryChargedAsComm) {
   MemoryTracker staging_tracker;
   MemoryTracker buffers;
   RecordingCompute device(Device::cuda(0));
+  device.lagging = true;
   auto comm = make_mpi_communicator({.memory_tracker = &staging_tracker, .compute = &device});
   const int n = comm->size();
   auto host_comm = [&] { return staging_tracker.usage().at(MemoryPlace::kHost).live(MemoryCategory::kComm); };
@@ -208,12 +217,65 @@ TEST(StagedMpiBackend, StagingIsTheComputesHostMemoryChargedAsComm) {
   }
 }
 
+// The input's copy is enqueued on the rank's stream when the collective is issued, on the issuing
+// thread, so it runs right after the work before the collective and never waits for what the rank
+// enqueues after it (the rest of backward); nothing in the staged path waits for the rank's whole
+// stream. Three buckets' reduce-scatters issued back to back, as DDP issues them, each stage into a
+// block of their own, give the host communicator's result, and the next step reuses the blocks.
+TEST(StagedMpiBackend, TheInputIsCopiedWhenIssuedAndNothingWaitsForTheWholeStream) {
+  MemoryTracker tracker;
+  RecordingCompute device(Device::cuda(0));
+  device.lagging = true;
+  // Each reduce-scatter held 20 ms on the progress thread, so that all three are in flight at once.
+  auto comm = make_mpi_communicator(
+      {.injected_delay = {.min_us = 20'000, .max_us = 20'000, .reduce_scatter = true}, .compute = &device});
+  const int r = comm->rank();
+  const int n_ranks = comm->size();
+  const std::array<int64_t, 3> bucket_numel = {1000, 300, 4096};
+  std::vector<std::unique_ptr<DeviceBuf>> buckets;
+  std::vector<Buf> inputs;
+  int allocations_after_first_step = 0;
+  for (int step = 0; step < 2; ++step) {
+    buckets.clear();
+    inputs.clear();
+    for (size_t b = 0; b < bucket_numel.size(); ++b) {
+      inputs.push_back(filled(DType::kF32, bucket_numel[b] * n_ranks, r + static_cast<int>(b) + step));
+      buckets.push_back(std::make_unique<DeviceBuf>(device, inputs.back(), tracker));
+    }
+    const int synchronizes_before = device.synchronizes.load();
+    const int waits_before = device.event_waits.load();
+    std::vector<Work> works;
+    for (size_t b = 0; b < bucket_numel.size(); ++b) {
+      const int64_t m = bucket_numel[b];
+      const int copies_before = device.copies_to_host_async.load();
+      works.push_back(comm->reduce_scatter(buckets[b]->view(), buckets[b]->view().slice(r * m, m), {.async_op = true}));
+      EXPECT_EQ(device.copies_to_host_async.load() - copies_before, 1)
+          << "bucket " << b << ": its input's copy is enqueued by the time the call returns";
+      EXPECT_EQ(device.async_copy_thread.load(), std::this_thread::get_id())
+          << "bucket " << b << ": the input's copy is enqueued on the issuing thread, in its order of work";
+    }
+    for (Work& w : works) w.wait();
+    EXPECT_EQ(device.synchronizes.load() - synchronizes_before, 0) << "the staged path waited for the whole stream";
+    EXPECT_EQ(device.event_waits.load() - waits_before, 3) << "one wait per collective, for its input's copy";
+    for (size_t b = 0; b < bucket_numel.size(); ++b) {
+      const int64_t m = bucket_numel[b];
+      Buf want = inputs[b];
+      g_mpi_comm->reduce_scatter(want.view(), want.view().slice(r * m, m));
+      expect_same(buckets[b]->read(), r * m, want, r * m, m, fmt::format("step {} bucket {}", step, b));
+    }
+    if (step == 0) allocations_after_first_step = device.host_allocations.load();
+  }
+  EXPECT_EQ(allocations_after_first_step, 3) << "one staging block per collective in flight";
+  EXPECT_EQ(device.host_allocations.load(), allocations_after_first_step) << "the next step reuses the blocks";
+}
+
 // Ranks that disagree fail on every rank, naming the field, before anything reaches the device
 // buffers; the communicator stays usable.
 TEST(StagedMpiBackend, DisagreeingRanksLeaveTheDeviceBuffersAsTheyWere) {
   if (g_mpi_comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
   MemoryTracker tracker;
   RecordingCompute device(Device::cuda(0));
+  device.lagging = true;
   auto comm = make_mpi_communicator({.compute = &device});
   const Buf input = filled(DType::kF32, 16 + comm->rank(), comm->rank());
   DeviceBuf buf(device, input, tracker);
@@ -238,6 +300,7 @@ TEST(StagedMpiBackend, ARankThatCannotStageFailsTheCollectiveOnEveryRankAtOnce) 
   if (g_mpi_comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
   MemoryTracker tracker;
   RecordingCompute device(Device::cuda(0));
+  device.lagging = true;
   auto comm = make_mpi_communicator({.timeout_ms = 60'000, .compute = &device});
   const int last = comm->size() - 1;
   device.fail_host_allocation = comm->rank() == last;

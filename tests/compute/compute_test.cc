@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -125,6 +126,26 @@ TEST_P(ComputeConformance, AllocateHostIsHostMemoryChargedThereThatTheCopiesUse)
     EXPECT_EQ(empty.size_bytes(), 0u);
   }
   EXPECT_EQ(tracker_.usage().total_live_bytes, 0);
+}
+
+// copy_to_host_async into allocate_host's memory, then an event: once the event is waited for, the
+// bytes are there, including those of work enqueued before the copy (a zero). Events are waited
+// for from another thread (a collective's progress thread waits for them).
+TEST_P(ComputeConformance, CopyToHostAsyncIsThereOnceAnEventAfterItIsWaitedFor) {
+  constexpr int kNumel = 1 << 18;
+  std::vector<float> values(kNumel);
+  for (int i = 0; i < kNumel; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.75f - 3.0f;
+  ComputeBuffer device = upload(values);
+  compute_->zero(device.data(), 16 * sizeof(float));  // work before the copy: the copy sees it
+  ComputeBuffer staging = compute_->allocate_host(kNumel * sizeof(float), MemoryCategory::kComm, tracker_);
+  compute_->copy_to_host_async(staging.data(), device.data(), kNumel * sizeof(float));
+  std::unique_ptr<ComputeEvent> copied = compute_->record_event();
+  std::thread([&] { copied->wait(); }).join();
+  const auto* host = static_cast<const float*>(staging.data());
+  for (int i = 0; i < kNumel; ++i) ASSERT_EQ(host[i], i < 16 ? 0.0f : values[static_cast<size_t>(i)]) << i;
+  compute_->copy_to_host_async(staging.data(), device.data(), 0);  // nothing to copy: nothing happens
+  EXPECT_THROW(compute_->copy_to_host_async(nullptr, device.data(), 4), Error);
+  compute_->record_event()->wait();  // an event with nothing before it is reached
 }
 
 TEST_P(ComputeConformance, ZeroAndCopy) {

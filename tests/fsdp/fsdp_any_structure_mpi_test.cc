@@ -45,7 +45,7 @@ TEST(AnyStructureMpi, EveryStructureAndModeMatchesTheSerialReference) {
 }
 
 // Processes whose buffers are on a device (each compute claims cuda:0, as processes sharing one GPU
-// would; MpiOptions::compute), every collective staged through host memory: DDP with the
+// would, and its host <-> device copies lag as a stream's; MpiOptions::compute), every collective staged through host memory: DDP with the
 // distributed optimizer and every FSDP strategy, with MXFP8 params where they apply, give the same
 // bits as the same job on host memory (every main param element this rank updated, after every
 // iteration), and match the serial reference as the host suite does. Not here: DDP with the
@@ -74,6 +74,7 @@ TEST(AnyStructureMpi, StagedFromADeviceGivesTheHostRunsBits) {
       std::vector<std::vector<float>> on_host(1), on_device(1);
       run_generic_case(*g_mpi_comm, c, model, want, tol, {}, {.updated_mains = &on_host[0]});
       RecordingCompute device(Device::cuda(0));
+      device.lagging = true;  // its copies run behind the host, as a stream's
       auto staged = make_mpi_communicator({.compute = &device});
       run_generic_case(*staged, c, model, want, tol, {}, {.updated_mains = &on_device[0]});
       expect_same_updated_mains(on_host, on_device);
