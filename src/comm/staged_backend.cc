@@ -58,7 +58,7 @@ StagedBackend::StagedBackend(std::unique_ptr<CommBackend> host, Compute& device,
 StagedBackend::~StagedBackend() {
   for (FreeBlock& f : free_) {
     try {
-      if (f.read) f.read->wait();
+      wait_read(f);
     } catch (...) {  // a device that failed is not the destructor's to report; its next use will say
     }
   }
@@ -66,8 +66,7 @@ StagedBackend::~StagedBackend() {
 
 void StagedBackend::set_memory_tracker(MemoryTracker* tracker) {
   std::lock_guard lock(mutex_);
-  for (FreeBlock& f : free_)
-    if (f.read) f.read->wait();  // no copy still reads a block freed here
+  for (FreeBlock& f : free_) wait_read(f);  // no copy still uses a block freed here
   free_.clear();  // un-charged from the old tracker; the next collectives allocate anew
   tracker_ = tracker ? tracker : &own_tracker_;
   host_->set_memory_tracker(tracker);
@@ -91,10 +90,17 @@ ComputeBuffer StagedBackend::take_block(size_t bytes) {
   if (!free_.empty()) {
     auto largest = std::max_element(free_.begin(), free_.end(),
                                     [&](const FreeBlock& a, const FreeBlock& b) { return size_of(a) < size_of(b); });
-    if (largest->read) largest->read->wait();
+    wait_read(*largest);
     free_.erase(largest);
   }
   return device_.allocate_host(bytes, MemoryCategory::kComm, *tracker_, /*zeroed=*/false);
+}
+
+// Until no copy uses the block. Without an event (given back by a failed issue, whose input copy
+// may still be queued) that takes the whole stream.
+void StagedBackend::wait_read(FreeBlock& f) {
+  if (f.read) f.read->wait();
+  else device_.synchronize();
 }
 
 void StagedBackend::give_back(ComputeBuffer block, std::unique_ptr<ComputeEvent> read) {
@@ -179,6 +185,7 @@ void StagedBackend::copy_out(const CollectiveCall& call, const CollectiveCall& s
 void StagedBackend::issue(const CollectiveCall& call) noexcept {
   if (call.kind == CollectiveKind::kBarrier) return;  // nothing to stage
   Staged staged;
+  staged.issued = call;
   try {
     const auto bytes =
         static_cast<size_t>(staged_host_bytes(call.kind, call.dtype, call.count, size(), in_place(call, rank())));
@@ -191,7 +198,7 @@ void StagedBackend::issue(const CollectiveCall& call) noexcept {
   try {
     std::lock_guard lock(mutex_);
     pending_.push_back(std::move(staged));
-  } catch (...) {  // no memory for the queue's node: run() finds no entry and says so
+  } catch (...) {  // no memory for the queue's node: run() finds no entry for the call and says so
   }
 }
 
@@ -215,7 +222,10 @@ void StagedBackend::run(const CollectiveCall& call) {
   Staged staged;
   {
     std::lock_guard lock(mutex_);
-    if (pending_.empty()) {
+    const auto is_this_call = [&](const Staged& s) {
+      return s.issued.send == call.send && s.issued.recv == call.recv && describe_mismatch(s.issued, call).empty();
+    };
+    if (pending_.empty() || !is_this_call(pending_.front())) {
       try {
         MXDDP_FAIL("{} of {} elements: its staging was lost when it was issued (out of memory)",
                    collective_name(call.kind), call.count);

@@ -46,15 +46,24 @@ class StagedBackend final : public CommBackend {
  private:
   // One collective between issue() and run(): its input's copy enqueued into its own staging block.
   struct Staged {
+    CollectiveCall issued;                // as the caller issued it
     CollectiveCall call;                  // as host runs it, its buffers in block
     ComputeBuffer block;                  // [staged_host_bytes] page-locked
     std::unique_ptr<ComputeEvent> input;  // reached when the input's copy is done
     std::exception_ptr failure;           // why this rank could not stage it
   };
+  // A staging block no pending call holds, and an event after the last copy out of it (null: given
+  // back after a failure): a block is freed only once no copy uses it.
+  struct FreeBlock {
+    ComputeBuffer block;
+    std::unique_ptr<ComputeEvent> read;
+  };
+
   CollectiveCall stage_in(const CollectiveCall& call, char* host);
   void copy_out(const CollectiveCall& call, const CollectiveCall& staged);
   ComputeBuffer take_block(size_t bytes);
   void give_back(ComputeBuffer block, std::unique_ptr<ComputeEvent> read = nullptr);
+  void wait_read(FreeBlock& f);
   [[noreturn]] void refuse(std::exception_ptr failure);
 
   std::unique_ptr<CommBackend> host_;
@@ -64,12 +73,6 @@ class StagedBackend final : public CommBackend {
   std::mutex mutex_;  // guards tracker_, pending_ and free_ (issue() and run() are on two threads)
   MemoryTracker* tracker_;
   std::deque<Staged> pending_;  // issued, not yet run, in issue order
-  // A staging block no pending call holds, and an event after the last copy out of it (null: none
-  // queued): a block is freed only once that copy has read it.
-  struct FreeBlock {
-    ComputeBuffer block;
-    std::unique_ptr<ComputeEvent> read;
-  };
   std::vector<FreeBlock> free_;  // declared after the trackers its blocks are charged to
 };
 
