@@ -96,8 +96,8 @@ ComputeBuffer StagedBackend::take_block(size_t bytes) {
   return device_.allocate_host(bytes, MemoryCategory::kComm, *tracker_, /*zeroed=*/false);
 }
 
-// Until no copy uses the block. Without an event (given back by a failed issue, whose input copy
-// may still be queued) that takes the whole stream.
+// Until no copy uses the block. Without an event (an issue that failed before recording one, whose
+// input copy may still be queued) that takes the whole stream.
 void StagedBackend::wait_read(FreeBlock& f) {
   if (f.read) f.read->wait();
   else device_.synchronize();
@@ -244,14 +244,16 @@ void StagedBackend::run(const CollectiveCall& call) {
       staged.failure = std::current_exception();
     }
   }
+  // A block given back after a failure carries its input's event (if it was recorded): freeing it
+  // then waits for that copy only.
   if (staged.failure) {
-    give_back(std::move(staged.block));
+    give_back(std::move(staged.block), std::move(staged.input));
     refuse(staged.failure);
   }
   try {
     host_->run(staged.call);
   } catch (...) {
-    give_back(std::move(staged.block));
+    give_back(std::move(staged.block), std::move(staged.input));
     throw;
   }
   copy_out(call, staged.call);

@@ -52,8 +52,8 @@ class StagedBackend final : public CommBackend {
     std::unique_ptr<ComputeEvent> input;  // reached when the input's copy is done
     std::exception_ptr failure;           // why this rank could not stage it
   };
-  // A staging block no pending call holds, and an event after the last copy out of it (null: given
-  // back after a failure): a block is freed only once no copy uses it.
+  // A staging block no pending call holds, and an event after the last copy that uses it (null: an
+  // issue failed before it recorded one): a block is freed only once no copy uses it.
   struct FreeBlock {
     ComputeBuffer block;
     std::unique_ptr<ComputeEvent> read;
