@@ -7,7 +7,7 @@
 #                                        sm_90 and puts what the device runs into DIR (the CUDA test
 #                                        and bench binaries, and the shared libraries they load that
 #                                        are not the C and C++ runtimes); carry DIR there
-#   scripts/gpu_check.sh --run DIR OUT   there: every CUDA kernel test, compute.h's conformance test
+#   scripts/gpu_check.sh --run DIR OUT   there (issue 41): every CUDA kernel test, compute.h's conformance test
 #                                        (CUDA's implementation against the CPU's), the local backend's
 #                                        collectives on device memory (2 and 4 ranks on the GPU against
 #                                        the host run; DDP, MXFP8 params and every FSDP strategy on
@@ -18,6 +18,12 @@
 #                                        two MPI processes sharing the GPU, staged through page-locked
 #                                        host memory (collectives, DDP); the results go to OUT
 #                                        (summary.txt and the logs)
+#   scripts/gpu_check.sh --run-python DIR OUT
+#                                        there (issue 42), a device call of its own: builds mxddp._C
+#                                        for the machine's Python (scripts/gpu_python) and trains HF
+#                                        GPT-2 on the GPU under mxddp against torch
+#                                        (tests/python/cuda_job.py): DDP and FSDP at world 1 (NCCL)
+#                                        and at 2 MPI ranks sharing the GPU (staged); OUT/python.txt
 #
 # The GPU machine has no network and none of this project's Debian libraries, so nothing is built
 # there: the binaries link the CUDA runtime statically and find the rest (libfmt, libgomp, and
@@ -51,6 +57,23 @@ if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
     while read -r f; do
       if [ -f "$f" ] || [ -L "$f" ]; then mkdir -p "$dir/openmpi$(dirname "$f")" && cp -a "$f" "$dir/openmpi$f"; fi
     done
+  # The Python extension is compiled there, against the machine's Python (scripts/gpu_python): its
+  # inputs go in DIR/python. The layers' static libraries as the extension here links them, the CUDA
+  # runtime's static libraries, the link names of fmt, OpenMPI and zlib, fmt's and OpenMPI's headers,
+  # and the nanobind the bindings were written against.
+  cmake --build --preset release --target _C
+  py="$dir/python"
+  rm -rf "$py"
+  mkdir -p "$py/lib" "$py/include" "$py/site"
+  link=$(cd build/release && ninja -t commands _C | tail -1)
+  for archive in $(printf '%s\n' $link | grep -E '^libmxddp_[a-z_]+\.a$'); do cp "build/release/$archive" "$py/lib/"; done
+  cudart=$(readlink -f "$(printf '%s\n' $link | grep -E '/libcudart_static\.a$' | head -1)")
+  cp "$cudart" "$(dirname "$cudart")/libcudadevrt.a" "$py/lib/"
+  cp -L /usr/lib/x86_64-linux-gnu/libfmt.so /usr/lib/x86_64-linux-gnu/libz.so "$py/lib/"
+  cp -L /usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so /usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi_cxx.so "$py/lib/"
+  cp -r /usr/include/fmt "$py/include/"
+  cp -r /usr/lib/x86_64-linux-gnu/openmpi/include "$py/mpi_include"
+  cp -r "$("$torch_venv/bin/python" -c 'import nanobind, os; print(os.path.dirname(nanobind.__file__))')" "$py/site/"
   # The device tool carries at most 64 MiB with the working tree (about 5 MB): refuse more here.
   carry_kib=$(du -sk "$dir" | cut -f1)
   if [ "$carry_kib" -gt $((56 * 1024)) ]; then
@@ -60,8 +83,8 @@ if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
   echo "gpu_check: prepared $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: scripts/gpu_check.sh --run $dir \$OUT"
   exit 0
 fi
-if [ "$mode" != --run ] || [ -z "$dir" ] || [ -z "${3:-}" ]; then
-  echo "usage: $0 --prepare DIR | --run DIR OUT" >&2
+if { [ "$mode" != --run ] && [ "$mode" != --run-python ]; } || [ -z "$dir" ] || [ -z "${3:-}" ]; then
+  echo "usage: $0 --prepare DIR | --run DIR OUT | --run-python DIR OUT" >&2
   exit 2
 fi
 out="$3"
@@ -77,6 +100,9 @@ ompi="$PWD/$dir/openmpi"
 export OPAL_PREFIX="$ompi/usr" PMIX_INSTALL_PREFIX="$ompi/usr/lib/x86_64-linux-gnu/pmix2"
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$ompi/usr/lib/x86_64-linux-gnu:$ompi/usr/lib/x86_64-linux-gnu/openmpi/lib"
 export OMPI_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_btl_vader_single_copy_mechanism=none
+if [ "$mode" = --run-python ]; then
+  exec scripts/gpu_check_python.sh "$dir" "$out" "$ompi" "${nccl_lib:-}"
+fi
 summary="$out/summary.txt"
 {
   echo "# gpu_check $(date -u +%FT%TZ) on $(hostname)"

@@ -43,6 +43,9 @@ using CudaStream = ::CUstream_st*;
 int cuda_device_count(std::string* why = nullptr);
 // Waits for every operation enqueued on stream; throws an Error with CUDA's message if one failed.
 void cuda_synchronize(CudaStream stream);
+// Makes device the calling thread's current device (what later allocations and launches on this
+// thread use); throws an Error naming it when it does not exist.
+void cuda_set_device(int device);
 
 // A stream of the current device, destroyed with its owner: one per rank, so that each rank's work
 // and its share of the collectives are ordered on their own (LocalOptions::computes). Non-blocking:

@@ -34,6 +34,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include <mxddp/comm.h>
 #include <mxddp/cuda.h>
@@ -62,9 +63,10 @@ struct NcclOptions {
   // current device.
   int device = -1;
   // The stream the rank's compute work runs on (Communicator::compute() enqueues there, and each
-  // collective waits for it); it must outlive the communicator and its Works. Null: a stream the
-  // communicator creates and owns (kept alive by the Works that order it).
-  CudaStream stream = nullptr;
+  // collective waits for it); it must outlive the communicator and its Works. nullptr names the
+  // legacy default stream (torch's default stream). None: a stream the communicator creates and
+  // owns (kept alive by the Works that order it).
+  std::optional<CudaStream> stream;
   // Checks before each collective that every rank issued the same call, as the mpi backend does: a
   // mismatch is an Error on every rank instead of a hang or corrupt data inside NCCL. The headers go
   // over a second NCCL communicator (split from the first, on a stream of its own), and the issuing

@@ -12,6 +12,10 @@
 
 #include <mxddp/quant.h>
 
+#ifdef MXDDP_PYTHON_CUDA
+#include <mxddp/cuda.h>
+#endif
+
 #include "bindings.h"
 #include "runtime.h"
 #include "views.h"
@@ -96,15 +100,6 @@ std::vector<ParamSpec> to_specs(const std::vector<PyParam>& params, const std::v
 }
 
 namespace {
-
-// A u8 torch view of an MXFP8 payload (element bytes or E8M0 scales); `owner` is kept alive.
-nb::ndarray<nb::pytorch, nb::device::cpu> to_torch_u8(const TensorView& view, nb::handle owner) {
-  MXDDP_CHECK(view.dtype == DType::kU8, "expected a u8 view; got {}", view.to_string());
-  std::vector<size_t> shape;
-  for (int i = 0; i < view.shape.ndim(); ++i) shape.push_back(static_cast<size_t>(view.shape[i]));
-  return nb::ndarray<nb::pytorch, nb::device::cpu>(view.data, shape.size(), shape.data(), owner, nullptr,
-                                                   nb::dtype<uint8_t>());
-}
 
 std::pair<int64_t, int64_t> range_pair(const Range& r) { return {r.start, r.end}; }
 
@@ -193,19 +188,30 @@ void bind_data_parallel(nb::module_& m) {
           nb::gil_scoped_release release;  // FSDP may wait for the param's gather
           q = dp.mxfp8_param(i, quant_axis);
         }
-        return std::make_pair(to_torch_u8(q.data, self), to_torch_u8(q.scales, self));
+        return std::make_pair(to_torch(q.data, self), to_torch(q.scales, self));
       }, nb::arg("index"), nb::arg("axis"),
            "Param i's MXFP8 storage in one orientation ('row' or 'col'): (element bytes u8 [M, N], E8M0 scales u8).")
-      .def("dequantize_param", [](PyDataParallel& s, int i, const std::string& axis, HostArray out) {
+      .def("dequantize_param", [](PyDataParallel& s, int i, const std::string& axis, AnyArray out, uintptr_t stream) {
         DataParallel& dp = s.data_parallel();
         const Mxfp8View q = dp.mxfp8_param(i, parse_quant_axis(axis));
-        const TensorView target = from_array(out, "dequantize_param's out");
+        const TensorView target = from_any_array(out, "dequantize_param's out");
         MXDDP_CHECK(target.shape == q.data.shape, "dequantize_param: out has shape {} but param '{}' is {}",
                     target.shape.to_string(), dp.params().at(static_cast<size_t>(i)).name, q.data.shape.to_string());
+        MXDDP_CHECK(target.device == q.data.device, "dequantize_param: out is on {} but param '{}' is on {}",
+                    to_string(target.device), dp.params().at(static_cast<size_t>(i)).name, to_string(q.data.device));
+        if (!target.device.is_cpu()) {
+#ifdef MXDDP_PYTHON_CUDA
+          cuda_mx_dequantize(q.data, q.scales, target, q.options, reinterpret_cast<CudaStream>(stream));
+          return;
+#else
+          MXDDP_FAIL("unreachable: a device param in an mxddp._C without the CUDA layer");
+#endif
+        }
         nb::gil_scoped_release release;
         mx_dequantize(q.data, q.scales, target, q.options);
-      }, nb::arg("index"), nb::arg("axis"), nb::arg("out"),
-           "Writes param i's MXFP8 values, row- or column-wise, into out (f32 or bf16 [M, N], contiguous).")
+      }, nb::arg("index"), nb::arg("axis"), nb::arg("out"), nb::arg("stream") = 0,
+           "Writes param i's MXFP8 values, row- or column-wise, into out (f32 or bf16 [M, N], contiguous, on the "
+           "param's device; on a GPU enqueued on stream, torch.cuda.current_stream().cuda_stream).")
       .def("close", &PyDataParallel::close,
            "Waits for collectives in flight and frees the buffers; every view of them is invalid after.");
 }

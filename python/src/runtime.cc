@@ -3,7 +3,15 @@
 
 #include <mxddp/core.h>
 
+#ifdef MXDDP_PYTHON_CUDA
+#include <mxddp/cuda.h>
+#endif
+#ifdef MXDDP_PYTHON_NCCL
+#include <mxddp/nccl.h>
+#endif
+
 #include "../../src/comm/delayed_backend.h"
+#include "device.h"
 #include "torch_backend.h"
 
 namespace nb = nanobind;
@@ -43,6 +51,14 @@ void check_same_settings(const Runtime& runtime, int64_t timeout_ms, const Colle
 }
 
 }  // namespace
+
+bool python_is_usable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
 
 Runtime::Runtime(std::unique_ptr<MpiRuntime> mpi, int64_t timeout_ms, const CollectiveDelay& delay)
     : mpi_(std::move(mpi)), timeout_ms_(timeout_ms), delay_(delay) {
@@ -104,6 +120,61 @@ int Runtime::add_torch_group(nb::object runner, int rank, int size) {
   const int id = static_cast<int>(groups_.size());
   groups_.emplace(id, make_torch_communicator(std::move(runner), rank, size, &tracker_, delay_));
   return id;
+}
+
+int Runtime::add_device_group(int host_id, int device, uintptr_t stream, const std::string& engine,
+                              nb::object runner) {
+  MXDDP_CHECK(engine == "nccl" || engine == "staged", "device engine '{}' is not one of: nccl, staged", engine);
+  MXDDP_CHECK(built_with_cuda(), "{}", cuda_devices().second);
+  const auto [count, why] = cuda_devices();
+  MXDDP_CHECK(device >= 0 && device < count, "CUDA device {} is not usable here: {}", device,
+              count == 0 ? why : fmt::format("this process sees devices 0 to {}", count - 1));
+  Communicator& host = comm(host_id);
+  const int id = static_cast<int>(groups_.size());
+#ifdef MXDDP_PYTHON_CUDA
+  const auto cuda_stream = reinterpret_cast<CudaStream>(stream);
+  if (engine == "nccl") {
+#ifdef MXDDP_PYTHON_NCCL
+    NcclUniqueId unique_id;
+    std::unique_ptr<Communicator> nccl;
+    without_gil([&] {
+      if (host.rank() == 0) unique_id = nccl_unique_id();
+      host.broadcast(TensorView{unique_id.bytes.data(), DType::kU8,
+                                Shape{static_cast<int64_t>(unique_id.bytes.size())}, Device::cpu()},
+                     {.root = 0})
+          .wait();
+      nccl = make_nccl_communicator(unique_id, host.rank(), host.size(),
+                                    {.device = device, .stream = cuda_stream, .timeout_ms = timeout_ms_});
+    });
+    groups_.emplace(id, std::move(nccl));
+    return id;
+#else
+    MXDDP_FAIL("device engine 'nccl' needs an mxddp._C built with NCCL (it was built where CMake found no "
+               "nccl.h and libnccl); valid here: staged");
+#endif
+  }
+  cuda_set_device(device);
+  std::unique_ptr<Compute> compute = make_cuda_compute(cuda_stream);
+  std::unique_ptr<Communicator> staged;
+  if (uses_mpi()) {
+    MXDDP_CHECK(host_id == kWorld, "under MPI only the world has a communicator; got communicator {}", host_id);
+    without_gil([&] {
+      staged = make_mpi_communicator(
+          {.timeout_ms = timeout_ms_, .memory_tracker = &tracker_, .injected_delay = delay_, .compute = compute.get()});
+    });
+  } else {
+    MXDDP_CHECK(!runner.is_none(), "a staged device communicator under torch.distributed needs a GroupRunner of its own");
+    staged = make_torch_communicator(std::move(runner), host.rank(), host.size(), &tracker_, delay_, compute.get());
+  }
+  device_computes_.emplace(id, std::move(compute));
+  groups_.emplace(id, std::move(staged));
+  return id;
+#else
+  (void)host;
+  (void)stream;
+  (void)runner;
+  MXDDP_FAIL("unreachable: checked above that the CUDA layer is built");
+#endif
 }
 
 void Runtime::remove_user() {

@@ -19,9 +19,14 @@
 #include <nanobind/nanobind.h>
 
 #include <mxddp/comm.h>
+#include <mxddp/compute.h>
 #include <mxddp/memory.h>
 
 namespace mxddp::python {
+
+// Whether Python can still be called (the interpreter is up and not finalizing): a C++ object
+// that outlives it must leak its Python references instead of releasing them.
+bool python_is_usable();
 
 class Runtime {
  public:
@@ -53,6 +58,18 @@ class Runtime {
   // Adds a communicator over a torch process group (runner: a GroupRunner over a private gloo
   // duplicate of it; rank and size in it) and returns its id. It lives until finalize(). Needs the GIL.
   int add_torch_group(nanobind::object runner, int rank, int size);
+  // Adds a communicator over the ranks of communicator host_id (kWorld, or an add_torch_group id)
+  // whose buffers live on CUDA device `device` and whose work is ordered on `stream` (the rank's
+  // compute stream: torch's current stream; 0 is the legacy default stream), and returns its id.
+  // Collective over those ranks. engine:
+  //   "nccl":   an NCCL communicator (nccl.h), each rank on a GPU of its own; host_id's rank 0 makes
+  //             the unique id and broadcasts it over host_id;
+  //   "staged": the host engine, each collective staged through page-locked host memory (ranks
+  //             that share a GPU): under MPI a second MPI communicator (host_id must be kWorld),
+  //             under torch.distributed a torch one over runner (a GroupRunner over a private gloo
+  //             group of the same ranks: the host communicator's own runner is busy with its work).
+  // It lives until finalize(). Needs the GIL; releases it while the ranks join.
+  int add_device_group(int host_id, int device, uintptr_t stream, const std::string& engine, nanobind::object runner);
 
   MemoryTracker& tracker() { return tracker_; }
   int64_t timeout_ms() const { return timeout_ms_; }
@@ -73,6 +90,7 @@ class Runtime {
   std::unique_ptr<MpiRuntime> mpi_;  // null under torch.distributed
   MemoryTracker tracker_;
   std::unique_ptr<Communicator> comm_;
+  std::map<int, std::unique_ptr<Compute>> device_computes_;  // the staged device groups' computes (outlive groups_)
   std::map<int, std::unique_ptr<Communicator>> groups_;
   int64_t timeout_ms_;
   CollectiveDelay delay_;

@@ -16,6 +16,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
+#include "device.h"
 #include "runtime.h"
 #include "views.h"
 
@@ -90,7 +91,9 @@ void bind_runtime(nb::module_& m) {
       .def_ro("id", &CommHandle::id)
       .def_prop_ro("rank", [](const CommHandle& h) { return h.comm().rank(); })
       .def_prop_ro("size", [](const CommHandle& h) { return h.comm().size(); })
-      .def_prop_ro("backend", [](const CommHandle& h) { return std::string(h.comm().backend_name()); });
+      .def_prop_ro("backend", [](const CommHandle& h) { return std::string(h.comm().backend_name()); })
+      .def_prop_ro("device", [](const CommHandle& h) { return to_string(h.comm().device()); },
+                   "Where the buffers of the objects built on it live: 'cpu' or 'cuda:N'.");
   m.def(
       "add_torch_group",
       [](nb::object runner, int rank, int size) {
@@ -99,6 +102,24 @@ void bind_runtime(nb::module_& m) {
       nb::arg("runner"), nb::arg("rank"), nb::arg("size"),
       "A communicator over a torch process group (runner: a GroupRunner over it; rank and size in it), owned by "
       "the runtime until finalize(); returns its handle for DistributedDataParallel(comm=...).");
+  m.def(
+      "add_device_group",
+      [](const CommHandle* host, int device, uintptr_t stream, const std::string& engine, nb::object runner) {
+        return CommHandle{Runtime::get().add_device_group(host ? host->id : Runtime::kWorld, device, stream, engine,
+                                                          std::move(runner))};
+      },
+      nb::arg("host").none(), nb::arg("device"), nb::arg("stream"), nb::arg("engine"),
+      nb::arg("runner").none() = nb::none(),
+      "A communicator over host's ranks (None: the world) for buffers on CUDA device `device`, its work ordered on "
+      "`stream` (torch.cuda.current_stream().cuda_stream; 0: the legacy default stream). engine 'nccl' (each rank "
+      "on a GPU of its own) or 'staged' (the host engine through page-locked memory; under torch.distributed runner "
+      "is a GroupRunner over a private gloo group of the same ranks). Collective over those ranks.");
+  m.def("built_with_cuda", &built_with_cuda, "Whether this extension has the CUDA layer (mxddp_cuda).");
+  m.def("built_with_nccl", &built_with_nccl, "Whether this extension has the NCCL communicator (mxddp_nccl).");
+  m.def("cuda_devices", &cuda_devices,
+        "(devices this process can use, why there are none): CUDA's own answer, not torch's.");
+  m.def("use_torch_caching_allocator", &use_torch_caching_allocator,
+        "From now on mxddp's device buffers come from torch's caching allocator (idempotent).");
   m.def("world_communicator", [] { Runtime::get(); return CommHandle{Runtime::kWorld}; });
   m.def(
       "collective_delay_us",

@@ -45,19 +45,13 @@
 #include "../../src/compute/reduce.h"
 #include "../../src/comm/ring.h"
 #include "../../src/comm/shm_ring.h"
+#include "../../src/comm/staged_backend.h"
+#include "runtime.h"
 
 namespace nb = nanobind;
 
 namespace mxddp::python {
 namespace {
-
-bool python_is_usable() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-  return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
 
 nb::dlpack::dtype dlpack_dtype(DType dtype) {
   switch (dtype) {
@@ -462,10 +456,15 @@ class TorchBackend final : public CommBackend {
 }  // namespace
 
 std::unique_ptr<Communicator> make_torch_communicator(nb::object runner, int rank, int size, MemoryTracker* tracker,
-                                                      const CollectiveDelay& delay) {
+                                                      const CollectiveDelay& delay, Compute* device) {
   validate_collective_delay(delay);
-  auto backend = std::make_unique<TorchBackend>(std::move(runner), rank, size, tracker);
-  return std::make_unique<Communicator>(with_injected_delay(std::move(backend), delay));
+  std::unique_ptr<CommBackend> engine =
+      with_injected_delay(std::make_unique<TorchBackend>(std::move(runner), rank, size, tracker), delay);
+  // The header all-gather of each call (above) runs before any byte moves, so the staging may
+  // count on the ranks agreeing.
+  if (device != nullptr && device->place() == MemoryPlace::kDevice)
+    engine = std::make_unique<StagedBackend>(std::move(engine), *device, tracker, /*host_checks_agreement=*/true);
+  return std::make_unique<Communicator>(std::move(engine));
 }
 
 }  // namespace mxddp::python

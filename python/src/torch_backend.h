@@ -20,8 +20,12 @@ namespace mxddp::python {
 // runner: a GroupRunner over the group (methods all_reduce, reduce_scatter, all_gather, broadcast,
 // barrier); rank, size: this process's rank in that group and the group's size. tracker: charged
 // for the f32 staging of bf16 reductions (as the mpi backend's; null: a tracker of its own).
-// delay: comm.h's latency injection (off by default). Call with the GIL held.
+// delay: comm.h's latency injection (off by default). device: null, or a device's compute (ranks
+// that share a GPU): the communicator's buffers are then that device's memory, and each collective
+// is staged through page-locked host memory (src/comm/staged_backend.h), as MpiOptions::compute
+// does for the mpi engine. Call with the GIL held.
 std::unique_ptr<Communicator> make_torch_communicator(nanobind::object runner, int rank, int size,
-                                                      MemoryTracker* tracker, const CollectiveDelay& delay = {});
+                                                      MemoryTracker* tracker, const CollectiveDelay& delay = {},
+                                                      Compute* device = nullptr);
 
 }  // namespace mxddp::python

@@ -9,19 +9,21 @@ namespace {
 nb::dlpack::dtype dlpack_dtype(DType dtype) {
   switch (dtype) {
     case DType::kF32: return nb::dtype<float>();
+    case DType::kU8: return nb::dtype<uint8_t>();  // MXFP8 data and scales, as bytes
     case DType::kBF16:
       return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
-    default: MXDDP_FAIL("no torch view for dtype {}; the package hands out f32 and bf16", dtype_name(dtype));
+    default: MXDDP_FAIL("no torch view for dtype {}; the package hands out f32, bf16 and u8", dtype_name(dtype));
   }
 }
 
 }  // namespace
 
 TorchView to_torch(const TensorView& view, nb::handle owner) {
-  MXDDP_CHECK(view.device.is_cpu(), "only CPU tensors cross to torch; got {}", view.to_string());
   std::vector<size_t> shape;
   for (int i = 0; i < view.shape.ndim(); ++i) shape.push_back(static_cast<size_t>(view.shape[i]));
-  return TorchView(view.data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(view.dtype));
+  const bool cpu = view.device.is_cpu();
+  return TorchView(view.data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(view.dtype),
+                   cpu ? nb::device::cpu::value : nb::device::cuda::value, cpu ? 0 : view.device.index);
 }
 
 Shape to_shape(const std::vector<int64_t>& d, const std::string& what) {
@@ -30,7 +32,11 @@ Shape to_shape(const std::vector<int64_t>& d, const std::string& what) {
   return Shape(d);
 }
 
-TensorView from_array(const HostArray& array, const std::string& what) {
+namespace {
+
+// The view of a C-contiguous f32 or bf16 array on `device`.
+template <typename Array>
+TensorView param_view(const Array& array, Device device, const std::string& what) {
   DType dtype;
   if (array.dtype() == nb::dtype<float>()) {
     dtype = DType::kF32;
@@ -42,7 +48,21 @@ TensorView from_array(const HostArray& array, const std::string& what) {
   }
   std::vector<int64_t> dims;
   for (size_t i = 0; i < array.ndim(); ++i) dims.push_back(static_cast<int64_t>(array.shape(i)));
-  return TensorView{array.data(), dtype, to_shape(dims, what), Device::cpu()};
+  return TensorView{array.data(), dtype, to_shape(dims, what), device};
+}
+
+}  // namespace
+
+TensorView from_array(const HostArray& array, const std::string& what) {
+  return param_view(array, Device::cpu(), what);
+}
+
+TensorView from_any_array(const AnyArray& array, const std::string& what) {
+  if (array.device_type() == nb::device::cpu::value) return param_view(array, Device::cpu(), what);
+  MXDDP_CHECK(array.device_type() == nb::device::cuda::value,
+              "{}: DLPack device type {} is not taken; valid: the CPU ({}), CUDA ({})", what, array.device_type(),
+              nb::device::cpu::value, nb::device::cuda::value);
+  return param_view(array, Device::cuda(array.device_id()), what);
 }
 
 DType parse_param_dtype(const std::string& name) {

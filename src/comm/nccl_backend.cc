@@ -171,8 +171,8 @@ class NcclBackend final : public StreamOrderedBackend {
       MXDDP_CUDA_CHECK(cudaGetDevice(&device_), "reading the current device");
     }
     select_device(device_);
-    if (options.stream == nullptr) owned_stream_ = make_stream("the rank's compute stream");  // shared with the Works
-    compute_stream_ = options.stream ? options.stream : owned_stream_.get();
+    if (!options.stream) owned_stream_ = make_stream("the rank's compute stream");  // shared with the Works
+    compute_stream_ = options.stream ? *options.stream : owned_stream_.get();
     compute_ = make_cuda_compute(compute_stream_);
     nccl_stream_ = make_stream("the NCCL stream");
     check_stream_ = make_stream("the call headers' stream");

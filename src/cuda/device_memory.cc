@@ -28,6 +28,8 @@ int cuda_device_count(std::string* why) {
 
 void cuda_synchronize(CudaStream stream) { MXDDP_CUDA_CHECK(cudaStreamSynchronize(stream), "synchronizing a stream"); }
 
+void cuda_set_device(int device) { select_device(device); }
+
 OwnedCudaStream::OwnedCudaStream() {
   MXDDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
 }

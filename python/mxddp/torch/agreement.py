@@ -34,13 +34,15 @@ _LENGTH_BYTES = 8
 
 
 def param_items(names: Sequence[str], params: Sequence, mxfp8: Sequence[bool] = ()) -> Items:
-    """One item per registered param, by position: its name, shape and dtype (and whether it is
-    kept as MXFP8, or marked as a shared embedding: both change the layout)."""
+    """One item per registered param, by position: its name, shape, dtype and kind of device (the
+    index may differ: rank r on cuda:r), and whether it is kept as MXFP8, or marked as a shared
+    embedding (both change the layout)."""
     items = []
     for i, (name, p) in enumerate(zip(names, params)):
         extra = (" shared_embedding" if getattr(p, "shared_embedding", False) else "") + \
             (" mxfp8" if i < len(mxfp8) and mxfp8[i] else "")
-        items.append((f"param #{i}", f"'{name}' {list(p.shape)} {p.dtype}{extra}"))
+        place = "" if p.device.type in ("cpu", "meta") else f" on {p.device.type}"
+        items.append((f"param #{i}", f"'{name}' {list(p.shape)} {p.dtype}{place}{extra}"))
     return items
 
 

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, ddp_args, grad_fusion, launch, mxfp8, process_group
+from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, process_group
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
 from mxddp.torch.wrapper import DataParallelModule
@@ -48,6 +48,7 @@ def _trainable_params(module: torch.nn.Module, meta_ok: bool = False) -> list[tu
         raise ValueError(f"module {type(module).__name__} has no trainable parameters (requires_grad=True); "
                          f"{frozen} frozen ones: there is nothing for DistributedDataParallel to synchronize")
     first_name, first = params[0]
+    device.params_device(params)  # one device, the CPU or CUDA
     storages: dict[int, str] = {}
     for name, p in params:
         if p.dtype not in _DTYPES:
@@ -56,8 +57,9 @@ def _trainable_params(module: torch.nn.Module, meta_ok: bool = False) -> list[tu
         if p.dtype != first.dtype:
             raise TypeError(f"param '{name}' is {p.dtype} but '{first_name}' is {first.dtype}: "
                             "mxddp keeps every trainable param in one buffer of one dtype")
-        if p.device.type != "cpu" and not (meta_ok and p.device.type == "meta"):
-            raise ValueError(f"param '{name}' is on {p.device}; mxddp.torch runs on the CPU")
+        if p.device.type == "meta" and not meta_ok:
+            raise ValueError(f"param '{name}' is on the meta device, which holds no values to train; "
+                             "build the module on the CPU or a CUDA device (mxddp.torch.plan takes meta modules)")
         if not p.is_contiguous():
             raise ValueError(f"param '{name}' is not contiguous (shape {tuple(p.shape)}, strides {p.stride()}); "
                              "make it contiguous before wrapping (param.data = param.data.contiguous())")
@@ -196,7 +198,11 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         comm = process_group.communicator_for(group)
         resolved, params, mxfp8_flags, fusion_marks = agreement.agree("DistributedDataParallel", describe, comm)
         module, config = resolved.module, resolved.ddp_config
-        self._comm = comm  # the group's communicator handle: the optimizer's own collectives run on it
+        self._comm = comm  # the group's host communicator handle: the package's own small collectives run on it
+        self.device = device.params_device(params)
+        # Where the buffers live: a module on a GPU gets a communicator of that device (device.py).
+        buffers_comm = device.communicator_for(group, comm, self.device)
+        self._buffers_comm = buffers_comm  # its backend: "nccl", or the host engine's name when staged
         self.module = module
         self.ddp_config = config
         self.config = resolved.transformer_config  # Megatron's TransformerConfig (None in torch's form)
@@ -206,7 +212,8 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         # and BF16 copies are taken from them (and the optimizer's main params too).
         self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),
                                                mxfp8_flags if any(mxfp8_flags) else [],
-                                               [p.detach() for _, p in params], comm=comm)
+                                               [device.host_tensor(p.detach()) for _, p in params],
+                                               comm=buffers_comm)
         launch._track_model(self)
         self._params = [p for _, p in params]
         self._names = [name for name, _ in params]
@@ -225,7 +232,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             for i, p in enumerate(self._params):
                 p.main_grad = main_grads[i]
                 if mxfp8_flags[i] or self.fused_params[i]:
-                    p.data = mxfp8.stand_in(p.shape, p.dtype) if mxfp8_flags[i] else self._cpp.param(i)
+                    p.data = mxfp8.stand_in(p.shape, p.dtype, self.device) if mxfp8_flags[i] else self._cpp.param(i)
                     token = grad_fusion.new_ready_token()
                     if mxfp8_flags[i]:
                         self._hooks.append(token.register_post_accumulate_grad_hook(self._make_ready_token_hook(i)))
@@ -404,7 +411,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             raise ValueError(f"param '{name}' is not kept as MXFP8; read the param itself")
         if axis is None:
             return self._mxfp8_forward_values(index)
-        return mxfp8.dequantize(self._cpp, index, axis, p.shape, p.dtype)
+        return mxfp8.dequantize(self._cpp, index, axis, p.shape, p.dtype, self.device)
 
     def state_dict(self, *args, **kwargs):
         """torch's state dict of the wrapper (keys ``module.<name>``, as torch DDP's) with every

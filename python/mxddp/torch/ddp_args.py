@@ -146,6 +146,43 @@ def _torch_default_config(module: torch.nn.Module, bucket_cap_mb: Any) -> Distri
     return dataclasses.replace(config, bucket_size=max(1, int(mb * 2 ** 20) // _grad_itemsize(module, config)))
 
 
+def _one_device(value) -> Optional[torch.device]:
+    """A device_ids entry or output_device as a device (an int is a CUDA ordinal); None if it is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return torch.device("cuda", value)
+    if isinstance(value, (str, torch.device)):
+        try:
+            return torch.device(value)
+        except RuntimeError:
+            return None
+    return None
+
+
+def _check_device_ids(module, device_ids, output_device) -> None:
+    """torch DDP's device_ids and output_device for a module on one device: None, or (on a GPU) that
+    device, as torch takes them; anything else (several devices, another one) is refused."""
+    params = module.parameters() if isinstance(module, torch.nn.Module) else ()  # not a Module: refused later
+    on = next((p.device for p in params if p.requires_grad), torch.device("cpu"))
+    if on.type == "cuda":
+        valid = f"None or [{on.index}] ({on})"
+        if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or len(device_ids) != 1 or
+                                       _one_device(device_ids[0]) != on):
+            raise ValueError(f"device_ids={device_ids!r} does not name the module's device {on}: mxddp.torch, as "
+                             f"torch DDP for a module on one GPU, takes that device only; valid: {valid}")
+        if output_device is not None and _one_device(output_device) != on:
+            raise ValueError(f"output_device={output_device!r} is not the module's device {on}: the output stays "
+                             f"where the module puts it; valid: None or {on.index}")
+        return
+    if device_ids is not None:
+        raise ValueError(f"device_ids={device_ids!r} is not supported for a module on {on}: torch DDP also takes "
+                         "device_ids=None there; valid: None")
+    if output_device is not None:
+        raise ValueError(f"output_device={output_device!r} is not supported by mxddp.torch: the output stays "
+                         f"where the module puts it ({on}), as torch DDP's for a CPU module; valid: None")
+
+
 def resolve(args: tuple, kwargs: dict) -> DdpArgs:
     """Every argument of ``DistributedDataParallel(...)``, checked: each torch DDP keyword honoured
     or refused by name, an unknown keyword a TypeError."""
@@ -157,14 +194,7 @@ def resolve(args: tuple, kwargs: dict) -> DdpArgs:
         _check_bool("gradient_accumulation_fusion", fusion)
     fusion = _read_transformer_config(transformer_config, fusion)
 
-    device_ids = kwargs.pop("device_ids", None)
-    if device_ids is not None:
-        raise ValueError(f"device_ids={device_ids!r} is not supported by mxddp.torch: it runs on the CPU, where "
-                         "torch DDP also takes device_ids=None; valid: None")
-    output_device = kwargs.pop("output_device", None)
-    if output_device is not None:
-        raise ValueError(f"output_device={output_device!r} is not supported by mxddp.torch: the output stays "
-                         "where the module puts it (the CPU), as torch DDP's for a CPU module; valid: None")
+    _check_device_ids(module, kwargs.pop("device_ids", None), kwargs.pop("output_device", None))
     dim = kwargs.pop("dim", 0)
     if dim != 0:
         raise ValueError(f"dim={dim!r} is not supported: torch DDP's dim splits inputs across device_ids, which "

@@ -47,7 +47,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
-from mxddp.torch import agreement, grad_fusion, hsdp, launch, mxfp8, process_group as process_groups
+from mxddp.torch import agreement, device as devices, grad_fusion, hsdp, launch, mxfp8, process_group as process_groups
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
                               _trainable_params)
@@ -213,11 +213,20 @@ class FullyShardedDataParallel(DataParallelModule):
         # shards within the shard group and all-reduces each reduced shard across the replica group.
         hybrid = hsdp.hsdp_communicators(device_mesh, config.num_distributed_optimizer_instances)
         comm, replica = hybrid if hybrid is not None else (group_comm, None)
-        self._comm = comm  # the (shard) group's communicator handle: the optimizer's own collectives run on it
+        self._comm = comm  # the (shard) group's host communicator handle: the package's small collectives run on it
+        self.device = devices.params_device(params)
+        if self.device.type != "cpu":
+            if hybrid is not None:
+                raise NotImplementedError(f"hybrid sharding (device_mesh= or num_distributed_optimizer_instances) of a "
+                                          f"module on {self.device} is not built: its two communicators would not be "
+                                          "ordered on one stream; wrap it with plain FSDP, or keep it on the CPU")
+            comm = devices.communicator_for(process_group, comm, self.device)
+        self._buffers_comm = comm  # its backend: "nccl", or the host engine's name when staged
         self.device_mesh = device_mesh
         self._hybrid = hybrid is not None  # checkpoints refuse HSDP models (not handled yet)
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
-                                                flags if any(flags) else [], [p.detach() for p in self._params],
+                                                flags if any(flags) else [],
+                                                [devices.host_tensor(p.detach()) for p in self._params],
                                                 colwise if any(colwise) else [], comm=comm, replica=replica)
         launch._track_model(self)
         self._mxfp8 = flags
@@ -246,7 +255,7 @@ class FullyShardedDataParallel(DataParallelModule):
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 if flags[i]:
-                    p.data = mxfp8.stand_in(p.shape, p.dtype)
+                    p.data = mxfp8.stand_in(p.shape, p.dtype, self.device)
                     token = grad_fusion.new_ready_token()
                     self._hooks.append(token.register_post_accumulate_grad_hook(self._make_token_hook(i)))
                     for owner in owners[id(p)]:
@@ -256,7 +265,7 @@ class FullyShardedDataParallel(DataParallelModule):
                         if self._unit_of[i] >= 0 and id(owner) not in unit_modules:
                             rerun_owners.setdefault(self._unit_of[i], {})[id(owner)] = owner
                     continue
-                p.data = mxfp8.stand_in(p.shape, p.dtype) if self._shards_params else self._cpp.param(i)
+                p.data = mxfp8.stand_in(p.shape, p.dtype, self.device) if self._shards_params else self._cpp.param(i)
                 if self.fused_params[i]:
                     token = grad_fusion.new_ready_token()
                     self._hooks += grad_fusion.register_ready_hooks(
@@ -299,10 +308,10 @@ class FullyShardedDataParallel(DataParallelModule):
                 if not self._mxfp8[i]:
                     p = self._params[i]
                     self._gathered_storage.pop(p.untyped_storage().data_ptr(), None)
-                    self._set_data(i, mxfp8.stand_in(p.shape, p.dtype))
+                    self._set_data(i, mxfp8.stand_in(p.shape, p.dtype, self.device))
 
     def _pack(self, t: torch.Tensor):
-        if not self._gathered_storage or t.layout != torch.strided or t.device.type != "cpu":
+        if not self._gathered_storage or t.layout != torch.strided or t.device != self.device:
             return t
         index = self._gathered_storage.get(t.untyped_storage().data_ptr())
         if index is None or t is self._params[index]:
@@ -589,7 +598,7 @@ class FullyShardedDataParallel(DataParallelModule):
             return
         with torch.no_grad():
             for i, p in enumerate(self._params):
-                p.data = mxfp8.stand_in(p.shape, p.dtype)
+                p.data = mxfp8.stand_in(p.shape, p.dtype, self.device)
         self._remove_hooks()
         self._cpp.close()
 

@@ -187,7 +187,7 @@ def shutdown() -> None:
     communicators drained (under torch.distributed, while Python still runs: they call it) and MPI
     finalized if it ran. Runs at interpreter exit; MPI cannot be started again after it (a
     torch.distributed runtime can, by init())."""
-    from mxddp.torch import process_group
+    from mxddp.torch import device, process_group
 
     _C.release_save_locks()
     for opt in list(_open_optimizers):
@@ -195,6 +195,7 @@ def shutdown() -> None:
     for model in list(_open_models):
         model._close_at_exit()
     process_group.forget_communicators()
+    device.forget_communicators()
     _C.finalize()
 
 

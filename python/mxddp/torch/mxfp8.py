@@ -41,16 +41,18 @@ from mxddp.torch import grad_fusion
 
 
 def dequantize(cpp: "_C.DataParallel", index: int, axis: str, shape: torch.Size,
-               dtype: torch.dtype) -> torch.Tensor:
-    """Param ``index``'s MXFP8 values in one orientation ('row' or 'col'), as a new [M, N] tensor."""
-    out = torch.empty(shape, dtype=dtype)
-    cpp.dequantize_param(index, axis, out)
+               dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Param ``index``'s MXFP8 values in one orientation ('row' or 'col'), as a new [M, N] tensor on
+    the param's device (on a GPU, written on torch's current stream)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    cpp.dequantize_param(index, axis, out, stream)
     return out
 
 
-def stand_in(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """What the torch Parameter of an MXFP8 weight holds: one NaN broadcast to its shape."""
-    return torch.full((1,) * len(shape), float("nan"), dtype=dtype).expand(shape)
+def stand_in(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What the torch Parameter of an MXFP8 weight holds: one NaN on its device broadcast to its shape."""
+    return torch.full((1,) * len(shape), float("nan"), dtype=dtype, device=device).expand(shape)
 
 
 KINDS = {"linear": "nn.Linear", "conv1d": "Conv1D"}  # what fp8_param_gather keeps as MXFP8
@@ -76,8 +78,8 @@ def reader(module: torch.nn.Module, kind: str, cpp: "_C.DataParallel", index: in
     transient tensor of the weight's shape."""
     forward = forward_axis(kind)
     dgrad = "col" if forward == "row" else "row"
-    shape, dtype = module.weight.shape, module.weight.dtype
-    return lambda product: dequantize(cpp, index, forward if product == "forward" else dgrad, shape, dtype)
+    shape, dtype, device = module.weight.shape, module.weight.dtype, module.weight.device
+    return lambda product: dequantize(cpp, index, forward if product == "forward" else dgrad, shape, dtype, device)
 
 
 def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int,

@@ -60,15 +60,24 @@ def _group_size(group) -> int:
     return launch.world_size() if group is None else torch.distributed.get_world_size(group)
 
 
+def _wire(t: torch.Tensor, group) -> torch.Tensor:
+    """``t`` where torch's collectives on ``group`` take it: on this process's current CUDA device
+    for an NCCL group, on the CPU for any other (itself if it is there already)."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return t.to(torch.device("cuda", torch.cuda.current_device()))
+    return t
+
+
 def broadcast_tensors(tensors: list[torch.Tensor], group=None) -> None:
-    """Copies the values of ``tensors`` (any dtypes, CPU) on the group's rank 0 into every member's,
+    """Copies the values of ``tensors`` (any dtypes, on the CPU or a GPU: they travel packed in host
+    memory) on the group's rank 0 into every member's,
     in one collective: their bytes packed into one buffer and broadcast, which moves bits
     unchanged. ``group``: a torch.distributed group (torch's broadcast on it, in the script's
     order as the script's own collectives), or None: mxddp's world (the package's broadcast, which
     takes F32 and BF16 only, so the bytes travel padded to whole F32 elements)."""
     if not tensors:
         return
-    parts = [t.detach().reshape(-1).contiguous().view(torch.uint8) for t in tensors]
+    parts = [t.detach().reshape(-1).contiguous().view(torch.uint8).cpu() for t in tensors]
     total = sum(p.numel() for p in parts)
     packed = torch.zeros((total + 3) // 4 * 4, dtype=torch.uint8)
     root = _group_rank(group) == 0
@@ -77,7 +86,9 @@ def broadcast_tensors(tensors: list[torch.Tensor], group=None) -> None:
     if group is None:
         _C.broadcast(packed.view(torch.float32), 0)
     else:
-        torch.distributed.broadcast(packed, src=torch.distributed.get_global_rank(group, 0), group=group)
+        wire = _wire(packed, group)
+        torch.distributed.broadcast(wire, src=torch.distributed.get_global_rank(group, 0), group=group)
+        packed.copy_(wire)
     if root:
         return
     offset = 0
@@ -92,11 +103,13 @@ def broadcast_tensors(tensors: list[torch.Tensor], group=None) -> None:
 
 
 def all_reduce_max(t: torch.Tensor, group=None) -> None:
-    """In place, the elementwise max over the group's members (None: mxddp's world)."""
+    """In place, the elementwise max of CPU tensor ``t`` over the group's members (None: mxddp's world)."""
     if group is None:
         _C.all_reduce(t, "max")
     else:
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+        wire = _wire(t, group)
+        torch.distributed.all_reduce(wire, op=torch.distributed.ReduceOp.MAX, group=group)
+        t.copy_(wire)
 
 
 class TorchSemantics:

@@ -130,7 +130,7 @@ class DataParallelModule(torch.nn.Module):
         Parameter no longer has if it was converted after wrapping): what a state dict or close() gives."""
         p = self._params[index]
         return mxfp8.dequantize(self._cpp, index, mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape,
-                                self.param_dtype)
+                                self.param_dtype, self.device)
 
     def _state_dict_with(self, values: dict[int, torch.Tensor], args, kwargs) -> dict:
         """torch's state dict of the wrapper (keys ``module.<name>``, as torch's wrappers key them),

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The Python half of the device checks (issue 42), run by `scripts/gpu_check.sh --run-python DIR OUT`
+# on the GPU machine, with OpenMPI's and the libraries' environment set there: builds mxddp._C for
+# that machine's Python from what --prepare carried (scripts/gpu_python), then trains HF GPT-2 on
+# the GPU under mxddp against torch (tests/python/cuda_job.py) as DDP and as FSDP, at world 1 (the
+# NCCL engine) and at 2 MPI ranks sharing the GPU (the staged engine). At most about 7 minutes;
+# OUT/python.txt is the summary, the logs are beside it.
+# usage: gpu_check_python.sh DIR OUT OMPI NCCL_LIB_DIR
+set -uo pipefail
+dir=$1 out=$2 ompi=$3 nccl_lib=$4
+summary="$out/python.txt"
+build=/tmp/mxddp_gpu_python
+python=$(command -v python3)
+{
+  echo "# gpu_check --run-python $(date -u +%FT%TZ) on $(hostname)"
+  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+} >"$summary"
+build_status=0
+timeout 180 bash -c "cmake -S scripts/gpu_python -B $build -DCMAKE_BUILD_TYPE=Release -DCARRY=$PWD/$dir \
+  -DPython_EXECUTABLE=$python -DNCCL_LIBRARY=$nccl_lib/libnccl.so.2 && cmake --build $build -j 16" \
+  >"$out/python_build.log" 2>&1 || build_status=$?
+echo "build of mxddp._C: exit $build_status" >>"$summary"
+[ "$build_status" -eq 0 ] || { tail -30 "$out/python_build.log" >>"$summary"; cat "$summary"; exit 1; }
+status=0
+for np in 1 2; do
+  for wrap in ddp fsdp; do
+    rc=0
+    timeout 75 "$ompi/usr/bin/orterun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+      -x PYTHONPATH="$build" -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_INSTALL_PREFIX \
+      "$python" tests/python/cuda_job.py --wrap "$wrap" >"$out/cuda_${wrap}_np$np.log" 2>&1 || rc=$?
+    echo "cuda_job --wrap $wrap, mpirun -np $np: exit $rc" >>"$summary"
+    grep -E '^cuda_job|^step +(1|10|20) |Error|error' "$out/cuda_${wrap}_np$np.log" | head -8 >>"$summary"
+    [ "$rc" -eq 0 ] || status=1
+  done
+done
+cat "$summary"
+exit "$status"
