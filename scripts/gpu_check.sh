@@ -24,6 +24,10 @@
 #                                        GPT-2 on the GPU under mxddp against torch
 #                                        (tests/python/cuda_job.py): DDP and FSDP at world 1 (NCCL)
 #                                        and at 2 MPI ranks sharing the GPU (staged); OUT/python.txt
+#   scripts/gpu_check.sh --run-bench DIR OUT
+#                                        there (issue 42's figures), a call of its own: GPT-2 124M
+#                                        under mxddp against torch DDP + fused AdamW and megatron-fsdp
+#                                        (bench/torch_cuda_compare.py); OUT/bench.txt
 #
 # The GPU machine has no network and none of this project's Debian libraries, so nothing is built
 # there: the binaries link the CUDA runtime statically and find the rest (libfmt, libgomp, and
@@ -74,6 +78,10 @@ if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
   cp -r /usr/include/fmt "$py/include/"
   cp -r /usr/lib/x86_64-linux-gnu/openmpi/include "$py/mpi_include"
   cp -r "$("$torch_venv/bin/python" -c 'import nanobind, os; print(os.path.dirname(nanobind.__file__))')" "$py/site/"
+  # megatron-fsdp from PyPI (pure Python, about 140 KB), for --run-bench's comparison, unpacked.
+  "$torch_venv/bin/pip" download -q --no-deps megatron-fsdp==0.6.1 -d "$py/wheels"
+  "$torch_venv/bin/python" -m zipfile -e "$py"/wheels/megatron_fsdp-*.whl "$py/megatron_fsdp"
+  rm -rf "$py/wheels"
   # The device tool carries at most 64 MiB with the working tree (about 5 MB): refuse more here.
   carry_kib=$(du -sk "$dir" | cut -f1)
   if [ "$carry_kib" -gt $((56 * 1024)) ]; then
@@ -83,8 +91,9 @@ if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
   echo "gpu_check: prepared $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: scripts/gpu_check.sh --run $dir \$OUT"
   exit 0
 fi
-if { [ "$mode" != --run ] && [ "$mode" != --run-python ]; } || [ -z "$dir" ] || [ -z "${3:-}" ]; then
-  echo "usage: $0 --prepare DIR | --run DIR OUT | --run-python DIR OUT" >&2
+if { [ "$mode" != --run ] && [ "$mode" != --run-python ] && [ "$mode" != --run-bench ]; } || [ -z "$dir" ] ||
+   [ -z "${3:-}" ]; then
+  echo "usage: $0 --prepare DIR | --run DIR OUT | --run-python DIR OUT | --run-bench DIR OUT" >&2
   exit 2
 fi
 out="$3"
@@ -102,6 +111,9 @@ export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$ompi/usr/lib/x86_64-linux-gnu:$ompi/us
 export OMPI_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_btl_vader_single_copy_mechanism=none
 if [ "$mode" = --run-python ]; then
   exec scripts/gpu_check_python.sh "$dir" "$out" "$ompi" "${nccl_lib:-}"
+fi
+if [ "$mode" = --run-bench ]; then
+  exec scripts/gpu_check_python.sh "$dir" "$out" "$ompi" "${nccl_lib:-}" --bench
 fi
 summary="$out/summary.txt"
 {

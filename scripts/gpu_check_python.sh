@@ -5,22 +5,39 @@
 # the GPU under mxddp against torch (tests/python/cuda_job.py) as DDP and as FSDP, at world 1 (the
 # NCCL engine) and at 2 MPI ranks sharing the GPU (the staged engine). At most about 7 minutes;
 # OUT/python.txt is the summary, the logs are beside it.
-# usage: gpu_check_python.sh DIR OUT OMPI NCCL_LIB_DIR
+# With --bench instead (`gpu_check.sh --run-bench`), a call of its own too: the same build (kept
+# from --run-python when the machine is still the same one), then bench/torch_cuda_compare.py
+# (GPT-2 124M against torch DDP + fused AdamW and megatron-fsdp); OUT/bench.txt.
+# usage: gpu_check_python.sh DIR OUT OMPI NCCL_LIB_DIR [--bench]
 set -uo pipefail
-dir=$1 out=$2 ompi=$3 nccl_lib=$4
+dir=$1 out=$2 ompi=$3 nccl_lib=$4 what=${5:-}
 summary="$out/python.txt"
+[ "$what" = --bench ] && summary="$out/bench.txt"
 build=/tmp/mxddp_gpu_python
 python=$(command -v python3)
 {
-  echo "# gpu_check --run-python $(date -u +%FT%TZ) on $(hostname)"
+  echo "# gpu_check ${what:---run-python} $(date -u +%FT%TZ) on $(hostname)"
   "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
 } >"$summary"
 build_status=0
-timeout 180 bash -c "cmake -S scripts/gpu_python -B $build -DCMAKE_BUILD_TYPE=Release -DCARRY=$PWD/$dir \
-  -DPython_EXECUTABLE=$python -DNCCL_LIBRARY=$nccl_lib/libnccl.so.2 && cmake --build $build -j 16" \
-  >"$out/python_build.log" 2>&1 || build_status=$?
-echo "build of mxddp._C: exit $build_status" >>"$summary"
+if [ "$what" = --bench ] && ls "$build"/mxddp/_C.*.so >/dev/null 2>&1; then
+  echo "build of mxddp._C: kept from --run-python" >>"$summary"
+else
+  timeout 180 bash -c "cmake -S scripts/gpu_python -B $build -DCMAKE_BUILD_TYPE=Release -DCARRY=$PWD/$dir \
+    -DPython_EXECUTABLE=$python -DNCCL_LIBRARY=$nccl_lib/libnccl.so.2 && cmake --build $build -j 16" \
+    >"$out/python_build.log" 2>&1 || build_status=$?
+  echo "build of mxddp._C: exit $build_status" >>"$summary"
+fi
 [ "$build_status" -eq 0 ] || { tail -30 "$out/python_build.log" >>"$summary"; cat "$summary"; exit 1; }
+if [ "$what" = --bench ]; then
+  # megatron-fsdp's wheel (pure Python, carried by --prepare) beside the extension.
+  rc=0
+  PYTHONPATH="$build:$PWD/$dir/python/megatron_fsdp" timeout 420 "$python" bench/torch_cuda_compare.py \
+    --timeout-s 100 >>"$summary" 2>"$out/bench.err" || rc=$?
+  echo "torch_cuda_compare: exit $rc" >>"$summary"
+  cat "$summary"
+  exit "$rc"
+fi
 status=0
 for np in 1 2; do
   for wrap in ddp fsdp; do

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""mxddp.torch on one GPU against torch DDP + fused AdamW and megatron-fsdp (issue 42, Performance).
+
+Not a test: a benchmark for the GPU machine (scripts/gpu_check.sh --run-bench). HF GPT-2 124M
+(12 layers, hidden 768, vocabulary 50257, tied embedding, dropout 0), sequence --seq, --batch
+sequences per step, random tokens from one seed, world 1 (a one-rank torch.distributed group, NCCL),
+forward under torch.autocast(bf16), lr 1e-4, betas (0.9, 0.95), weight decay 0.1, no clipping.
+Each configuration runs in a process of its own, so that its peak memory is its own:
+
+  torch_ddp        torch DDP + torch.optim.AdamW(fused=True), F32 params            (the yardstick)
+  mxddp_ddp        mxt.DistributedDataParallel + DistributedOptimizer, F32 params
+  mxddp_bf16       the same with BF16 params (F32 main params in the optimizer), grads reduced in F32
+  mxddp_mxfp8      mxddp_bf16 with fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (seed 000:
+                   the MXFP8 gather staged in the grad buffer, no separate param buffer)
+  mxddp_fsdp       mxt.FullyShardedDataParallel(optim_grads_params), units GPT2Block, BF16 params
+  megatron_fsdp    megatron_fsdp.fully_shard_model(zero_dp_strategy=3, units GPT2Block, BF16 params,
+                   F32 main params) + fully_shard_optimizer(torch.optim.AdamW) (PyPI megatron-fsdp;
+                   skipped, saying so, where it is not importable)
+
+Measured: step_ms, the median over --steps timed steps (after 3 warm-up steps) of zero_grad to the
+end of the optimizer step, the device synchronized at both ends; peak_mib, torch's
+max_memory_allocated over the timed steps (mxddp's buffers come from torch's caching allocator, so
+they count); for mxddp, its tracked device bytes per category (mxt.memory_usage("device")). The
+report gives each against its yardstick: torch_ddp for the DDPs, megatron_fsdp for mxddp_fsdp, and
+the bytes mxddp_mxfp8 saves against mxddp_bf16 in its params category.
+
+    python bench/torch_cuda_compare.py [--steps 10] [--batch 8] [--seq 1024] [--only NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = ("torch_ddp", "mxddp_ddp", "mxddp_bf16", "mxddp_mxfp8", "mxddp_fsdp", "megatron_fsdp")
+YARDSTICK = {"mxddp_ddp": "torch_ddp", "mxddp_bf16": "torch_ddp", "mxddp_mxfp8": "torch_ddp",
+             "mxddp_fsdp": "megatron_fsdp"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(name: str, seq: int):
+    """(the model to call, the optimizer, finish: what ends a step's backward) for configuration name."""
+    import torch
+    import transformers
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_positions=seq, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
+    module = transformers.GPT2LMHeadModel(config).cuda()
+    lr, betas, wd = 1e-4, (0.9, 0.95), 0.1
+    if name == "torch_ddp":
+        model = torch.nn.parallel.DistributedDataParallel(module)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd, fused=True)
+        return model, opt, lambda: None
+    if name == "megatron_fsdp":
+        from megatron_fsdp import MixedPrecisionPolicy, fully_shard_model, fully_shard_optimizer
+
+        model = fully_shard_model(module.to(torch.bfloat16), fsdp_unit_modules=[GPT2Block], zero_dp_strategy=3,
+                                  mixed_precision_policy=MixedPrecisionPolicy(main_params_dtype=torch.float32))
+        opt = fully_shard_optimizer(torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd))
+        return model, opt, lambda: None
+    import mxddp.torch as mxt
+
+    mxt.init()
+    if name != "mxddp_ddp":
+        module = module.to(torch.bfloat16)
+    if name == "mxddp_fsdp":
+        model = mxt.FullyShardedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_megatron_fsdp=True, use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads_params",
+            overlap_grad_reduce=True, overlap_param_gather=True, grad_reduce_in_fp32=True),
+            fsdp_unit_modules=[GPT2Block])
+    else:
+        mxfp8 = name == "mxddp_mxfp8"
+        model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+            use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True,
+            grad_reduce_in_fp32=True, fp8_param_gather=mxfp8, reuse_grad_buf_for_mxfp8_param_ag=mxfp8))
+    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=lr, adam_beta1=betas[0], adam_beta2=betas[1],
+                                                             weight_decay=wd, clip_grad=0.0))
+    return model, opt, model.finish_grad_sync
+
+
+def run_one(name: str, steps: int, batch: int, seq: int) -> dict:
+    """One configuration in this process (a one-rank torch.distributed group): its figures."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")  # the GPU path under measurement (device.py)
+    model, opt, finish = build(name, seq)
+    data = torch.Generator().manual_seed(1)
+    times = []
+    for step in range(3 + steps):
+        ids = torch.randint(0, 50257, (batch, seq), generator=data).cuda()
+        if step == 3:
+            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        finish()
+        opt.step()
+        torch.cuda.synchronize()
+        if step >= 3:
+            times.append(time.perf_counter() - start)
+    out = {"config": name, "step_ms": 1e3 * statistics.median(times), "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
+           "loss": float(loss)}
+    if name.startswith("mxddp"):
+        import mxddp.torch as mxt
+
+        out["device_bytes"] = {k: v[0] for k, v in mxt.memory_usage("device").items() if v[0]}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after 3 warm-up)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--only", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument("--timeout-s", type=int, default=120, help="per configuration")
+    parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # a child's configuration
+    args = parser.parse_args()
+    if args.steps < 1 or args.batch < 1 or args.seq < 1:
+        parser.error(f"--steps, --batch and --seq must be >= 1; got {args.steps}, {args.batch}, {args.seq}")
+    if args.one:
+        print(json.dumps(run_one(args.one, args.steps, args.batch, args.seq)), flush=True)
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("SKIP: torch sees no usable GPU")
+        return 77
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, GPT-2 124M, batch {args.batch} x "
+          f"seq {args.seq}, {args.steps} timed steps, bf16 autocast", flush=True)
+    results = {}
+    for name in args.only:
+        cmd = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--batch", str(args.batch),
+               "--seq", str(args.seq)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"{name}: timed out after {args.timeout_s} s", flush=True)
+            continue
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            print(f"{name}: exit {done.returncode}: {tail}", flush=True)
+            continue
+        results[name] = json.loads(lines[-1])
+        r = results[name]
+        print(f"{name:14s} step {r['step_ms']:8.1f} ms  peak {r['peak_mib']:8.0f} MiB  loss {r['loss']:.4f}"
+              + (f"  device bytes {r['device_bytes']}" if "device_bytes" in r else ""), flush=True)
+    for name, base in YARDSTICK.items():
+        if name in results and base in results:
+            a, b = results[name], results[base]
+            print(f"{name} / {base}: step {a['step_ms'] / b['step_ms']:.2f}x, peak memory "
+                  f"{a['peak_mib'] / b['peak_mib']:.2f}x", flush=True)
+    if "mxddp_bf16" in results and "mxddp_mxfp8" in results:
+        bf16, mx = results["mxddp_bf16"]["device_bytes"], results["mxddp_mxfp8"]["device_bytes"]
+        print(f"fp8_param_gather + reuse: params {bf16.get('params', 0)} -> {mx.get('params', 0)} bytes (the separate "
+              f"param buffer saved: {bf16.get('params', 0) - mx.get('params', 0)}), MXFP8 copies {mx.get('mxfp8', 0)}, "
+              f"all device bytes {sum(bf16.values())} -> {sum(mx.values())}", flush=True)
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
