@@ -76,6 +76,9 @@ if [ "$mode" = --prepare ] && [ -n "$dir" ]; then
   cp -L /usr/lib/x86_64-linux-gnu/libfmt.so /usr/lib/x86_64-linux-gnu/libz.so "$py/lib/"
   cp -L /usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so /usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi_cxx.so "$py/lib/"
   cp -r /usr/include/fmt "$py/include/"
+  # Which NCCL the layers were compiled against (the machine links its own torch's library).
+  grep -m1 -o 'NCCL_VERSION_CODE [0-9]*' \
+    "$(awk -F= '/^NCCL_INCLUDE_DIR:/ {print $2}' build/release/CMakeCache.txt)/nccl.h" >"$py/nccl_header.txt"
   cp -r /usr/lib/x86_64-linux-gnu/openmpi/include "$py/mpi_include"
   cp -r "$("$torch_venv/bin/python" -c 'import nanobind, os; print(os.path.dirname(nanobind.__file__))')" "$py/site/"
   # megatron-fsdp from PyPI (pure Python, about 140 KB), for --run-bench's comparison, unpacked.

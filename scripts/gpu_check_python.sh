@@ -17,7 +17,8 @@ build=/tmp/mxddp_gpu_python
 python=$(command -v python3)
 {
   echo "# gpu_check ${what:---run-python} $(date -u +%FT%TZ) on $(hostname)"
-  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1
+  echo "mxddp built against NCCL's header $(cat "$dir/python/nccl_header.txt" 2>/dev/null)"
 } >"$summary"
 build_status=0
 if [ "$what" = --bench ] && ls "$build"/mxddp/_C.*.so >/dev/null 2>&1; then

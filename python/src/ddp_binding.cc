@@ -192,6 +192,8 @@ void bind_data_parallel(nb::module_& m) {
       }, nb::arg("index"), nb::arg("axis"),
            "Param i's MXFP8 storage in one orientation ('row' or 'col'): (element bytes u8 [M, N], E8M0 scales u8).")
       .def("dequantize_param", [](PyDataParallel& s, int i, const std::string& axis, AnyArray out, uintptr_t stream) {
+        // mxfp8_param may wait for a gather, which a torch communicator's progress thread runs with the GIL.
+        nb::gil_scoped_release release;
         DataParallel& dp = s.data_parallel();
         const Mxfp8View q = dp.mxfp8_param(i, parse_quant_axis(axis));
         const TensorView target = from_any_array(out, "dequantize_param's out");
@@ -207,7 +209,6 @@ void bind_data_parallel(nb::module_& m) {
           MXDDP_FAIL("unreachable: a device param in an mxddp._C without the CUDA layer");
 #endif
         }
-        nb::gil_scoped_release release;
         mx_dequantize(q.data, q.scales, target, q.options);
       }, nb::arg("index"), nb::arg("axis"), nb::arg("out"), nb::arg("stream") = 0,
            "Writes param i's MXFP8 values, row- or column-wise, into out (f32 or bf16 [M, N], contiguous, on the "

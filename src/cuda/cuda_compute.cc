@@ -82,6 +82,7 @@ class CudaCompute final : public Compute {
 
  protected:
   ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
+    select();  // DeviceBuffer allocates on, and records, the calling thread's current device
     auto block = std::make_shared<DeviceBuffer>(bytes, category, tracker, stream_);
     if (zeroed) cuda_zero(block->data(), bytes, stream_);
     void* data = block->data();

@@ -2,9 +2,10 @@
 
 Each rank trains its slice of every step's batch under mxt.DistributedDataParallel (distributed
 optimizer) or FullyShardedDataParallel(optim_grads_params), and beside it the same model on the
-same GPU as torch trains it at world 1 on the whole batch with torch.optim.AdamW(fused=True): the
-mean of the ranks' losses must stay within --tolerance of the reference's at every step. F32, no
-TF32, no clipping.
+same GPU as torch trains it at world 1 on the whole batch (each rank's slice a micro-batch of its
+own, the gradients averaged) with torch.optim.AdamW(fused=True) in Megatron's groups (no decay on
+biases and 1-D params): the mean of the ranks' losses must stay within --tolerance of the
+reference's at every step. F32, no TF32, no clipping.
 
   mpirun -np N python cuda_job.py --wrap ddp|fsdp        (MPI; N ranks share the GPUs round robin)
   torchrun --nproc-per-node N cuda_job.py --wrap ddp|fsdp (NCCL at world 1, gloo for N > 1 on one GPU)
@@ -36,7 +37,11 @@ def main() -> int:
     os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        print("SKIP: no transformers in this Python")
+        return 77
 
     import mxddp.torch as mxt
 
@@ -71,7 +76,11 @@ def main() -> int:
             use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True))
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=lr, weight_decay=wd, adam_beta1=betas[0],
                                                              adam_beta2=betas[1], adam_eps=eps, clip_grad=0.0))
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=wd, fused=True)
+    # Megatron's groups, as mxt.OptimizerConfig's: no weight decay on biases and 1-D params.
+    decay = [p for n, p in reference.named_parameters() if p.dim() > 1 and not n.endswith(".bias")]
+    no_decay = [p for n, p in reference.named_parameters() if not (p.dim() > 1 and not n.endswith(".bias"))]
+    ref_opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas,
+                                eps=eps, weight_decay=wd, fused=True)
     data = torch.Generator().manual_seed(1)
     worst, step_s = 0.0, []
     for step in range(1, args.steps + 1):
@@ -88,9 +97,15 @@ def main() -> int:
         step_s.append(time.perf_counter() - start)
         mean = loss.detach().reshape(1).cpu()
         mxt.all_reduce(mean, "avg")
+        # The reference runs each rank's slice as its own micro-batch (the same GEMM shapes as the
+        # ranks'), its gradient the mean over the slices: DDP's average at world 1.
         ref_opt.zero_grad()
-        ref_loss = reference(input_ids=batch, labels=batch).loss
-        ref_loss.backward()
+        ref_loss = torch.zeros((), device=device)
+        for r in range(world):
+            part = batch[r * args.batch:(r + 1) * args.batch]
+            slice_loss = reference(input_ids=part, labels=part).loss / world
+            slice_loss.backward()
+            ref_loss += slice_loss.detach()
         ref_opt.step()
         diff = abs(mean.item() - ref_loss.item())
         worst = max(worst, diff)

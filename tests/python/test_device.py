@@ -75,3 +75,12 @@ def test_a_cpu_module_keeps_the_host_communicator(ranks):
     host = _C.world_communicator()
     assert device.communicator_for(None, host, torch.device("cpu")) is host
     assert host.device == "cpu"
+
+
+def test_ranks_agree_on_the_kind_of_device_and_on_a_gpu_on_its_settings(monkeypatch):
+    monkeypatch.setenv("MXDDP_DEVICE_ENGINE", "staged")
+    assert device.agreement_items(torch.device("cpu")) == [("device", "cpu")], "the engine is no CPU model's concern"
+    items = dict(device.agreement_items(torch.device("cuda", 3)))
+    assert items["device"] == "cuda", "the index may differ between ranks (rank r on cuda:r)"
+    assert items["MXDDP_DEVICE_ENGINE"] == "'staged'"
+    assert "MXDDP_TORCH_CUDA_UNVERIFIED" in items

@@ -56,6 +56,9 @@ _MAIN = "main_param"  # the F32 master copy (Megatron's dist-opt saves it as fp3
 
 def _check(model, optimizer, what: str) -> None:
     _check_pair(model, optimizer, what)  # mxddp's own checkpoints' checks: the types, the pair, HSDP
+    if model.device.type != "cpu":
+        raise NotImplementedError(f"{what}: the model is on {model.device}; DCP state dicts of GPU models are not "
+                                  "built yet (docs/python.md, 'GPUs'): use mxt.save_checkpoint / load_checkpoint")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{what}: torch.distributed is not initialized; DCP needs it "
                            "(torch.distributed.init_process_group('gloo', ...) on the ranks mxddp runs on)")

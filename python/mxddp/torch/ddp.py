@@ -181,13 +181,17 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             a = ddp_args.resolve(args, kwargs)
             _check_fusion_flag(a.gradient_accumulation_fusion)
             params = _trainable_params(a.module)
+            on = device.params_device(params)
+            if on.type == "cuda":
+                device.check_usable(on)  # here, so that a rank that cannot fails every rank at once
             mxfp8_flags = _mxfp8_flags(a.module, params, a.ddp_config)
             fusion_marks = _fusion_marks(params, a.gradient_accumulation_fusion)
             items = agreement.param_items([n for n, _ in params], [p for _, p in params], mxfp8_flags) + \
                 a.ddp_config.agreement_items() + [
                     ("gradient_accumulation_fusion", repr(a.gradient_accumulation_fusion)),
                     ("torch_form", repr(a.torch_form)), ("broadcast_buffers", repr(a.broadcast_buffers)),
-                    ("find_unused_parameters", repr(a.find_unused_parameters)), ("init_sync", repr(a.init_sync))]
+                    ("find_unused_parameters", repr(a.find_unused_parameters)), ("init_sync", repr(a.init_sync))] + \
+                device.agreement_items(on)
             return (a, params, mxfp8_flags, fusion_marks), items
 
         # Checked, and compared across ranks, before the C++ DDP exists, so a refusal leaves nothing allocated.
@@ -200,6 +204,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         module, config = resolved.module, resolved.ddp_config
         self._comm = comm  # the group's host communicator handle: the package's own small collectives run on it
         self.device = device.params_device(params)
+        self._stream = device.current_stream(self.device)  # what the model's work must run on (None: the CPU)
         # Where the buffers live: a module on a GPU gets a communicator of that device (device.py).
         buffers_comm = device.communicator_for(group, comm, self.device)
         self._buffers_comm = buffers_comm  # its backend: "nccl", or the host engine's name when staged
@@ -233,7 +238,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                 p.main_grad = main_grads[i]
                 if mxfp8_flags[i] or self.fused_params[i]:
                     p.data = mxfp8.stand_in(p.shape, p.dtype, self.device) if mxfp8_flags[i] else self._cpp.param(i)
-                    token = grad_fusion.new_ready_token()
+                    token = grad_fusion.new_ready_token(self.device)
                     if mxfp8_flags[i]:
                         self._hooks.append(token.register_post_accumulate_grad_hook(self._make_ready_token_hook(i)))
                         self._hooks.append(p.register_post_accumulate_grad_hook(self._make_misuse_hook(i)))

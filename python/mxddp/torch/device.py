@@ -87,8 +87,18 @@ def gpu_identity(device: torch.device) -> bytes:
 UNVERIFIED_VARIABLE = "MXDDP_TORCH_CUDA_UNVERIFIED"
 
 
+def agreement_items(device: torch.device) -> list[tuple[str, str]]:
+    """What every rank of a group must agree on before a model on ``device`` is wrapped: the kind of
+    device (the index may differ) and, on a GPU, the settings that choose the device path."""
+    if device.type == "cpu":
+        return [("device", "cpu")]
+    return [("device", device.type), (_ENGINE_VARIABLE, repr(os.environ.get(_ENGINE_VARIABLE))),
+            (UNVERIFIED_VARIABLE, repr(os.environ.get(UNVERIFIED_VARIABLE)))]
+
+
 def check_usable(device: torch.device) -> None:
-    """Refuses, naming why, a CUDA device this process cannot put mxddp's buffers on."""
+    """Refuses, naming why, a CUDA device this process cannot put mxddp's buffers on, or one that is
+    not torch's current device (where mxddp allocates and launches)."""
     if os.environ.get(UNVERIFIED_VARIABLE) != "1":
         raise NotImplementedError(
             f"the module is on {device}: mxddp.torch's GPU path is built but has not yet run on a GPU (issue 42; "
@@ -100,6 +110,11 @@ def check_usable(device: torch.device) -> None:
         raise RuntimeError(f"the module is on {device}, but mxddp sees no CUDA device: {why}")
     if device.index is None or not 0 <= device.index < count:
         raise RuntimeError(f"the module is on {device}; this process's CUDA devices are 0 to {count - 1}")
+    current = torch.cuda.current_device()
+    if current != device.index:
+        raise RuntimeError(f"the module is on {device} but torch's current device is cuda:{current}: mxddp allocates "
+                           f"and runs its work on the current device, so call torch.cuda.set_device({device.index}) "
+                           "before wrapping, as for torch DDP")
 
 
 def communicator_for(group, host: "_C.Communicator", device: torch.device) -> "_C.Communicator":
@@ -108,8 +123,8 @@ def communicator_for(group, host: "_C.Communicator", device: torch.device) -> "_
     group's members the first time a (group, device, stream) is seen."""
     if device.type == "cpu":
         return host
-    check_usable(device)
-    stream = torch.cuda.current_stream(device).cuda_stream
+    check_usable(device)  # the wrappers checked it before the ranks' agreement; the planner and tests call here
+    stream = current_stream(device)
     key = (None if group is None else id(group), device.index, stream)
     cached = _handles.get(key)
     if cached is not None:
@@ -129,6 +144,12 @@ def communicator_for(group, host: "_C.Communicator", device: torch.device) -> "_
         handle = _C.add_device_group(host, device.index, stream, engine, runner)
     _handles[key] = (group, handle)
     return handle
+
+
+def current_stream(device: torch.device) -> Optional[int]:
+    """torch's current stream on ``device`` (its cudaStream_t as an int: 0 is the legacy default
+    stream), what a model wrapped now is ordered on; None for the CPU."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
 
 
 def host_tensor(t: torch.Tensor) -> torch.Tensor:

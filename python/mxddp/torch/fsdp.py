@@ -179,6 +179,9 @@ class FullyShardedDataParallel(DataParallelModule):
                                  "use_distributed_optimizer=True); for DDP use mxddp.torch.DistributedDataParallel")
             modules = _check_recompute(recompute_granularity, recompute_modules)
             params = _trainable_params(module)
+            on = devices.params_device(params)
+            if on.type == "cuda":
+                devices.check_usable(on)  # here, so that a rank that cannot fails every rank at once
             names, tensors = [n for n, _ in params], [p for _, p in params]
             flags = unit_mxfp8_flags(module, params, cfg, fsdp_unit_modules)
             fused = fusion_flags(module, params, cfg, flags, gradient_accumulation_fusion)
@@ -187,7 +190,7 @@ class FullyShardedDataParallel(DataParallelModule):
             items = agreement.param_items(names, tensors, flags) + cfg.agreement_items() + [
                 ("FSDP units (each unit's params)", repr(units.units)),
                 ("recompute_granularity", repr(recompute_granularity)), ("recompute_modules", repr(modules)),
-                ("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))]
+                ("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))] + devices.agreement_items(on)
             return (cfg, params, flags, fused, fine_grained, units), items
 
         # Checked, and compared across ranks (of process_group; of the world for plain FSDP and HSDP), before
@@ -215,6 +218,7 @@ class FullyShardedDataParallel(DataParallelModule):
         comm, replica = hybrid if hybrid is not None else (group_comm, None)
         self._comm = comm  # the (shard) group's host communicator handle: the package's small collectives run on it
         self.device = devices.params_device(params)
+        self._stream = devices.current_stream(self.device)  # what the model's work must run on (None: the CPU)
         if self.device.type != "cpu":
             if hybrid is not None:
                 raise NotImplementedError(f"hybrid sharding (device_mesh= or num_distributed_optimizer_instances) of a "
@@ -256,7 +260,7 @@ class FullyShardedDataParallel(DataParallelModule):
             for i, p in enumerate(self._params):
                 if flags[i]:
                     p.data = mxfp8.stand_in(p.shape, p.dtype, self.device)
-                    token = grad_fusion.new_ready_token()
+                    token = grad_fusion.new_ready_token(self.device)
                     self._hooks.append(token.register_post_accumulate_grad_hook(self._make_token_hook(i)))
                     for owner in owners[id(p)]:
                         mxfp8.install(owner, self._cpp, i, token)
@@ -267,7 +271,7 @@ class FullyShardedDataParallel(DataParallelModule):
                     continue
                 p.data = mxfp8.stand_in(p.shape, p.dtype, self.device) if self._shards_params else self._cpp.param(i)
                 if self.fused_params[i]:
-                    token = grad_fusion.new_ready_token()
+                    token = grad_fusion.new_ready_token(self.device)
                     self._hooks += grad_fusion.register_ready_hooks(
                         token, p, lambda i=i: self._cpp.main_grad(i), lambda i=i: self._report(i))
                     for owner in owners[id(p)]:

@@ -41,14 +41,19 @@ def param_owners(module: torch.nn.Module) -> dict[int, list[torch.nn.Module]]:
     return owners
 
 
-def new_ready_token() -> torch.Tensor:
-    """A param's ready token: a 0-dim leaf every use of the param takes as an input."""
-    return torch.zeros((), requires_grad=True)
+def new_ready_token(device: torch.device) -> torch.Tensor:
+    """A param's ready token: a 0-dim leaf on the param's device every use of the param takes as an
+    input. On the param's device, so that autograd runs the token's hooks on the same thread as the
+    param's other backward work (it queues each node by its gradient's device: a CPU token of a GPU
+    param would report it from another thread than the one running the rest of the backward)."""
+    return torch.zeros((), device=device, requires_grad=True)
 
 
-def token_grad() -> torch.Tensor:
-    """The gradient a use returns for the token: it only carries "this use is done"."""
-    return torch.zeros((), dtype=torch.float32)
+def token_grad(like: torch.Tensor) -> torch.Tensor:
+    """The gradient a use returns for the token (on the device of ``like``, the use's output
+    gradient): it only carries "this use is done". A fresh tensor each time: autograd may keep it
+    as the token's .grad and accumulate the next use's into it."""
+    return torch.zeros((), dtype=torch.float32, device=like.device)
 
 
 def register_ready_hooks(token: torch.Tensor, param: torch.nn.Parameter, main_grad: Callable[[], torch.Tensor],
@@ -195,7 +200,7 @@ class _FusedLinear(torch.autograd.Function):
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
         accumulate_product_(main_grad, dy.t(), x.reshape(-1, in_features), ctx.dtype)
         grad_bias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, token_grad(), grad_bias, None, None, None
+        return grad_x, token_grad(grad_y), grad_bias, None, None, None
 
 
 class _FusedConv1D(torch.autograd.Function):
@@ -225,7 +230,7 @@ class _FusedConv1D(torch.autograd.Function):
             grad_x = dy.mm(_cast(ctx.read_weight("dgrad"), ctx.dtype).t()).view(x.shape).to(ctx.x_dtype)
         accumulate_product_(main_grad, x.reshape(-1, in_features).t(), dy, ctx.dtype)
         grad_bias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, token_grad(), grad_bias, None, None, None
+        return grad_x, token_grad(grad_y), grad_bias, None, None, None
 
 
 class _FusedEmbedding(torch.autograd.Function):
@@ -244,7 +249,7 @@ class _FusedEmbedding(torch.autograd.Function):
         main_grad = ctx.cpp.main_grad(ctx.index)
         rows = grad_y.reshape(-1, main_grad.shape[1])  # [tokens, dim]
         main_grad.index_add_(0, ids.reshape(-1), rows.to(main_grad.dtype))
-        return None, token_grad(), None, None, None
+        return None, token_grad(grad_y), None, None, None
 
 
 def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_token: torch.Tensor,

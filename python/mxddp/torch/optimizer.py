@@ -292,7 +292,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         coeff = float(max_norm) / (norm + 1e-6)
         if math.isfinite(norm) and coeff < 1.0:  # a NaN or Inf norm skips the step anyway
             self._clip_coeff *= coeff
-        return torch.tensor(norm, dtype=torch.float32)
+        return torch.tensor(norm, dtype=torch.float32, device=self.model.device)  # on the grads' device, as torch's
 
     def state_dict(self) -> dict:
         """torch's format (optimizer_state.py). No collective: any rank may call it alone. A

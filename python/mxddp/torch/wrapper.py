@@ -25,7 +25,11 @@ class DataParallelModule(torch.nn.Module):
     ``_mxfp8_kind`` (index -> 'linear' or 'conv1d' for its MXFP8 params) and ``ddp_config``, calls
     ``_init_sync_state()`` in its constructor and ``_record_param_places()`` once the params have
     their data, then changes a param's ``.data`` only through ``_set_data`` and calls
-    ``_check_params_in_place`` at the start of its forward and finish_grad_sync."""
+    ``_check_params_in_place`` at the start of its forward and finish_grad_sync. It sets ``device``
+    (where the params live) and ``_stream`` (on a GPU, the stream it was wrapped on) too."""
+
+    device = torch.device("cpu")
+    _stream = None  # on a GPU: torch's current stream at wrap time, which its work must run on
 
     def _record_param_places(self) -> None:
         """Records, after the params were given their data, every (module, attribute) holding a
@@ -71,6 +75,13 @@ class DataParallelModule(torch.nn.Module):
                     "mxddp trains and synchronizes its own buffers, so the new tensor would never train and this "
                     "rank would hold other values than the rest. Copy new values in instead "
                     "(`with torch.no_grad(): param.copy_(values)`), or convert the module before wrapping it")
+        stream = self._stream
+        if stream is not None and torch.cuda.current_stream(self.device).cuda_stream != stream:
+            raise RuntimeError(
+                f"{where}: torch's current stream on {self.device} is not the one {wrapper} was wrapped on: mxddp "
+                "orders its collectives, gathers and frees after the work of that stream only, so work on another "
+                "one could race with them. Run the model on the stream that was current when it was wrapped "
+                "(or wrap it inside the same `torch.cuda.stream(...)` block)")
 
     # HSDP (FullyShardedDataParallel with a replica group) sets it: checkpoints refuse such models.
     _hybrid = False
