@@ -82,13 +82,18 @@ Result measure(int dp, int64_t bucket_size, const Args& args) {
   std::mutex mutex;
   LocalOptions options;
 #if MXDDP_BENCH_CUDA
-  std::vector<OwnedCudaStream> streams;
-  std::vector<std::unique_ptr<Compute>> computes;
+  // Each rank's work and its collectives on streams of their own (LocalOptions::comm_computes): the
+  // issuing call records the event its collective waits for.
+  std::vector<OwnedCudaStream> streams, comm_streams;
+  std::vector<std::unique_ptr<Compute>> computes, comm_computes;
   if (args.device == "cuda") {
     streams.resize(static_cast<size_t>(dp));
-    for (auto& s : streams) {
-      computes.push_back(make_cuda_compute(s.get()));
+    comm_streams.resize(static_cast<size_t>(dp));
+    for (size_t r = 0; r < streams.size(); ++r) {
+      computes.push_back(make_cuda_compute(streams[r].get()));
       options.computes.push_back(computes.back().get());
+      comm_computes.push_back(make_cuda_compute(comm_streams[r].get()));
+      options.comm_computes.push_back(comm_computes.back().get());
     }
   }
 #endif

@@ -27,7 +27,9 @@
 #   scripts/gpu_check.sh --run-bench DIR OUT
 #                                        there (issue 42's figures), a call of its own: GPT-2 124M
 #                                        under mxddp against torch DDP + fused AdamW and megatron-fsdp
-#                                        (bench/torch_cuda_compare.py); OUT/bench.txt
+#                                        (bench/torch_cuda_compare.py), and 2 MPI ranks sharing the
+#                                        GPU: exposed communication and its timeline
+#                                        (bench/torch_cuda_exposed.py); OUT/bench.txt
 #
 # The GPU machine has no network and none of this project's Debian libraries, so nothing is built
 # there: the binaries link the CUDA runtime statically and find the rest (libfmt, libgomp, and

@@ -7,7 +7,8 @@
 # OUT/python.txt is the summary, the logs are beside it.
 # With --bench instead (`gpu_check.sh --run-bench`), a call of its own too: the same build (kept
 # from --run-python when the machine is still the same one), then bench/torch_cuda_compare.py
-# (GPT-2 124M against torch DDP + fused AdamW and megatron-fsdp); OUT/bench.txt.
+# (GPT-2 124M against torch DDP + fused AdamW and megatron-fsdp) and bench/torch_cuda_exposed.py
+# (2 MPI ranks sharing the GPU: exposed communication, with and without overlap); OUT/bench.txt.
 # usage: gpu_check_python.sh DIR OUT OMPI NCCL_LIB_DIR [--bench]
 set -uo pipefail
 dir=$1 out=$2 ompi=$3 nccl_lib=$4 what=${5:-}
@@ -36,8 +37,15 @@ if [ "$what" = --bench ]; then
   PYTHONPATH="$build:$PWD/$dir/python/megatron_fsdp" timeout 420 "$python" bench/torch_cuda_compare.py \
     --timeout-s 100 >>"$summary" 2>"$out/bench.err" || rc=$?
   echo "torch_cuda_compare: exit $rc" >>"$summary"
+  # Two MPI ranks sharing the GPU (the staged engine): exposed communication and its timeline.
+  exposed=0
+  timeout 150 "$ompi/usr/bin/orterun" --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+    -x PYTHONPATH="$build" -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_INSTALL_PREFIX \
+    "$python" bench/torch_cuda_exposed.py >>"$summary" 2>>"$out/bench.err" || exposed=$?
+  echo "torch_cuda_exposed (mpirun -np 2, one GPU): exit $exposed" >>"$summary"
   cat "$summary"
-  exit "$rc"
+  [ "$rc" -eq 0 ] && [ "$exposed" -eq 0 ]
+  exit $?
 fi
 status=0
 for np in 1 2; do

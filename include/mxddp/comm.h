@@ -200,6 +200,13 @@ struct LocalOptions {
   // is in them; and after its share is moved, so no peer reuses a buffer still being read. Work
   // on another stream that fills a buffer must be complete before the collective is issued.
   std::vector<Compute*> computes;
+  // Optional, with computes: comm_computes[r] works on the same device as computes[r] but on a
+  // stream of its own, and moves rank r's share of each collective. A collective then waits (on
+  // its progress thread) only for the work computes[r] had enqueued when it was issued (an event
+  // recorded then), never for what the rank enqueues after it, and its share runs beside that
+  // later work, synchronizing only comm_computes[r]: on one GPU a bucket's reduction overlaps the
+  // rest of the backward. Empty: the share runs on computes[r], synchronized around it.
+  std::vector<Compute*> comm_computes;
 };
 
 class LocalGroupState;

@@ -14,12 +14,17 @@
 // The bytes move through each rank's Compute (LocalOptions::computes): the CPU's kernels on host
 // memory, a device's on its stream. On a device, a rank synchronizes its compute before step 1 (what
 // it enqueued before the collective is in its buffers) and after step 2 (its share is written and
-// its reads done before anyone departs).
+// its reads done before anyone departs). With LocalOptions::comm_computes, a stream of the rank's
+// own for its collectives, it waits before step 1 only for an event recorded on its compute when the
+// collective was issued, moves its share on the comm compute, and synchronizes that alone: the
+// rank's later work is neither waited for nor queued ahead of the collective.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -143,10 +148,13 @@ std::pair<int64_t, int64_t> partition(int64_t count, int parts, int index, size_
 
 class LocalBackend final : public CommBackend {
  public:
-  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank, Compute& compute)
+  // mover: the comm compute that moves this rank's shares (LocalOptions::comm_computes), or null:
+  // compute itself.
+  LocalBackend(std::shared_ptr<LocalGroupState> group, int rank, Compute& compute, Compute* mover)
       : group_(std::move(group)),
         rank_(rank),
         compute_(compute),
+        comm_compute_(mover),
         calls_(static_cast<size_t>(group_->size())),
         inputs_(calls_.size()),
         outputs_(calls_.size()) {}
@@ -155,6 +163,19 @@ class LocalBackend final : public CommBackend {
   int size() const override { return group_->size(); }
   std::string_view name() const override { return "local"; }
   Compute& compute() const override { return compute_; }
+
+  // With a comm compute: the event after the work the rank enqueued before this collective.
+  void issue(const CollectiveCall& call) noexcept override {
+    if (comm_compute_ == nullptr) return;
+    Issued issued{.call = call};
+    try {
+      issued.ready = compute_.record_event();
+    } catch (...) {
+      issued.failure = std::current_exception();
+    }
+    std::lock_guard lock(issued_mutex_);
+    issued_.push_back(std::move(issued));
+  }
 
   void run(const CollectiveCall& call) override {
     const uint64_t seq = ++seq_;
@@ -166,7 +187,7 @@ class LocalBackend final : public CommBackend {
                                                collective_name(call.kind), seq, e.what()));
     };
     try {
-      compute_.synchronize();
+      wait_for_inputs(call);
     } catch (const std::exception& e) {
       abort_group(e);
       throw;
@@ -183,7 +204,7 @@ class LocalBackend final : public CommBackend {
     if (mismatch.empty()) {
       try {
         move_data(calls);
-        compute_.synchronize();
+        mover().synchronize();
       } catch (const std::exception& e) {
         failure = std::current_exception();
         abort_group(e);
@@ -197,6 +218,36 @@ class LocalBackend final : public CommBackend {
   }
 
  private:
+  // One collective between issue() and run(), with a comm compute.
+  struct Issued {
+    CollectiveCall call;
+    std::unique_ptr<ComputeEvent> ready;  // after the work enqueued before it was issued
+    std::exception_ptr failure;           // why no event could be recorded
+  };
+
+  Compute& mover() const { return comm_compute_ != nullptr ? *comm_compute_ : compute_; }
+
+  // Returns once what the rank enqueued before issuing `call` is in its buffers: an event recorded
+  // when it was issued, or (without a comm compute) the whole compute.
+  void wait_for_inputs(const CollectiveCall& call) {
+    if (comm_compute_ == nullptr) {
+      compute_.synchronize();
+      return;
+    }
+    Issued issued;
+    {
+      std::lock_guard lock(issued_mutex_);
+      // Communicator runs every call it issued, in issue order (one progress queue per rank).
+      MXDDP_CHECK(!issued_.empty() && issued_.front().call.send == call.send && issued_.front().call.recv == call.recv,
+                  "{} of {} elements ran without the event of its issue (a bug in mxddp)", collective_name(call.kind),
+                  call.count);
+      issued = std::move(issued_.front());
+      issued_.pop_front();
+    }
+    if (issued.failure) std::rethrow_exception(issued.failure);
+    issued.ready->wait();
+  }
+
   // Every rank moves a disjoint 1/size share of the bytes, so all progress threads stream at once,
   // and each element is read and written the fewest times the operation allows (the bytes
   // comm_bench's vs_stream counts).
@@ -220,7 +271,7 @@ class LocalBackend final : public CommBackend {
           inputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].send, begin);
           outputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].recv, begin);
         }
-        compute_.reduce({.dtype = mine.dtype, .op = mine.op, .prescale = mine.prescale, .count = end - begin,
+        mover().reduce({.dtype = mine.dtype, .op = mine.op, .prescale = mine.prescale, .count = end - begin,
                          .inputs = {inputs.data(), static_cast<size_t>(n)},
                          .outputs = {outputs.data(), static_cast<size_t>(n)}});
         return;
@@ -229,7 +280,7 @@ class LocalBackend final : public CommBackend {
         // Block rank_ of every input is read by this rank alone, so an in-place output is safe.
         const int64_t offset = static_cast<int64_t>(rank_) * mine.count;
         for (int r = 0; r < n; ++r) inputs[static_cast<size_t>(r)] = at(calls[static_cast<size_t>(r)].send, offset);
-        compute_.reduce({.dtype = mine.dtype, .op = mine.op, .prescale = mine.prescale, .count = mine.count,
+        mover().reduce({.dtype = mine.dtype, .op = mine.op, .prescale = mine.prescale, .count = mine.count,
                          .inputs = {inputs.data(), static_cast<size_t>(n)}, .outputs = {&mine.recv, 1}});
         return;
       }
@@ -241,7 +292,7 @@ class LocalBackend final : public CommBackend {
           void* dst = at(calls[static_cast<size_t>(r)].recv, static_cast<int64_t>(rank_) * mine.count);
           if (dst != mine.send) outputs[static_cast<size_t>(n_dsts++)] = dst;
         }
-        compute_.copy_to_many(mine.send, {outputs.data(), static_cast<size_t>(n_dsts)},
+        mover().copy_to_many(mine.send, {outputs.data(), static_cast<size_t>(n_dsts)},
                               static_cast<size_t>(mine.count) * elem);
         return;
       }
@@ -253,7 +304,7 @@ class LocalBackend final : public CommBackend {
         int n_dsts = 0;
         for (int r = 0; r < n; ++r)
           if (r != mine.root) outputs[static_cast<size_t>(n_dsts++)] = at(calls[static_cast<size_t>(r)].recv, begin);
-        compute_.copy_to_many(at(calls[static_cast<size_t>(mine.root)].send, begin),
+        mover().copy_to_many(at(calls[static_cast<size_t>(mine.root)].send, begin),
                               {outputs.data(), static_cast<size_t>(n_dsts)}, static_cast<size_t>(end - begin) * elem);
         return;
       }
@@ -264,7 +315,10 @@ class LocalBackend final : public CommBackend {
 
   std::shared_ptr<LocalGroupState> group_;
   const int rank_;
-  Compute& compute_;  // moves this rank's share, on its memory (its stream)
+  Compute& compute_;  // the rank's: its memory (its stream); moves its share without a comm compute
+  Compute* comm_compute_;  // moves its share on a stream of its own (LocalOptions::comm_computes), or null
+  std::mutex issued_mutex_;     // issue() runs on the issuing thread, run() on the progress thread
+  std::deque<Issued> issued_;   // with a comm compute: the calls issued and not yet run, in order
   // Touched only by this rank's progress thread; sized once so a collective allocates nothing.
   uint64_t seq_ = 0;
   std::vector<CollectiveCall> calls_;  // [size] every rank's call of the current collective
@@ -288,11 +342,22 @@ LocalGroup::LocalGroup(int size, const LocalOptions& options) {
                 "buffers, so they share one device",
                 r, to_string(computes[r]->device()), to_string(computes[0]->device()));
   }
+  const std::vector<Compute*>& comm_computes = options.comm_computes;
+  MXDDP_CHECK(comm_computes.empty() || comm_computes.size() == computes.size(),
+              "a local group of {} ranks with {} computes got {} comm computes; give one per compute, or none",
+              size, computes.size(), comm_computes.size());
+  for (size_t r = 0; r < comm_computes.size(); ++r) {
+    MXDDP_CHECK(comm_computes[r] != nullptr, "the comm compute of local rank {} is null", r);
+    MXDDP_CHECK(comm_computes[r]->device() == computes[r]->device(),
+                "local rank {}'s comm compute works on {} but its compute on {}; it moves that compute's buffers", r,
+                to_string(comm_computes[r]->device()), to_string(computes[r]->device()));
+  }
   state_ = std::make_shared<LocalGroupState>(size, options);
   for (int r = 0; r < size; ++r) {
     Compute& compute = computes.empty() ? cpu_compute() : *computes[static_cast<size_t>(r)];
+    Compute* mover = comm_computes.empty() ? nullptr : comm_computes[static_cast<size_t>(r)];
     communicators_.push_back(std::make_unique<Communicator>(
-        with_injected_delay(std::make_unique<LocalBackend>(state_, r, compute), options.injected_delay)));
+        with_injected_delay(std::make_unique<LocalBackend>(state_, r, compute, mover), options.injected_delay)));
   }
 }
 

@@ -4,8 +4,9 @@
 //
 // Lagging (set `lagging`): the copies between the host and the claimed device (copy_from_host,
 // copy_to_host_async) do not happen when the call returns but are queued, as on a stream that runs
-// behind the host; the queue runs, in order, before any other operation of this compute, at
-// synchronize() and when one of its events is waited for. A copy_from_host out of ordinary host
+// behind the host; the queue runs, in order, before any other operation of this compute and at
+// synchronize(), and up to an event when that event is waited for (what was queued after it stays
+// queued, as on a stream). A copy_from_host out of ordinary host
 // memory reads it at once (as CUDA stages pageable memory); one out of allocate_host's memory reads
 // it when the queue runs. Code above that reads staging before waiting for its copy, or reuses it
 // while a copy out of it is queued, then moves the wrong bytes.
@@ -58,6 +59,8 @@ class RecordingCompute final : public Compute {
   // While set, host <-> device copies are queued (see the file comment). Set it before the compute's
   // first use.
   std::atomic<bool> lagging{false};
+  // The lagging copies queued and not yet run.
+  size_t queued_copies() const { return queue_->size(); }
 
  protected:
   ComputeBuffer run_allocate(size_t bytes, MemoryCategory category, MemoryTracker& tracker, bool zeroed) override {
@@ -127,7 +130,7 @@ class RecordingCompute final : public Compute {
   }
   std::unique_ptr<ComputeEvent> run_record_event() override {
     ++events_recorded;
-    return std::make_unique<Event>(*this);
+    return std::make_unique<Event>(*this, queue_->position());
   }
   void run_convert(const TensorView& in, const TensorView& out) override {
     drain();
@@ -208,17 +211,18 @@ class RecordingCompute final : public Compute {
     MemoryCategory category;
   };
 
-  // An event: waiting for it runs the queue (everything queued before it, and what came since).
+  // An event: waiting for it runs the queue up to it (the copies queued before it was recorded).
   class Event final : public ComputeEvent {
    public:
-    explicit Event(RecordingCompute& compute) : compute_(compute) {}
+    Event(RecordingCompute& compute, uint64_t position) : compute_(compute), position_(position) {}
     void wait() override {
       ++compute_.event_waits;
-      compute_.drain();
+      compute_.queue_->drain(position_);
     }
 
    private:
     RecordingCompute& compute_;
+    uint64_t position_;  // how many copies had been queued when it was recorded
   };
   struct PinnedRange {
     const char* data;
@@ -231,14 +235,25 @@ class RecordingCompute final : public Compute {
   struct CopyQueue {
     std::mutex mutex;
     std::deque<std::function<void()>> copies;
+    uint64_t pushed = 0;  // copies queued so far; those run are pushed - copies.size()
     void push(std::function<void()> copy) {
       std::lock_guard lock(mutex);
       copies.push_back(std::move(copy));
+      ++pushed;
     }
-    // Runs the queued copies in order, on the calling thread.
-    void drain() {
+    uint64_t position() {
       std::lock_guard lock(mutex);
-      while (!copies.empty()) {
+      return pushed;
+    }
+    size_t size() {
+      std::lock_guard lock(mutex);
+      return copies.size();
+    }
+    // Runs the queued copies in order, on the calling thread: all of them, or those among the
+    // first `upto` ever queued.
+    void drain(uint64_t upto = UINT64_MAX) {
+      std::lock_guard lock(mutex);
+      while (!copies.empty() && pushed - copies.size() < upto) {
         copies.front()();
         copies.pop_front();
       }

@@ -1,5 +1,6 @@
 // The local backend on device memory: 2 and 4 ranks as threads on one GPU, each with its own stream
-// and CUDA compute (LocalOptions::computes), run every collective on device buffers, then DDP and
+// and CUDA compute (LocalOptions::computes) and another for its collectives (comm_computes; once
+// without), run every collective on device buffers, then DDP and
 // the distributed optimizer train on them (their buffers on the communicator's compute); the
 // results must be the bits the same jobs give on host memory (the CPU's kernels). Needs a device:
 // device_main.cc skips (77) saying why where there is none.
@@ -25,12 +26,13 @@ namespace mxddp::testing {
 namespace {
 
 // Runs job on `ranks` ranks on the host (cpu_compute) and on the device (a stream and CUDA compute
-// per rank); returns what each rank's job returned, host runs first.
+// per rank, and one more of each for its collectives unless !comm_streams); returns what each
+// rank's job returned, host runs first.
 template <typename Result, typename Job>
-std::pair<std::vector<Result>, std::vector<Result>> host_and_device(int ranks, Job job) {
+std::pair<std::vector<Result>, std::vector<Result>> host_and_device(int ranks, Job job, bool comm_streams = true) {
   std::vector<Result> on_host(static_cast<size_t>(ranks)), on_device(static_cast<size_t>(ranks));
   run_local(ranks, [&](Communicator& comm) { on_host[static_cast<size_t>(comm.rank())] = job(comm, cpu_compute()); });
-  const CudaRanks gpu(ranks);
+  const CudaRanks gpu(ranks, comm_streams);
   run_local(ranks, [&](Communicator& comm) {
     EXPECT_EQ(comm.device(), Device::cuda(0));
     on_device[static_cast<size_t>(comm.rank())] = job(comm, *gpu.computes[static_cast<size_t>(comm.rank())]);
@@ -40,8 +42,8 @@ std::pair<std::vector<Result>, std::vector<Result>> host_and_device(int ranks, J
 
 // Every rank's result on the host and on the device; equal bytes, except that a NaN may carry the
 // device's own payload.
-void expect_device_matches_host(int ranks) {
-  const auto [on_host, on_device] = host_and_device<std::vector<uint8_t>>(ranks, run_job);
+void expect_device_matches_host(int ranks, bool comm_streams = true) {
+  const auto [on_host, on_device] = host_and_device<std::vector<uint8_t>>(ranks, run_job, comm_streams);
   for (int r = 0; r < ranks; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     expect_same_job_bytes(on_host[static_cast<size_t>(r)], on_device[static_cast<size_t>(r)], ranks);
@@ -50,6 +52,8 @@ void expect_device_matches_host(int ranks) {
 
 TEST(CudaLocalGroup, TwoRanksOnOneDeviceMatchTheHostRun) { expect_device_matches_host(2); }
 TEST(CudaLocalGroup, FourRanksOnOneDeviceMatchTheHostRun) { expect_device_matches_host(4); }
+// The same on the ranks' own streams, each synchronized around its collectives (no comm streams).
+TEST(CudaLocalGroup, TwoRanksWithoutCommStreamsMatchTheHostRun) { expect_device_matches_host(2, false); }
 
 // The update is bit-exact on the device (compute_test), the grads' reduction too, so the params
 // are the host's bytes; the norm (not used: no clipping) differs only by its order of additions.
