@@ -163,6 +163,15 @@ nlohmann::ordered_json plan_json(const TrainConfig& c, const MemoryPlan& p, cons
   categories["total"] = {{"live_bytes", p.steady.total_live_bytes},
                          {"steady_peak_bytes", p.steady.total_peak_bytes},
                          {"overall_peak_bytes", p.overall.total_peak_bytes}};
+  // Each place's own figures (--device cuda puts the data-parallel state on the device).
+  nlohmann::ordered_json places = nlohmann::ordered_json::object();
+  for (const MemoryPlace place : {MemoryPlace::kDevice, MemoryPlace::kHost}) {
+    const MemoryAmounts& steady = p.steady.at(place);
+    const MemoryAmounts& overall = p.overall.at(place);
+    places[std::string(memory_place_name(place))] = {{"live_bytes", steady.total_live_bytes},
+                                                     {"steady_peak_bytes", steady.total_peak_bytes},
+                                                     {"overall_peak_bytes", overall.total_peak_bytes}};
+  }
   return {{"of", of},
           {"mode", describe_mode(c)},
           {"dp", p.dp},
@@ -170,6 +179,7 @@ nlohmann::ordered_json plan_json(const TrainConfig& c, const MemoryPlan& p, cons
           {"every_rank", true},
           {"compute_threads_per_rank", p.layout.compute_threads},
           {"per_rank", categories},
+          {"per_rank_by_place", places},
           {"peak_gathered_bytes_by_slot",
            {{"values", p.peak_gathered_bytes_by_slot[0]}, {"rowwise", p.peak_gathered_bytes_by_slot[1]},
             {"colwise", p.peak_gathered_bytes_by_slot[2]}}},
@@ -204,6 +214,14 @@ void print_plan(const TrainConfig& c, const MemoryPlan& p, const Explained& e, c
     row(name.c_str(), p.steady.peak(cat), p.overall.peak(cat), p.steady.live(cat));
   }
   row("total (peak of the sum)", p.steady.total_peak_bytes, p.overall.total_peak_bytes, p.steady.total_live_bytes);
+  const MemoryAmounts& on_device = p.overall.at(MemoryPlace::kDevice);
+  if (on_device.total_peak_bytes > 0) {
+    const MemoryAmounts& on_host = p.overall.at(MemoryPlace::kHost);
+    std::printf("of which on the device (the data-parallel buffers and optimizer state): %lld at the overall peak (%s); "
+                "on the host: %lld (%s)\n",
+                static_cast<long long>(on_device.total_peak_bytes), format_bytes(static_cast<double>(on_device.total_peak_bytes)).c_str(),
+                static_cast<long long>(on_host.total_peak_bytes), format_bytes(static_cast<double>(on_host.total_peak_bytes)).c_str());
+  }
   std::printf("\nlayout: %lld params in a %lld-element buffer, %lld bucket(s): %lld elements of padding (%lld at param "
               "starts, %lld at bucket ends)\n",
               static_cast<long long>(p.layout.params_numel), static_cast<long long>(p.layout.buffer_numel),
@@ -438,6 +456,12 @@ CLI::App* add_plan_command(CLI::App& app, PlanArgs& a) {
                                "least communication first");
   fit->excludes(shapes)->excludes(st);
   plan->add_option("--fit-max-dp", a.fit_max_dp, "Largest dp --fit tries")->transform(integer_in(1, kDpMax));
+  auto* device = plan->add_option("--device", a.device,
+                                  "Where each rank's data-parallel buffers and optimizer state live (with --shapes or "
+                                  "--safetensors): cpu, or cuda (a GPU per rank: those bytes are planned as device "
+                                  "memory, the rest as host memory)")
+                     ->check(CLI::IsMember({"cpu", "cuda"}));
+  device->excludes(fit);
   plan->add_flag("--json", a.json, "Print JSON instead of the table");
   return cmd;
 }
@@ -469,12 +493,17 @@ void run_plan_command(PlanArgs& a) {
     }
     if (c.ddp.fp8_param_gather) mark_mxfp8(specs);
     plan = plan_param_memory(specs, c, {.dp = dp, .num_distributed_optimizer_instances =
-                                                     static_cast<int>(a.num_distributed_optimizer_instances)});
+                                                     static_cast<int>(a.num_distributed_optimizer_instances),
+                                        .data_parallel_place = a.device == "cuda" ? MemoryPlace::kDevice
+                                                                                  : MemoryPlace::kHost});
     largest = largest_layer_numel(specs);
   } else {
     MXDDP_CHECK(a.num_distributed_optimizer_instances == 1,
                 "--num-distributed-optimizer-instances {} needs --shapes or --safetensors: mxddp train does not run "
                 "hybrid sharding, so its plan has none", a.num_distributed_optimizer_instances);
+    MXDDP_CHECK(a.device == "cpu",
+                "--device {} needs --shapes or --safetensors: mxddp train keeps every buffer in host memory; valid "
+                "here: cpu", a.device);
     plan = plan_train_memory(c, {.dp = dp, .ranks_on_this_machine = static_cast<int>(a.ranks_per_node),
                                  .start_iteration = load_start_iteration(c.load_dir),
                                  .mpi_backend = a.train.backend == "mpi"});

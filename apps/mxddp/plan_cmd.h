@@ -22,6 +22,9 @@ struct PlanArgs {
   std::string shapes;         // --shapes: a param list instead of the GPT ("95x95,95", as layout takes)
   std::string safetensors;    // --safetensors FILE: the param list of a safetensors file's header
   std::string fit;            // --fit BYTES: "80GiB", "96e9", ...
+  // --device: where the DDP's or FSDP's buffers and the optimizer's state live ("cpu" or "cuda": a
+  // rank on a GPU, as mxddp.torch and the device communicators put them; --shapes / --safetensors).
+  std::string device = "cpu";
   int64_t fit_max_dp = 65536;
   bool json = false;
 };

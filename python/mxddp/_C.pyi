@@ -212,12 +212,13 @@ class DistributedOptimizer:
     def close(self) -> None: ...
 
 def plan_ddp_memory(params: list[tuple[str, list[int], bool, bool]], config: DdpConfig, optimizer: Optional[str],
-                    dp: int) -> dict[str, Any]:
-    """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout}: the planner's bytes per rank."""
+                    dp: int, place: str = "host") -> dict[str, Any]:
+    """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, layout, by_place}: the planner's bytes per rank."""
 def plan_fsdp_memory(params: list[tuple[str, list[int], bool, bool]], units: list[list[int]],
                      hooked: list[tuple[list[int], int, int]], config: FsdpConfig, optimizer: Optional[str], dp: int,
                      micro_batches: int, mxfp8_colwise_forward: list[bool] = ...,
-                     fused_grads: list[bool] = ..., num_distributed_optimizer_instances: int = 1) -> dict[str, Any]:
+                     fused_grads: list[bool] = ..., num_distributed_optimizer_instances: int = 1,
+                     place: str = "host") -> dict[str, Any]:
     """{dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, steady_peak_bytes, steady_total_peak_bytes,
     peak_gathered_bytes, layout}: the planner's bytes per rank of an FSDP driven as mxddp.torch drives it."""
 def save_checkpoint(save_dir: str, optimizer: DistributedOptimizer, iteration: int, metadata: dict[str, str],

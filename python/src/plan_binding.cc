@@ -62,7 +62,27 @@ nb::dict plan_to_dict(const MemoryPlan& plan) {
   layout["buckets"] = buckets;
   layout["largest_unit_numel"] = l.largest_unit_numel;
   out["layout"] = layout;
+  // Each place's own figures, as mxddp._C.memory_usage(place) reports them.
+  nb::dict by_place;
+  for (const MemoryPlace place : {MemoryPlace::kHost, MemoryPlace::kDevice}) {
+    const MemoryAmounts& a = plan.overall.at(place);
+    nb::dict one;
+    one["live_bytes"] = per_category(a.live_bytes);
+    one["peak_bytes"] = per_category(a.peak_bytes);
+    one["total_live_bytes"] = a.total_live_bytes;
+    one["total_peak_bytes"] = a.total_peak_bytes;
+    const auto name = memory_place_name(place);
+    by_place[nb::str(name.data(), name.size())] = one;
+  }
+  out["by_place"] = by_place;
   return out;
+}
+
+// "host" or "device": where the data-parallel buffers and the optimizer's state are planned.
+MemoryPlace parse_place(const std::string& place) {
+  if (place == "host") return MemoryPlace::kHost;
+  if (place == "device") return MemoryPlace::kDevice;
+  MXDDP_FAIL("place '{}' is not valid; valid: host, device", place);
 }
 
 // The DDP binding's params (bindings.h's to_specs, which checks them) from the plan's tuples.
@@ -87,33 +107,40 @@ void bind_plan(nb::module_& m) {
   m.def(
       "plan_ddp_memory",
       [](const std::vector<PlanParam>& params, const DdpConfig& config, const std::optional<std::string>& optimizer,
-         int dp) {
-        // The package's ranks run on the mpi backend, whose gradient-sync staging the tracker counts.
+         int dp, const std::string& place) {
+        // On the host the package's ranks run on the mpi backend, whose gradient-sync staging the
+        // tracker counts; on a device on NCCL, which has none (the staged engine's is not planned).
+        const MemoryPlace where = parse_place(place);
         return plan_to_dict(plan_ddp_memory(to_specs(params), config, to_optimizer(optimizer),
-                                            {.dp = dp, .mpi_backend = true}));
+                                            {.dp = dp, .mpi_backend = where == MemoryPlace::kHost,
+                                             .data_parallel_place = where}));
       },
-      nb::arg("params"), nb::arg("config"), nb::arg("optimizer").none(), nb::arg("dp"),
+      nb::arg("params"), nb::arg("config"), nb::arg("optimizer").none(), nb::arg("dp"), nb::arg("place") = "host",
       "Bytes per rank per category of a DistributedDataParallel over params (name, shape, shared_embedding, "
       "mxfp8) at dp ranks and, when optimizer ('adam' or 'sgd') is given, its DistributedOptimizer, after a "
       "gradient sync and a step: {dp, live_bytes, peak_bytes, total_live_bytes, total_peak_bytes, "
-      "steady_peak_bytes, steady_total_peak_bytes, peak_gathered_bytes, layout}.");
+      "steady_peak_bytes, steady_total_peak_bytes, peak_gathered_bytes, layout, by_place}. place: where the "
+      "buffers and the optimizer's state live, 'host' (the mpi backend's staging counted) or 'device' (NCCL: none).");
   m.def(
       "plan_fsdp_memory",
       [](const std::vector<PlanParam>& params, const std::vector<std::vector<int>>& units,
          const std::vector<std::tuple<std::vector<int>, int, int>>& hooked, const FsdpConfig& config,
          const std::optional<std::string>& optimizer, int dp, int micro_batches,
          const std::vector<bool>& mxfp8_colwise_forward, const std::vector<bool>& fused_grads,
-         int num_distributed_optimizer_instances) {
+         int num_distributed_optimizer_instances, const std::string& place) {
         std::vector<FsdpHookedModule> modules;
         for (const auto& [module_params, unit, region] : hooked) modules.push_back({module_params, unit, region});
+        const MemoryPlace where = parse_place(place);
         return plan_to_dict(plan_fsdp_memory(
             to_specs(params, mxfp8_colwise_forward), units, modules, config, to_optimizer(optimizer),
-            {.dp = dp, .mpi_backend = true, .micro_batches = micro_batches, .fused_grads = fused_grads,
-             .num_distributed_optimizer_instances = num_distributed_optimizer_instances}));
+            {.dp = dp, .mpi_backend = where == MemoryPlace::kHost, .micro_batches = micro_batches,
+             .fused_grads = fused_grads, .num_distributed_optimizer_instances = num_distributed_optimizer_instances,
+             .data_parallel_place = where}));
       },
       nb::arg("params"), nb::arg("units"), nb::arg("hooked"), nb::arg("config"), nb::arg("optimizer").none(),
       nb::arg("dp"), nb::arg("micro_batches"), nb::arg("mxfp8_colwise_forward") = std::vector<bool>{},
       nb::arg("fused_grads") = std::vector<bool>{}, nb::arg("num_distributed_optimizer_instances") = 1,
+      nb::arg("place") = "host",
       "Bytes per rank per category of a FullyShardedDataParallel over params (name, shape, shared_embedding, "
       "mxfp8) with units (param indices per unit, forward order), driven through hooked ((params, unit, "
       "recompute_region) per hooked module in forward order, unit -1 for a non-unit module, region -1 for none) "
@@ -122,7 +149,8 @@ void bind_plan(nb::module_& m) {
       "(mxfp8_colwise_forward: as FullyShardedDataParallel's; fused_grads: [] or a flag per param whose modules "
       "add its weight gradient into main_grad themselves): "
       "overall from construction through any number of iterations, steady after the first; the dict of "
-      "plan_ddp_memory. num_distributed_optimizer_instances: HSDP's replica groups (plan.h), 1: plain FSDP.");
+      "plan_ddp_memory. num_distributed_optimizer_instances: HSDP's replica groups (plan.h), 1: plain FSDP. "
+      "place: as plan_ddp_memory's.");
 }
 
 }  // namespace mxddp::python

@@ -551,3 +551,33 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
         opt.close()
         model.close()
     assert set(live_bytes().values()) == {0}, live_bytes()
+
+
+DATA_PARALLEL_CATEGORIES = ("params", "grads", "main_params", "optimizer_state", "mxfp8", "gathered")
+
+
+@pytest.mark.parametrize("cfg", [ddp_config(use_distributed_optimizer=True, bucket_size=3000),
+                                 fsdp_config(data_parallel_sharding_strategy="optim_grads_params")],
+                         ids=["ddp", "fsdp"])
+def test_a_plan_on_a_gpu_puts_the_data_parallel_state_on_the_device(cfg):
+    with torch.device("meta"):
+        module = gpt2()
+    units = [gpt2_block()] if cfg.use_megatron_fsdp else None
+    host = mxt.plan(module, 4, cfg, ADAM, fsdp_unit_modules=units)
+    gpu = mxt.plan(module, 4, cfg, ADAM, fsdp_unit_modules=units, device="cuda")
+    assert (host.device, gpu.device) == ("cpu", "cuda")
+    on_device, left_on_host = gpu.memory_usage("device"), gpu.memory_usage("host")
+    for category in DATA_PARALLEL_CATEGORIES:
+        assert on_device[category] == host.memory_usage()[category], category
+        assert left_on_host[category] == (0, 0), category
+    assert host.memory_usage("device") == {k: (0, 0) for k in host.live_bytes}, "a CPU plan holds nothing on a device"
+    # The mpi backend's gradient staging is the host plan's; NCCL (a GPU per rank) has none. The rest
+    # is the same bytes in another place.
+    assert gpu.live_bytes["comm"] == 0 and gpu.peak_bytes["comm"] == 0
+    assert {k: v for k, v in gpu.live_bytes.items() if k != "comm"} == \
+        {k: v for k, v in host.live_bytes.items() if k != "comm"}
+    assert gpu.total_live_bytes == host.total_live_bytes - host.live_bytes["comm"]
+    with pytest.raises(ValueError, match="device='tpu' is not valid; valid: 'cpu', 'cuda'"):
+        mxt.plan(module, 4, cfg, ADAM, fsdp_unit_modules=units, device="tpu")
+    with pytest.raises(ValueError, match="place='gpu' is not valid; valid: None, 'host', 'device'"):
+        gpu.memory_usage("gpu")

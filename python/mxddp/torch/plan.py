@@ -63,10 +63,20 @@ class MemoryPlan:
     strategy: str = "ddp"          # "ddp", or the FSDP's data_parallel_sharding_strategy
     num_units: int = 0             # FSDP: the units gathered and released together
     largest_unit_numel: int = 0    # FSDP: the largest unit's padded elements
+    # "host" and "device": each place's own {live_bytes, peak_bytes, total_live_bytes, total_peak_bytes}
+    # (plan(device="cuda") puts the data-parallel buffers and the optimizer's state on the device).
+    by_place: dict[str, dict] = field(default_factory=dict)
+    device: str = "cpu"            # what plan() was asked for
 
-    def memory_usage(self) -> dict[str, tuple[int, int]]:
-        """The plan in ``mxddp.torch.memory_usage()``'s form: {category: (live_bytes, peak_bytes)}."""
-        return {k: (self.live_bytes[k], self.peak_bytes[k]) for k in self.live_bytes}
+    def memory_usage(self, place: Optional[str] = None) -> dict[str, tuple[int, int]]:
+        """The plan in ``mxddp.torch.memory_usage(place)``'s form: {category: (live_bytes, peak_bytes)},
+        on every place together (None) or on the "host" or the "device" alone."""
+        if place is None:
+            return {k: (self.live_bytes[k], self.peak_bytes[k]) for k in self.live_bytes}
+        if place not in ("host", "device"):
+            raise ValueError(f"place={place!r} is not valid; valid: None, 'host', 'device'")
+        one = self.by_place[place]
+        return {k: (one["live_bytes"][k], one["peak_bytes"][k]) for k in one["live_bytes"]}
 
     def __str__(self) -> str:
         what = "DDP" if self.strategy == "ddp" else f"FSDP {self.strategy}, {self.num_units} unit(s)"
@@ -93,7 +103,8 @@ def _planned_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig | None = None,
          opt_cfg: OptimizerConfig | None = None, fsdp_unit_modules: Optional[Sequence] = None,
          micro_batches: int = 1, forward_order: Optional[Sequence[str]] = None,
-         checkpointed_modules: Optional[Sequence] = None, gradient_accumulation_fusion: bool = True) -> MemoryPlan:
+         checkpointed_modules: Optional[Sequence] = None, gradient_accumulation_fusion: bool = True,
+         device: str = "cpu") -> MemoryPlan:
     """The bytes per rank per category that ``DistributedDataParallel(module, cfg)`` (and, with
     ``opt_cfg``, a ``DistributedOptimizer`` on it) hold at ``world`` ranks after a gradient sync and a
     step: the same figures ``memory_usage()`` reports then, to the byte. With
@@ -119,8 +130,15 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     ``forward_order``: the names of the units' modules in the order the model's forward calls them,
     as ``FullyShardedDataParallel.forward_order`` reports after a forward; where the two differ
     (fine-grained units of a Llama layer) only the latter gives the gathered peaks to the byte.
+    device: where the ranks' modules will be, "cpu" or "cuda": on a GPU the DDP's or FSDP's buffers
+    and the optimizer's state are planned as device bytes (``MemoryPlan.memory_usage("device")``),
+    and no gradient staging (the NCCL engine has none; the staged engine's page-locked copies are
+    not planned).
     Needs no ``init()`` and no ranks; allocates nothing.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not valid; valid: 'cpu', 'cuda'")
+    place = "device" if device == "cuda" else "host"
     if isinstance(world, bool) or not isinstance(world, int):
         raise TypeError(f"world must be an int (the data-parallel size); got {world!r}")
     if not 1 <= world <= _WORLD_MAX:
@@ -136,7 +154,7 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     _check_fusion_flag(gradient_accumulation_fusion)
     if cfg.use_megatron_fsdp:
         return _plan_fsdp(module, world, cfg, opt_cfg, fsdp_unit_modules, micro_batches, forward_order,
-                          checkpointed_modules, gradient_accumulation_fusion)
+                          checkpointed_modules, gradient_accumulation_fusion, place)
     check_unit_module_classes(checkpointed_modules, "checkpointed_modules")
     if forward_order is not None:
         raise ValueError("forward_order is given but cfg.use_megatron_fsdp is False: it orders FSDP's units")
@@ -150,14 +168,15 @@ def plan(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig
     specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False)), flag)
              for (name, p), flag in zip(params, mxfp8_flags)]
     # cfg.to_cpp carries every field the config accepts, so the plan follows whatever it says.
-    out = _C.plan_ddp_memory(specs, cfg.to_cpp(_DTYPES[dtype]), None if opt_cfg is None else opt_cfg.optimizer, world)
-    return _memory_plan(out)
+    out = _C.plan_ddp_memory(specs, cfg.to_cpp(_DTYPES[dtype]), None if opt_cfg is None else opt_cfg.optimizer, world,
+                             place)
+    return _memory_plan(out, device=device)
 
 
 def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallelConfig,
                opt_cfg: OptimizerConfig | None, fsdp_unit_modules: Optional[Sequence],
                micro_batches: int, forward_order: Optional[Sequence[str]],
-               checkpointed_modules: Optional[Sequence], gradient_accumulation_fusion: bool) -> MemoryPlan:
+               checkpointed_modules: Optional[Sequence], gradient_accumulation_fusion: bool, place: str) -> MemoryPlan:
     params = _planned_params(module)
     dtype = params[0][1].dtype
     names, tensors = [n for n, _ in params], [p for _, p in params]
@@ -182,11 +201,12 @@ def _plan_fsdp(module: torch.nn.Module, world: int, cfg: DistributedDataParallel
     out = _C.plan_fsdp_memory(specs, units.units, hooked, fsdp_cfg,
                               None if opt_cfg is None else opt_cfg.optimizer, world, micro_batches,
                               colwise if any(colwise) else [], fused if any(fused) else [],
-                              cfg.num_distributed_optimizer_instances)
-    return _memory_plan(out, strategy=cfg.data_parallel_sharding_strategy, num_units=len(units.units))
+                              cfg.num_distributed_optimizer_instances, place)
+    return _memory_plan(out, strategy=cfg.data_parallel_sharding_strategy, num_units=len(units.units),
+                        device="cuda" if place == "device" else "cpu")
 
 
-def _memory_plan(out: dict, strategy: str = "ddp", num_units: int = 0) -> MemoryPlan:
+def _memory_plan(out: dict, strategy: str = "ddp", num_units: int = 0, device: str = "cpu") -> MemoryPlan:
     """A MemoryPlan from the planner's dict."""
     layout = out["layout"]
     return MemoryPlan(world=out["dp"], live_bytes=dict(out["live_bytes"]), peak_bytes=dict(out["peak_bytes"]),
@@ -198,4 +218,4 @@ def _memory_plan(out: dict, strategy: str = "ddp", num_units: int = 0) -> Memory
                       steady_peak_bytes=dict(out["steady_peak_bytes"]),
                       steady_total_peak_bytes=out["steady_total_peak_bytes"],
                       peak_gathered_bytes=dict(out["peak_gathered_bytes"]), strategy=strategy, num_units=num_units,
-                      largest_unit_numel=layout["largest_unit_numel"])
+                      largest_unit_numel=layout["largest_unit_numel"], by_place=dict(out["by_place"]), device=device)
