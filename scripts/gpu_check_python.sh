@@ -3,8 +3,10 @@
 # on the GPU machine, with OpenMPI's and the libraries' environment set there: builds mxddp._C for
 # that machine's Python from what --prepare carried (scripts/gpu_python), then trains HF GPT-2 on
 # the GPU under mxddp against torch (tests/python/cuda_job.py) as DDP and as FSDP, at world 1 (the
-# NCCL engine) and at 2 MPI ranks sharing the GPU (the staged engine). At most about 7 minutes;
-# OUT/python.txt is the summary, the logs are beside it.
+# NCCL engine) and at 2 MPI ranks sharing the GPU (the staged engine), each with a checkpoint saved
+# on the GPU, loaded on the CPU and back; then MXFP8 weights against the same job on the CPU. At
+# most 8.5 minutes (the build 180 s, six jobs 60 s each); OUT/python.txt is the summary, the logs
+# are beside it.
 # With --bench instead (`gpu_check.sh --run-bench`), a call of its own too: the same build (kept
 # from --run-python when the machine is still the same one), then bench/torch_cuda_compare.py
 # (GPT-2 124M against torch DDP + fused AdamW and megatron-fsdp) and bench/torch_cuda_exposed.py
@@ -34,12 +36,12 @@ fi
 if [ "$what" = --bench ]; then
   # megatron-fsdp's wheel (pure Python, carried by --prepare) beside the extension.
   rc=0
-  PYTHONPATH="$build:$PWD/$dir/python/megatron_fsdp" timeout 420 "$python" bench/torch_cuda_compare.py \
-    --timeout-s 100 >>"$summary" 2>"$out/bench.err" || rc=$?
+  PYTHONPATH="$build:$PWD/$dir/python/megatron_fsdp" timeout 270 "$python" bench/torch_cuda_compare.py \
+    --timeout-s 60 >>"$summary" 2>"$out/bench.err" || rc=$?
   echo "torch_cuda_compare: exit $rc" >>"$summary"
   # Two MPI ranks sharing the GPU (the staged engine): exposed communication and its timeline.
   exposed=0
-  timeout 150 "$ompi/usr/bin/orterun" --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+  timeout 120 "$ompi/usr/bin/orterun" --allow-run-as-root --oversubscribe --bind-to none -np 2 \
     -x PYTHONPATH="$build" -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_INSTALL_PREFIX \
     "$python" bench/torch_cuda_exposed.py >>"$summary" 2>>"$out/bench.err" || exposed=$?
   echo "torch_cuda_exposed (mpirun -np 2, one GPU): exit $exposed" >>"$summary"
@@ -48,16 +50,22 @@ if [ "$what" = --bench ]; then
   exit $?
 fi
 status=0
-for np in 1 2; do
-  for wrap in ddp fsdp; do
-    rc=0
-    timeout 75 "$ompi/usr/bin/orterun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
-      -x PYTHONPATH="$build" -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_INSTALL_PREFIX \
-      "$python" tests/python/cuda_job.py --wrap "$wrap" >"$out/cuda_${wrap}_np$np.log" 2>&1 || rc=$?
-    echo "cuda_job --wrap $wrap, mpirun -np $np: exit $rc" >>"$summary"
-    grep -E '^cuda_job|^step +(1|10|20) |Error|error' "$out/cuda_${wrap}_np$np.log" | head -8 >>"$summary"
-    [ "$rc" -eq 0 ] || status=1
-  done
+# label, ranks, cuda_job's arguments: F32 against torch with the checkpoint round trip, then MXFP8
+# against the CPU run of the same job.
+jobs=("ddp 1 --wrap ddp --checkpoint /tmp/mxddp_ck/ddp1" "fsdp 1 --wrap fsdp --checkpoint /tmp/mxddp_ck/fsdp1"
+      "ddp 2 --wrap ddp --checkpoint /tmp/mxddp_ck/ddp2" "fsdp 2 --wrap fsdp --checkpoint /tmp/mxddp_ck/fsdp2"
+      "ddp_mxfp8 1 --wrap ddp --mxfp8 --steps 10" "fsdp_mxfp8 2 --wrap fsdp --mxfp8 --steps 10")
+rm -rf /tmp/mxddp_ck
+for job in "${jobs[@]}"; do
+  read -r label np job_args <<<"$job"
+  rc=0
+  # shellcheck disable=SC2086  # job_args is a word list
+  timeout 60 "$ompi/usr/bin/orterun" --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+    -x PYTHONPATH="$build" -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_INSTALL_PREFIX \
+    "$python" tests/python/cuda_job.py $job_args >"$out/cuda_${label}_np$np.log" 2>&1 || rc=$?
+  echo "cuda_job $job_args, mpirun -np $np: exit $rc" >>"$summary"
+  grep -E '^cuda_job|^step +(1|10|20) |Error|error' "$out/cuda_${label}_np$np.log" | head -8 >>"$summary"
+  [ "$rc" -eq 0 ] || status=1
 done
 cat "$summary"
 exit "$status"
