@@ -20,7 +20,8 @@ Each configuration runs in a process of its own, so that its peak memory is its 
 Measured: step_ms, the median over --steps timed steps (after 3 warm-up steps) of zero_grad to the
 end of the optimizer step, the device synchronized at both ends; peak_mib, torch's
 max_memory_allocated over the timed steps (mxddp's buffers come from torch's caching allocator, so
-they count); for mxddp, its tracked device bytes per category (mxt.memory_usage("device")). The
+they count); for mxddp, its tracked bytes per category where its buffers are
+(mxt.memory_usage("device"); "host" with --device cpu). The
 report gives each against its yardstick: torch_ddp for the DDPs, megatron_fsdp for mxddp_fsdp, and
 the bytes mxddp_mxfp8 saves against mxddp_bf16 in its params category.
 
@@ -48,7 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build(name: str, seq: int):
+def build(name: str, seq: int, device):
     """(the model to call, the optimizer, finish: what ends a step's backward) for configuration name."""
     import torch
     import transformers
@@ -56,11 +57,11 @@ def build(name: str, seq: int):
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_positions=seq, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
-    module = transformers.GPT2LMHeadModel(config).cuda()
+    module = transformers.GPT2LMHeadModel(config).to(device)
     lr, betas, wd = 1e-4, (0.9, 0.95), 0.1
     if name == "torch_ddp":
         model = torch.nn.parallel.DistributedDataParallel(module)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd, fused=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd, fused=device.type == "cuda")
         return model, opt, lambda: None
     if name == "megatron_fsdp":
         from megatron_fsdp import MixedPrecisionPolicy, fully_shard_model, fully_shard_optimizer
@@ -89,38 +90,45 @@ def build(name: str, seq: int):
     return model, opt, model.finish_grad_sync
 
 
-def run_one(name: str, steps: int, batch: int, seq: int) -> dict:
-    """One configuration in this process (a one-rank torch.distributed group): its figures."""
+def run_one(name: str, steps: int, batch: int, seq: int, on: str) -> dict:
+    """One configuration in this process (a one-rank torch.distributed group): its figures. on:
+    "cuda", or "cpu" for the script's own check (no memory figures)."""
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    gpu = on == "cuda"
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{free_port()}")
     os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")  # the GPU path under measurement (device.py)
-    model, opt, finish = build(name, seq)
+    synchronize = torch.cuda.synchronize if gpu else (lambda: None)
+    model, opt, finish = build(name, seq, device)
     data = torch.Generator().manual_seed(1)
     times = []
     for step in range(3 + steps):
-        ids = torch.randint(0, 50257, (batch, seq), generator=data).cuda()
-        if step == 3:
+        ids = torch.randint(0, 50257, (batch, seq), generator=data).to(device)
+        if step == 3 and gpu:
             torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         opt.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         finish()
         opt.step()
-        torch.cuda.synchronize()
+        synchronize()
         if step >= 3:
             times.append(time.perf_counter() - start)
-    out = {"config": name, "step_ms": 1e3 * statistics.median(times), "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
-           "loss": float(loss)}
+    out = {"config": name, "step_ms": 1e3 * statistics.median(times),
+           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0, "loss": float(loss)}
     if name.startswith("mxddp"):
         import mxddp.torch as mxt
 
-        out["device_bytes"] = {k: v[0] for k, v in mxt.memory_usage("device").items() if v[0]}
+        # The place the buffers are on: the GPU's bytes (the host's on the CPU check).
+        out["buffer_bytes"] = {k: v[0] for k, v in mxt.memory_usage("device" if gpu else "host").items() if v[0]}
     return out
 
 
@@ -131,24 +139,29 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--only", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--timeout-s", type=int, default=120, help="per configuration")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: run the configurations on the CPU (this script's own check; no memory figures, "
+                             "no megatron_fsdp)")
     parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # a child's configuration
     args = parser.parse_args()
     if args.steps < 1 or args.batch < 1 or args.seq < 1:
         parser.error(f"--steps, --batch and --seq must be >= 1; got {args.steps}, {args.batch}, {args.seq}")
     if args.one:
-        print(json.dumps(run_one(args.one, args.steps, args.batch, args.seq)), flush=True)
+        print(json.dumps(run_one(args.one, args.steps, args.batch, args.seq, args.device)), flush=True)
         return 0
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("SKIP: torch sees no usable GPU")
         return 77
-    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, GPT-2 124M, batch {args.batch} x "
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else "the CPU (the script's own check)"
+    print(f"# {where}, torch {torch.__version__}, GPT-2 124M, batch {args.batch} x "
           f"seq {args.seq}, {args.steps} timed steps, bf16 autocast", flush=True)
+    names = [n for n in args.only if args.device == "cuda" or n != "megatron_fsdp"]
     results = {}
-    for name in args.only:
+    for name in names:
         cmd = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--batch", str(args.batch),
-               "--seq", str(args.seq)]
+               "--seq", str(args.seq), "--device", args.device]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         except subprocess.TimeoutExpired:
@@ -162,18 +175,18 @@ def main() -> int:
         results[name] = json.loads(lines[-1])
         r = results[name]
         print(f"{name:14s} step {r['step_ms']:8.1f} ms  peak {r['peak_mib']:8.0f} MiB  loss {r['loss']:.4f}"
-              + (f"  device bytes {r['device_bytes']}" if "device_bytes" in r else ""), flush=True)
+              + (f"  buffers {r['buffer_bytes']}" if "buffer_bytes" in r else ""), flush=True)
     for name, base in YARDSTICK.items():
         if name in results and base in results:
             a, b = results[name], results[base]
-            print(f"{name} / {base}: step {a['step_ms'] / b['step_ms']:.2f}x, peak memory "
-                  f"{a['peak_mib'] / b['peak_mib']:.2f}x", flush=True)
+            memory = f", peak memory {a['peak_mib'] / b['peak_mib']:.2f}x" if b["peak_mib"] > 0 else ""
+            print(f"{name} / {base}: step {a['step_ms'] / b['step_ms']:.2f}x{memory}", flush=True)
     if "mxddp_bf16" in results and "mxddp_mxfp8" in results:
-        bf16, mx = results["mxddp_bf16"]["device_bytes"], results["mxddp_mxfp8"]["device_bytes"]
+        bf16, mx = results["mxddp_bf16"]["buffer_bytes"], results["mxddp_mxfp8"]["buffer_bytes"]
         print(f"fp8_param_gather + reuse: params {bf16.get('params', 0)} -> {mx.get('params', 0)} bytes (the separate "
               f"param buffer saved: {bf16.get('params', 0) - mx.get('params', 0)}), MXFP8 copies {mx.get('mxfp8', 0)}, "
-              f"all device bytes {sum(bf16.values())} -> {sum(mx.values())}", flush=True)
-    return 0 if results else 1
+              f"all buffer bytes {sum(bf16.values())} -> {sum(mx.values())}", flush=True)
+    return 0 if len(results) == len(names) else 1
 
 
 if __name__ == "__main__":

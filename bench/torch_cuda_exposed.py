@@ -28,7 +28,7 @@ import sys
 import time
 
 
-def run(overlap: bool, args, rank: int, world: int) -> dict:
+def run(overlap: bool, args, rank: int, world: int, device) -> dict:
     import torch
     import transformers
 
@@ -37,7 +37,8 @@ def run(overlap: bool, args, rank: int, world: int) -> dict:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=6, n_embd=384, n_head=6, n_positions=args.seq, attn_pdrop=0.0,
                                      embd_pdrop=0.0, resid_pdrop=0.0)
-    module = transformers.GPT2LMHeadModel(config).cuda()
+    module = transformers.GPT2LMHeadModel(config).to(device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
         use_distributed_optimizer=True, overlap_grad_reduce=overlap, bucket_size=args.bucket_size))
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-4, clip_grad=0.0))
@@ -58,8 +59,8 @@ def run(overlap: bool, args, rank: int, world: int) -> dict:
     data = torch.Generator().manual_seed(1 + rank)
     compute, exposed, step = [], [], []
     for i in range(3 + args.steps):
-        ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=data).cuda()
-        torch.cuda.synchronize()
+        ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=data).to(device)
+        synchronize()
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
@@ -69,13 +70,13 @@ def run(overlap: bool, args, rank: int, world: int) -> dict:
             model._on_grad = timed_on_grad
             backward_start[0] = time.perf_counter()
         loss.backward()
-        torch.cuda.synchronize()
+        synchronize()
         t1 = time.perf_counter()
         model.finish_grad_sync()
-        torch.cuda.synchronize()
+        synchronize()
         t2 = time.perf_counter()
         opt.step()
-        torch.cuda.synchronize()
+        synchronize()
         t3 = time.perf_counter()
         if last:
             del model._on_grad  # the class's method again
@@ -97,22 +98,30 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--bucket-size", type=int, default=2_000_000, help="elements per bucket")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: the ranks on the CPU (this script's own check)")
     args = parser.parse_args()
     if min(args.steps, args.batch, args.seq, args.bucket_size) < 1:
         parser.error("--steps, --batch, --seq and --bucket-size must be >= 1")
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("SKIP: torch sees no usable GPU")
         return 77
     os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")  # the GPU path under measurement (device.py)
     import mxddp.torch as mxt
 
     rank, world = mxt.init()
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    results = {overlap: run(overlap, args, rank, world) for overlap in (True, False)}
+    if args.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device, where = torch.device("cuda", torch.cuda.current_device()), \
+            f"{torch.cuda.get_device_name()}, {world} ranks on {torch.cuda.device_count()} GPU(s)"
+    else:
+        torch.set_num_threads(1)
+        device, where = torch.device("cpu"), f"the CPU (the script's own check), {world} ranks"
+    results = {overlap: run(overlap, args, rank, world, device) for overlap in (True, False)}
     if rank == 0:
-        print(f"# {torch.cuda.get_device_name()}, {world} ranks on {torch.cuda.device_count()} GPU(s), GPT-2 6x384, "
+        print(f"# {where}, GPT-2 6x384, "
               f"batch {args.batch} x seq {args.seq} per rank, buckets of {args.bucket_size} elements", flush=True)
         for overlap, r in results.items():
             print(f"overlap_grad_reduce={overlap!s:5}  compute {r['compute_ms']:7.1f} ms  exposed {r['exposed_ms']:7.1f} ms"
