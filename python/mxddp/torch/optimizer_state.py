@@ -71,8 +71,9 @@ def state_dict(opt) -> dict:
         shape = model._params[p].shape
         numel = model._params[p].numel()
         if full:
-            tensors = [torch.zeros(numel, dtype=torch.float32) for _ in names]
-            main = torch.zeros(numel, dtype=torch.float32)
+            # On the params' device, as torch's optimizers keep their state (and a sharded dict's views are).
+            tensors = [torch.zeros(numel, dtype=torch.float32, device=model.device) for _ in names]
+            main = torch.zeros(numel, dtype=torch.float32, device=model.device)
             for ps, pe, parts, m in entry["parts"]:
                 for t, part in zip(tensors, parts):
                     t[ps:pe] = part
