@@ -206,6 +206,7 @@ void bind_data_parallel(nb::module_& m) {
           cuda_mx_dequantize(q.data, q.scales, target, q.options, reinterpret_cast<CudaStream>(stream));
           return;
 #else
+          (void)stream;
           MXDDP_FAIL("unreachable: a device param in an mxddp._C without the CUDA layer");
 #endif
         }

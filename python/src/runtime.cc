@@ -130,8 +130,8 @@ int Runtime::add_device_group(int host_id, int device, uintptr_t stream, const s
   MXDDP_CHECK(device >= 0 && device < count, "CUDA device {} is not usable here: {}", device,
               count == 0 ? why : fmt::format("this process sees devices 0 to {}", count - 1));
   Communicator& host = comm(host_id);
-  const int id = static_cast<int>(groups_.size());
 #ifdef MXDDP_PYTHON_CUDA
+  const int id = static_cast<int>(groups_.size());
   const auto cuda_stream = reinterpret_cast<CudaStream>(stream);
   if (engine == "nccl") {
 #ifdef MXDDP_PYTHON_NCCL
