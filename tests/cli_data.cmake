@@ -158,6 +158,8 @@ foreach(backend local mpi)
   endif()
   add_test(NAME cli_data_vocab_50257_loss_falls_${backend}
            COMMAND sh -c "${launch} ${cli_data_vocab50257_str} --report ${cli_data_dir}/vocab50257_${backend}.json > /dev/null && /usr/bin/python3 -c \"${cli_data_loss_falls}\" ${cli_data_dir}/vocab50257_${backend}.json")
+  # The line is printed only once the asserts above passed (the first loss within 0.1 of ln 50304, a
+  # fall of 0.5): the regex asks no more of the digits, which move with README.md, the corpus.
   set_tests_properties(cli_data_vocab_50257_loss_falls_${backend} PROPERTIES FIXTURES_REQUIRED cli_data
-    PASS_REGULAR_EXPRESSION "loss falls 10\\.8")
+    PASS_REGULAR_EXPRESSION "loss falls [0-9.]+ [0-9.]+")
 endforeach()
