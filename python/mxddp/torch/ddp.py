@@ -181,9 +181,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             a = ddp_args.resolve(args, kwargs)
             _check_fusion_flag(a.gradient_accumulation_fusion)
             params = _trainable_params(a.module)
-            on = device.params_device(params)
-            if on.type == "cuda":
-                device.check_usable(on)  # here, so that a rank that cannot fails every rank at once
+            on = device.checked_device(params)
             mxfp8_flags = _mxfp8_flags(a.module, params, a.ddp_config)
             fusion_marks = _fusion_marks(params, a.gradient_accumulation_fusion)
             items = agreement.param_items([n for n, _ in params], [p for _, p in params], mxfp8_flags) + \
@@ -192,7 +190,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                     ("torch_form", repr(a.torch_form)), ("broadcast_buffers", repr(a.broadcast_buffers)),
                     ("find_unused_parameters", repr(a.find_unused_parameters)), ("init_sync", repr(a.init_sync))] + \
                 device.agreement_items(on)
-            return (a, params, mxfp8_flags, fusion_marks), items
+            return (a, params, mxfp8_flags, fusion_marks, on), items
 
         # Checked, and compared across ranks, before the C++ DDP exists, so a refusal leaves nothing allocated.
         # The communicator first: under torchrun it also starts mxddp (on torch.distributed's default
@@ -200,10 +198,10 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         group = kwargs.get("process_group")
         ddp_args.check_process_group(group)
         comm = process_group.communicator_for(group)
-        resolved, params, mxfp8_flags, fusion_marks = agreement.agree("DistributedDataParallel", describe, comm)
+        resolved, params, mxfp8_flags, fusion_marks, self.device = agreement.agree("DistributedDataParallel", describe,
+                                                                                   comm)
         module, config = resolved.module, resolved.ddp_config
         self._comm = comm  # the group's host communicator handle: the package's own small collectives run on it
-        self.device = device.params_device(params)
         self._stream = device.current_stream(self.device)  # what the model's work must run on (None: the CPU)
         # Where the buffers live: a module on a GPU gets a communicator of that device (device.py).
         buffers_comm = device.communicator_for(group, comm, self.device)

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from mxddp import _C
+from mxddp.torch import process_group
 
 ENGINES = ("nccl", "staged")
 _ENGINE_VARIABLE = "MXDDP_DEVICE_ENGINE"
@@ -73,13 +74,8 @@ def choose_engine(identities: list[bytes], nccl_built: bool, requested: Optional
 def gpu_identity(device: torch.device) -> bytes:
     """32 bytes naming this process's GPU ``device`` in the job: its host, the kernel's boot and the
     GPU's UUID, hashed (equal on two ranks exactly when they use the same GPU)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
     uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", device.index))
-    return hashlib.sha256(f"{socket.gethostname()}|{boot}|{uuid}".encode()).digest()
+    return hashlib.sha256(f"{socket.gethostname()}|{process_group.boot_id()}|{uuid}".encode()).digest()
 
 
 # Until the GPU checks (scripts/gpu_check.sh --run-python) have passed on a GPU, a module on one is
@@ -117,13 +113,21 @@ def check_usable(device: torch.device) -> None:
                            "before wrapping, as for torch DDP")
 
 
+def checked_device(params: list[tuple[str, torch.Tensor]]) -> torch.device:
+    """params_device(params), refused as check_usable refuses it on a GPU: what a wrapper runs before
+    the ranks' agreement, so that a rank that cannot use its GPU fails every rank at once."""
+    on = params_device(params)
+    if on.type == "cuda":
+        check_usable(on)
+    return on
+
+
 def communicator_for(group, host: "_C.Communicator", device: torch.device) -> "_C.Communicator":
-    """The communicator whose buffers are on ``device`` over the ranks of ``group`` (None: the
-    world), whose host communicator is ``host``: ``host`` itself for the CPU. Collective over the
-    group's members the first time a (group, device, stream) is seen."""
+    """The communicator whose buffers are on ``device`` (a checked_device) over the ranks of
+    ``group`` (None: the world), whose host communicator is ``host``: ``host`` itself for the CPU.
+    Collective over the group's members the first time a (group, device, stream) is seen."""
     if device.type == "cpu":
         return host
-    check_usable(device)  # the wrappers checked it before the ranks' agreement; the planner and tests call here
     stream = current_stream(device)
     key = (None if group is None else id(group), device.index, stream)
     cached = _handles.get(key)
@@ -135,7 +139,7 @@ def communicator_for(group, host: "_C.Communicator", device: torch.device) -> "_
     if engine == "staged" and _C.backend() == "torch":
         import torch.distributed as dist
 
-        from mxddp.torch import launch, process_group
+        from mxddp.torch import launch
 
         user_group = group if group is not None else dist.distributed_c10d._get_default_group()
         runner, _, _ = process_group.private_runner(user_group, launch.timeout_s())

@@ -179,9 +179,7 @@ class FullyShardedDataParallel(DataParallelModule):
                                  "use_distributed_optimizer=True); for DDP use mxddp.torch.DistributedDataParallel")
             modules = _check_recompute(recompute_granularity, recompute_modules)
             params = _trainable_params(module)
-            on = devices.params_device(params)
-            if on.type == "cuda":
-                devices.check_usable(on)  # here, so that a rank that cannot fails every rank at once
+            on = devices.checked_device(params)
             names, tensors = [n for n, _ in params], [p for _, p in params]
             flags = unit_mxfp8_flags(module, params, cfg, fsdp_unit_modules)
             fused = fusion_flags(module, params, cfg, flags, gradient_accumulation_fusion)
@@ -191,13 +189,13 @@ class FullyShardedDataParallel(DataParallelModule):
                 ("FSDP units (each unit's params)", repr(units.units)),
                 ("recompute_granularity", repr(recompute_granularity)), ("recompute_modules", repr(modules)),
                 ("gradient_accumulation_fusion", repr(gradient_accumulation_fusion))] + devices.agreement_items(on)
-            return (cfg, params, flags, fused, fine_grained, units), items
+            return (cfg, params, flags, fused, fine_grained, units, on), items
 
         # Checked, and compared across ranks (of process_group; of the world for plain FSDP and HSDP), before
         # the C++ FSDP exists, so a refusal leaves nothing allocated. The communicator first: it starts
         # mxddp if the script has not (under torchrun, on torch.distributed's default group).
         group_comm = process_groups.communicator_for(process_group)
-        config, params, flags, self.fused_params, self.fine_grained_param_gather, self.units = \
+        config, params, flags, self.fused_params, self.fine_grained_param_gather, self.units, self.device = \
             agreement.agree("FullyShardedDataParallel", describe, group_comm if process_group is not None else None)
         self.module = module
         self.ddp_config = config
@@ -217,7 +215,6 @@ class FullyShardedDataParallel(DataParallelModule):
         hybrid = hsdp.hsdp_communicators(device_mesh, config.num_distributed_optimizer_instances)
         comm, replica = hybrid if hybrid is not None else (group_comm, None)
         self._comm = comm  # the (shard) group's host communicator handle: the package's small collectives run on it
-        self.device = devices.params_device(params)
         self._stream = devices.current_stream(self.device)  # what the model's work must run on (None: the CPU)
         if self.device.type != "cpu":
             if hybrid is not None:

@@ -110,6 +110,16 @@ def private_runner(group, timeout_s: float) -> tuple[GroupRunner, int, int]:
     return runner, rank, size
 
 
+def boot_id() -> str:
+    """This kernel's boot id ("?" where it cannot be read): with the host name, what tells this
+    machine's processes from another's."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def _shm_token(pg, rank: int, size: int):
     """Collective over pg. A token unique to this group in this job (the name prefix of the shared-
     memory ring's channels, src/comm/shm_ring.h) when every rank runs on this host (the same host
@@ -122,11 +132,7 @@ def _shm_token(pg, rank: int, size: int):
 
     if size == 1:
         return None
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
+    boot = boot_id()
     allowed = os.environ.get("MXDDP_TORCH_SHM", "1") != "0"
     me = f"{int(allowed)}|{socket.gethostname()}|{boot}".encode()[:255]
     mine = torch.zeros(256, dtype=torch.uint8)
