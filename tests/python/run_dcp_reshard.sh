@@ -9,6 +9,10 @@ if ! "$venv/bin/python" -c "import torch.distributed.checkpoint, mxddp.torch.dcp
   echo "SKIP: $venv has no torch or mxddp (scripts/setup.sh, then CTest's python_package_install)"
   exit 77
 fi
+if ! "$venv/bin/python" -c "import sys, mxddp.torch.dcp as d; sys.exit(0 if d.has_checkpointable_tensors() else 1)"; then
+  echo "SKIP: $venv's torch has no DCP CheckpointableTensor protocol, which mxddp.torch.dcp needs (it refuses such a torch)"
+  exit 77
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dir=$(mktemp -d) || exit 1
 trap 'rm -rf "$dir"' EXIT

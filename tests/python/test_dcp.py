@@ -6,6 +6,7 @@ run as it was: a corrupted file, a value changed after the read (the checksum), 
 shapes, a model with fewer params than the checkpoint, an optimizer of another kind, a failure on
 one rank only. Resharding to dp 1 and 4 is run_dcp_reshard.sh's (three launches)."""
 import os
+import re
 import shutil
 import tempfile
 
@@ -21,6 +22,14 @@ from mxddp.torch import dcp as mxdcp
 from checkpoint_reshard import SAVE_AT, STEPS, batch, make_model, train_steps
 
 BUCKET = 700  # elements: buckets end inside params, so the ranks hold uneven parts of them
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_protocol(request):
+    """Every test but the refusal's needs a torch whose DCP reads CheckpointableTensor."""
+    if request.function is not test_a_torch_without_the_protocol_is_refused and not mxdcp.has_checkpointable_tensors():
+        pytest.skip(f"torch {torch.__version__}'s DCP has no CheckpointableTensor protocol; mxddp.torch.dcp refuses it "
+                    "(test_a_torch_without_the_protocol_is_refused)")
 
 
 @pytest.fixture
@@ -252,6 +261,24 @@ def test_other_optimizer_kind_refused(ranks, ckpt_dir):
                                            torch.nn.Linear(48, 5)), kind="sgd")
     # DCP itself: the key is not in the checkpoint.
     _refused(model, opt, ckpt_dir, r"Missing key .*momentum_buffer", CheckpointException)
+    _close(opt, model)
+
+
+def test_a_torch_without_the_protocol_is_refused(ranks, monkeypatch):
+    """Without the protocol DCP would take each rank's shards for replicated tensors and write one
+    rank's only: state_dict and load_state_dict refuse before DCP sees anything."""
+    rank, world = ranks
+    model, opt = make_model(rank, world, BUCKET)
+    real = mxdcp.has_checkpointable_tensors()
+    monkeypatch.setattr(mxdcp, "has_checkpointable_tensors", lambda: False)
+    refusal = re.escape(f"torch {torch.__version__}'s DCP has no CheckpointableTensor")
+    with pytest.raises(NotImplementedError, match=refusal):
+        mxdcp.state_dict(model, opt)
+    with pytest.raises(NotImplementedError, match="mxt.save_checkpoint"):
+        mxdcp.load_state_dict(model, opt, {})
+    if real:  # and with the protocol the same pair gives a state dict
+        monkeypatch.undo()
+        assert set(mxdcp.state_dict(model, opt)) == {"model", "optimizer"}
     _close(opt, model)
 
 

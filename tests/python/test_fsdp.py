@@ -80,7 +80,11 @@ def set_recompute(name, module, on):
     if name == "mlp":
         module.recompute = on
     elif on:
-        module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        # transformers after 5.17 (the GPU machine's) renamed gradient_checkpointing_enable, deprecating it.
+        if hasattr(module, "activation_checkpointing_enable"):
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         module.train()
 
 

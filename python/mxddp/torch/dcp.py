@@ -54,7 +54,23 @@ FORMAT_VERSION = 1
 _MAIN = "main_param"  # the F32 master copy (Megatron's dist-opt saves it as fp32_param)
 
 
+def has_checkpointable_tensors() -> bool:
+    """Whether this torch's DCP reads the CheckpointableTensor protocol (torch.distributed.checkpoint.
+    protocol). Without it DCP takes the optimizer's shards for replicated tensors and writes one rank's
+    only: the others' ranges would be lost at save."""
+    try:
+        from torch.distributed.checkpoint.protocol import CheckpointableTensor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _check(model, optimizer, what: str) -> None:
+    if not has_checkpointable_tensors():
+        raise NotImplementedError(
+            f"{what}: torch {torch.__version__}'s DCP has no CheckpointableTensor protocol "
+            "(torch.distributed.checkpoint.protocol), which mxddp's sharded optimizer state needs; without it DCP "
+            "would keep one rank's shards only. Use a torch that has it, or mxt.save_checkpoint / load_checkpoint")
     _check_pair(model, optimizer, what)  # mxddp's own checkpoints' checks: the types, the pair, HSDP
     if model.device.type != "cpu":
         raise NotImplementedError(f"{what}: the model is on {model.device}; DCP state dicts of GPU models are not "
