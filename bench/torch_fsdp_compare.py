@@ -24,7 +24,7 @@ forward, released after it, gathered again for its backward). Precisions:
 lr 1e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.1 on params of two or more dimensions only (as
 mxddp and Megatron), clip 1.0, a fresh random micro-batch per step (seeded by rank, the same for both
 implementations, so their F32 losses can be compared step by step). Optional: HF's activation
-recompute (model.gradient_checkpointing_enable(use_reentrant=False)) and, for mxddp, the fine-grained
+checkpointing (use_reentrant=False) and, for mxddp, the fine-grained
 param gather (megatron_fsdp_enable_fine_grained_param_gather=True: every Conv1D/LayerNorm inside a
 block is a unit of its own).
 
@@ -118,8 +118,11 @@ def worker(args) -> None:
     micro_batch = args.micro_batch or micro_batch
     module = gpt2_lm_head_model(layers, hidden, seq, heads=heads, vocab=vocab)
     n_params = sum(p.numel() for p in module.parameters())
-    if args.recompute:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.recompute:  # by the name transformers has (renamed after 5.17, the old one deprecated)
+        if hasattr(module, "activation_checkpointing_enable"):
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     bf16 = args.precision == "bf16"
 
     if args.worker == "mxddp":

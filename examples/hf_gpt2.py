@@ -37,7 +37,11 @@ def main() -> None:
                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)
     module = transformers.GPT2LMHeadModel(config)
     if args.recompute:
-        module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        # HF's activation checkpointing, by its name since transformers 5.2x or the older one.
+        if hasattr(module, "activation_checkpointing_enable"):
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         module.train()
     if args.fsdp:
         from transformers.models.gpt2.modeling_gpt2 import GPT2Block
