@@ -26,6 +26,8 @@ report gives each against its yardstick: torch_ddp for the DDPs, megatron_fsdp f
 the bytes mxddp_mxfp8 saves against mxddp_bf16 in its params category.
 
     python bench/torch_cuda_compare.py [--steps 10] [--batch 8] [--seq 1024] [--only NAME ...]
+
+(--layers and --hidden give a smaller GPT-2 for the script's own check on the CPU.)
 """
 from __future__ import annotations
 
@@ -49,14 +51,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build(name: str, seq: int, device):
+def build(name: str, args, device):
     """(the model to call, the optimizer, finish: what ends a step's backward) for configuration name."""
     import torch
     import transformers
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_positions=seq, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
+    config = transformers.GPT2Config(n_positions=args.seq, n_layer=args.layers, n_embd=args.hidden,
+                                     n_head=args.hidden // 64, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
     module = transformers.GPT2LMHeadModel(config).to(device)
     lr, betas, wd = 1e-4, (0.9, 0.95), 0.1
     if name == "torch_ddp":
@@ -90,13 +93,13 @@ def build(name: str, seq: int, device):
     return model, opt, model.finish_grad_sync
 
 
-def run_one(name: str, steps: int, batch: int, seq: int, on: str) -> dict:
-    """One configuration in this process (a one-rank torch.distributed group): its figures. on:
-    "cuda", or "cpu" for the script's own check (no memory figures)."""
+def run_one(name: str, args) -> dict:
+    """One configuration in this process (a one-rank torch.distributed group): its figures. On
+    --device cpu, the script's own check, no memory figures."""
     import torch
     import torch.distributed as dist
 
-    gpu = on == "cuda"
+    gpu = args.device == "cuda"
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(0)
@@ -104,12 +107,12 @@ def run_one(name: str, steps: int, batch: int, seq: int, on: str) -> dict:
                             init_method=f"tcp://127.0.0.1:{free_port()}")
     os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")  # the GPU path under measurement (device.py)
     synchronize = torch.cuda.synchronize if gpu else (lambda: None)
-    model, opt, finish = build(name, seq, device)
+    model, opt, finish = build(name, args, device)
     data = torch.Generator().manual_seed(1)
     times = []
-    for step in range(3 + steps):
-        ids = torch.randint(0, 50257, (batch, seq), generator=data).to(device)
-        if step == 3 and gpu:
+    for step in range(args.warmup + args.steps):
+        ids = torch.randint(0, 50257, (args.batch, args.seq), generator=data).to(device)
+        if step == args.warmup and gpu:
             torch.cuda.reset_peak_memory_stats()
         synchronize()
         start = time.perf_counter()
@@ -120,7 +123,7 @@ def run_one(name: str, steps: int, batch: int, seq: int, on: str) -> dict:
         finish()
         opt.step()
         synchronize()
-        if step >= 3:
+        if step >= args.warmup:
             times.append(time.perf_counter() - start)
     out = {"config": name, "step_ms": 1e3 * statistics.median(times),
            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0, "loss": float(loss)}
@@ -134,7 +137,10 @@ def run_one(name: str, steps: int, batch: int, seq: int, on: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after 3 warm-up)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--layers", type=int, default=12, help="GPT-2's blocks (12: 124M)")
+    parser.add_argument("--hidden", type=int, default=768, help="GPT-2's width, a multiple of 64 (heads of 64)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--only", nargs="+", choices=CONFIGS, default=list(CONFIGS))
@@ -144,10 +150,13 @@ def main() -> int:
                              "no megatron_fsdp)")
     parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # a child's configuration
     args = parser.parse_args()
-    if args.steps < 1 or args.batch < 1 or args.seq < 1:
-        parser.error(f"--steps, --batch and --seq must be >= 1; got {args.steps}, {args.batch}, {args.seq}")
+    if min(args.steps, args.batch, args.seq, args.layers) < 1 or args.warmup < 0:
+        parser.error(f"--steps, --batch, --seq and --layers must be >= 1 and --warmup >= 0; got {args.steps}, "
+                     f"{args.batch}, {args.seq}, {args.layers}, {args.warmup}")
+    if args.hidden < 64 or args.hidden % 64:
+        parser.error(f"--hidden {args.hidden}: a positive multiple of 64 (heads of 64)")
     if args.one:
-        print(json.dumps(run_one(args.one, args.steps, args.batch, args.seq, args.device)), flush=True)
+        print(json.dumps(run_one(args.one, args)), flush=True)
         return 0
     import torch
 
@@ -155,13 +164,14 @@ def main() -> int:
         print("SKIP: torch sees no usable GPU")
         return 77
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "the CPU (the script's own check)"
-    print(f"# {where}, torch {torch.__version__}, GPT-2 124M, batch {args.batch} x "
-          f"seq {args.seq}, {args.steps} timed steps, bf16 autocast", flush=True)
+    model = "GPT-2 124M" if (args.layers, args.hidden) == (12, 768) else f"GPT-2 {args.layers}x{args.hidden}"
+    print(f"# {where}, torch {torch.__version__}, {model}, batch {args.batch} x seq {args.seq}, {args.warmup} "
+          f"warm-up and {args.steps} timed steps, bf16 autocast", flush=True)
     names = [n for n in args.only if args.device == "cuda" or n != "megatron_fsdp"]
     results = {}
     for name in names:
-        cmd = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--batch", str(args.batch),
-               "--seq", str(args.seq), "--device", args.device]
+        cmd = [sys.executable, __file__, "--one", name, "--device", args.device]
+        cmd += [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup", "batch", "seq", "layers", "hidden")]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         except subprocess.TimeoutExpired:
