@@ -37,7 +37,7 @@ def main() -> None:
                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)
     module = transformers.GPT2LMHeadModel(config)
     if args.recompute:
-        # HF's activation checkpointing, by its name since transformers 5.2x or the older one.
+        # HF's activation checkpointing by the name the installed transformers has (renamed after 5.17).
         if hasattr(module, "activation_checkpointing_enable"):
             module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:

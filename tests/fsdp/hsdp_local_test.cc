@@ -151,9 +151,10 @@ class HsdpParity : public ::testing::TestWithParam<std::tuple<ShardingStrategy, 
 // HSDP's params after kIters steps against FSDP and DDP over all its ranks. The gradient of
 // every element is the same prescaled sum, grouped ((g0 + g1) + (g2 + g3)) instead of in rank
 // order; with a single replica the grouping is the rank order and the params are bitwise FSDP's,
-// and so they are with a single group when nothing clips (below). Measured at 2 x 2 (max |difference| over the largest |param|, after three
-// Adam steps): 5.9e-8 from FSDP and DDP for no_shard and optim, 1.5e-7 from FSDP and 1.2e-7 from
-// DDP for optim_grads* (FSDP at 4 is itself 1.2e-7 from DDP there); bounded at 1e-6.
+// and so they are with a single group when nothing clips (below). Measured at 2 x 2 (max
+// |difference| over the largest |param|, after three Adam steps): 5.9e-8 from FSDP and DDP for
+// no_shard and optim, 1.5e-7 from FSDP and 1.2e-7 from DDP for optim_grads* (FSDP at 4 is itself
+// 1.2e-7 from DDP there); bounded at 1e-6.
 TEST_P(HsdpParity, ParamsMatchFsdpAndDdpOverAllRanks) {
   const auto [strategy, overlap, grid] = GetParam();
   const auto [shard, replicas] = grid;
