@@ -7,6 +7,7 @@ params with an F32 main_grad) and fused weights read outside their modules too. 
 off is in test_parity.py and test_bf16.py."""
 import contextlib
 import copy
+import io
 
 import pytest
 import torch
@@ -283,3 +284,79 @@ def test_bad_fusion_arguments_name_the_field(ranks):
     lin.weight.gradient_accumulation_fusion = "yes"
     with pytest.raises(TypeError, match="param 'weight' has gradient_accumulation_fusion='yes'"):
         mxt.DistributedDataParallel(lin, config())
+
+
+def test_a_copy_of_a_fused_module_is_a_plain_module(ranks):
+    """copy.deepcopy (an EMA or teacher model) and torch.save of the whole module give modules that
+    compute with their own weights and leave the wrapper alone: the fused forward stays with the
+    live module."""
+    rank, _ = ranks
+    torch.manual_seed(5)
+    module = torch.nn.Sequential(torch.nn.Embedding(30, 8), torch.nn.Linear(8, 30))
+    model = mxt.DistributedDataParallel(module, config(overlap_grad_reduce=True))
+    try:
+        assert model.fused_params == [True, True, False]
+        saved = io.BytesIO()
+        torch.save(module, saved)
+        saved.seek(0)
+        for copied in [copy.deepcopy(module), torch.load(saved, weights_only=False)]:
+            assert all("forward" not in vars(m) and "__getstate__" not in vars(m) for m in copied.modules())
+            with torch.no_grad():
+                copied[1].weight.zero_()
+            ids = torch.randint(0, 30, (4, 3), generator=torch.Generator().manual_seed(rank))
+            out = copied(ids)
+            assert torch.equal(out, copied[1].bias.expand_as(out))  # its own (zeroed) weight
+            out.square().sum().backward()
+            assert copied[0].weight.grad is not None and copied[1].weight.grad is not None
+            assert not model.grads_live and model.grad_buffer().abs().sum() == 0
+        assert "forward" in vars(module[1])  # the live module keeps its fused forward
+    finally:
+        model.close()
+    assert all("forward" not in vars(m) and "__getstate__" not in vars(m) for m in module.modules())
+
+
+def test_functional_call_with_other_weights_runs_torch_forward(ranks):
+    """torch.func.functional_call swaps other tensors in for the params: the fused modules then run
+    their class's forward on those, and every substituted tensor gets its gradient."""
+    torch.manual_seed(6)
+    module = torch.nn.Sequential(torch.nn.Embedding(30, 8), torch.nn.Linear(8, 30))
+    plain = copy.deepcopy(module)
+    model = mxt.DistributedDataParallel(module, config())
+    try:
+        ids = torch.randint(0, 30, (4, 3), generator=torch.Generator().manual_seed(0))
+        swapped = {n: torch.randn(p.shape, requires_grad=True) for n, p in module.named_parameters()}
+        out = torch.func.functional_call(module, swapped, (ids,))
+        torch.testing.assert_close(out, torch.func.functional_call(plain, swapped, (ids,)), rtol=0, atol=0)
+        out.sum().backward()
+        assert all(t.grad is not None for t in swapped.values()), [n for n, t in swapped.items() if t.grad is None]
+        assert not model.grads_live and model.grad_buffer().abs().sum() == 0
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("frozen", ["0.weight", "1.weight"])
+def test_a_fused_weight_frozen_mid_run_gets_no_gradient(ranks, frozen):
+    """requires_grad_(False) after wrapping, as fine-tuning scripts do: torch computes no gradient
+    for the weight, so with find_unused_parameters it is an unused param; fused or not, its
+    main_grad stays zero and the other params' equal torch's (every rank on the same batch, so the
+    average over ranks is the reference's own gradient)."""
+    torch.manual_seed(7)
+    module = torch.nn.Sequential(torch.nn.Embedding(30, 8), torch.nn.Linear(8, 30))
+    reference = copy.deepcopy(module)
+    model = mxt.DistributedDataParallel(module, find_unused_parameters=True)
+    try:
+        assert model.fused_params == [True, True, False]
+        dict(module.named_parameters())[frozen].requires_grad_(False)
+        dict(reference.named_parameters())[frozen].requires_grad_(False)
+        ids = torch.randint(0, 30, (4, 3), generator=torch.Generator().manual_seed(0))
+        model(ids).square().mean().backward()
+        reference(ids).square().mean().backward()
+        model.finish_grad_sync()
+        ref = dict(reference.named_parameters())
+        for n, p in module.named_parameters():
+            if n == frozen:
+                assert ref[n].grad is None and p.main_grad.abs().sum() == 0, n
+            else:
+                torch.testing.assert_close(p.main_grad, ref[n].grad, rtol=1e-5, atol=1e-6)
+    finally:
+        model.close()

@@ -110,15 +110,29 @@ def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[t
 
 
 def replace_forward(module: torch.nn.Module, forward: Callable) -> Callable:
-    """Sets ``module.forward`` (an instance attribute: Module.__call__ and its hooks still run)."""
+    """Sets ``module.forward`` (an instance attribute: Module.__call__ and its hooks still run).
+
+    A copy of the module (``copy.deepcopy`` for an EMA or teacher model, ``torch.save`` of the
+    whole module) is a plain module: the fused forward computes with this module's weight and
+    reports into this wrapper, so its state leaves it out (pickle and copy read ``__getstate__``
+    through the instance, where this one overrides Module's)."""
     module.forward = forward
+    module.__getstate__ = lambda: _plain_state(module)
     return forward
+
+
+def _plain_state(module: torch.nn.Module) -> dict:
+    state = type(module).__getstate__(module)
+    state.pop("forward", None)
+    state.pop("__getstate__", None)
+    return state
 
 
 def restore_forward(module: torch.nn.Module) -> None:
     """Gives the module its class's forward back."""
-    if "forward" in vars(module):
-        del module.forward
+    for name in ("forward", "__getstate__"):
+        if name in vars(module):
+            delattr(module, name)
 
 
 def _hf_conv1d_type() -> Optional[type]:
@@ -191,14 +205,15 @@ class _FusedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
-        main_grad = ctx.cpp.main_grad(ctx.index)  # [out, in], F32 or the params' dtype (FSDP: transient)
-        out_features, in_features = main_grad.shape
+        out_features, in_features = grad_y.shape[-1], x.shape[-1]
         grad_y = _cast(grad_y, ctx.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = grad_y.matmul(_cast(ctx.read_weight("dgrad"), ctx.dtype)).to(ctx.x_dtype)
         dy = grad_y.reshape(-1, out_features)  # [tokens, out]
-        accumulate_product_(main_grad, dy.t(), x.reshape(-1, in_features), ctx.dtype)
+        if ctx.needs_input_grad[1]:  # the weight trains (install's token())
+            main_grad = ctx.cpp.main_grad(ctx.index)  # [out, in], F32 or the params' dtype (FSDP: transient)
+            accumulate_product_(main_grad, dy.t(), x.reshape(-1, in_features), ctx.dtype)
         grad_bias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, token_grad(grad_y), grad_bias, None, None, None
 
@@ -222,13 +237,14 @@ class _FusedConv1D(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         (x,) = ctx.saved_tensors
-        main_grad = ctx.cpp.main_grad(ctx.index)  # [in, out], F32 or the params' dtype (FSDP: transient)
-        in_features, out_features = main_grad.shape
+        in_features, out_features = x.shape[-1], grad_y.shape[-1]
         dy = _cast(grad_y, ctx.dtype).reshape(-1, out_features)  # [tokens, out]
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = dy.mm(_cast(ctx.read_weight("dgrad"), ctx.dtype).t()).view(x.shape).to(ctx.x_dtype)
-        accumulate_product_(main_grad, x.reshape(-1, in_features).t(), dy, ctx.dtype)
+        if ctx.needs_input_grad[1]:  # the weight trains (install's token())
+            main_grad = ctx.cpp.main_grad(ctx.index)  # [in, out], F32 or the params' dtype (FSDP: transient)
+            accumulate_product_(main_grad, x.reshape(-1, in_features).t(), dy, ctx.dtype)
         grad_bias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, token_grad(grad_y), grad_bias, None, None, None
 
@@ -246,9 +262,10 @@ class _FusedEmbedding(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         (ids,) = ctx.saved_tensors
-        main_grad = ctx.cpp.main_grad(ctx.index)
-        rows = grad_y.reshape(-1, main_grad.shape[1])  # [tokens, dim]
-        main_grad.index_add_(0, ids.reshape(-1), rows.to(main_grad.dtype))
+        if ctx.needs_input_grad[1]:
+            main_grad = ctx.cpp.main_grad(ctx.index)
+            rows = grad_y.reshape(-1, main_grad.shape[1])  # [tokens, dim]
+            main_grad.index_add_(0, ids.reshape(-1), rows.to(main_grad.dtype))
         return None, token_grad(grad_y), None, None, None
 
 
@@ -259,17 +276,38 @@ def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_t
     Conv1D only); ``restore_forward`` undoes it."""
     # The argument names are the classes' own (Linear and Embedding: input, Conv1D: x), so a call
     # by keyword still works.
-    kind = fusable_kind(module, module.weight)
+    param = module.weight
+    kind = fusable_kind(module, param)
     read = param_reader(module) if read_weight is None else read_weight
+    plain_forward = type(module).forward
+
+    def token() -> Optional[torch.Tensor]:
+        # None where torch's own forward must run: the weight is no longer this param
+        # (torch.func.functional_call swaps in other tensors, or the user assigned a new one).
+        # A frozen weight (requires_grad_(False) mid-run) gets a token outside the graph: its
+        # Function adds no dW and nothing reports it, as torch computes no gradient for it.
+        if module.weight is not param:
+            return None
+        return ready_token if param.requires_grad else ready_token.detach()
+
     if kind == "linear":
         def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-            return _FusedLinear.apply(input, ready_token, module.bias, cpp, index, read)
+            t = token()
+            if t is None:
+                return plain_forward(module, input)
+            return _FusedLinear.apply(input, t, module.bias, cpp, index, read)
     elif kind == "conv1d":
         def forward(x: torch.Tensor) -> torch.Tensor:
-            return _FusedConv1D.apply(x, ready_token, module.bias, cpp, index, read)
+            t = token()
+            if t is None:
+                return plain_forward(module, x)
+            return _FusedConv1D.apply(x, t, module.bias, cpp, index, read)
     elif kind == "embedding" and read_weight is None:
         def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-            return _FusedEmbedding.apply(input, ready_token, cpp, index, module)
+            t = token()
+            if t is None:
+                return plain_forward(module, input)
+            return _FusedEmbedding.apply(input, t, cpp, index, module)
     else:
         raise TypeError(f"{type(module).__name__} does not fuse its weight gradient"
                         + (" read through a reader" if read_weight is not None else ""))
