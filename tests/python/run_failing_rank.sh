@@ -2,14 +2,15 @@
 # CTest's python_rank_raises_in_backward: tests/python/raise_in_backward.py at 2 ranks must end
 # with a non-zero status, rank 1's error and the abort notice, well before the script's 60 s
 # watchdog timeout (the 50 s limit here would be reached first if the job waited for it).
-# usage: run_failing_rank.sh VENV MPIEXEC SCRIPT
+# usage: run_failing_rank.sh VENV MPIEXEC SCRIPT [SCRIPT_ARG...]
 set -u
 venv=$1 mpiexec=$2 script=$3
+shift 3
 if ! "$venv/bin/python" -c "import torch, mxddp.torch" 2>/dev/null; then
   echo "SKIP: $venv has no torch or mxddp (scripts/setup.sh, then CTest's python_package_install)"
   exit 77
 fi
-out=$(timeout 50 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$venv/bin/python" "$script" 2>&1)
+out=$(timeout 50 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$venv/bin/python" "$script" "$@" 2>&1)
 rc=$?
 printf '%s\n' "$out"
 [ "$rc" -ne 0 ] || { echo "FAIL: the job exited 0"; exit 1; }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import traceback
 import weakref
 
 from mxddp import _C
@@ -157,10 +158,17 @@ def _install_abort_on_uncaught_exception() -> None:
     def abort_job(exc_type, exc, tb):
         previous(exc_type, exc, tb)
         if _C.is_initialized() and _C.world_size() > 1:
+            err = sys.stderr
+            if sys.__stderr__ is not None and err is not sys.__stderr__:
+                # A hook installed after this one may have sent stderr to a buffer it prints once
+                # this returns (torch.distributed's, from init_process_group): it never will, so the
+                # traceback goes to the process's own stderr too.
+                err = sys.__stderr__
+                err.write("".join(traceback.format_exception(exc_type, exc, tb)))
             how = "ending the job (MPI_Abort)" if _C.backend() == "mpi" else "ending this process (the launcher ends the others)"
-            sys.stderr.write(f"mxddp: rank {_C.rank()} raised {exc_type.__name__}; {how} "
-                             "so that the other ranks do not wait for it\n")
-            sys.stderr.flush()
+            err.write(f"mxddp: rank {_C.rank()} raised {exc_type.__name__}; {how} "
+                      "so that the other ranks do not wait for it\n")
+            err.flush()
             sys.stdout.flush()
             _C.release_save_locks()
             _C.abort(1)
