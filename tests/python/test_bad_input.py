@@ -31,8 +31,10 @@ def test_module_without_trainable_params(ranks):
     ("data_parallel_sharding_strategy", "optim_grads", "data_parallel_sharding_strategy='optim_grads'"),
     ("num_distributed_optimizer_instances", 2, "num_distributed_optimizer_instances=2"),
     ("nccl_ub", True, "nccl_ub=True"),
-    ("bucket_size", 0, "bucket_size must be None or an int >= 1"),
-    ("buckets_per_group", 0, "buckets_per_group must be an int >= 1"),
+    ("bucket_size", 0, r"bucket_size must be None or an int in \[1, 2\*\*63 - 1\] \(elements\); got 0"),
+    ("bucket_size", 2 ** 63, r"bucket_size must be None or an int in \[1, 2\*\*63 - 1\].*; got 9223372036854775808"),
+    ("buckets_per_group", 0, r"buckets_per_group must be an int in \[1, 2\*\*31 - 1\]; got 0"),
+    ("buckets_per_group", 2 ** 31, r"buckets_per_group must be an int in \[1, 2\*\*31 - 1\]; got 2147483648"),
 ])
 def test_unsupported_ddp_config_values(field, value, message):
     with pytest.raises(ValueError, match=message):

@@ -413,7 +413,7 @@ def test_fsdp_plan_refuses_bad_input_naming_the_value():
     assert mxt.plan(module, 2, fsdp_config(), ADAM).num_units == 1  # None: the whole module is one unit
     with pytest.raises(ValueError, match="data_parallel_sharding_strategy='full' is not valid"):
         mxt.plan(module, 2, fsdp_config(data_parallel_sharding_strategy="full"), ADAM, fsdp_unit_modules=[Block])
-    with pytest.raises(ValueError, match="suggested_communication_unit_size must be None or an int >= 1"):
+    with pytest.raises(ValueError, match=r"suggested_communication_unit_size must be None or an int in \[1, "):
         mxt.plan(module, 2, fsdp_config(suggested_communication_unit_size=0), ADAM, fsdp_unit_modules=[Block])
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="micro_batches="):

@@ -50,6 +50,16 @@ def _refuse_unless(name: str, value: Any, allowed: Any, why: str) -> None:
         raise ValueError(f"{name}={value!r} is not supported by mxddp.torch: {why}; valid: {allowed!r}")
 
 
+# What the C++ side's int64 and int fields hold.
+_INT64_MAX = 2 ** 63 - 1
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    """Whether value is an int (not a bool) in [low, high]."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _check_bools(config: Any) -> None:
     for f in fields(config):
         if f.type in ("bool", bool):
@@ -143,12 +153,11 @@ class DistributedDataParallelConfig:
 
     def __post_init__(self) -> None:
         _check_bools(self)
-        if self.bucket_size is not None and (isinstance(self.bucket_size, bool) or not isinstance(self.bucket_size, int)
-                                             or self.bucket_size < 1):
-            raise ValueError(f"bucket_size must be None or an int >= 1 (elements); got {self.bucket_size!r}")
-        if isinstance(self.buckets_per_group, bool) or not isinstance(self.buckets_per_group, int) \
-                or self.buckets_per_group < 1:
-            raise ValueError(f"buckets_per_group must be an int >= 1; got {self.buckets_per_group!r}")
+        if self.bucket_size is not None and not _int_in(self.bucket_size, 1, _INT64_MAX):
+            raise ValueError("bucket_size must be None or an int in [1, 2**63 - 1] (elements); "
+                             f"got {self.bucket_size!r}")
+        if not _int_in(self.buckets_per_group, 1, _INT32_MAX):
+            raise ValueError(f"buckets_per_group must be an int in [1, 2**31 - 1]; got {self.buckets_per_group!r}")
         # The param all-gather and the MXFP8 params it feeds exist only with the distributed optimizer.
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ValueError("overlap_param_gather=True needs use_distributed_optimizer=True: without it there is no "
@@ -177,8 +186,9 @@ class DistributedDataParallelConfig:
             raise ValueError(f"fine_grained_param_gather_policy={self.fine_grained_param_gather_policy!r} is not "
                              f"valid; valid: {', '.join(map(repr, FINE_GRAINED_POLICIES))}")
         size = self.suggested_communication_unit_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"suggested_communication_unit_size must be None or an int >= 1 (elements); got {size!r}")
+        if size is not None and not _int_in(size, 1, _INT64_MAX):
+            raise ValueError("suggested_communication_unit_size must be None or an int in [1, 2**63 - 1] (elements); "
+                             f"got {size!r}")
         if self.use_megatron_fsdp:
             self._check_fsdp()
         else:

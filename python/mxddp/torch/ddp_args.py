@@ -140,8 +140,10 @@ def _torch_default_config(module: torch.nn.Module, bucket_cap_mb: Any) -> Distri
     """torch DDP's defaults in mxddp's terms: overlapped reduction, no distributed optimizer (every
     rank steps on every param, as torch DDP + a torch optimizer), buckets of bucket_cap_mb MiB."""
     mb = TORCH_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
-    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
-        raise ValueError(f"bucket_cap_mb must be a number > 0 (MiB of gradient per bucket); got {bucket_cap_mb!r}")
+    # 2**43 MiB is 2**63 bytes: beyond it the bucket's size in elements leaves the C++ int64.
+    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 < mb < 2 ** 43:
+        raise ValueError(f"bucket_cap_mb must be a number in (0, 2**43) (MiB of gradient per bucket); "
+                         f"got {bucket_cap_mb!r}")
     config = DistributedDataParallelConfig(overlap_grad_reduce=True, use_distributed_optimizer=False)
     return dataclasses.replace(config, bucket_size=max(1, int(mb * 2 ** 20) // _grad_itemsize(module, config)))
 

@@ -8,6 +8,8 @@ are accepted and have no effect (mxddp runs its own kernels on its shards).
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 # The group keys each class has (torch 2.x) and what mxddp honours of them: the rest must hold
@@ -58,9 +60,18 @@ def check_group(kind: str, index: int, group: dict, construction: bool) -> None:
         if isinstance(group.get(key), torch.Tensor):
             raise TypeError(f"DistributedOptimizer: param group {index} has {key} as a Tensor; give a Python float "
                             "(a Tensor lr is for torch's capturable/fused kernels)")
+    for key in ("lr", "weight_decay", "eps", "momentum"):
+        if key in group and not _is_number(group[key]):
+            raise TypeError(f"DistributedOptimizer: param group {index} has {key}={group[key]!r}; give a number")
     betas = group.get("betas")
     if betas is not None and any(isinstance(b, torch.Tensor) for b in betas):
         raise TypeError(f"DistributedOptimizer: param group {index} has betas as Tensors; give Python floats")
+    if betas is not None and not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(map(_is_number, betas))):
+        raise TypeError(f"DistributedOptimizer: param group {index} has betas={betas!r}; give two numbers (beta1, beta2)")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def hyper(kind: str, group: dict) -> tuple:
@@ -83,13 +94,23 @@ def group_of_params(model, groups: list[dict]) -> list[int]:
         for k, p in enumerate(group["params"]):
             i = index_of.get(id(p))
             if i is None:
-                shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
-                raise ValueError(f"DistributedOptimizer: param group {g}'s param {k} (shape {shape}) is not one the "
-                                 "model holds: build the optimizer over the wrapped model's parameters (or its "
-                                 ".module's: the same objects); a param of another module, or a frozen one "
-                                 "(requires_grad=False at wrap time), is not trained by mxddp")
+                raise ValueError(f"DistributedOptimizer: param group {g}'s param {k} {_unheld(model, p)}")
+            if of[i] == g:
+                raise ValueError(f"DistributedOptimizer: param '{names[i]}' is listed twice in param group {g}; "
+                                 "list each param once")
             if of[i] != -1:
                 raise ValueError(f"DistributedOptimizer: param '{names[i]}' is in param groups {of[i]} and {g}; "
                                  "a param belongs to one group")
             of[i] = g
     return of
+
+
+def _unheld(model, p) -> str:
+    """Why a param the model does not hold is refused, naming it where the wrapped module has it."""
+    shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+    name = next((n for n, q in model.module.named_parameters(remove_duplicate=False) if q is p), None)
+    if name is not None:
+        return (f"'{name}' (shape {shape}) was frozen (requires_grad=False) when the model was wrapped, so mxddp "
+                "does not train it: leave it out of the optimizer, or set requires_grad=True before wrapping")
+    return (f"(shape {shape}) is not one the model holds: build the optimizer over the wrapped model's parameters "
+            "(or its .module's: the same objects); a param of another module is not trained by mxddp")
