@@ -95,9 +95,9 @@ struct ParamGroup {
 void validate_param_group(const ParamGroup& group);
 
 // What one step does besides the update. unscale multiplies every grad (GradScaler's 1/scale): the
-// grad norm reported and clipped by is the unscaled grads'. clip_coeff is a further coefficient
-// decided before the step (a clip_grad_norm_ call). frozen: registration indices this step leaves
-// untouched (agreed across ranks).
+// grad norm reported and clipped by is the unscaled grads'. clip_coeff is a further coefficient in
+// [0, 1] decided before the step (a clip_grad_norm_ call; 0 zeroes the grads). frozen: registration
+// indices this step leaves untouched (agreed across ranks).
 struct StepOptions {
   double unscale = 1.0;
   double clip_coeff = 1.0;

@@ -196,8 +196,9 @@ double DistributedOptimizer::grad_norm(double unscale) {
 StepResult DistributedOptimizer::step(const StepOptions& options) {
   MXDDP_CHECK(std::isfinite(options.unscale) && options.unscale > 0, "step: unscale must be finite and > 0; got {}",
               options.unscale);
-  MXDDP_CHECK(std::isfinite(options.clip_coeff) && options.clip_coeff > 0 && options.clip_coeff <= 1,
-              "step: clip_coeff must be in (0, 1]; got {}", options.clip_coeff);
+  // 0: clip_grad_norm_(max_norm=0) zeroes the grads, as torch's does.
+  MXDDP_CHECK(std::isfinite(options.clip_coeff) && options.clip_coeff >= 0 && options.clip_coeff <= 1,
+              "step: clip_coeff must be in [0, 1]; got {}", options.clip_coeff);
   std::vector<char> skip(group_of_param_.size(), 0);
   for (size_t p = 0; p < skip.size(); ++p) skip[p] = group_of_param_[p] < 0;
   for (int p : options.frozen) {

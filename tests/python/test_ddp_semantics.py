@@ -79,7 +79,9 @@ def test_megatron_form_keeps_megatron_defaults_in_both_orders(ranks):
     ({"device_ids": [0]}, "device_ids=\\[0\\] is not supported"),
     ({"output_device": 0}, "output_device=0 is not supported"),
     ({"gradient_as_bucket_view": False}, "gradient_as_bucket_view=False is not supported"),
-    ({"bucket_cap_mb": 0}, "bucket_cap_mb must be a number > 0"),
+    ({"bucket_cap_mb": 0}, r"bucket_cap_mb must be a number in \(0, 2\*\*43\) \(MiB of gradient per bucket\); got 0"),
+    ({"bucket_cap_mb": 1e300}, r"bucket_cap_mb must be a number in \(0, 2\*\*43\).*; got 1e\+300"),
+    ({"bucket_cap_mb": float("inf")}, r"bucket_cap_mb must be a number in \(0, 2\*\*43\).*; got inf"),
     ({"broadcast_buffers": 1}, "broadcast_buffers must be True or False; got 1"),
     ({"mixed_precision": object()}, "mixed_precision=.* is not supported"),
     ({"process_group": object()}, "process_group must be None or a torch.distributed ProcessGroup; got object"),
@@ -470,5 +472,43 @@ def test_state_dict_on_one_rank_alone_gives_full_tensors(ranks):
             assert sd["module.0.weight"].shape == (7, 6) and torch.equal(sd["module.0.weight"], module[0].weight)
             assert "module.1.num_batches_tracked" in sd
         dist.barrier()
+    finally:
+        model.close()
+
+
+def test_a_backward_onto_reduce_scattered_grads_is_refused(ranks):
+    """With the distributed optimizer the sync leaves only this rank's shard reduced: a backward
+    after the step and before zero_grad would add onto the other ranks' unreduced parts."""
+    rank, _ = ranks
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True))
+    opt = mxt.DistributedOptimizer(model, torch.optim.SGD(module.parameters(), lr=0.1))
+    try:
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+        model(x).sum().backward()
+        model.finish_grad_sync()
+        opt.step()
+        with pytest.raises(RuntimeError, match="already reduce-scattered and not zeroed.*optimizer.zero_grad"):
+            model(x).sum().backward()
+        opt.zero_grad()  # and the loop goes on
+        model(x).sum().backward()
+        model.finish_grad_sync()
+        opt.step()
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_megatron_form_refuses_a_second_backward_before_the_sync_naming_no_sync(ranks):
+    model = mxt.DistributedDataParallel(torch.nn.Linear(8, 2), mxt.DistributedDataParallelConfig())
+    try:
+        model(torch.ones(2, 8)).sum().backward()
+        with pytest.raises(RuntimeError, match="previous backward's gradients were not synchronized.*no_sync"):
+            model(torch.ones(2, 8)).sum().backward()
+        model.zero_grad_buffer()
+        with model.no_sync():
+            model(torch.ones(2, 8)).sum().backward()
+        model(torch.ones(2, 8)).sum().backward()
+        model.finish_grad_sync()
     finally:
         model.close()

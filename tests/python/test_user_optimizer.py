@@ -170,6 +170,7 @@ def test_params_no_group_holds_stay_fixed(ranks):
     module = make_mlp()
     first, last = module[0], module[5]
     initial = [p.detach().clone() for p in first.parameters()]
+    last_initial = last.weight.detach().clone()
     reference = copy.deepcopy(module)
 
     def make(m):
@@ -179,7 +180,8 @@ def test_params_no_group_holds_stay_fixed(ranks):
     assert_same(expected, got, "partial optimizer")
     for p, q in zip(first.parameters(), initial):
         assert torch.equal(p.detach(), q), "a param no group holds moved"
-    assert not torch.equal(last.weight.detach(), reference[5].weight.detach()) or True
+    assert not torch.equal(last.weight.detach(), last_initial), "a param the optimizer holds did not move"
+    torch.testing.assert_close(last.weight.detach(), reference[5].weight.detach(), rtol=1e-4, atol=1e-5)
 
 
 def refused(make, match, rank):
@@ -207,7 +209,18 @@ REFUSALS = [
     (lambda m: MyAdamW(m.parameters()), "MyAdamW is not supported"),
     (lambda m: torch.optim.AdamW([{"params": list(m.parameters()), "layer_decay": 0.5}]), r"\['layer_decay'\]"),
     (lambda m: torch.optim.AdamW(list(m.parameters()) + [torch.nn.Parameter(torch.zeros(3))]), "not one the model holds"),
+    (lambda m: torch.optim.AdamW([{"params": [m[0].weight, m[3].weight, m[0].weight]}]),
+     "param '0.weight' is listed twice in param group 0"),
+    (lambda m: set_after(torch.optim.AdamW(m.parameters()), "lr", "0.1"), "param group 0 has lr='0.1'; give a number"),
+    (lambda m: set_after(torch.optim.AdamW(m.parameters()), "betas", (0.9,)),
+     r"param group 0 has betas=\(0.9,\); give two numbers"),
 ]
+
+
+def set_after(opt, key, value):
+    """The optimizer with group 0's key set after construction (torch checks only there)."""
+    opt.param_groups[0][key] = value
+    return opt
 
 
 @pytest.mark.parametrize("case", range(len(REFUSALS)))
@@ -513,3 +526,98 @@ def test_params_unused_this_iteration_are_left_untouched(ranks):
     finally:
         opt.close()
         model.close()
+
+
+@pytest.mark.parametrize("fsdp", [None, "optim_grads_params"])
+@pytest.mark.parametrize("zero", ["model.zero_grad", "model.zero_grad_buffer"])
+def test_a_clip_is_dropped_with_the_grads_it_measured(ranks, fsdp, zero):
+    """Clip, then skip the step by zeroing the grads through the model (as a loop that drops a bad
+    batch does): the next iteration's norm and update are unscaled, as torch's."""
+    rank, _ = ranks
+    model = wrap(make_mlp(), fsdp=fsdp)
+    opt = mxt.DistributedOptimizer(model, torch.optim.SGD(model.module.parameters(), lr=0.1))
+    try:
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        first = opt.clip_grad_norm_(1e-3).item()
+        getattr(model, zero.split(".")[1])()
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        assert abs(opt.clip_grad_norm_(1e9).item() - first) <= 1e-6 * first  # the same grads, unclipped
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_max_norm_zero_zeroes_the_grads_as_torch_and_a_negative_one_is_refused(ranks):
+    rank, _ = ranks
+    # Zero grads: AdamW's update is its decay alone (which moves the losses).
+    compare(rank, lambda m: torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.5), clip=0.0)
+    model = wrap(make_mlp())
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(model.module.parameters()))
+    try:
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        for bad in (-1.0, float("nan")):
+            with pytest.raises(ValueError, match=f"max_norm={bad!r} is not valid; valid: a number >= 0"):
+                opt.clip_grad_norm_(bad)
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_a_param_frozen_at_wrap_time_in_the_optimizer_is_refused_by_name(ranks):
+    module = make_mlp()
+    module[3].bias.requires_grad_(False)
+    model = wrap(module)
+    try:
+        with pytest.raises(ValueError, match="param group 0's param 5 '3.bias' .* was frozen .* when the model was "
+                                             "wrapped"):
+            mxt.DistributedOptimizer(model, torch.optim.AdamW(module.parameters()))
+    finally:
+        model.close()
+
+
+class TwoHeads(torch.nn.Module):
+    """Head b is used only while use_b: an unused param from then on (find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
+
+    def forward(self, x, use_b):
+        h = torch.tanh(self.trunk(x))
+        return self.a(h) + (self.b(h) if use_b else 0)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_set_to_none_decides_whether_a_param_unused_later_steps_as_torch(ranks, set_to_none):
+    """torch's zero_grad(set_to_none=False) keeps a zero .grad on head b after it stops being used,
+    and AdamW keeps stepping it (decay, moments, step count); with True its grad is None and it
+    stays put."""
+    rank, _ = ranks
+    finals = []
+    for kind in ("torch", "mxddp"):
+        module = TwoHeads()
+        if kind == "torch":
+            model = torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=True)
+            opt = torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.1)
+        else:
+            model = mxt.DistributedDataParallel(module, find_unused_parameters=True)
+            opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.1))
+        for step in range(5):
+            opt.zero_grad(set_to_none=set_to_none)
+            x, y = batch(rank, step)
+            torch.nn.functional.cross_entropy(model(x, step < 2), y).backward()
+            opt.step()
+            if step == 1:
+                b_after_use = module.b.weight.detach().clone()
+        assert torch.equal(module.b.weight.detach(), b_after_use) == set_to_none, kind
+        steps = {k: s["step"].item() for k, s in opt.state_dict()["state"].items()}
+        finals.append((module.b.weight.detach().clone(), steps))
+        if kind == "mxddp":
+            opt.close()
+            model.close()
+    torch.testing.assert_close(finals[1][0], finals[0][0], rtol=1e-5, atol=1e-6)
+    assert finals[1][1] == finals[0][1]  # per-param step counts

@@ -373,15 +373,15 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         self._cpp.zero_grad_buffer()
         self._grads_pending_sync = False
         self._reset_used()
+        self._drop_pending_clip()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """torch's ``model.zero_grad()``: the registered params' gradients (main_grad, in the grad
-        buffer) are zeroed, and torch's own zero_grad runs for any other param's ``.grad``."""
-        self.zero_grad_buffer()
         super().zero_grad(set_to_none=set_to_none)
+        self._keep_zero_grads(set_to_none)
 
-    def _after_zero_grad(self) -> None:
-        super()._after_zero_grad()
+    def _after_zero_grad(self, set_to_none: bool = True) -> None:
+        super()._after_zero_grad(set_to_none)
+        self._keep_zero_grads(set_to_none)
         self._reset_used()
 
     def broadcast_params(self) -> None:

@@ -506,6 +506,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._cpp.zero_grad_buffer()
         self._grads_pending_sync = False
         self._grads_live = False
+        self._drop_pending_clip()
 
     def finish_param_sync(self) -> None:
         """Nothing to wait for outside forward: the C++ FSDP finishes a pending param gather before
@@ -519,8 +520,8 @@ class FullyShardedDataParallel(DataParallelModule):
     def _before_zero_grad(self) -> None:
         self._complete_backward()  # a backward's unused params are reported before the zeroing
 
-    def _after_zero_grad(self) -> None:
-        super()._after_zero_grad()
+    def _after_zero_grad(self, set_to_none: bool = True) -> None:
+        super()._after_zero_grad(set_to_none)
         self._grads_live = False
 
     def _params_holding_values(self) -> list[int]:

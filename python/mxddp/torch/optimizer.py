@@ -242,7 +242,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._check_grads_ready("step()")
         self._push_groups()
-        frozen = sorted(int(i) for i in (getattr(self.model, "_unused_params", None) or []))
+        kept = getattr(self.model, "_kept_zero_grads", set())
+        frozen = sorted(int(i) for i in (getattr(self.model, "_unused_params", None) or []) if i not in kept)
         # A gather the last forward did not wait for (a module that did not run) may still be
         # reading this rank's shards, which the update is about to overwrite: finish it first.
         self.model.finish_param_sync()
@@ -284,6 +285,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         grads the next step uses by max_norm / (norm + 1e-6) clamped to 1. Only norm_type 2."""
         if float(norm_type) != 2.0:
             raise ValueError(f"clip_grad_norm_: norm_type={norm_type!r} is not supported; valid: 2.0 (the L2 norm)")
+        if not float(max_norm) >= 0.0:  # NaN too
+            raise ValueError(f"clip_grad_norm_: max_norm={max_norm!r} is not valid; valid: a number >= 0 "
+                             "(0 zeroes the gradients, as torch's)")
         norm = self.get_grad_norm()
         if error_if_nonfinite and not math.isfinite(norm):
             raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
@@ -346,14 +350,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return why + f"; params whose values hold a NaN or Inf: {'; '.join(values) if values else 'none'}"
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes the grad buffer (every param's main_grad). set_to_none is torch's and Megatron's
-        argument; the torch params' .grad is already None after each hook. With
+        """Zeroes the grad buffer (every param's main_grad); the torch params' .grad is already None
+        after each hook. set_to_none is torch's and Megatron's argument: with False a DDP param that
+        had a gradient keeps it (a zero) in torch's terms, so later steps update it even in windows no
+        rank uses it (find_unused_parameters), as torch's optimizer steps a zero .grad. With
         reuse_grad_buf_for_mxfp8_param_ag it then stages the main params in the grad buffer and starts
         the param all-gather (the first group only with overlap_param_gather)."""
         self._clip_coeff = 1.0
         self.model._before_zero_grad()
         self._cpp.zero_grad()
-        self.model._after_zero_grad()
+        self.model._after_zero_grad(set_to_none)
 
     def force_param_sync(self) -> None:
         """Collective. Brings every rank's model params up to date with the main params now,

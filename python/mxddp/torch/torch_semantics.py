@@ -128,6 +128,16 @@ class TorchSemantics:
         self._reported = [False] * n  # in the C++ DDP's current micro-batch
         self._used = [False] * n      # got a gradient since the last zero_grad
         self._unused_params: list[int] = []
+        # torch's zero_grad(set_to_none=False) leaves a zero .grad on every param that had one, and
+        # a torch optimizer steps those: the params used in a synchronized window before such a
+        # zero_grad (used_at_sync: the last sync's, agreed across ranks) are kept out of
+        # _unused_params' freeze until a zero_grad(set_to_none=True).
+        self._used_at_sync: set[int] = set()
+        self._kept_zero_grads: set[int] = set()
+        # Set by a sync that reduce-scattered the grad buffer (the distributed optimizer's): only
+        # this rank's shard holds reduced grads, the rest its own, so a backward may add into it
+        # only after a zero_grad.
+        self._grads_scattered = False
         self._backward: _Backward | None = None
         self._no_sync_depth = 0
         # torch DDP's require_forward_param_sync: whether the next forward broadcasts the buffers.
@@ -146,6 +156,15 @@ class TorchSemantics:
 
     def _begin_backward(self) -> None:
         syncs = bool(self.require_backward_grad_sync)
+        if syncs and any(self._reported):
+            # Megatron's form (sync_at_backward_end off): the last backward's grads wait for
+            # finish_grad_sync(), and its params would be reported twice in one micro-batch.
+            raise RuntimeError(
+                f"rank {launch.rank()}: a synchronizing backward began while the previous backward's gradients "
+                "were not synchronized yet (in Megatron's form finish_grad_sync() does that): run every "
+                "micro-batch but the last inside model.no_sync(), and call model.finish_grad_sync() after the last")
+        if self._grads_scattered:
+            raise RuntimeError(self._scattered_refusal())
         if not syncs:
             self._cpp.enter_no_sync()
         self._backward = _Backward(syncs=syncs, entered_no_sync=not syncs)
@@ -215,15 +234,33 @@ class TorchSemantics:
         self._cpp.finish_grad_sync()
         self._reported = [False] * len(self._params)
         self._grads_pending_sync = False
+        self._grads_scattered = self.ddp_config.use_distributed_optimizer and not self.ddp_config.force_all_reduce
         if self.find_unused_parameters:
             flags = torch.tensor(self._used, dtype=torch.float32)
             all_reduce_max(flags, self._group)
             self._unused_params = [i for i, used in enumerate(flags.tolist()) if used == 0.0]
+            self._used_at_sync = set(range(len(self._params))) - set(self._unused_params)
 
     def _reset_used(self) -> None:
         """At zero_grad: no param has a gradient."""
         self._used = [False] * len(self._params)
         self._reported = [False] * len(self._params)
+        self._grads_scattered = False
+
+    def _keep_zero_grads(self, set_to_none: bool) -> None:
+        if set_to_none:
+            self._kept_zero_grads = set()
+        else:
+            self._kept_zero_grads |= self._used_at_sync
+        self._used_at_sync = set()
+
+    def _scattered_refusal(self) -> str:
+        return (f"rank {launch.rank()}: a backward began on gradients already reduce-scattered and not zeroed "
+                "since: with use_distributed_optimizer=True the synchronization leaves only this rank's shard "
+                "of the grad buffer reduced (the rest holds this rank's own gradients), so new gradients added "
+                "to it would sum wrongly. Call optimizer.zero_grad() (or model.zero_grad_buffer()) after each "
+                "step and before the next backward, as Megatron's loop does; to accumulate over micro-batches, "
+                "run all but the last inside model.no_sync()")
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

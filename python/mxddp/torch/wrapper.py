@@ -156,9 +156,23 @@ class DataParallelModule(torch.nn.Module):
 
     # ---- The optimizer's zero_grad around the C++ one ----
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``model.zero_grad()``: the registered params' gradients (main_grad, in the grad
+        buffer; FSDP's shards) are zeroed, and torch's own zero_grad runs for any other param's
+        ``.grad``."""
+        self.zero_grad_buffer()
+        super().zero_grad(set_to_none=set_to_none)
+
+    def _drop_pending_clip(self) -> None:
+        """A clip_grad_norm_ scales the grads it measured: once they are zeroed it no longer applies."""
+        ref = getattr(self, "_mxt_optimizer", None)
+        optimizer = ref() if ref is not None else None
+        if optimizer is not None:
+            optimizer._clip_coeff = 1.0
+
     def _before_zero_grad(self) -> None:
         """What must happen before the grads are zeroed (FSDP: report a backward's unused params)."""
 
-    def _after_zero_grad(self) -> None:
+    def _after_zero_grad(self, set_to_none: bool = True) -> None:
         self._grads_pending_sync = False
         self._awaiting_zero_grad = False
