@@ -425,7 +425,37 @@ def test_bad_arguments_are_refused_naming_them(ranks, shared_dir, trained):
         mxt.save_checkpoint(shared_dir / "x", model, opt, 2, model_config={"flag": True})
     with pytest.raises(TypeError, match="model must be a mxddp.torch.DistributedDataParallel"):
         mxt.load_checkpoint(shared_dir / "good", model.module, opt)
+    with pytest.raises(ValueError, match="iteration 9223372036854775808 is not valid: 0 to 2\\*\\*63 - 1"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, 2 ** 63)
+    with pytest.raises(ValueError, match="keep_last 1099511627776 is not valid: an int, 0 .* to 2\\*\\*31 - 1"):
+        mxt.save_checkpoint(shared_dir / "x", model, opt, 2, keep_last=2 ** 40)
+    with pytest.raises(ValueError, match=r"save_dir '.*/x\\x00y' holds a NUL character"):
+        mxt.save_checkpoint(str(shared_dir / "x") + "\0y", model, opt, 2)
+    with pytest.raises(ValueError, match=r"load_dir 'good\\x00' holds a NUL character"):
+        mxt.load_checkpoint("good\0", model, opt)
     assert not (shared_dir / "x").exists()
+
+
+@pytest.mark.parametrize("argument", ["save_dir", "metadata", "keep_last", "model_config"])
+def test_ranks_that_pass_different_save_arguments_are_refused_before_anything_is_written(ranks, shared_dir, trained,
+                                                                                          argument):
+    """A rank saving elsewhere would write its part of the checkpoint there, and a prune could then
+    remove the last complete one; other metadata, configs or keep_last would be silently rank 0's."""
+    rank, world = ranks
+    model, opt = trained
+    kwargs = {"metadata": None, "keep_last": 0, "model_config": None}
+    directory = shared_dir / ("r" if argument != "save_dir" else f"r{rank}")
+    if argument != "save_dir":
+        kwargs[argument] = {"metadata": {"who": f"rank{rank}"}, "keep_last": 1 + rank,
+                            "model_config": {"width": 16 + rank}}[argument]
+    before = snapshot(model, opt)
+    with pytest.raises(mxddp.Error, match=f"save_checkpoint: the {world} ranks do not pass the same arguments: {argument} "):
+        mxt.save_checkpoint(directory, model, opt, 3, **kwargs)
+    assert_unchanged(model, opt, before)
+    assert not directory.exists()
+    if argument == "save_dir":
+        with pytest.raises(mxddp.Error, match=f"load_checkpoint: the {world} ranks do not pass the same arguments: load_dir "):
+            mxt.load_checkpoint(directory, model, opt)
 
 
 def test_load_before_init_is_refused():

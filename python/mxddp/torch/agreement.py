@@ -46,7 +46,13 @@ def param_items(names: Sequence[str], params: Sequence, mxfp8: Sequence[bool] = 
     return items
 
 
-def agree(what: str, describe: Callable[[], tuple[T, Items]], comm=None) -> T:
+# What a disagreement at wrap time says the ranks should do.
+_WRAP_ADVICE = ("Every rank must wrap the same module (the same trainable params, names, shapes, dtypes and order) "
+                "with the same configs; otherwise the ranks train silently wrong or stall in a collective")
+
+
+def agree(what: str, describe: Callable[[], tuple[T, Items]], comm=None, differ: str = "do not build the same thing",
+          advice: str = _WRAP_ADVICE) -> T:
     """Collective over comm (a ``_C.Communicator`` handle; None: the world): every rank of it calls it
     at the same point. Runs ``describe()`` (this rank's checks,
     returning ``(result, items)``) and returns its result when every rank gave the same items.
@@ -66,7 +72,7 @@ def agree(what: str, describe: Callable[[], tuple[T, Items]], comm=None) -> T:
         if len(set(_C.all_gather_bytes(digest, comm))) > 1:
             descriptions = [[tuple(item) for item in json.loads(d)] for d in _all_gather_text(description, comm)]
             if failure is None:
-                raise _C.Error(_disagreement(what, descriptions))
+                raise _C.Error(_disagreement(what, descriptions, differ, advice))
     if failure is not None:
         raise failure
     return result
@@ -93,7 +99,7 @@ def _values_by_rank(values: list[Optional[str]]) -> str:
     return "; ".join(f"{'(absent)' if v is None else v} on {_rank_list(rs)}" for v, rs in groups.items())
 
 
-def _disagreement(what: str, descriptions: list[Items]) -> str:
+def _disagreement(what: str, descriptions: list[Items], differ: str, advice: str) -> str:
     """The message every rank raises: a failing rank's error, else the first differing item."""
     failed = [(r, d[0][1]) for r, d in enumerate(descriptions) if d and d[0][0] == _FAILED]
     if failed:
@@ -113,7 +119,5 @@ def _disagreement(what: str, descriptions: list[Items]) -> str:
     counts = [sum(1 for k in d if k.startswith("param #")) for d in per_rank]
     count_note = "" if len(set(counts)) == 1 else \
         f"; the numbers of params differ: {_values_by_rank([str(c) for c in counts])}"
-    return (f"{what}: the {len(descriptions)} ranks do not build the same thing: {first} is "
-            f"{_values_by_rank([values.get(first) for values in per_rank])}{count_note}{more}. Every rank must "
-            "wrap the same module (the same trainable params, names, shapes, dtypes and order) with the same "
-            "configs; otherwise the ranks train silently wrong or stall in a collective")
+    return (f"{what}: the {len(descriptions)} ranks {differ}: {first} is "
+            f"{_values_by_rank([values.get(first) for values in per_rank])}{count_note}{more}. {advice}")

@@ -11,13 +11,14 @@ inspect/export DIR`` read them, and these functions read theirs.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
 from typing import Optional, Union
 
 from mxddp import _C
-from mxddp.torch import launch
+from mxddp.torch import agreement, launch
 from mxddp.torch.wrapper import DataParallelModule
 from mxddp.torch.optimizer import DistributedOptimizer
 
@@ -25,6 +26,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 # Metadata keys the functions own: the iteration of the save (what `mxddp train` resumes from).
 _ITERATION_KEY = "iteration"
+# What the C++ side's int64 iteration and int keep_last hold.
+_ITERATION_MAX = 2 ** 63 - 1
+_KEEP_LAST_MAX = 2 ** 31 - 1
 
 
 def _check_pair(model, optimizer, what: str) -> None:
@@ -47,7 +51,21 @@ def _path(value, name: str) -> str:
     path = os.fspath(value)
     if not isinstance(path, str) or not path:
         raise ValueError(f"{name} must be a non-empty path; got {value!r}")
+    if "\0" in path:  # the C++ side would stop at it and use a shorter path
+        raise ValueError(f"{name} {path!r} holds a NUL character; a path cannot")
     return path
+
+
+def _agreed(what: str, model, check):
+    """Runs ``check()`` (this rank's argument checks, returning ``(result, items)``: the arguments as
+    text pairs) and returns its result once every rank of the model's group gave the same items.
+    Ranks saving into different directories (or with other metadata, config or keep_last) would
+    each write part of a checkpoint somewhere, and a prune could then remove the last complete one;
+    a load from different directories would mix states. Every rank raises naming the first
+    argument that differs, or a rank's own failed check (agreement.py)."""
+    return agreement.agree(what, check, model._comm, differ="do not pass the same arguments",
+                           advice="Every rank calls it with the same arguments (a collective); nothing was written "
+                                  "or loaded")
 
 
 def _config_value_text(key: str, value) -> str:
@@ -97,28 +115,37 @@ def save_checkpoint(save_dir: PathLike, model: DataParallelModule, optimizer: Di
     Frozen params and module buffers (e.g. BatchNorm statistics) are not saved.
     """
     _check_pair(model, optimizer, "save_checkpoint")
-    path = _path(save_dir, "save_dir")
-    if isinstance(iteration, bool) or not isinstance(iteration, int):
-        raise TypeError(f"iteration must be an int; got {type(iteration).__name__}")
-    if iteration < 0:
-        raise ValueError(f"iteration {iteration} is not valid: 0 or more")
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
-        raise ValueError(f"keep_last {keep_last!r} is not valid: an int, 0 (keep every save) or more")
-    meta = {}
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a mapping of str to str; got {type(metadata).__name__}")
-        for key, value in metadata.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(f"metadata must map str to str; got {key!r}: {type(value).__name__}")
-            meta[key] = value
-    if _ITERATION_KEY in meta:
-        raise ValueError("metadata['iteration'] is set by save_checkpoint from its iteration argument; leave it out")
-    meta[_ITERATION_KEY] = str(iteration)
-    if model._grads_pending_sync:
-        raise RuntimeError("save_checkpoint: gradients were reported but not synchronized; call "
-                           "model.finish_grad_sync() (and opt.step()) first")
-    return _C.save_checkpoint(path, optimizer._cpp, iteration, meta, _model_config_fields(model_config), keep_last)
+
+    def check():
+        path = _path(save_dir, "save_dir")
+        if isinstance(iteration, bool) or not isinstance(iteration, int):
+            raise TypeError(f"iteration must be an int; got {type(iteration).__name__}")
+        if not 0 <= iteration <= _ITERATION_MAX:
+            raise ValueError(f"iteration {iteration} is not valid: 0 to 2**63 - 1")
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or not 0 <= keep_last <= _KEEP_LAST_MAX:
+            raise ValueError(f"keep_last {keep_last!r} is not valid: an int, 0 (keep every save) to 2**31 - 1")
+        meta = {}
+        if metadata is not None:
+            if not isinstance(metadata, Mapping):
+                raise TypeError(f"metadata must be a mapping of str to str; got {type(metadata).__name__}")
+            for key, value in metadata.items():
+                if not isinstance(key, str) or not isinstance(value, str):
+                    raise TypeError(f"metadata must map str to str; got {key!r}: {type(value).__name__}")
+                meta[key] = value
+        if _ITERATION_KEY in meta:
+            raise ValueError("metadata['iteration'] is set by save_checkpoint from its iteration argument; "
+                             "leave it out")
+        meta[_ITERATION_KEY] = str(iteration)
+        fields = _model_config_fields(model_config)
+        if model._grads_pending_sync:
+            raise RuntimeError("save_checkpoint: gradients were reported but not synchronized; call "
+                               "model.finish_grad_sync() (and opt.step()) first")
+        items = [("save_dir", os.path.abspath(path)), ("iteration", str(iteration)), ("keep_last", str(keep_last)),
+                 ("metadata", json.dumps(meta, sort_keys=True)), ("model_config", json.dumps(fields))]
+        return (path, meta, fields), items
+
+    path, meta, fields = _agreed("save_checkpoint", model, check)
+    return _C.save_checkpoint(path, optimizer._cpp, iteration, meta, fields, keep_last)
 
 
 def load_checkpoint(load_dir: PathLike, model: DataParallelModule,
@@ -136,9 +163,15 @@ def load_checkpoint(load_dir: PathLike, model: DataParallelModule,
     as they were.
     """
     _check_pair(model, optimizer, "load_checkpoint")
-    path = _path(load_dir, "load_dir")
-    if model._grads_pending_sync:
-        raise RuntimeError("load_checkpoint: gradients were reported but not synchronized; call "
-                           "model.finish_grad_sync() first")
-    _resolved, meta = _C.load_checkpoint(path, optimizer._cpp, _model_config_fields(model_config), [_ITERATION_KEY])
+
+    def check():
+        path = _path(load_dir, "load_dir")
+        fields = _model_config_fields(model_config)
+        if model._grads_pending_sync:
+            raise RuntimeError("load_checkpoint: gradients were reported but not synchronized; call "
+                               "model.finish_grad_sync() first")
+        return (path, fields), [("load_dir", os.path.abspath(path)), ("model_config", json.dumps(fields))]
+
+    path, fields = _agreed("load_checkpoint", model, check)
+    _resolved, meta = _C.load_checkpoint(path, optimizer._cpp, fields, [_ITERATION_KEY])
     return int(meta[_ITERATION_KEY]), dict(meta)
