@@ -621,3 +621,34 @@ def test_zero_grad_set_to_none_decides_whether_a_param_unused_later_steps_as_tor
             model.close()
     torch.testing.assert_close(finals[1][0], finals[0][0], rtol=1e-5, atol=1e-6)
     assert finals[1][1] == finals[0][1]  # per-param step counts
+
+
+def test_a_sharded_state_dict_restores_the_step_count_of_params_held_elsewhere(ranks):
+    """A sharded state dict has state only for the params this rank holds a part of; the others'
+    step counts come back too (a DCP save after the load writes every param's)."""
+    rank, _ = ranks
+    counts = []
+    state = None
+    for _ in range(2):
+        module = make_mlp()
+        model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                                                                       bucket_size=64))
+        opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(module.parameters(), lr=1e-2))
+        try:
+            held = {p for b in range(opt._cpp.num_buckets) for (p, start, end, _, _) in opt._cpp.update_ranges(b)
+                    if end > start}
+            assert len(held) < len(model.registered_params()), "the test needs params this rank holds no part of"
+            if state is None:
+                for step in range(3):
+                    opt.zero_grad()
+                    loss_of(model, rank, step).backward()
+                    model.finish_grad_sync()
+                    opt.step()
+                state = opt.state_dict()
+            else:
+                opt.load_state_dict(state)
+            counts.append([opt._cpp.param_step(i) for i in range(len(model.registered_params()))])
+        finally:
+            opt.close()
+            model.close()
+    assert counts[0] == [3] * len(counts[0]) and counts[1] == counts[0]

@@ -109,8 +109,12 @@ def state_dict(opt) -> dict:
         groups.append(d)
     out = {"state": state, "param_groups": groups}
     if not full:
+        # Every param's step count, in registration order: the state above has entries only for the
+        # params this rank holds a part of, and the others' counts must come back too (a DCP save
+        # after the load writes every param's).
         out["mxddp"] = {"format": _FORMAT, "sharded": True, "rank": model._comm.rank, "world": model._comm.size,
-                        "layout": layout_fingerprint(model, cpp), "step_count": cpp.step_count}
+                        "layout": layout_fingerprint(model, cpp), "step_count": cpp.step_count,
+                        "param_steps": [cpp.param_step(r) for r in range(len(model._params))]}
     else:
         out["mxddp"] = {"format": _FORMAT, "sharded": False, "step_count": cpp.step_count}
     return out
@@ -136,6 +140,11 @@ def load_state_dict(opt, sd: dict) -> bool:
                              f"same layout, and here is rank {here[0]} of {here[1]}, layout {here[2]}"
                              f"{' (a replicated optimizer)' if full else ''}. Save and load on every rank, or "
                              "save full state with mxddp.torch.checkpoint")
+        steps = meta.get("param_steps")
+        if steps is not None and (not isinstance(steps, list) or len(steps) != len(model._params)
+                                  or not all(isinstance(c, int) and c >= 0 for c in steps)):
+            raise ValueError("DistributedOptimizer.load_state_dict: the state dict's per-param step counts "
+                             f"(mxddp.param_steps) are not {len(model._params)} counts >= 0")
     # Full state (a replicated optimizer's, or torch's own) loads anywhere: a sharded optimizer takes
     # its ranges of each param.
     groups = sd["param_groups"]
@@ -192,6 +201,8 @@ def load_state_dict(opt, sd: dict) -> bool:
                     wrote_main = True
         # SGD's state has no step (torch's): a param with a momentum buffer has stepped.
         step = s.get("step", sd.get("mxddp", {}).get("step_count", 1) if s else 0)
+        if "param_steps" in meta:  # a sharded state dict's own record of every param's count
+            step = meta["param_steps"][reg]
         cpp.set_param_step(reg, int(float(step)))
     for saved, ours in zip(groups, opt.param_groups):
         for key, value in saved.items():
