@@ -34,13 +34,16 @@ std::string iteration_dir(const std::string& save_dir, int64_t iteration);
 // iter_ directories (an mxddp history). `what` names the directory in the message ("--save").
 void check_save_dir(const std::string& save_dir, const std::string& what = "--save");
 
-// After iteration's checkpoint is complete: points the tracker at it, clears what interrupted
+// After iteration's checkpoint is complete: points the tracker at it and clears what interrupted
 // saves of other iterations left (an iter_N.partial or iter_N.old that is the only complete copy
-// of N becomes iter_N, as the next save of N would make it; any other is removed), then removes
-// the oldest iter_ directories below it so that keep_last remain (0: keep all). Directories of
-// later iterations (left by a run that went further and was resumed from an older save) are kept.
-// The caller holds the history's lock (SaveDirLock), so no live writer owns those leftovers.
-void commit(const std::string& save_dir, int64_t iteration, int keep_last);
+// of N becomes iter_N, as the next save of N would make it; any other is removed). The caller
+// holds the history's lock (SaveDirLock), so no live writer owns those leftovers.
+void commit(const std::string& save_dir, int64_t iteration);
+
+// After commit(): removes the oldest iter_ directories below iteration so that keep_last remain
+// (0: keep all). Directories of later iterations (left by a run that went further and was resumed
+// from an older save) are kept. A failure here leaves the committed save complete and named.
+void prune_older(const std::string& save_dir, int64_t iteration, int keep_last);
 
 // Readers of a history that another run writes. A save with keep_last removes the checkpoint the
 // tracker named a moment before, so a reader that resolved it and then finds a file missing has

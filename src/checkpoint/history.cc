@@ -176,10 +176,13 @@ void check_save_dir(const std::string& save_dir, const std::string& what) {
   MXDDP_CHECK(!ec, "{} '{}' cannot be listed: {}", what, save_dir, ec.message());
 }
 
-void commit(const std::string& save_dir, int64_t iteration, int keep_last) {
+void commit(const std::string& save_dir, int64_t iteration) {
   write_output_file((fs::path(save_dir) / kTrackerFile).string(), fmt::format("{}\n", iteration),
                     "the checkpoint history's tracker file");
   clear_interrupted_saves(save_dir);  // the caller's lock: none is a live save's
+}
+
+void prune_older(const std::string& save_dir, int64_t iteration, int keep_last) {
   if (keep_last <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> older;  // iter_ directories below this iteration
   for (const fs::directory_entry& entry : fs::directory_iterator(save_dir)) {
@@ -344,19 +347,28 @@ std::string save_checkpoint_to_history(const std::string& save_dir, int64_t iter
   SaveOptions save_options = options;
   save_options.overwrite = true;  // a history's iteration saved again replaces the earlier save
   save_checkpoint(dir, optimizer, save_options);
-  // Rank 0 points the tracker at the complete checkpoint; every rank learns whether it could.
+  // Rank 0 points the tracker at the complete checkpoint, then prunes; every rank learns whether
+  // it could (1: the tracker, 2: the pruning, after which the save is complete and named).
   std::string error;
+  uint8_t failed = 0;
   if (comm.rank() == 0) {
     try {
-      checkpoint_history::commit(save_dir, iteration, history_options.keep_last);
+      checkpoint_history::commit(save_dir, iteration);
+      failed = 2;
+      checkpoint_history::prune_older(save_dir, iteration, history_options.keep_last);
+      failed = 0;
     } catch (const std::exception& e) {
       error = e.what();
+      failed = failed == 0 ? 1 : failed;
     }
   }
-  uint8_t failed = error.empty() ? 0 : 1;
   ckpt::all_reduce_host(comm, TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
-  MXDDP_CHECK(failed == 0, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
-              iteration, dir, error.empty() ? " (on rank 0)" : ": " + error);
+  const std::string why = error.empty() ? " (on rank 0)" : ": " + error;
+  MXDDP_CHECK(failed != 1, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
+              iteration, dir, why);
+  MXDDP_CHECK(failed != 2, "iteration {}: the checkpoint was saved to {} and the tracker names it (the save is "
+              "complete), but removing the older saves beyond keep_last={} failed{}", iteration, dir,
+              history_options.keep_last, why);
   return dir;
 }
 

@@ -8,7 +8,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <fmt/ranges.h>
 
@@ -80,6 +86,71 @@ TEST(CheckpointHistory, SavesIterDirectoriesWithTheTrackerPrunesAndLoadsTheNewes
     EXPECT_EQ(opt.step_count(), 2);
   });
   fs::remove_all(dir);
+}
+
+// Makes a directory immutable (chattr +i) for its lifetime, so that removing what it holds fails
+// even for root; ok() is false where the file system or the process cannot (then the test skips).
+class Immutable {
+ public:
+  explicit Immutable(const std::string& dir) : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY)) {
+    int flags = 0;
+    if (fd_ >= 0 && ::ioctl(fd_, FS_IOC_GETFLAGS, &flags) == 0) {
+      flags |= FS_IMMUTABLE_FL;
+      set_ = ::ioctl(fd_, FS_IOC_SETFLAGS, &flags) == 0;
+    }
+  }
+  ~Immutable() {
+    int flags = 0;
+    if (set_ && ::ioctl(fd_, FS_IOC_GETFLAGS, &flags) == 0) {
+      flags &= ~FS_IMMUTABLE_FL;
+      ::ioctl(fd_, FS_IOC_SETFLAGS, &flags);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Immutable(const Immutable&) = delete;
+  Immutable& operator=(const Immutable&) = delete;
+  bool ok() const { return set_; }
+
+ private:
+  int fd_;
+  bool set_ = false;
+};
+
+TEST(CheckpointHistory, ASaveWhosePruningFailsSaysItIsCompleteAndNamed) {
+  const std::string dir = fresh_dir("prune_fails");
+  bool skipped = false;
+  with_trained_mlp([&](Communicator& comm, DistributedOptimizer& opt) {
+    save_checkpoint_to_history(dir, 1, opt, {.metadata = {{"iteration", "1"}}});
+    comm.barrier();
+    std::optional<Immutable> frozen;
+    uint8_t ok = 1;
+    if (comm.rank() == 0) {
+      frozen.emplace(dir + "/iter_0000001");
+      ok = frozen->ok() ? 1 : 0;
+    }
+    comm.barrier();
+    TensorView flag{&ok, DType::kU8, Shape{1}, Device::cpu()};
+    comm.broadcast(flag).wait();
+    if (!ok) {
+      skipped = true;
+      return;
+    }
+    try {
+      save_checkpoint_to_history(dir, 2, opt, {.metadata = {{"iteration", "2"}}}, {.keep_last = 1});
+      ADD_FAILURE() << "the failed pruning went unreported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("and the tracker names it (the save is complete), but removing the older "
+                                           "saves beyond keep_last=1 failed"),
+                std::string::npos)
+          << e.what();
+    }
+    comm.barrier();
+    frozen.reset();
+    EXPECT_EQ(read_text(dir + "/latest_checkpointed_iteration.txt"), "2\n");
+    EXPECT_EQ(load_checkpoint_from_history(dir, opt, {.count_metadata = {"iteration"}}).metadata.at("iteration"), "2");
+  });
+  fs::remove_all(dir);
+  if (skipped) GTEST_SKIP() << "chattr +i is not available here (not root, or not a file system that has it)";
 }
 
 TEST(CheckpointHistory, RefusalsComeOnEveryRankAndChangeNothing) {
