@@ -158,11 +158,18 @@ std::string iteration_dir(const std::string& save_dir, int64_t iteration) {
 void check_save_dir(const std::string& save_dir, const std::string& what) {
   check_output_dir_path(save_dir, what);  // not a file, FIFO or link, and under a directory
   std::error_code ec;
-  if (!fs::exists(save_dir, ec)) return;
-  MXDDP_CHECK(!fs::exists(fs::path(save_dir) / "manifest.json", ec),
+  const bool exists = fs::exists(save_dir, ec);
+  MXDDP_CHECK(!exists || !fs::exists(fs::path(save_dir) / "manifest.json", ec),
               "{} '{}' is one checkpoint (manifest.json at its top, the layout before iter_ directories); saves "
               "now go to DIR/iter_NNNNNNN. Load from it ('{}') and save to a new directory",
               what, save_dir, save_dir);
+  // A history inside another history or checkpoint (DIR/iter_0000002/best) would be deleted by
+  // that history's next prune or re-save of the iteration.
+  if (const auto place = checkpoint_place_of(save_dir); place && !(exists && fs::equivalent(save_dir, place->dir, ec)))
+    MXDDP_FAIL("{} '{}' is inside the {} '{}', which saves replace or prune as a whole: this history would go with "
+               "it. Give a path outside every checkpoint and checkpoint history",
+               what, save_dir, place->kind, place->dir);
+  if (!exists) return;
   for (const fs::directory_entry& entry : fs::directory_iterator(save_dir, ec)) {
     const std::string name = entry.path().filename().string();
     const bool ours = name == kTrackerFile || (parse_iteration_dir(name) && entry.is_directory(ec)) ||

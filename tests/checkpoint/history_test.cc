@@ -153,6 +153,31 @@ TEST(CheckpointHistory, ASaveWhosePruningFailsSaysItIsCompleteAndNamed) {
   if (skipped) GTEST_SKIP() << "chattr +i is not available here (not root, or not a file system that has it)";
 }
 
+TEST(CheckpointHistory, AHistoryInsideAnotherHistoryOrCheckpointIsRefused) {
+  const std::string dir = fresh_dir("nested");
+  with_trained_mlp([&](Communicator& comm, DistributedOptimizer& opt) {
+    save_checkpoint_to_history(dir, 1, opt, {.metadata = {{"iteration", "1"}}});
+    comm.barrier();
+    const std::string top = fs::canonical(dir).string();
+    const std::pair<std::string, std::string> cases[] = {
+        {dir + "/iter_0000001/best", fmt::format("checkpoint '{}/iter_0000001'", top)},
+        {dir + "/best", fmt::format("checkpoint history '{}'", top)}};
+    for (const auto& [inner, place] : cases) {
+      try {
+        save_checkpoint_to_history(inner, 2, opt, {}, {.check_and_lock = true, .what = "save dir"});
+        ADD_FAILURE() << inner << " was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(fmt::format("save dir '{}' is inside the {}", inner, place)),
+                  std::string::npos)
+            << e.what();
+      }
+      EXPECT_FALSE(fs::exists(inner));
+    }
+    save_checkpoint_to_history(dir, 2, opt, {}, {.check_and_lock = true, .what = "save dir"});  // the history itself
+  });
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointHistory, RefusalsComeOnEveryRankAndChangeNothing) {
   const std::string dir = fresh_dir("refusals");
   with_trained_mlp([&](Communicator& comm, DistributedOptimizer& opt) {
