@@ -206,8 +206,8 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
             if (sp.param == static_cast<int>(p))
               slices.push_back({{"file", rank_file_name(r)}, {"start", sp.in_param.start}, {"end", sp.in_param.end}});
       const ParamSpec& spec = buf.params()[p];
-      json param = {{"name", spec.name}, {"shape", shape_json(spec.shape)},
-                    {"shared_embedding", spec.shared_embedding}, {"slices", slices}};
+      json param = {{"name", spec.name}, {"shape", shape_json(spec.shape)}, {"shared_embedding", spec.shared_embedding},
+                    {"slices", slices}, {"step", opt.param_step(static_cast<int>(p))}};
       // An MXFP8 param trains as MXFP8 but is saved, like the others, as model_dtype (cast from
       // its main params); this says what it was, for inspect.
       if (buf.is_mxfp8(static_cast<int>(p))) param["mxfp8_elem"] = fp8_format_name(mxfp8_elem(buf));
@@ -265,6 +265,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
   std::vector<std::vector<std::vector<float>>> state(static_cast<size_t>(opt.state_count()), main);
   std::map<std::string, std::string> metadata;
   int64_t step = 0;
+  std::vector<int64_t> param_steps;  // [param], -1 where the save did not record one
   // Reads and checks everything into the staging above; changes nothing live.
   const auto stage = [&] {
     const ckpt::Manifest m = ckpt::read_manifest(dir);  // checksum first, then structure
@@ -340,6 +341,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
     }
     for (const std::string& key : options.count_metadata) checkpoint_metadata_count(m.metadata, key, dir);
     step = m.step;
+    for (const ckpt::ManifestParam& p : m.params) param_steps.push_back(p.step);
     metadata = m.metadata;
   };
   agreed(comm, "checkpoint load", stage);
@@ -351,7 +353,9 @@ std::map<std::string, std::string> load_checkpoint(const std::string& requested_
       compute.copy_from_host(opt.state(s, static_cast<int>(b)).data, state[static_cast<size_t>(s)][b].data(),
                              main[b].size() * sizeof(float));
   }
-  opt.set_step_count(step);
+  opt.set_step_count(step);  // every param's count too, then each one's own where the save has it
+  for (size_t p = 0; p < param_steps.size(); ++p)
+    if (param_steps[p] >= 0) opt.set_param_step(static_cast<int>(p), param_steps[p]);
   opt.force_param_sync();
   return metadata;
 }

@@ -97,7 +97,8 @@ Manifest parse_manifest(const json& j, const std::string& path) {
 
   for (const json& p : j.at("params")) {
     ManifestParam param{p.at("name").get<std::string>(), shape_from_json(p.at("shape")),
-                        p.at("shared_embedding").get<bool>(), {}, ""};
+                        p.at("shared_embedding").get<bool>(), {}, "", -1};
+    if (p.contains("step")) param.step = json_int(p.at("step"), 0, m.step, fmt::format("param '{}''s step", param.name));
     if (p.contains("mxfp8_elem")) {
       param.mxfp8_elem = p.at("mxfp8_elem").get<std::string>();
       MXDDP_CHECK(param.mxfp8_elem == "e4m3" || param.mxfp8_elem == "e5m2",

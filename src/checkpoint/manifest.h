@@ -62,6 +62,9 @@ struct ManifestParam {
   // The run kept it as MXFP8 with these elements ("e4m3", "e5m2"); "" for a param that is not, or
   // one a save before this field did not mark (see Manifest::fp8_param_gather).
   std::string mxfp8_elem;
+  // The optimizer steps this param took (fewer than Manifest::step where it went unused in some,
+  // as torch leaves a param without a grad); -1 in a save before this field (then step's).
+  int64_t step = -1;
 };
 struct ManifestFile {
   std::string name;

@@ -696,3 +696,31 @@ def test_an_mxfp8_weight_s_state_dict_holds_its_values_and_a_load_is_refused(ran
     assert [k for k, v in model.state_dict().items() if not torch.equal(v, sd[k])] == []
     model.load_state_dict({k: torch.zeros_like(v) for k, v in sd.items()})
     assert all(v.abs().sum() == 0 for v in module.state_dict().values())
+
+
+def test_a_load_restores_each_params_own_step_count(ranks, shared_dir):
+    """A param unused in some steps (find_unused_parameters) took fewer optimizer steps than the
+    run; a resume gives each param its own count back, as torch's per-param state['step']."""
+    from test_user_optimizer import TwoHeads, batch as two_heads_batch
+    rank, _ = ranks
+    counts = []
+    for load in (False, True):
+        module = TwoHeads()
+        model = mxt.DistributedDataParallel(module, find_unused_parameters=True)
+        opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(module.parameters(), lr=1e-2))
+        try:
+            if load:
+                mxt.load_checkpoint(shared_dir / "steps", model, opt)
+            else:
+                for step in range(3):
+                    opt.zero_grad()
+                    x, y = two_heads_batch(rank, step)
+                    torch.nn.functional.cross_entropy(model(x, step == 2), y).backward()
+                    opt.step()
+                mxt.save_checkpoint(shared_dir / "steps", model, opt, 3)
+            counts.append([opt._cpp.param_step(i) for i in range(len(model.registered_params()))])
+        finally:
+            opt.close()
+            model.close()
+    assert counts[0] == [3, 3, 3, 3, 1, 1]  # trunk and head a every step, head b in the last only
+    assert counts[1] == counts[0]
