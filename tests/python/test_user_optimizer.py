@@ -652,3 +652,28 @@ def test_a_sharded_state_dict_restores_the_step_count_of_params_held_elsewhere(r
             opt.close()
             model.close()
     assert counts[0] == [3] * len(counts[0]) and counts[1] == counts[0]
+
+
+def test_a_group_whose_params_change_after_construction_is_refused_at_the_step(ranks):
+    rank, _ = ranks
+    model = wrap(make_mlp())
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(two_groups(model.module)))
+    try:
+        opt.param_groups[1]["params"].pop()  # torch would stop updating that param
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        with pytest.raises(RuntimeError, match="param group 1's params changed after the optimizer was built"):
+            opt.step()
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_a_scheduler_built_on_the_torch_optimizer_warns(ranks):
+    model = wrap(make_mlp())
+    base = torch.optim.AdamW(model.module.parameters(), lr=1e-2)
+    torch.optim.lr_scheduler.StepLR(base, step_size=1)
+    with pytest.warns(UserWarning, match="a torch lr scheduler is attached to the torch optimizer given"):
+        opt = mxt.DistributedOptimizer(model, base)
+    opt.close()
+    model.close()

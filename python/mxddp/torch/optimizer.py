@@ -115,6 +115,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 "or a torch.optim.AdamW, Adam or SGD built over the model's params; got "
                                 f"{type(optimizer).__name__}")
             kind = torch_optimizer.kind_of(optimizer)
+            if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+                # A scheduler built on the torch optimizer writes its groups, which mxddp copied here.
+                warnings.warn("DistributedOptimizer: a torch lr scheduler is attached to the torch optimizer given; it "
+                              "writes that optimizer's param_groups, which this DistributedOptimizer does not read "
+                              "after construction. Build the scheduler on the DistributedOptimizer instead",
+                              UserWarning, stacklevel=3)
             for i, g in enumerate(optimizer.param_groups):
                 torch_optimizer.check_group(kind, i, g, construction=True)
             of = torch_optimizer.group_of_params(model, optimizer.param_groups)
@@ -141,6 +147,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg.clip_grad = 0.0  # the user clips with clip_grad_norm_
         self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
         self._cpp.set_param_groups(of, [self._hyper(g) for g in self.param_groups])
+        # Group membership is fixed here (the state is laid out over the model's buffers): each
+        # group's params, to refuse a later edit of the lists instead of ignoring it.
+        self._group_params = [[id(p) for p in g["params"]] for g in self.param_groups]
         self._consecutive_skipped_steps = 0
         self._release_heap_after_step = release_heap_after_step
         # The next step's grad multiplier from clip_grad_norm_ (GradScaler's 1/scale is read at the step).
@@ -184,6 +193,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push_groups(self) -> None:
         """The groups' current hyperparameters into the C++ optimizer (a scheduler may have changed them)."""
         for i, g in enumerate(self.param_groups):
+            if [id(p) for p in g["params"]] != self._group_params[i]:
+                raise RuntimeError(f"DistributedOptimizer: param group {i}'s params changed after the optimizer was "
+                                   "built; mxddp fixes which params each group holds at construction (the state is "
+                                   "laid out over the model's buffers): build a new optimizer with the groups wanted")
             if not self._megatron:
                 torch_optimizer.check_group(self._kind, i, g, construction=False)
             self._cpp.set_group(i, *self._hyper(g))
