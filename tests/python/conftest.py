@@ -21,6 +21,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def init_gloo_beside_mxddp(rank: int, world: int) -> None:
+    """The script's own gloo group of mxddp's MPI ranks, over 127.0.0.1 at a port rank 0 picks and
+    broadcasts through mxddp (also used by raise_in_backward.py, which runs outside pytest)."""
+    port = torch.tensor([float(_free_port() if rank == 0 else 0)])
+    mxt.broadcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank, world_size=world)
+
+
 @pytest.fixture(scope="session")
 def ranks():
     """(rank, world): mxddp's MPI ranks, with a gloo group of the same ranks for the reference."""
@@ -38,8 +46,6 @@ def ranks():
     # injected-delay runs of the FSDP parity tests).
     delay = os.environ.get("MXDDP_TEST_COLLECTIVE_DELAY_US")
     rank, world = mxt.init(timeout_s=120, collective_delay_us=tuple(int(v) for v in delay.split(",")) if delay else None)
-    port = torch.tensor([float(_free_port() if rank == 0 else 0)])
-    mxt.broadcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank, world_size=world)
+    init_gloo_beside_mxddp(rank, world)
     yield rank, world
     dist.destroy_process_group()

@@ -3,23 +3,16 @@ grads are reported, so rank 0 waits in finish_grad_sync for a reduce-scatter tha
 issues. The job must end at once with rank 1's error, not hang. With --torch-group the script also
 builds its own gloo group after mxt.init() (as the pytest suite's conftest.py does), whose
 init_process_group wraps the excepthook in one that buffers stderr: the error must still show."""
-import socket
 import sys
 
 import torch
-import torch.distributed as dist
 
 import mxddp.torch as mxt
+from conftest import init_gloo_beside_mxddp
 
 rank, world = mxt.init(timeout_s=60)
 if "--torch-group" in sys.argv[1:]:
-    port = torch.tensor([0.0])
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port[0] = s.getsockname()[1]
-    mxt.broadcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=rank, world_size=world)
+    init_gloo_beside_mxddp(rank, world)
 torch.set_num_threads(1)
 torch.manual_seed(0)
 module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))

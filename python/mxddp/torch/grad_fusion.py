@@ -281,33 +281,24 @@ def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_t
     read = param_reader(module) if read_weight is None else read_weight
     plain_forward = type(module).forward
 
-    def token() -> Optional[torch.Tensor]:
-        # None where torch's own forward must run: the weight is no longer this param
-        # (torch.func.functional_call swaps in other tensors, or the user assigned a new one).
-        # A frozen weight (requires_grad_(False) mid-run) gets a token outside the graph: its
-        # Function adds no dW and nothing reports it, as torch computes no gradient for it.
+    def run(x: torch.Tensor, fused: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        # torch's own forward where the weight is no longer this param (torch.func.functional_call
+        # swaps in other tensors, or the user assigned a new one). A frozen weight
+        # (requires_grad_(False) mid-run) gets a token outside the graph: its Function adds no dW
+        # and nothing reports it, as torch computes no gradient for it.
         if module.weight is not param:
-            return None
-        return ready_token if param.requires_grad else ready_token.detach()
+            return plain_forward(module, x)
+        return fused(ready_token if param.requires_grad else ready_token.detach())
 
     if kind == "linear":
         def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-            t = token()
-            if t is None:
-                return plain_forward(module, input)
-            return _FusedLinear.apply(input, t, module.bias, cpp, index, read)
+            return run(input, lambda t: _FusedLinear.apply(input, t, module.bias, cpp, index, read))
     elif kind == "conv1d":
         def forward(x: torch.Tensor) -> torch.Tensor:
-            t = token()
-            if t is None:
-                return plain_forward(module, x)
-            return _FusedConv1D.apply(x, t, module.bias, cpp, index, read)
+            return run(x, lambda t: _FusedConv1D.apply(x, t, module.bias, cpp, index, read))
     elif kind == "embedding" and read_weight is None:
         def forward(input: torch.Tensor) -> torch.Tensor:  # noqa: A002
-            t = token()
-            if t is None:
-                return plain_forward(module, input)
-            return _FusedEmbedding.apply(input, t, cpp, index, module)
+            return run(input, lambda t: _FusedEmbedding.apply(input, t, cpp, index, module))
     else:
         raise TypeError(f"{type(module).__name__} does not fuse its weight gradient"
                         + (" read through a reader" if read_weight is not None else ""))

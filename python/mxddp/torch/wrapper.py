@@ -122,8 +122,7 @@ class DataParallelModule(torch.nn.Module):
         before clipping. The gradients live in mxddp's grad buffer (``.grad`` is None), where
         ``torch.nn.utils.clip_grad_norm_`` cannot see them, so this asks the DistributedOptimizer
         built on this model, which holds the sharded view of them. Collective."""
-        ref = getattr(self, "_mxt_optimizer", None)
-        optimizer = ref() if ref is not None else None
+        optimizer = self._optimizer()
         if optimizer is None:
             raise RuntimeError(f"{type(self).__name__}.clip_grad_norm_({max_norm!r}): no "
                                "mxddp.torch.DistributedOptimizer is built on this model (or it was garbage-collected); "
@@ -163,10 +162,14 @@ class DataParallelModule(torch.nn.Module):
         self.zero_grad_buffer()
         super().zero_grad(set_to_none=set_to_none)
 
+    def _optimizer(self):
+        """The DistributedOptimizer last built on this model, while it lives; None otherwise."""
+        ref = getattr(self, "_mxt_optimizer", None)
+        return ref() if ref is not None else None
+
     def _drop_pending_clip(self) -> None:
         """A clip_grad_norm_ scales the grads it measured: once they are zeroed it no longer applies."""
-        ref = getattr(self, "_mxt_optimizer", None)
-        optimizer = ref() if ref is not None else None
+        optimizer = self._optimizer()
         if optimizer is not None:
             optimizer._clip_coeff = 1.0
 
