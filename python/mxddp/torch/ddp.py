@@ -400,6 +400,11 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         if self._cpp.param_sync_pending:
             self._cpp.before_forward(list(range(len(self._params))))
 
+    def _before_param_update(self) -> None:
+        # A gather the last forward did not wait for (a module that did not run) may still be
+        # reading this rank's shards, which the update is about to overwrite: finish it first.
+        self.finish_param_sync()
+
     def dequantized_param(self, name: str, axis: Optional[str] = None) -> torch.Tensor:
         """An MXFP8 param's values (fp8_param_gather), dequantized from its row-wise ('row') or
         column-wise ('col') storage, as a new tensor; by default the one its forward reads (an

@@ -21,6 +21,9 @@ The C++ hooks are driven by torch module hooks (docs/python.md says why these):
     default, DDP's rule: ``grad_fusion.py``) a weight's modules add its dW into ``main_grad``
     themselves and its ready token reports it; a unit's post-backward (``after_backward``:
     release, reduce-scatter) runs when its last param has reported.
+  - a forward pre-hook on each module that owns params but gathers none itself (a unit's
+    submodule; a module of the non-unit params) refuses to run it where its params hold stand-ins
+    or the values from before the last step (``_register_read_guards``).
 Saved views. An op may save for backward not the param but a view of it (``F.linear`` saves
 ``weight.t()``), which points at the storage of the gather in forward, released after the unit's
 forward; the re-gather in backward lands elsewhere. So while ``model(...)`` runs, a
@@ -55,6 +58,13 @@ from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+
+
+def _in_backward() -> bool:
+    """Inside an autograd backward (a recompute re-running forward), where a unit is gathered by its
+    pre-backward."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
 
 
@@ -290,6 +300,15 @@ class FullyShardedDataParallel(DataParallelModule):
         # one adds its dW into main_grad itself).
         self._deferred_count = sum(1 for i in self._non_unit_params if not self.fused_params[i])
         self._deferred: list[tuple[int, Optional[torch.Tensor]]] = []  # non-unit grads not yet handed over
+        # optim and optim_grads with overlap_param_gather: a step leaves each unit's updated params to its
+        # next pre-forward (the non-unit ones to the wrapper's forward), so until then this rank's full
+        # params hold the values from before the step. Whether each unit's, and the non-unit ones, hold
+        # the last step's result (read by the guards below and finish_param_sync):
+        self._stale_after_step = config.overlap_param_gather and \
+            config.data_parallel_sharding_strategy in ("optim", "optim_grads")
+        self._unit_current = [True] * len(self.units.units)
+        self._non_unit_current = True
+        self._register_read_guards(module)
         self._record_param_places()
 
     # ---- the hooks ----
@@ -334,6 +353,7 @@ class FullyShardedDataParallel(DataParallelModule):
                 self._units_called.append(unit)
             self._unit_in_forward[unit] = True
             self._cpp.before_forward(params)
+            self._unit_current[unit] = True
             self._view(params)
 
         return hook
@@ -366,6 +386,57 @@ class FullyShardedDataParallel(DataParallelModule):
         for m in modules:
             self._hooks.append(m.register_forward_pre_hook(pre))
             self._hooks.append(m.register_forward_hook(post))
+
+    def _register_read_guards(self, module: torch.nn.Module) -> None:
+        """A forward pre-hook on every module that owns registered params directly but gathers none
+        itself: a submodule of a unit module (without the fine-grained gather), or a module of the
+        non-unit params. Such a module run where its params hold no current values (its unit's
+        submodule called by the parent, outside the unit's forward and backward; a non-unit module
+        called outside the wrapper's forward) would compute with NaN stand-ins (optim_grads_params)
+        or, on the ranks that did not update them, the values from before the last step (optim,
+        optim_grads with overlap_param_gather): it is refused, naming the module. no_shard: none
+        needed, every rank's params are always current."""
+        if self.ddp_config.data_parallel_sharding_strategy == "no_shard":
+            return
+        gathering = {id(h.module) for h in self.units.hooked if h.unit >= 0}
+        index_of = {id(p): i for i, p in enumerate(self._params)}
+        for name, sub in module.named_modules():
+            if id(sub) in gathering:
+                continue
+            own = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
+            if own:
+                self._hooks.append(sub.register_forward_pre_hook(self._make_read_guard(name, self._unit_of[own[0]], own)))
+
+    def _make_read_guard(self, name: str, unit: int, own: list[int]):
+        plain = [i for i in own if not self._mxfp8[i]]  # an MXFP8 weight's forward reads the C++ copies
+
+        def current() -> bool:
+            if self._shards_params:
+                return all(self._gathered_storage.get(self._params[i].untyped_storage().data_ptr()) == i for i in plain)
+            return self._unit_current[unit] if unit >= 0 else self._non_unit_current
+
+        def hook(sub, _args) -> None:
+            if current() or _in_backward():
+                return
+            what = "NaN stand-ins" if self._shards_params else \
+                "the values from before the last step on this rank (its updated params are gathered later)"
+            if unit >= 0:
+                owner = self._unit_names[unit] or "<root>"
+                raise RuntimeError(
+                    f"'{name}' ({type(sub).__name__}) ran outside the forward and backward of its FSDP unit "
+                    f"'{owner}', where its params hold {what}: a unit is gathered by its own module's hooks. Call "
+                    f"'{owner}' itself, make each weighted submodule a unit of its own "
+                    "(megatron_fsdp_enable_fine_grained_param_gather=True)"
+                    + ("" if self._shards_params else ", call model.finish_param_sync() after opt.step()")
+                    + f", or keep '{name}' out of the units")
+            raise RuntimeError(
+                f"'{name}' ({type(sub).__name__}) ran outside the wrapper's forward, where its params (in no FSDP "
+                f"unit) hold {what}: they are gathered when the wrapper's forward starts"
+                + (" and kept until finish_grad_sync()" if self._shards_params else "")
+                + ". Call it inside model(...)"
+                + ("" if self._shards_params else ", or call model.finish_param_sync() after opt.step() first"))
+
+        return hook
 
     def _make_post_forward(self, indices: tuple[int, ...], unit: int):
         params = list(indices)
@@ -475,6 +546,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._complete_backward()
         if self._non_unit_params:  # gathered now, kept until the gradients are synchronized
             self._cpp.before_forward(self._non_unit_params)
+            self._non_unit_current = True
             self._view(self._non_unit_params)
         self._units_called = []
         try:
@@ -509,8 +581,26 @@ class FullyShardedDataParallel(DataParallelModule):
         self._drop_pending_clip()
 
     def finish_param_sync(self) -> None:
-        """Nothing to wait for outside forward: the C++ FSDP finishes a pending param gather before
-        the optimizer updates the shards it reads."""
+        """Collective where a step left gathers pending (optim and optim_grads with overlap_param_gather:
+        each unit's updated params are gathered in its next pre-forward): gathers them now, so that every
+        rank's params hold the step's result outside forward (an EMA of the weights, a hand-made eval).
+        Nothing to do otherwise: no_shard and a step without overlap leave every param current, and
+        optim_grads_params holds no full params outside a unit's forward (``state_dict()`` gathers them)."""
+        if self._cpp.closed or (all(self._unit_current) and self._non_unit_current):
+            return
+        if self._grads_pending_sync:
+            raise RuntimeError("finish_param_sync() between backward and finish_grad_sync(): its gathers would "
+                               "interleave with the gradient reductions; call model.finish_grad_sync() first")
+        self._gather_every_unit(lambda _indices: None)
+
+    def _before_param_update(self) -> None:
+        """Nothing to wait for: the C++ FSDP finishes a pending param gather before the optimizer
+        updates the shards it reads."""
+
+    def _after_param_update(self, gathered: bool) -> None:
+        if gathered or self._stale_after_step:
+            self._unit_current = [gathered] * len(self._unit_current)
+            self._non_unit_current = gathered
 
     @property
     def grads_live(self) -> bool:
@@ -561,15 +651,22 @@ class FullyShardedDataParallel(DataParallelModule):
                     values[i] = self._mxfp8_forward_values(i) if self._mxfp8[i] \
                         else self._cpp.param(i).clone()
 
-        # The pre-forward hooks gather the units (optim_grads_params) or wait for the all-gather of
-        # the updated params that the last step started (optim, optim_grads with overlap).
-        # In the order the forward calls the units, which the C++ FSDP learns from passes like this one.
+        self._gather_every_unit(take)
+        return values
+
+    def _gather_every_unit(self, take) -> None:
+        """Collective: a forward-like pass of pre- and post-forward hooks over the hooked modules,
+        calling ``take(params)`` while each one's params are gathered. The pre-forward hooks gather the
+        units (optim_grads_params) or wait for the all-gather of the updated params that the last step
+        started (optim, optim_grads with overlap). In the order the forward calls the units, which the
+        C++ FSDP learns from passes like this one."""
         for h in in_forward_order(self.units.hooked, self._forward_order):
             self._cpp.before_forward(list(h.params))
             take(h.params)
             self._cpp.after_forward(list(h.params))
         self._cpp.release_gathered_params()
-        return values
+        self._unit_current = [True] * len(self._unit_current)
+        self._non_unit_current = True
 
     def state_dict(self, *args, **kwargs):
         """Collective (every rank calls it): torch's state dict of the wrapper (keys ``module.<name>``)

@@ -257,9 +257,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._push_groups()
         kept = getattr(self.model, "_kept_zero_grads", set())
         frozen = sorted(int(i) for i in (getattr(self.model, "_unused_params", None) or []) if i not in kept)
-        # A gather the last forward did not wait for (a module that did not run) may still be
-        # reading this rank's shards, which the update is about to overwrite: finish it first.
-        self.model.finish_param_sync()
+        self.model._before_param_update()  # DDP: a gather still reading the shards ends first
         unscale, clip_coeff = self._scaler_unscale(grad_scaler, True), self._clip_coeff
         self._clip_coeff = 1.0
         skipped, grad_norm, _clip = self._cpp.step(unscale, clip_coeff, frozen)
@@ -279,6 +277,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._after_skipped_step(grad_norm)
         else:
             self._consecutive_skipped_steps = 0
+            self.model._after_param_update(gathered=False)
         if not skipped and self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
             self.model._awaiting_zero_grad = True  # the update waits in the main params for zero_grad()
         if self._megatron:
@@ -380,6 +379,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         iterations). With reuse_grad_buf_for_mxfp8_param_ag it zeroes the grad buffer first (the
         staging area), so call it only between finish_grad_sync/step and the next backward."""
         self._cpp.force_param_sync()
+        self.model._after_param_update(gathered=True)
         if self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
             self.model._grads_pending_sync = False  # the grad buffer was zeroed to stage in
         self.model._awaiting_zero_grad = False

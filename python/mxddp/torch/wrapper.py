@@ -176,6 +176,11 @@ class DataParallelModule(torch.nn.Module):
     def _before_zero_grad(self) -> None:
         """What must happen before the grads are zeroed (FSDP: report a backward's unused params)."""
 
+    def _after_param_update(self, gathered: bool) -> None:
+        """The optimizer wrote new main params: every rank's params hold them now (gathered: a
+        force_param_sync), or a gather of them is still to come (a step). FSDP keeps track of which
+        units' full params are stale (its read guards and finish_param_sync)."""
+
     def _after_zero_grad(self, set_to_none: bool = True) -> None:
         self._grads_pending_sync = False
         self._awaiting_zero_grad = False
