@@ -53,6 +53,12 @@ def test_optimizer_config_values(ranks):
         mxt.OptimizerConfig()
     with pytest.raises(ValueError, match="optimizer='lamb' is not supported; valid: 'adam', 'sgd'"):
         mxt.OptimizerConfig(optimizer="lamb", lr=1.0)
+    # Beyond a double: named by its size (Python prints no int of more than 4300 digits), not an
+    # OverflowError once the C++ optimizer takes it.
+    with pytest.raises(TypeError, match="lr must be a number a float holds; got an int of 1329 bits"):
+        mxt.OptimizerConfig(lr=10**400)
+    with pytest.raises(TypeError, match="min_lr must be None or a number a float holds; got an int of 16610 bits"):
+        mxt.OptimizerConfig(lr=1.0, min_lr=-10**5000)
     model = mxt.DistributedDataParallel(torch.nn.Linear(4, 4), ddp_config())
     try:
         with pytest.raises(mxddp.Error, match="adam_beta1"):

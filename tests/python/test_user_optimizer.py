@@ -214,6 +214,11 @@ REFUSALS = [
     (lambda m: set_after(torch.optim.AdamW(m.parameters()), "lr", "0.1"), "param group 0 has lr='0.1'; give a number"),
     (lambda m: set_after(torch.optim.AdamW(m.parameters()), "betas", (0.9,)),
      r"param group 0 has betas=\(0.9,\); give two numbers"),
+    # Numbers no double holds: named, not Python's OverflowError when the C++ optimizer takes them.
+    (lambda m: set_after(torch.optim.AdamW(m.parameters()), "lr", 10**400),
+     "param group 0 has lr=an int of 1329 bits, beyond a float's range; give a number a float holds"),
+    (lambda m: set_after(torch.optim.AdamW(m.parameters()), "betas", (0.9, 10**5000)),
+     r"param group 0 has betas=\(0.9, an int of 16610 bits, beyond a float's range\)"),
 ]
 
 
@@ -322,6 +327,45 @@ def test_state_dict_round_trip_resumes_exactly(ranks):
         model.close()
     for e, g in zip(expected[STEPS // 2:], got):
         assert abs(g - e) <= 1e-6 * abs(e), (expected, got)
+
+
+def test_state_dict_hooks_run_as_torchs(ranks):
+    """register_state_dict_pre/post_hook and register_load_state_dict_pre/post_hook: called in
+    torch's order with torch's arguments; a post-hook's dict replaces the state dict, a load pre-hook
+    edits a shallow copy (the caller's dict stays as it was) or returns a replacement."""
+    rank, _ = ranks
+    module = make_mlp()
+    model = wrap(module)
+    opt = mxt.DistributedOptimizer(model, adamw_two_groups(model.module))
+    events = []
+    try:
+        opt.zero_grad()
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        opt.step()
+        opt.register_state_dict_pre_hook(lambda o: events.append(("sd_pre", o is opt)))
+        opt.register_state_dict_post_hook(lambda o, sd: {**sd, "tag": "post"})
+        sd = opt.state_dict()
+        assert sd["tag"] == "post" and events == [("sd_pre", True)]
+
+        def load_pre(o, state):
+            events.append(("load_pre", o is opt, state is sd, state.pop("tag")))
+            state["param_groups"] = [dict(g, lr=0.5) for g in state["param_groups"]]
+
+        opt.register_load_state_dict_pre_hook(load_pre)
+        opt.register_load_state_dict_post_hook(lambda o: events.append(("load_post", o.param_groups[0]["lr"])))
+        opt.load_state_dict(sd)
+        assert events[1:] == [("load_pre", True, False, "post"), ("load_post", 0.5)]
+        assert sd["tag"] == "post" and sd["param_groups"][0]["lr"] != 0.5  # the caller's dict, untouched
+        assert all(g["lr"] == 0.5 for g in opt.param_groups)
+        # A pre-hook's returned dict is the one loaded.
+        opt.register_load_state_dict_pre_hook(lambda o, state: {**state, "param_groups": [
+            dict(g, lr=0.25) for g in state["param_groups"]]})
+        opt.load_state_dict(sd)
+        assert all(g["lr"] == 0.25 for g in opt.param_groups)
+    finally:
+        opt.close()
+        model.close()
 
 
 def test_state_dict_on_rank_0_alone_returns(ranks):

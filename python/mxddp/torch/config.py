@@ -10,6 +10,7 @@ setting off Megatron ignores it too. mxddp's own fields come after Megatron's.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Optional
 
@@ -41,8 +42,22 @@ def _check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a bool; got {value!r}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def is_number(value: Any) -> bool:
+    """A real number (not a bool) that a float holds: the C++ side takes every such field as a double."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:  # an int such as 10**400
+        return False
+    return True
+
+
+def number_text(value: Any) -> str:
+    """repr(value), but an int too long to print (Python refuses beyond 4300 digits) by its size."""
+    if isinstance(value, int) and value.bit_length() > 1024:
+        return f"an int of {value.bit_length()} bits, beyond a float's range"
+    return repr(value)
 
 
 def _refuse_unless(name: str, value: Any, allowed: Any, why: str) -> None:
@@ -374,12 +389,12 @@ class OptimizerConfig:
         if self.lr is None:
             raise ValueError("lr must be set (Megatron's OptimizerConfig leaves it None; mxddp needs a value)")
         for name in _FLOAT_FIELDS + _NUMBER_FIELDS + ("hysteresis", "muon_num_ns_steps"):
-            if not _is_number(getattr(self, name)):
-                raise TypeError(f"{name} must be a number; got {getattr(self, name)!r}")
+            if not is_number(getattr(self, name)):
+                raise TypeError(f"{name} must be a number a float holds; got {number_text(getattr(self, name))}")
         for name in _OPTIONAL_NUMBER_FIELDS:
             value = getattr(self, name)
-            if value is not None and not _is_number(value):
-                raise TypeError(f"{name} must be None or a number; got {value!r}")
+            if value is not None and not is_number(value):
+                raise TypeError(f"{name} must be None or a number a float holds; got {number_text(value)}")
         self._check_precision()
         self._check_refused()
 

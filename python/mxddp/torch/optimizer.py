@@ -312,14 +312,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """torch's format (optimizer_state.py). No collective: any rank may call it alone. A
-        sharded optimizer's holds this rank's shard, loadable only here."""
-        return optimizer_state.state_dict(self)
+        sharded optimizer's holds this rank's shard, loadable only here. The hooks of
+        ``register_state_dict_pre_hook`` and ``register_state_dict_post_hook`` run as torch's do."""
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
+        state_dict = optimizer_state.state_dict(self)
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restores a state_dict() (or torch's, into a replicated optimizer). Collective where the
-        main params are copies (BF16 params): the model's params are brought up to date."""
+        main params are copies (BF16 params): the model's params are brought up to date. The hooks
+        of ``register_load_state_dict_pre_hook`` (on a shallow copy, which they may replace) and
+        ``register_load_state_dict_post_hook`` run as torch's do."""
+        if isinstance(state_dict, dict):
+            state_dict = state_dict.copy()
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         if optimizer_state.load_state_dict(self, state_dict):
             self.force_param_sync()
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def _after_skipped_step(self, grad_norm: float) -> None:
         """Warns at the first skip of a run, raises beyond the limit. Every rank skipped (the norm

@@ -8,9 +8,9 @@ are accepted and have no effect (mxddp runs its own kernels on its shards).
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
+
+from mxddp.torch.config import is_number, number_text
 
 # The group keys each class has (torch 2.x) and what mxddp honours of them: the rest must hold
 # their defaults, checked by _refused_settings.
@@ -61,17 +61,16 @@ def check_group(kind: str, index: int, group: dict, construction: bool) -> None:
             raise TypeError(f"DistributedOptimizer: param group {index} has {key} as a Tensor; give a Python float "
                             "(a Tensor lr is for torch's capturable/fused kernels)")
     for key in ("lr", "weight_decay", "eps", "momentum"):
-        if key in group and not _is_number(group[key]):
-            raise TypeError(f"DistributedOptimizer: param group {index} has {key}={group[key]!r}; give a number")
+        if key in group and not is_number(group[key]):
+            raise TypeError(f"DistributedOptimizer: param group {index} has {key}={number_text(group[key])}; give a "
+                            "number a float holds")
     betas = group.get("betas")
     if betas is not None and any(isinstance(b, torch.Tensor) for b in betas):
         raise TypeError(f"DistributedOptimizer: param group {index} has betas as Tensors; give Python floats")
-    if betas is not None and not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(map(_is_number, betas))):
-        raise TypeError(f"DistributedOptimizer: param group {index} has betas={betas!r}; give two numbers (beta1, beta2)")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if betas is not None and not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(map(is_number, betas))):
+        text = "(" + ", ".join(map(number_text, betas)) + ")" if isinstance(betas, (tuple, list)) and \
+            any(isinstance(b, int) and b.bit_length() > 1024 for b in betas) else repr(betas)
+        raise TypeError(f"DistributedOptimizer: param group {index} has betas={text}; give two numbers (beta1, beta2)")
 
 
 def hyper(kind: str, group: dict) -> tuple:
