@@ -179,6 +179,43 @@ def test_bf16_params_buffers_and_frozen_params_resume_exactly(ranks, ckpt_dir):
     _close(opt, model)
 
 
+@pytest.mark.parametrize("entry", ["bn.running_var", "bn.num_batches_tracked", "scale"])
+def test_a_changed_buffer_or_frozen_param_is_refused_by_checksum(ranks, ckpt_dir, entry):
+    """Buffers (F32, int64) and a frozen param, which a load copies into the module as they are: a
+    value changed after the read is refused on every rank, naming it, with the run as it was."""
+    rank, world = ranks
+    model, opt = _bf16_model()
+    _bf16_run(rank, world, model, opt, 0, 2)
+    dcp.save({"app": mxdcp.AppState(model, opt)}, checkpoint_id=ckpt_dir)
+    state = mxdcp.state_dict(model, opt)
+    dcp.load({"app": state}, checkpoint_id=ckpt_dir)
+    with torch.no_grad():
+        state["model"][entry].view(-1)[-1] += 1  # one element (an int64 count: by one)
+    before = _snapshot(model, opt)
+    with pytest.raises(ValueError, match=rf"model.{re.escape(entry)}: checksum .* corrupted"):
+        mxdcp.load_state_dict(model, opt, state)
+    _assert_same(before, _snapshot(model, opt))
+    _close(opt, model)
+
+
+def test_buffers_the_ranks_disagree_on_are_named_at_save(ranks, ckpt_dir):
+    """DCP writes one rank's copy of a replicated entry: a buffer that differs across ranks is named
+    in a warning, and the load gives every rank the saved copy (no checksum refuses it)."""
+    rank, world = ranks
+    model, opt = _bf16_model()
+    _bf16_run(rank, world, model, opt, 0, 1)
+    with torch.no_grad():
+        model.module.bn.running_mean.fill_(float(rank))
+    with pytest.warns(RuntimeWarning, match=r"different values of \['bn.running_mean'\]"):
+        dcp.save({"app": mxdcp.AppState(model, opt)}, checkpoint_id=ckpt_dir)
+    dcp.load({"app": mxdcp.AppState(model, opt)}, checkpoint_id=ckpt_dir)
+    saved = model.module.bn.running_mean.clone()
+    every = [torch.empty_like(saved) for _ in range(world)]
+    dist.all_gather(every, saved)
+    assert all(torch.equal(e, every[0]) for e in every) and float(saved[0]) in [float(r) for r in range(world)]
+    _close(opt, model)
+
+
 def _saved(rank, world, ckpt_dir):
     model, opt = make_model(rank, world, BUCKET)
     train_steps(model, opt, 0, SAVE_AT, rank, world)

@@ -15,7 +15,7 @@ so a model wrapped another way, DDP or FSDP, at another dp size or bucket size, 
 F32 shards, each param flattened to 1-D and each rank's contiguous ranges its chunks;
 ``optimizer.state.<name>.step`` (torch's per-param step); ``optimizer.mxddp``: one JSON string with
 the format, the optimizer kind, the param names and shapes, torch's ``param_groups`` (params named)
-and a checksum of every sharded entry.
+and a checksum of every sharded entry and of every buffer and frozen param.
 
 Why not DTensor: a DTensor's Shard placement cuts a tensor into torch.chunk's even pieces, but mxddp
 shards buffers of padded buckets, so a rank holds arbitrary element ranges of each param (none,
@@ -27,18 +27,21 @@ A load touches nothing until everything is in and checked: ``state_dict`` hands 
 save is a snapshot, and a load reads into them), and ``load_state_dict`` checks the format, the
 optimizer kind, the param names and shapes, the param groups (as many, each with the same params)
 and the checksums (exact: a sum of the F32 bit patterns weighted by their position, modulo 2^64,
-which any sharding computes alike and a flipped bit or a chunk in the wrong place changes), agrees
+which any sharding computes alike and a flipped bit or a chunk in the wrong place changes; the
+buffers' and frozen params' over their bytes, any dtype), agrees
 across ranks, and only then writes; the groups' values (lr, ...) are the checkpoint's after it, as
 torch's Optimizer.load_state_dict leaves them. DCP itself refuses missing keys and size mismatches
 before reading anything.
 Needs torch.distributed initialized on the same ranks as mxddp (gloo on the CPU). Replicated
 entries (the model's tensors, the steps) are written by one rank (DCP's dedup), so buffers must agree
-across ranks (torch DDP's broadcast_buffers) to come back as every rank had them.
+across ranks (torch DDP's broadcast_buffers) to come back as every rank had them; a save warns
+naming those that do not.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from typing import Any
 
 import torch
@@ -217,7 +220,45 @@ def _checksums(optimizer, values: dict[str, dict[str, torch.Tensor]], names, hel
     return {name: {e: int(sums[i, j]) for j, e in enumerate(entries)} for i, name in enumerate(names)}
 
 
-def _optimizer_state_dict(model, optimizer) -> dict[str, Any]:
+_WORDS_PER_CHUNK = 1 << 20  # bounds the int64 temporaries of a large frozen param's checksum
+
+
+def _bits_checksum(t: torch.Tensor) -> int:
+    """Any dtype: the sum over the tensor's bytes, read as int32 words (int16 or bytes where its size
+    is not a multiple of 4 or 2), of word x (index + 1), modulo 2^64."""
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.view(torch.int16) if raw.numel() % 2 == 0 else raw
+    total = 0
+    for lo in range(0, words.numel(), _WORDS_PER_CHUNK):
+        part = words[lo:lo + _WORDS_PER_CHUNK].to(torch.int64)
+        total += int((part * torch.arange(lo + 1, lo + 1 + part.numel(), dtype=torch.int64)).sum())
+    return total % (1 << 64)
+
+
+def _module_entries(model, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Of the model's DCP entries, those a load copies into the module as they are: its buffers and
+    frozen params (the registered params come from the optimizer's main params)."""
+    registered = {id(p) for p in model._params}
+    module_state = model.module.state_dict(keep_vars=True)
+    return {k: v for k, v in entries.items() if k in module_state and id(module_state[k]) not in registered}
+
+
+def _model_checksums(model, entries: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Collective. The checksum of each buffer and frozen param the ranks hold alike. DCP writes a
+    replicated entry from one rank of its choosing, so one the ranks disagree on has no checksum and
+    comes back as that rank's: warned about, naming it (torch DDP's broadcast_buffers keeps them alike)."""
+    mine = {k: _bits_checksum(v) for k, v in _module_entries(model, entries).items()}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    differ = sorted(k for k in mine if any(other.get(k) != mine[k] for other in every))
+    if differ:
+        warnings.warn(f"mxddp.torch.dcp.state_dict: the ranks hold different values of {differ}; DCP saves one "
+                      "rank's copy of each, which a load gives every rank (broadcast the buffers first, as torch "
+                      "DDP's broadcast_buffers does, to save what every rank has)", RuntimeWarning, stacklevel=3)
+    return {k: v for k, v in mine.items() if k not in differ}
+
+
+def _optimizer_state_dict(model, optimizer, model_checksums: dict[str, int]) -> dict[str, Any]:
     names = model._names
     held, owned = _pieces(optimizer, "update"), _pieces(optimizer, "owned")
     steps = _param_steps(optimizer, len(names))
@@ -237,7 +278,8 @@ def _optimizer_state_dict(model, optimizer) -> dict[str, Any]:
     meta = {"format": FORMAT_VERSION, "optimizer": _kind(optimizer), "step_count": int(optimizer.step_count),
             "params": [[n, list(p.shape)] for n, p in zip(names, model._params)],
             "param_groups": _groups(optimizer, model),
-            "checksums": _checksums(optimizer, state, names, held, owned)}
+            "checksums": _checksums(optimizer, state, names, held, owned),
+            "model_checksums": model_checksums}
     return {"state": state, "mxddp": json.dumps(meta)}
 
 
@@ -261,7 +303,8 @@ def state_dict(model: DataParallelModule, optimizer: DistributedOptimizer) -> di
     this rank's optimizer shard while it lives."""
     _check(model, optimizer, "mxddp.torch.dcp.state_dict")
     model.finish_param_sync()
-    return {"model": _model_state_dict(model), "optimizer": _optimizer_state_dict(model, optimizer)}
+    entries = _model_state_dict(model)
+    return {"model": entries, "optimizer": _optimizer_state_dict(model, optimizer, _model_checksums(model, entries))}
 
 
 def _check_state(model, optimizer, state):
@@ -298,13 +341,20 @@ def _check_state(model, optimizer, state):
     return meta, _check_groups(optimizer, model, meta.get("param_groups"))
 
 
-def _compare_checksums(meta, sums) -> None:
+def _compare_checksums(meta, sums, model, model_entries) -> None:
     for n, entries in sums.items():
         for e, v in entries.items():
             saved = meta.get("checksums", {}).get(n, {}).get(e)
             if saved != v:
                 raise ValueError(f"optimizer.state.{n}.{e}: checksum {v} of the loaded values differs from the "
                                  f"saved {saved}: the checkpoint is corrupted")
+    # Buffers and frozen params; a checkpoint from before they had checksums (or one the ranks
+    # disagreed on when it was saved) has none for them.
+    saved_model = meta.get("model_checksums", {})
+    for k, t in _module_entries(model, model_entries).items():
+        if k in saved_model and saved_model[k] != _bits_checksum(t):
+            raise ValueError(f"model.{k}: checksum {_bits_checksum(t)} of the loaded values differs from the saved "
+                             f"{saved_model[k]}: the checkpoint is corrupted")
 
 
 def _agree(check) -> Any:
@@ -337,7 +387,9 @@ def load_state_dict(model: DataParallelModule, optimizer: DistributedOptimizer, 
     names, values = model._names, state["optimizer"]["state"]
     held, owned = _pieces(optimizer, "update"), _pieces(optimizer, "owned")
     sums = _checksums(optimizer, values, names, held, owned)
-    _agree(lambda: _compare_checksums(meta, sums))  # the same outcome everywhere (the sums are global)
+    # The same outcome everywhere (the optimizer's sums are global; DCP gives every rank the same
+    # model entries).
+    _agree(lambda: _compare_checksums(meta, sums, model, state["model"]))
     steps = [int(round(float(values[n]["step"]))) for n in names]
     with torch.no_grad():
         for i, name in enumerate(names):
