@@ -56,7 +56,7 @@ def test_float64_avg(ranks):
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8], ids=str)
 def test_avg_of_integers_is_refused(ranks, dtype):
-    with pytest.raises(Exception, match=r"avg is defined for f32 and bf16, and f64 \(floats only\); got"):
+    with pytest.raises(ValueError, match=rf"op 'avg' is for floating-point tensors; this one is {dtype}"):
         mxt.all_reduce(_input(dtype, ranks[0]), "avg")
 
 
@@ -70,5 +70,35 @@ def test_broadcast(ranks, dtype):
 
 
 def test_other_dtypes_are_refused_naming_the_valid_ones(ranks):
-    with pytest.raises(Exception, match="valid: float32, bfloat16, float64, int64, int32, uint8, bool"):
+    with pytest.raises(TypeError, match="dtype torch.float16 is not taken; valid: torch.float32, torch.bfloat16, "
+                                        "torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool"):
         mxt.all_reduce(torch.zeros(4, dtype=torch.float16))
+
+
+def test_a_non_contiguous_tensor_is_refused_not_reduced_into_a_copy(ranks):
+    """Before this check the binding reduced a contiguous copy and the tensor kept its own values."""
+    rank, _ = ranks
+    base = torch.full((3, 4), float(rank + 1))
+    with pytest.raises(ValueError, match=r"all_reduce: the tensor is not contiguous \(shape \[4, 3\], strides \[1, 4\]\)"):
+        mxt.all_reduce(base.t())
+    with pytest.raises(ValueError, match=r"broadcast: the tensor is not contiguous \(shape \[3, 2\]"):
+        mxt.broadcast(base[:, ::2])
+    assert torch.equal(base, torch.full((3, 4), float(rank + 1)))
+    row = base[1:2]  # contiguous, at an offset: reduced in place
+    mxt.all_reduce(row)
+    assert base[:, 0].tolist() == [rank + 1, sum(r + 1 for r in range(ranks[1])), rank + 1]
+
+
+def test_torch_reduce_ops_and_bad_arguments(ranks):
+    rank, world = ranks
+    total = sum(r + 1 for r in range(world))
+    for op, want in ((dist.ReduceOp.SUM, total), (dist.ReduceOp.AVG, total / world), (dist.ReduceOp.MAX, world)):
+        t = torch.full((5,), float(rank + 1))
+        mxt.all_reduce(t, op)
+        assert torch.equal(t, torch.full((5,), float(want))), op
+    with pytest.raises(ValueError, match=r"op='min' is not taken; valid: 'sum', 'avg', 'max'"):
+        mxt.all_reduce(torch.zeros(2), "min")
+    with pytest.raises(ValueError, match="op=.*PRODUCT.* is not taken"):
+        mxt.all_reduce(torch.zeros(2), dist.ReduceOp.PRODUCT)
+    with pytest.raises(TypeError, match="tensor must be a torch.Tensor; got list"):
+        mxt.all_reduce([1.0])

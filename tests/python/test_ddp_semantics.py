@@ -103,17 +103,18 @@ def test_unknown_arguments_and_transformer_values_are_refused(ranks):
 
 # ---- broadcasts ----
 
-def test_torch_form_broadcasts_rank0_params_and_buffers_at_wrap_megatron_form_does_not(ranks):
+def test_torch_form_broadcasts_rank0_params_buffers_and_frozen_params_at_wrap_megatron_form_does_not(ranks):
     rank, world = ranks
     for torch_form in (True, False):
         torch.manual_seed(rank)  # every rank different
-        module = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6))
+        module = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 2))
         module[1].running_mean.fill_(rank)
         module[1].num_batches_tracked.fill_(rank + 7)
+        module[2].requires_grad_(False)  # frozen params: torch DDP broadcasts them too
         args = () if torch_form else (mxt.DistributedDataParallelConfig(),)
         model = mxt.DistributedDataParallel(module, *args)
         try:
-            for t in (module[0].weight, module[1].running_mean, module[1].num_batches_tracked):
+            for t in (module[0].weight, module[1].running_mean, module[1].num_batches_tracked, module[2].weight):
                 same = all(torch.equal(g, gathered(t.detach())[0]) for g in gathered(t.detach()))
                 assert same == torch_form
         finally:

@@ -10,6 +10,9 @@
 
 See docs/python.md for what is supported and what is not yet.
 """
+import torch
+import torch.distributed as dist
+
 from mxddp.torch.config import (AdamOptimizerConfig, DistributedDataParallelConfig, OptimizerConfig,
                                 SGDOptimizerConfig)
 from mxddp.torch.ddp import DistributedDataParallel
@@ -34,18 +37,54 @@ def _comm(process_group):
     return None if process_group is None else communicator_for(process_group)
 
 
-def all_reduce(tensor, op: str = "sum", process_group=None) -> None:
+_COLLECTIVE_DTYPES = ("float32", "bfloat16", "float64", "int64", "int32", "uint8", "bool")
+
+
+def _collective_tensor(tensor, what: str):
+    """The tensor, checked before the binding sees it: nanobind would hand a non-contiguous one over
+    as a contiguous copy, and the collective's result would land in that copy."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: tensor must be a torch.Tensor; got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{what}: the tensor is on {tensor.device}; valid: a CPU tensor (torch.distributed's "
+                         "collectives take device tensors)")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what}: the tensor is not contiguous (shape {list(tensor.shape)}, strides "
+                         f"{list(tensor.stride())}), as torch.distributed's collectives refuse; valid: a contiguous "
+                         "tensor (t.contiguous(), then copy the result back)")
+    if str(tensor.dtype).removeprefix("torch.") not in _COLLECTIVE_DTYPES:
+        raise TypeError(f"{what}: dtype {tensor.dtype} is not taken; valid: "
+                        + ", ".join(f"torch.{d}" for d in _COLLECTIVE_DTYPES))
+    return tensor
+
+
+def _reduce_op(op, dtype) -> str:
+    """op as the binding's name: "sum", "avg", "max", or torch.distributed.ReduceOp's SUM, AVG, MAX."""
+    name = op if isinstance(op, str) else None
+    if name is None and dist.is_available():
+        name = next((n for n in ("sum", "avg", "max") if op == getattr(dist.ReduceOp, n.upper())), None)
+    if name not in ("sum", "avg", "max"):
+        raise ValueError(f"all_reduce: op={op!r} is not taken; valid: 'sum', 'avg', 'max' (or "
+                         "torch.distributed.ReduceOp.SUM, AVG, MAX)")
+    if name == "avg" and not dtype.is_floating_point:
+        raise ValueError(f"all_reduce: op 'avg' is for floating-point tensors; this one is {dtype} (torch refuses "
+                         "it too); sum, then divide")
+    return name
+
+
+def all_reduce(tensor, op="sum", process_group=None) -> None:
     """In place across every rank (of process_group, a torch.distributed group; None: the world): a
     contiguous CPU tensor of float32, bfloat16, float64, int64, int32, uint8 or bool. op: sum, avg or
-    max. avg is for floats only (torch refuses it for integers too); integer sums wrap; bool's sum and
-    max are a logical or (a flag set on any rank)."""
-    _C.all_reduce(tensor, op, _comm(process_group))
+    max (or torch.distributed.ReduceOp's). avg is for floats only (torch refuses it for integers too);
+    integer sums wrap; bool's sum and max are a logical or (a flag set on any rank)."""
+    _collective_tensor(tensor, "all_reduce")
+    _C.all_reduce(tensor, _reduce_op(op, tensor.dtype), _comm(process_group))
 
 
 def broadcast(tensor, root: int = 0, process_group=None) -> None:
     """In place from root (its rank in process_group) to every rank: a contiguous CPU tensor of any
     dtype all_reduce takes."""
-    _C.broadcast(tensor, root, _comm(process_group))
+    _C.broadcast(_collective_tensor(tensor, "broadcast"), root, _comm(process_group))
 
 
 __all__ = ["init", "is_initialized", "rank", "world_size", "shutdown", "DistributedDataParallelConfig",

@@ -292,7 +292,9 @@ class TorchSemantics:
         self._buffers_due = torch.is_grad_enabled() and bool(self.require_backward_grad_sync)
 
     def _broadcast_at_wrap(self) -> None:
-        """Rank 0's params and buffers to every rank, as torch DDP's construction does."""
+        """Rank 0's params (frozen ones too) and buffers to every rank, as torch DDP's construction does."""
         if _group_size(self._group) > 1:
             self._cpp.broadcast_params()  # over the DDP's communicator: the group's
-            broadcast_tensors(self._module_buffers(), self._group)
+            registered = {id(p) for p in self._params}
+            frozen = [p for p in self.module.parameters() if id(p) not in registered]
+            broadcast_tensors(self._module_buffers() + frozen, self._group)
