@@ -360,3 +360,66 @@ def test_a_fused_weight_frozen_mid_run_gets_no_gradient(ranks, frozen):
                 torch.testing.assert_close(p.main_grad, ref[n].grad, rtol=1e-5, atol=1e-6)
     finally:
         model.close()
+
+
+def test_user_gradient_hooks_registered_before_wrapping_run_as_torchs(ranks):
+    """A tensor hook that masks the gradient and a post-accumulate-grad hook on Linear and
+    Embedding weights (fusable): the weights keep the hook path, both hooks run once per backward,
+    and main_grad equals torch's gradient with the mask (every rank on the same batch). Before this
+    check fusion bypassed both: no call, the unmasked gradient reduced and stepped."""
+    torch.manual_seed(7)
+    module = torch.nn.Sequential(torch.nn.Embedding(30, 8), torch.nn.Linear(8, 30))
+    reference = copy.deepcopy(module)
+    calls = {"mask": 0, "post": 0}
+
+    def mask(grad):
+        calls["mask"] += 1
+        return grad * (torch.arange(grad.shape[0]) % 2 == 0).unsqueeze(1)  # the odd rows' gradient zeroed
+
+    def post(param):
+        calls["post"] += 1
+        assert param.grad is not None  # torch's contract: the accumulated gradient is there
+
+    for m in (module, reference):
+        m[0].weight.register_hook(mask)
+        m[1].weight.register_post_accumulate_grad_hook(post)
+    model = mxt.DistributedDataParallel(module)
+    try:
+        assert model.fused_params == [False, False, False]  # 0.weight, 1.weight hooked; 1.bias not fusable
+        ids = torch.randint(0, 30, (4, 3), generator=torch.Generator().manual_seed(0))
+        model(ids).square().mean().backward()
+        assert calls == {"mask": 1, "post": 1}
+        reference(ids).square().mean().backward()
+        assert calls == {"mask": 2, "post": 2}
+        for (n, p), (_, r) in zip(module.named_parameters(), reference.named_parameters()):
+            torch.testing.assert_close(p.main_grad, r.grad, rtol=1e-5, atol=1e-6, msg=n)
+        assert p.main_grad is not None and module[0].weight.main_grad[1::2].abs().sum() == 0
+    finally:
+        model.close()
+
+
+def test_a_gradient_hook_added_after_wrapping_is_refused_at_forward(ranks):
+    module = torch.nn.Sequential(torch.nn.Embedding(30, 8), torch.nn.Linear(8, 30))
+    model = mxt.DistributedDataParallel(module)
+    try:
+        assert model.fused_params == [True, True, False]
+        model(torch.zeros(2, 3, dtype=torch.long))  # mxddp's own hooks are not the user's
+        handle = module[1].weight.register_hook(lambda g: g * 0)
+        with pytest.raises(RuntimeError, match="Linear.weight got a gradient hook .* after wrapping: with gradient "
+                                               "accumulation fusion its dW goes into main_grad"):
+            model(torch.zeros(2, 3, dtype=torch.long))
+        handle.remove()
+        module[0].weight.register_post_accumulate_grad_hook(lambda p: None)
+        with pytest.raises(RuntimeError, match="Embedding.weight got a gradient hook"):
+            model(torch.zeros(2, 3, dtype=torch.long))
+    finally:
+        model.close()
+
+
+def test_a_gradient_hook_on_an_mxfp8_weight_is_refused_at_wrap(ranks):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)).to(torch.bfloat16)
+    module[1].weight.register_hook(lambda g: g)
+    with pytest.raises(ValueError, match="param '1.weight' is an MXFP8 weight with a gradient hook .* "
+                                         "param.mxfp8 = False"):
+        mxt.DistributedDataParallel(module, config(fp8_param_gather=True))

@@ -130,7 +130,14 @@ def _fusion_flags(owners: dict[int, list[torch.nn.Module]], params: list[tuple[s
     """Which registered params have their weight gradient accumulated into main_grad by their
     modules' backward (gradient_accumulation_fusion): every owner a fusable module, only
     embeddings where main_grad is F32 and the params BF16 (``grad_fusion.is_fusable``), not MXFP8,
-    and not marked ``gradient_accumulation_fusion = False``. The DDP's and the FSDP's rule."""
+    and not marked ``gradient_accumulation_fusion = False``. The DDP's and the FSDP's rule. An MXFP8
+    weight with a gradient hook of the user's is refused: its gradient never reaches the Parameter."""
+    for (name, p), is_mxfp8 in zip(params, mxfp8_flags):
+        if is_mxfp8 and grad_fusion.user_grad_hooks(p):
+            raise ValueError(f"param '{name}' is an MXFP8 weight with a gradient hook (register_hook or "
+                             "register_post_accumulate_grad_hook): its module's backward adds the weight gradient "
+                             "into main_grad from the MXFP8 copies, and the Parameter never gets one to hook; remove "
+                             "the hook, or set param.mxfp8 = False before wrapping (a BF16 weight)")
     return [bool(marked and not is_mxfp8 and grad_fusion.is_fusable(p, owners.get(id(p), []), main_grad_dtype))
             for (_, p), marked, is_mxfp8 in zip(params, marks, mxfp8_flags)]
 

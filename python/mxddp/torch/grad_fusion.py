@@ -27,8 +27,23 @@ import sys
 from typing import Callable, Optional
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from mxddp import _C
+
+
+# param -> the ids of the gradient hooks mxddp itself put on it (register_ready_hooks): any other
+# is the user's.
+_OWN_HOOK_IDS = WeakIdKeyDictionary()  # by identity: a tensor's == is elementwise
+
+
+def user_grad_hooks(param: torch.Tensor) -> int:
+    """How many gradient hooks on ``param`` are not mxddp's: ``register_hook`` (a tensor hook, run on
+    the gradient before it is accumulated) and ``register_post_accumulate_grad_hook``. A fused weight's
+    dW goes into main_grad without passing through either."""
+    own = _OWN_HOOK_IDS.get(param, set())
+    hooks = list(param._backward_hooks or {}) + list(getattr(param, "_post_accumulate_grad_hooks", None) or {})
+    return sum(1 for key in hooks if key not in own)
 
 
 def param_owners(module: torch.nn.Module) -> dict[int, list[torch.nn.Module]]:
@@ -76,9 +91,11 @@ def register_ready_hooks(token: torch.Tensor, param: torch.nn.Parameter, main_gr
         # the Parameter's is in main_grad by then.
         leaf.grad = None
 
-    return [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
-            token.register_post_accumulate_grad_hook(drop_grad),
-            param.register_post_accumulate_grad_hook(drop_grad)]
+    handles = [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
+               token.register_post_accumulate_grad_hook(drop_grad),
+               param.register_post_accumulate_grad_hook(drop_grad)]
+    _OWN_HOOK_IDS[param] = {h.id for h in handles[0].handles} | {handles[2].id}
+    return handles
 
 
 def accumulate_product_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -167,7 +184,10 @@ def is_fusable(param: torch.nn.Parameter, owners: list[torch.nn.Module], main_gr
     main_grad in another dtype than the param (BF16 params, F32 grad buffer) only embeddings are:
     the GEMMs would need dy and x cast to F32 first, which costs more than BF16's dW and the hook's
     add, while the embedding's row scatter still beats torch's dense [num, dim] gradient
-    (bench/grad_fusion_kernels.py, docs/python.md)."""
+    (bench/grad_fusion_kernels.py, docs/python.md). A param with gradient hooks of the user's keeps
+    the hook path, where they run as torch runs them."""
+    if user_grad_hooks(param):
+        return False
     kinds = [fusable_kind(m, param) for m in owners]
     if not kinds or None in kinds:
         return False
@@ -288,6 +308,13 @@ def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_t
         # and nothing reports it, as torch computes no gradient for it.
         if module.weight is not param:
             return plain_forward(module, x)
+        if param.requires_grad and user_grad_hooks(param):
+            raise RuntimeError(
+                f"{type(module).__name__}.weight got a gradient hook (register_hook or "
+                "register_post_accumulate_grad_hook) after wrapping: with gradient accumulation fusion its dW goes "
+                "into main_grad without passing through the hook. Register it before wrapping (the param then "
+                "keeps the hook path), set param.gradient_accumulation_fusion = False before wrapping, or pass "
+                "gradient_accumulation_fusion=False")
         return fused(ready_token if param.requires_grad else ready_token.detach())
 
     if kind == "linear":
