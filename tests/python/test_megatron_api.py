@@ -197,19 +197,19 @@ def _module() -> torch.nn.Module:
                                torch.nn.Linear(32, 8))
 
 
-def megatron_loop(api, transformer_config, rank):
+def megatron_loop(api, transformer_config, rank, config_overrides=None, scheduled=True):
     """A Megatron training loop, written against megatron-core's API only: ``api`` holds the names
     a script imports (DistributedDataParallel, DistributedDataParallelConfig, OptimizerConfig,
     get_megatron_optimizer). Returns per iteration (loss, update_successful, grad_norm,
     num_zeros_in_grad, each group's lr and weight_decay after the scheduler's step), and the final
-    params."""
+    params. ``config_overrides``: get_megatron_optimizer's; ``scheduled``: with Megatron's scheduler."""
     ddp_config = api.DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,
                                                    grad_reduce_in_fp32=True, bucket_size=300)
     model = api.DistributedDataParallel(transformer_config, ddp_config, _module())
     opt_config = api.OptimizerConfig(optimizer="adam", lr=3e-3, min_lr=3e-4, weight_decay=0.1, adam_beta2=0.95,
                                      clip_grad=1.0, use_distributed_optimizer=True)
-    optimizer = api.get_megatron_optimizer(opt_config, [model])
-    scheduler = OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=3e-3, min_lr=3e-4, lr_warmup_steps=2,
+    optimizer = api.get_megatron_optimizer(opt_config, [model], config_overrides=config_overrides)
+    scheduler = None if not scheduled else OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=3e-3, min_lr=3e-4, lr_warmup_steps=2,
                                         lr_decay_steps=ITERATIONS, lr_decay_style="cosine", start_wd=0.05,
                                         end_wd=0.1, wd_incr_steps=ITERATIONS, wd_incr_style="linear")
     history = []
@@ -222,7 +222,8 @@ def megatron_loop(api, transformer_config, rank):
         loss.backward()
         model.finish_grad_sync()
         update_successful, grad_norm, num_zeros_in_grad = optimizer.step()
-        scheduler.step(increment=1)
+        if scheduler is not None:
+            scheduler.step(increment=1)
         history.append((loss.item(), update_successful, grad_norm, num_zeros_in_grad,
                         [(g["lr"], g["weight_decay"], g["wd_mult"]) for g in optimizer.param_groups]))
     params = [p.detach().clone() for p in model.module.parameters()]
@@ -279,6 +280,37 @@ def test_megatron_loop_runs_unchanged_on_mxddp(ranks, megatron_state):
         for a, b in zip(our_params, their_params):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         assert not math.isclose(ours[0][0], ours[-1][0])  # it trained
+    finally:
+        optimizer.close()
+        model.close()
+
+
+def _overrides(kind):
+    ParamKey = mcore_optimizer.ParamKey
+    if kind == "betas_eps":
+        return {ParamKey(name="*.weight"): {"betas": (0.5, 0.6), "eps": 1e-2}}
+    return {ParamKey(name="*.weight"): {"weight_decay": 0.0, "lr": 1e-4}}
+
+
+@needs_mcore
+@pytest.mark.parametrize("kind,scheduled", [("betas_eps", True), ("betas_eps", False), ("lr_wd", False)])
+def test_config_overrides_values_are_the_groups_as_megatrons(ranks, megatron_state, kind, scheduled):
+    """An override's betas and eps (which Megatron's torch optimizer reads from the group), and without
+    a scheduler its lr and weight_decay (which torch's add_param_group keeps): before this check mxddp
+    kept them in the group and stepped with the config's (final params 2-30% from Megatron's)."""
+    from megatron_on_cpu import megatron_on_cpu
+
+    rank, _ = ranks
+    with megatron_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs, their_params, _, _ = megatron_loop(_megatron_api(), megatron_state, rank, _overrides(kind), scheduled)
+    ours, our_params, model, optimizer = megatron_loop(_mxddp_api(), megatron_state, rank, _overrides(kind), scheduled)
+    try:
+        for it, (mine, ref) in enumerate(zip(ours, theirs)):
+            assert mine[0] == pytest.approx(ref[0], rel=1e-6), f"iteration {it}: loss"
+            assert mine[4] == ref[4], f"iteration {it}: (lr, weight_decay, wd_mult) per group"
+        for a, b in zip(our_params, their_params):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     finally:
         optimizer.close()
         model.close()

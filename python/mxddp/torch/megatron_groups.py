@@ -68,7 +68,9 @@ def megatron_param_groups(named_params: list[tuple[str, torch.nn.Parameter]], co
     wrapper's names, ``module.`` first, as Megatron names them; params without requires_grad are
     left out). Each group holds ``params`` and Megatron's keys (``wd_mult``, ``lr_mult``,
     ``is_decoupled_lr``, ``max_lr``, ``min_lr``, ``default_config``, ``is_expert_parallel`` and the
-    overrides) plus ``lr`` (config.lr) and ``weight_decay`` (config.weight_decay * wd_mult)."""
+    overrides) plus ``lr`` (config.lr) and ``weight_decay`` (config.weight_decay * wd_mult) where the
+    overrides set neither. An override's ``betas``, ``eps`` or ``momentum`` is the group's, as Megatron's
+    torch optimizer reads it (DistributedOptimizer._hyper)."""
     matchers = standard_overrides(config) if config_overrides is None else _matchers(config_overrides)
     by_key: dict[Any, list[torch.nn.Parameter]] = {}
     for name, param in named_params:
@@ -96,7 +98,9 @@ def megatron_param_groups(named_params: list[tuple[str, torch.nn.Parameter]], co
                  "default_config": not any("lr" in k for k in override),
                  "wd_mult": 1.0, "lr_mult": 1.0, "is_decoupled_lr": False,
                  "max_lr": config.lr, "min_lr": config.min_lr, **override}
-        group["lr"] = config.lr
-        group["weight_decay"] = config.weight_decay * group["wd_mult"]
+        # An override's own lr or weight_decay stays, as torch's add_param_group under Megatron's optimizer
+        # fills only the keys a group lacks.
+        group.setdefault("lr", config.lr)
+        group.setdefault("weight_decay", config.weight_decay * group["wd_mult"])
         groups.append(group)
     return groups

@@ -146,7 +146,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg.optimizer = kind
             cfg.clip_grad = 0.0  # the user clips with clip_grad_norm_
         self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
-        self._cpp.set_param_groups(of, [self._hyper(g) for g in self.param_groups])
+        self._cpp.set_param_groups(of, [self._hyper(g, i) for i, g in enumerate(self.param_groups)])
         # Group membership is fixed here (the state is laid out over the model's buffers): each
         # group's params, to refuse a later edit of the lists instead of ignoring it.
         self._group_params = [[id(p) for p in g["params"]] for g in self.param_groups]
@@ -175,12 +175,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         defaults = {"lr": float(config.lr), "weight_decay": float(config.weight_decay)}
         return "adam" if config.optimizer == "adam" else "sgd", groups, defaults, of
 
-    def _hyper(self, group: dict) -> tuple:
+    def _hyper(self, group: dict, index: int) -> tuple:
         if self._megatron:
             c = self.config
+            # A group's own betas, eps or momentum (a config_overrides entry, or a script's edit) wins over
+            # the config's, as in Megatron, whose torch optimizer reads them from the group.
+            torch_optimizer.check_numbers(index, group)
+            betas = group.get("betas", (c.adam_beta1, c.adam_beta2))
             # decoupled_weight_decay=False is torch's Adam (L2 decay added to the grad), as Megatron's.
-            return (float(group["lr"]), float(group["weight_decay"]), float(c.adam_beta1), float(c.adam_beta2),
-                    float(c.adam_eps), float(c.sgd_momentum), bool(getattr(c, "decoupled_weight_decay", True)))
+            return (float(group["lr"]), float(group["weight_decay"]), float(betas[0]), float(betas[1]),
+                    float(group.get("eps", c.adam_eps)), float(group.get("momentum", c.sgd_momentum)),
+                    bool(getattr(c, "decoupled_weight_decay", True)))
         return torch_optimizer.hyper(self._kind, group)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -199,7 +204,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    "laid out over the model's buffers): build a new optimizer with the groups wanted")
             if not self._megatron:
                 torch_optimizer.check_group(self._kind, i, g, construction=False)
-            self._cpp.set_group(i, *self._hyper(g))
+            self._cpp.set_group(i, *self._hyper(g, i))
 
     def _check_grads_ready(self, what: str) -> None:
         if not self.model.grads_live:

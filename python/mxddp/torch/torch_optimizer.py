@@ -56,6 +56,12 @@ def check_group(kind: str, index: int, group: dict, construction: bool) -> None:
         if key in group and group[key] != valid and group[key] is not None:
             raise ValueError(f"DistributedOptimizer: param group {index} has {key}={group[key]!r}; mxddp honours "
                              f"only {key}={valid!r} ({why})")
+    check_numbers(index, group)
+
+
+def check_numbers(index: int, group: dict) -> None:
+    """The group's hyperparameters that the C++ optimizer takes (those it has): Python numbers a
+    double holds, betas two of them."""
     for key in ("lr", "weight_decay", "eps", "momentum"):
         if isinstance(group.get(key), torch.Tensor):
             raise TypeError(f"DistributedOptimizer: param group {index} has {key} as a Tensor; give a Python float "
