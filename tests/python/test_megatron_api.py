@@ -106,7 +106,6 @@ def test_fp32_accumulation_refused_for_bf16_grads():
      "overlap_param_gather_with_optimizer_step=True is not supported"),
     ("optimizer_cpu_offload", True, "optimizer_cpu_offload=True is not supported"),
     ("log_num_zeros_in_grad", True, "log_num_zeros_in_grad=True is not supported"),
-    ("timers", print, "timers=<built-in function print> is not supported.*valid: None"),
     ("config_logger_dir", "/tmp/x", "config_logger_dir='/tmp/x' is not supported.*valid: ''"),
     ("fp8_recipe", "fancy", "fp8_recipe='fancy' is not valid; valid: None, 'delayed'"),
     ("min_lr", "low", None),
@@ -197,12 +196,13 @@ def _module() -> torch.nn.Module:
                                torch.nn.Linear(32, 8))
 
 
-def megatron_loop(api, transformer_config, rank, config_overrides=None, scheduled=True):
+def megatron_loop(api, transformer_config, rank, config_overrides=None, scheduled=True, finalize=None):
     """A Megatron training loop, written against megatron-core's API only: ``api`` holds the names
     a script imports (DistributedDataParallel, DistributedDataParallelConfig, OptimizerConfig,
     get_megatron_optimizer). Returns per iteration (loss, update_successful, grad_norm,
     num_zeros_in_grad, each group's lr and weight_decay after the scheduler's step), and the final
-    params. ``config_overrides``: get_megatron_optimizer's; ``scheduled``: with Megatron's scheduler."""
+    params. ``config_overrides``: get_megatron_optimizer's; ``scheduled``: with Megatron's scheduler;
+    ``finalize``: what ends the grad sync (Megatron's finalize_model_grads), else finish_grad_sync()."""
     ddp_config = api.DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,
                                                    grad_reduce_in_fp32=True, bucket_size=300)
     model = api.DistributedDataParallel(transformer_config, ddp_config, _module())
@@ -220,7 +220,10 @@ def megatron_loop(api, transformer_config, rank, config_overrides=None, schedule
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        model.finish_grad_sync()
+        if finalize is None:
+            model.finish_grad_sync()
+        else:
+            finalize([model])
         update_successful, grad_norm, num_zeros_in_grad = optimizer.step()
         if scheduler is not None:
             scheduler.step(increment=1)
@@ -313,6 +316,62 @@ def test_config_overrides_values_are_the_groups_as_megatrons(ranks, megatron_sta
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     finally:
         optimizer.close()
+        model.close()
+
+
+@needs_mcore
+def test_megatrons_finalize_model_grads_hooks_and_timers(ranks, megatron_state):
+    """Megatron's own finalize_model_grads (which calls finish_grad_sync(force_all_reduce=False)) ends
+    the grad sync as finish_grad_sync() does; start_grad_sync and start_param_sync take a hook's
+    positional arguments and Megatron's keywords; timers set after construction (Megatron-LM's way)
+    are accepted and never called."""
+    from megatron.core.distributed import finalize_model_grads
+
+    rank, _ = ranks
+    expected, expected_params, model, optimizer = megatron_loop(_mxddp_api(), megatron_state, rank)
+    optimizer.close()
+    model.close()
+    ours, our_params, model, optimizer = megatron_loop(_mxddp_api(), megatron_state, rank,
+                                                       finalize=finalize_model_grads)
+    try:
+        assert [h[0] for h in ours] == [h[0] for h in expected]
+        for a, b in zip(our_params, expected_params):
+            assert torch.equal(a, b)
+        model.start_grad_sync(model.module, (torch.zeros(1),))  # as a hook: positional arguments ignored
+        model.start_param_sync(model.module, (), force_sync=True, force_dispatch=True)
+        with pytest.raises(NotImplementedError, match="force_all_reduce=True.*reduce-scatters its grads.*"
+                                                      "DistributedDataParallelConfig\(force_all_reduce=True\)"):
+            model.finish_grad_sync(force_all_reduce=True)
+        with pytest.raises(TypeError, match="force_dispatch must be True or False; got 'yes'"):
+            model.start_param_sync(force_dispatch="yes")
+    finally:
+        optimizer.close()
+        model.close()
+    config = OptimizerConfig(lr=1e-3, use_distributed_optimizer=True)
+    config.timers = lambda *a, **k: pytest.fail("mxddp called the timers")  # a different object on each rank
+    model = mxt.DistributedDataParallel(megatron_state, _DO_CONFIG, _module())
+    try:
+        get_megatron_optimizer(config, [model]).close()
+    finally:
+        model.close()
+
+
+def test_config_fields_set_after_construction_are_checked_where_the_config_is_taken(ranks):
+    config = OptimizerConfig(lr=1e-3, use_distributed_optimizer=True)
+    config.loss_scale = 4096.0
+    ddp_config = mxt.DistributedDataParallelConfig(use_distributed_optimizer=True)
+    ddp_config.nccl_ub = True
+    with pytest.raises(ValueError, match="nccl_ub=True is not supported"):
+        mxt.DistributedDataParallel(_module(), ddp_config)
+    model = mxt.DistributedDataParallel(_module(), _DO_CONFIG)
+    try:
+        with pytest.raises(ValueError, match="loss_scale=4096.0 is not supported"):
+            mxt.DistributedOptimizer(model, config)
+        config.loss_scale = None
+        config.log_num_zeros_in_grad = True
+        with pytest.raises(ValueError, match="log_num_zeros_in_grad=True is not supported"):
+            mxt.DistributedOptimizer(model, config)
+    finally:
         model.close()
 
 

@@ -217,7 +217,9 @@ class DistributedDataParallelConfig:
 
     def agreement_items(self) -> list[tuple[str, str]]:
         """Every field as ``("DistributedDataParallelConfig.<field>", repr(value))``: what every rank
-        must give alike (``agreement.py``)."""
+        must give alike (``agreement.py``). The fields are checked again first: the wrappers call this
+        when they take the config, and a script may have set a field after construction."""
+        self.__post_init__()
         return [(f"DistributedDataParallelConfig.{f.name}", repr(getattr(self, f.name))) for f in fields(self)]
 
     def _check_ddp(self) -> None:
@@ -313,9 +315,11 @@ class OptimizerConfig:
     scaler), use_precision_aware_optimizer and main_grads/main_params/exp_avg/exp_avg_sq dtypes
     (F32 main params and states always, as Megatron without precision-aware), optimizer "muon",
     overlap_param_gather_with_optimizer_step, optimizer_cpu_offload, log_num_zeros_in_grad (no
-    count), timers, config_logger_dir. Inert, any value (Megatron ignores them here too): the
+    count), config_logger_dir. Inert, any value (Megatron ignores them here too): the
     dynamic loss-scaling fields (fp16 only), muon_* (Muon only), the offload fields (offload only),
-    store_param_remainders (precision-aware only), barrier_with_L1_time (timers only).
+    store_param_remainders (precision-aware only), barrier_with_L1_time (timers only). timers:
+    any value, never called (Megatron-LM sets its Timers after construction; mxddp reports no
+    timings to them). Every field is checked again when the optimizer takes the config.
 
     max_consecutive_skipped_steps (mxddp's own): how many steps in a row ``step()`` may skip (a NaN
     or Inf global grad norm: nothing is updated) before the next skip raises ``mxddp.Error``; 0
@@ -426,7 +430,6 @@ class OptimizerConfig:
                        "has no hybrid device optimizer")
         _refuse_unless("log_num_zeros_in_grad", self.log_num_zeros_in_grad, False,
                        "mxddp's optimizer does not count zeros (step() returns None as num_zeros_in_grad)")
-        _refuse_unless("timers", self.timers, None, "mxddp's optimizer reports no timings to Megatron's timers")
         _refuse_unless("config_logger_dir", self.config_logger_dir, "", "mxddp does not dump configs")
 
     def check_model(self, model: Any, exact: bool = True) -> None:
@@ -468,14 +471,17 @@ class OptimizerConfig:
 
     def agreement_items(self) -> list[tuple[str, str]]:
         """Every field as ``("OptimizerConfig.<field>", value)``, numbers as the floats the C++
-        optimizer takes (so ``lr=1`` and ``lr=1.0`` agree): what every rank must give alike."""
+        optimizer takes (so ``lr=1`` and ``lr=1.0`` agree): what every rank must give alike. The
+        fields are checked again first (a script may have set one after construction); timers is left
+        out (each rank's own object, never called)."""
+        self.__post_init__()
         numbers = _FLOAT_FIELDS + _OPTIONAL_NUMBER_FIELDS + _NUMBER_FIELDS
 
         def text(name: str) -> str:
             value = getattr(self, name)
             return repr(float(value)) if name in numbers and value is not None else repr(value)
 
-        return [(f"OptimizerConfig.{f.name}", text(f.name)) for f in fields(self)]
+        return [(f"OptimizerConfig.{f.name}", text(f.name)) for f in fields(self) if f.name != "timers"]
 
     def to_cpp(self) -> "_C.OptimizerConfig":
         c = _C.OptimizerConfig()

@@ -112,6 +112,17 @@ def _check_fusion_flag(gradient_accumulation_fusion) -> None:
         raise TypeError(f"gradient_accumulation_fusion must be True or False; got {gradient_accumulation_fusion!r}")
 
 
+def _check_force_all_reduce(force_all_reduce, scattered: bool, alternative: str = "") -> None:
+    """finish_grad_sync's force_all_reduce (Megatron's): an all-reduce for one call where the grads
+    are reduce-scattered (into the shards the optimizer steps) is not built."""
+    if not isinstance(force_all_reduce, bool) and force_all_reduce is not None:
+        raise TypeError(f"force_all_reduce must be True or False; got {force_all_reduce!r}")
+    if force_all_reduce and scattered:
+        raise NotImplementedError("finish_grad_sync(force_all_reduce=True): this model reduce-scatters its grads into "
+                                  "the shards its optimizer steps and has no all-reduce in their place for one call; "
+                                  f"call it with force_all_reduce=False{alternative}")
+
+
 def _fusion_marks(params: list[tuple[str, torch.nn.Parameter]], enabled: bool) -> list[bool]:
     """Each param's attribute ``gradient_accumulation_fusion`` (absent: True), checked, and the
     wrapper's ``enabled``."""
@@ -331,22 +342,28 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         self._hook_outputs(output)
         return output
 
-    def finish_grad_sync(self) -> None:
+    def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
         """Issues what has not been issued, waits for every collective: main_grad then holds the
         reduced grads (this rank's shard of them with the distributed optimizer). A param not
         reported since the last sync adds nothing (a zero gradient). Once per accumulation window:
-        a second call, or one after torch's form synchronized at the end of backward, does nothing."""
+        a second call, or one after torch's form synchronized at the end of backward, does nothing.
+        force_all_reduce (Megatron's, which finalize_model_grads passes): True only where the grads
+        are all-reduced anyway (no distributed optimizer, or the config's force_all_reduce)."""
+        _check_force_all_reduce(force_all_reduce, self.ddp_config.use_distributed_optimizer
+                                and not self.ddp_config.force_all_reduce,
+                                " (or wrap with DistributedDataParallelConfig(force_all_reduce=True))")
         self._check_params_in_place("finish_grad_sync")
         if self._no_sync_depth:
             raise RuntimeError("finish_grad_sync() inside model.no_sync(): call it after the last micro-batch, "
                                "outside the no_sync() block")
         self._sync_grads()
 
-    def start_grad_sync(self) -> None:
+    def start_grad_sync(self, *unused) -> None:
         """Megatron's: starts the reduction of every bucket now. Each param not reported in this
         micro-batch is reported with a zero contribution, so with overlap_grad_reduce every
         bucket's collective is issued here; without it they are issued by finish_grad_sync() (the
-        C++ DDP issues non-overlapped buckets only there), with the same result."""
+        C++ DDP issues non-overlapped buckets only there), with the same result. Positional
+        arguments are ignored, as Megatron's (so that it can serve as a hook)."""
         if self._no_sync_depth:
             raise RuntimeError("start_grad_sync() inside model.no_sync(): nothing is reduced inside")
         for i, reported in enumerate(self._reported):
@@ -365,13 +382,16 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                                "model.finish_grad_sync() first")
         self._cpp.grad_buffer().mul_(float(scaling_factor))
 
-    def start_param_sync(self, force_sync: bool = False) -> None:
-        """Megatron's: with the distributed optimizer, brings the params up to date with the main
-        params the last step updated (the all-gathers that step started, waited for here whether
-        force_sync or not: dispatching them without waiting needs the C++ DDP's start_param_sync,
-        not bound yet). Without it every rank updated every param in place: nothing to gather."""
-        if not isinstance(force_sync, bool):
-            raise TypeError(f"force_sync must be True or False; got {force_sync!r}")
+    def start_param_sync(self, *unused, force_sync: bool = False, force_dispatch: bool = False) -> None:
+        """Megatron's (positional arguments ignored, so that it can serve as a hook): with the
+        distributed optimizer, brings the params up to date with the main params the last step
+        updated (the all-gathers that step started, waited for here whether force_sync or
+        force_dispatch or not: dispatching them without waiting needs the C++ DDP's
+        start_param_sync, not bound yet). Without it every rank updated every param in place:
+        nothing to gather."""
+        for name, value in (("force_sync", force_sync), ("force_dispatch", force_dispatch)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False; got {value!r}")
         if self.ddp_config.use_distributed_optimizer:
             self.finish_param_sync()
 

@@ -52,7 +52,7 @@ from torch.utils._pytree import tree_flatten
 from mxddp import _C
 from mxddp.torch import agreement, device as devices, grad_fusion, hsdp, launch, mxfp8, process_group as process_groups
 from mxddp.torch.config import DistributedDataParallelConfig
-from mxddp.torch.ddp import (_DTYPES, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
+from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
                               _trainable_params)
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
@@ -564,9 +564,11 @@ class FullyShardedDataParallel(DataParallelModule):
             self._cpp.release_gathered_params()
         return out
 
-    def finish_grad_sync(self) -> None:
+    def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
-        reduced gradients. Releases the non-unit params."""
+        reduced gradients. Releases the non-unit params. force_all_reduce (Megatron's, which
+        finalize_model_grads passes): True only with no_shard, which all-reduces anyway."""
+        _check_force_all_reduce(force_all_reduce, self.ddp_config.data_parallel_sharding_strategy != "no_shard")
         self._check_params_in_place("finish_grad_sync")
         self._complete_backward()
         self._stand_in(self._non_unit_params)
