@@ -308,7 +308,8 @@ def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_t
         # and nothing reports it, as torch computes no gradient for it.
         if module.weight is not param:
             return plain_forward(module, x)
-        if param.requires_grad and user_grad_hooks(param):
+        # (An MXFP8 weight's Parameter carries mxddp's own guard instead; the wrap refused the user's.)
+        if read_weight is None and param.requires_grad and user_grad_hooks(param):
             raise RuntimeError(
                 f"{type(module).__name__}.weight got a gradient hook (register_hook or "
                 "register_post_accumulate_grad_hook) after wrapping: with gradient accumulation fusion its dW goes "
