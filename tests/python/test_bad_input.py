@@ -1,4 +1,6 @@
 """Bad input gets a clear error naming what is wrong and what would do."""
+import copy
+import io
 import os
 import subprocess
 import sys
@@ -142,3 +144,29 @@ def test_wrapping_without_init_runs_as_one_rank():
                           "print('world', mxt.world_size(), 'rank', mxt.rank())")
     assert r.returncode == 0, r.stderr
     assert "world 1 rank 0" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_torch_ddp_api_mxddp_lacks_is_refused_naming_what_to_do(ranks, kind):
+    """A torch DDP script's join() (uneven inputs), register_comm_hook, AveragedModel(model) or
+    copy.deepcopy(model), and torch.save(model): each names what to do instead (before: a bare
+    AttributeError, or "cannot pickle 'Communicator' object")."""
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model = mxt.DistributedDataParallel(module) if kind == "ddp" else mxt.FullyShardedDataParallel(
+        module, mxt.DistributedDataParallelConfig(use_megatron_fsdp=True, use_distributed_optimizer=True),
+        fsdp_unit_modules=[torch.nn.Linear])
+    try:
+        with pytest.raises(NotImplementedError, match=r"join\(\) \(torch DDP's uneven inputs\) is not supported.*"
+                                                      "drop_last=True"):
+            model.join()
+        with pytest.raises(NotImplementedError, match=r"join\(\)"):
+            model.join_hook()
+        with pytest.raises(NotImplementedError, match=r"register_comm_hook\(\) is not supported"):
+            model.register_comm_hook(None, lambda state, bucket: None)
+        with pytest.raises(TypeError, match=r"copy.deepcopy of a mxddp.torch .*AveragedModel\(model.module\)"):
+            torch.optim.swa_utils.AveragedModel(model)
+        with pytest.raises(TypeError, match=r"pickling a mxddp.torch .*torch.save\(model.module\)"):
+            torch.save(model, io.BytesIO())
+        copy.deepcopy(model.module)  # the way out works
+    finally:
+        model.close()

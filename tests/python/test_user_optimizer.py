@@ -6,6 +6,7 @@ through torch.save, a rank-0-alone call, loading elsewhere refused).
 """
 import copy
 import io
+import warnings
 
 import pytest
 import torch
@@ -713,11 +714,51 @@ def test_a_group_whose_params_change_after_construction_is_refused_at_the_step(r
         model.close()
 
 
-def test_a_scheduler_built_on_the_torch_optimizer_warns(ranks):
+@pytest.mark.parametrize("built", ["before", "after"])
+def test_a_scheduler_or_lr_edit_on_the_wrapped_torch_optimizer_drives_the_step(ranks, built):
+    """The torch optimizer given shares its param_groups with the DistributedOptimizer: a StepLR built
+    on it (before or after wrapping) and a script's lr edit on it reach the step, with no warning
+    from torch's scheduler. Before, they wrote a torch optimizer nobody read: lr stayed 1e-2."""
+    rank, _ = ranks
     model = wrap(make_mlp())
     base = torch.optim.AdamW(model.module.parameters(), lr=1e-2)
-    torch.optim.lr_scheduler.StepLR(base, step_size=1)
-    with pytest.warns(UserWarning, match="a torch lr scheduler is attached to the torch optimizer given"):
-        opt = mxt.DistributedOptimizer(model, base)
-    opt.close()
-    model.close()
+    scheduler = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5) if built == "before" else None
+    opt = mxt.DistributedOptimizer(model, base)
+    try:
+        if scheduler is None:
+            scheduler = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch's "lr_scheduler.step() before optimizer.step()" would raise
+            for step in range(2):
+                opt.zero_grad()
+                loss_of(model, rank, step).backward()
+                model.finish_grad_sync()
+                opt.step()
+                scheduler.step()
+        assert opt.param_groups[0]["lr"] == pytest.approx(2.5e-3) and base.param_groups is opt.param_groups
+        base.param_groups[0]["lr"] = 0.125  # a script's edit on the torch optimizer
+        assert opt._hyper(opt.param_groups[0], 0)[0] == 0.125
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_the_wrapped_torch_optimizers_methods_name_the_wrapper(ranks):
+    """Its state moved into the DistributedOptimizer: its zero_grad left mxddp's grads summing over
+    steps, its step and state_dict did nothing or saved nothing. Each now raises naming the fix."""
+    model = wrap(make_mlp())
+    base = torch.optim.SGD(model.module.parameters(), lr=1e-2)
+    opt = mxt.DistributedOptimizer(model, base)
+    try:
+        for method in ("step", "zero_grad", "state_dict"):
+            with pytest.raises(RuntimeError, match=rf"SGD.{method}\(\): this torch optimizer was wrapped by "
+                                                   rf"mxddp.torch.DistributedOptimizer.*call {method}\(\) on the "
+                                                   "DistributedOptimizer"):
+                getattr(base, method)()
+        with pytest.raises(RuntimeError, match=r"SGD.load_state_dict\(\)"):
+            base.load_state_dict({})
+    finally:
+        opt.close()
+        model.close()
+    with pytest.raises(RuntimeError, match="it has since been closed"):
+        base.step()

@@ -115,12 +115,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 "or a torch.optim.AdamW, Adam or SGD built over the model's params; got "
                                 f"{type(optimizer).__name__}")
             kind = torch_optimizer.kind_of(optimizer)
-            if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
-                # A scheduler built on the torch optimizer writes its groups, which mxddp copied here.
-                warnings.warn("DistributedOptimizer: a torch lr scheduler is attached to the torch optimizer given; it "
-                              "writes that optimizer's param_groups, which this DistributedOptimizer does not read "
-                              "after construction. Build the scheduler on the DistributedOptimizer instead",
-                              UserWarning, stacklevel=3)
             for i, g in enumerate(optimizer.param_groups):
                 torch_optimizer.check_group(kind, i, g, construction=True)
             of = torch_optimizer.group_of_params(model, optimizer.param_groups)
@@ -164,6 +158,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # torch optimizer's own copy is freed (its memory would otherwise stay held twice).
             self.load_state_dict(optimizer.state_dict())
             optimizer.state.clear()
+        self._torch_optimizer = None if megatron else weakref.ref(optimizer)
+        if not megatron:
+            torch_optimizer.retire(optimizer, self)
 
     @staticmethod
     def _megatron_groups(model, config: OptimizerConfig, config_overrides: Optional[dict]):
@@ -267,6 +264,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._clip_coeff = 1.0
         skipped, grad_norm, _clip = self._cpp.step(unscale, clip_coeff, frozen)
         self._stepped = True
+        retired = self._torch_optimizer() if self._torch_optimizer is not None else None
+        if retired is not None:
+            retired._opt_called = True  # a torch scheduler on the wrapped optimizer checks this was stepped
         if self._release_heap_after_step:
             _C.release_free_heap_pages()  # the step's activations are gone: their heap pages go too
         if grad_scaler is not None:

@@ -8,6 +8,8 @@ are accepted and have no effect (mxddp runs its own kernels on its shards).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from mxddp.torch.config import is_number, number_text
@@ -119,3 +121,32 @@ def _unheld(model, p) -> str:
                 "does not train it: leave it out of the optimizer, or set requires_grad=True before wrapping")
     return (f"(shape {shape}) is not one the model holds: build the optimizer over the wrapped model's parameters "
             "(or its .module's: the same objects); a param of another module is not trained by mxddp")
+
+
+def retire(optimizer: torch.optim.Optimizer, wrapper) -> None:
+    """The user's torch optimizer once ``wrapper`` (its DistributedOptimizer) holds its params'
+    state: its ``param_groups`` become the wrapper's (the same dicts), so an lr edit or a torch
+    scheduler on it, built before or after wrapping, drives the wrapper; its step, zero_grad,
+    state_dict, load_state_dict and add_param_group raise, naming the wrapper's. Before, they ran on
+    a torch optimizer whose state had moved out: a zero_grad that left mxddp's grads summing, a
+    step and lr edits that changed nothing."""
+    optimizer.param_groups = wrapper.param_groups
+    name = type(optimizer).__name__
+    alive = weakref.ref(wrapper)
+
+    def refuse(method: str):
+        def call(*_args, **_kwargs):
+            wrapper_now = alive()
+            closed = wrapper_now is None or wrapper_now._cpp.closed
+            state = " (it has since been closed: build a new one)" if closed else ""
+            raise RuntimeError(f"{name}.{method}(): this torch optimizer was wrapped by mxddp.torch."
+                               f"DistributedOptimizer, which holds its params' state{state}; call {method}() on the "
+                               "DistributedOptimizer (opt = mxt.DistributedOptimizer(model, optimizer) replaces it). Its "
+                               "param_groups are the DistributedOptimizer's, so lr edits and schedulers on it still apply")
+        return call
+
+    for method in ("step", "zero_grad", "state_dict", "load_state_dict", "add_param_group"):
+        setattr(optimizer, method, refuse(method))
+    # A torch scheduler on this optimizer finds its step already patched (it would otherwise wrap the
+    # refusal), and the wrapper's step records the call its check looks for (``_opt_called``).
+    optimizer.step._wrapped_by_lr_sched = True

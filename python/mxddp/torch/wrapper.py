@@ -31,6 +31,30 @@ class DataParallelModule(torch.nn.Module):
     device = torch.device("cpu")
     _stream = None  # on a GPU: torch's current stream at wrap time, which its work must run on
 
+    # ---- torch DDP's API that mxddp does not have, refused naming what to do instead ----
+
+    def __deepcopy__(self, memo):
+        raise TypeError(f"copy.deepcopy of a mxddp.torch {type(self).__name__}: its buffers and communicator "
+                        "cannot be copied; copy the module inside instead (copy.deepcopy(model.module), "
+                        "torch.optim.swa_utils.AveragedModel(model.module), an EMA of model.module)")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"pickling a mxddp.torch {type(self).__name__} (torch.save(model)): its buffers and "
+                        "communicator cannot be saved; save model.state_dict(), or torch.save(model.module)")
+
+    def join(self, *args, **kwargs):
+        raise NotImplementedError("join() (torch DDP's uneven inputs) is not supported by mxddp.torch: every rank must "
+                                  "run the same number of iterations; give each the same number of batches (a "
+                                  "DistributedSampler with drop_last=True)")
+
+    def join_hook(self, *args, **kwargs):
+        self.join()
+
+    def register_comm_hook(self, *args, **kwargs):
+        raise NotImplementedError("register_comm_hook() is not supported by mxddp.torch: its reductions are its own "
+                                  "(reduce-scatter or all-reduce of the grad buffer); the DDP config chooses their "
+                                  "dtype (grad_reduce_in_fp32) and scaling (average_in_collective)")
+
     def _record_param_places(self) -> None:
         """Records, after the params were given their data, every (module, attribute) holding a
         registered param (a shared one in each of its modules) and each param's data pointer."""
