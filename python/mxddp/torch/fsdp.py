@@ -52,12 +52,13 @@ from torch.utils._pytree import tree_flatten
 from mxddp import _C
 from mxddp.torch import agreement, device as devices, grad_fusion, hsdp, launch, mxfp8, process_group as process_groups
 from mxddp.torch.config import DistributedDataParallelConfig
-from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks, _mxfp8_flags, _mxfp8_kinds,
-                              _trainable_params)
+from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks,
+                              _mxfp8_flags, _mxfp8_kinds, _trainable_params)
 from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
 
 
 def _in_backward() -> bool:
@@ -65,7 +66,6 @@ def _in_backward() -> bool:
     pre-backward."""
     task = getattr(torch._C, "_current_graph_task_id", None)
     return task is not None and task() != -1
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
 
 
 def decide_fine_grained(config: DistributedDataParallelConfig, mxfp8_params: bool,
@@ -405,7 +405,8 @@ class FullyShardedDataParallel(DataParallelModule):
                 continue
             own = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
             if own:
-                self._hooks.append(sub.register_forward_pre_hook(self._make_read_guard(name, self._unit_of[own[0]], own)))
+                guard = self._make_read_guard(name, self._unit_of[own[0]], own)
+                self._hooks.append(sub.register_forward_pre_hook(guard))
 
     def _make_read_guard(self, name: str, unit: int, own: list[int]):
         plain = [i for i in own if not self._mxfp8[i]]  # an MXFP8 weight's forward reads the C++ copies

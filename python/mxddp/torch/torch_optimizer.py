@@ -141,8 +141,9 @@ def retire(optimizer: torch.optim.Optimizer, wrapper) -> None:
             state = " (it has since been closed: build a new one)" if closed else ""
             raise RuntimeError(f"{name}.{method}(): this torch optimizer was wrapped by mxddp.torch."
                                f"DistributedOptimizer, which holds its params' state{state}; call {method}() on the "
-                               "DistributedOptimizer (opt = mxt.DistributedOptimizer(model, optimizer) replaces it). Its "
-                               "param_groups are the DistributedOptimizer's, so lr edits and schedulers on it still apply")
+                               "DistributedOptimizer (opt = mxt.DistributedOptimizer(model, optimizer) replaces "
+                               "it). Its param_groups are the DistributedOptimizer's, so lr edits and schedulers on "
+                               "it still apply")
         return call
 
     for method in ("step", "zero_grad", "state_dict", "load_state_dict", "add_param_group"):
