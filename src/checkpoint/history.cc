@@ -164,8 +164,9 @@ void check_save_dir(const std::string& save_dir, const std::string& what) {
               "now go to DIR/iter_NNNNNNN. Load from it ('{}') and save to a new directory",
               what, save_dir, save_dir);
   // A history inside another history or checkpoint (DIR/iter_0000002/best) would be deleted by
-  // that history's next prune or re-save of the iteration.
-  if (const auto place = checkpoint_place_of(save_dir); place && !(exists && fs::equivalent(save_dir, place->dir, ec)))
+  // that history's next prune or re-save of the iteration. Whether save_dir is that history itself
+  // is asked now, not from `exists` above: another rank may have created it (and its lock) since.
+  if (const auto place = checkpoint_place_of(save_dir); place && !fs::equivalent(save_dir, place->dir, ec))
     MXDDP_FAIL("{} '{}' is inside the {} '{}', which saves replace or prune as a whole: this history would go with "
                "it. Give a path outside every checkpoint and checkpoint history",
                what, save_dir, place->kind, place->dir);
