@@ -197,6 +197,20 @@ def _entry_views(optimizer: DistributedOptimizer) -> list[tuple[str, Any]]:
     return views
 
 
+_WORDS_PER_CHUNK = 1 << 20  # bounds the int64 temporaries of a large tensor's checksum
+
+
+def _weighted_sum(words: torch.Tensor, first_index: int) -> torch.Tensor:
+    """sum(word x (first_index + position)) over a 1-D integer tensor, as an int64 scalar (torch's
+    int64 arithmetic wraps, so this is modulo 2^64 and any split into pieces sums alike), a chunk
+    at a time."""
+    total = torch.zeros((), dtype=torch.int64)
+    for lo in range(0, words.numel(), _WORDS_PER_CHUNK):
+        part = words[lo:lo + _WORDS_PER_CHUNK].to(torch.int64)
+        total += (part * torch.arange(first_index + lo, first_index + lo + part.numel(), dtype=torch.int64)).sum()
+    return total
+
+
 def _checksums(optimizer, values: dict[str, dict[str, torch.Tensor]], names, held, owned) -> dict[str, dict[str, int]]:
     """Collective. Per param and entry: the sum over the param's elements of (F32 bits as int32) x
     (flat index + 1), modulo 2^64 (torch's int64 arithmetic wraps), over each rank's owned elements
@@ -212,27 +226,18 @@ def _checksums(optimizer, values: dict[str, dict[str, torch.Tensor]], names, hel
         for _b, start, end, _s in owned.get(i, []):
             k = next(k for k, p in enumerate(hp) if p[1] <= start and end <= p[2])
             lo = starts[k] + start - hp[k][1]
-            weights = torch.arange(start + 1, end + 1, dtype=torch.int64)
             for j, entry in enumerate(entries):
-                bits = values[name][entry][lo:lo + end - start].view(torch.int32).to(torch.int64)
-                sums[i, j] += (bits * weights).sum()
+                sums[i, j] += _weighted_sum(values[name][entry][lo:lo + end - start].view(torch.int32), start + 1)
     dist.all_reduce(sums)
     return {name: {e: int(sums[i, j]) for j, e in enumerate(entries)} for i, name in enumerate(names)}
 
 
-_WORDS_PER_CHUNK = 1 << 20  # bounds the int64 temporaries of a large frozen param's checksum
-
-
 def _bits_checksum(t: torch.Tensor) -> int:
-    """Any dtype: the sum over the tensor's bytes, read as int32 words (int16 or bytes where its size
-    is not a multiple of 4 or 2), of word x (index + 1), modulo 2^64."""
+    """Any dtype: the optimizer entries' weighted sum (_weighted_sum, from index 1) over the tensor's
+    bytes read as int32 words (int16 or bytes where its size is not a multiple of 4 or 2)."""
     raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
     words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.view(torch.int16) if raw.numel() % 2 == 0 else raw
-    total = 0
-    for lo in range(0, words.numel(), _WORDS_PER_CHUNK):
-        part = words[lo:lo + _WORDS_PER_CHUNK].to(torch.int64)
-        total += int((part * torch.arange(lo + 1, lo + 1 + part.numel(), dtype=torch.int64)).sum())
-    return total % (1 << 64)
+    return int(_weighted_sum(words, 1))
 
 
 def _module_entries(model, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -352,8 +357,9 @@ def _compare_checksums(meta, sums, model, model_entries) -> None:
     # disagreed on when it was saved) has none for them.
     saved_model = meta.get("model_checksums", {})
     for k, t in _module_entries(model, model_entries).items():
-        if k in saved_model and saved_model[k] != _bits_checksum(t):
-            raise ValueError(f"model.{k}: checksum {_bits_checksum(t)} of the loaded values differs from the saved "
+        loaded = _bits_checksum(t) if k in saved_model else None
+        if loaded is not None and loaded != saved_model[k]:
+            raise ValueError(f"model.{k}: checksum {loaded} of the loaded values differs from the saved "
                              f"{saved_model[k]}: the checkpoint is corrupted")
 
 

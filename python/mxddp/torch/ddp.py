@@ -144,7 +144,7 @@ def _fusion_flags(owners: dict[int, list[torch.nn.Module]], params: list[tuple[s
     and not marked ``gradient_accumulation_fusion = False``. The DDP's and the FSDP's rule. An MXFP8
     weight with a gradient hook of the user's is refused: its gradient never reaches the Parameter."""
     for (name, p), is_mxfp8 in zip(params, mxfp8_flags):
-        if is_mxfp8 and grad_fusion.user_grad_hooks(p):
+        if is_mxfp8 and grad_fusion.has_user_grad_hooks(p):
             raise ValueError(f"param '{name}' is an MXFP8 weight with a gradient hook (register_hook or "
                              "register_post_accumulate_grad_hook): its module's backward adds the weight gradient "
                              "into main_grad from the MXFP8 copies, and the Parameter never gets one to hook; remove "

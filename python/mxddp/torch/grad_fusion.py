@@ -37,13 +37,14 @@ from mxddp import _C
 _OWN_HOOK_IDS = WeakIdKeyDictionary()  # by identity: a tensor's == is elementwise
 
 
-def user_grad_hooks(param: torch.Tensor) -> int:
-    """How many gradient hooks on ``param`` are not mxddp's: ``register_hook`` (a tensor hook, run on
-    the gradient before it is accumulated) and ``register_post_accumulate_grad_hook``. A fused weight's
-    dW goes into main_grad without passing through either."""
-    own = _OWN_HOOK_IDS.get(param, set())
-    hooks = list(param._backward_hooks or {}) + list(getattr(param, "_post_accumulate_grad_hooks", None) or {})
-    return sum(1 for key in hooks if key not in own)
+def has_user_grad_hooks(param: torch.Tensor) -> bool:
+    """Whether ``param`` has a gradient hook that is not mxddp's: ``register_hook`` (a tensor hook, run
+    on the gradient before it is accumulated) or ``register_post_accumulate_grad_hook``. A fused
+    weight's dW goes into main_grad without passing through either. (Each fused forward asks: no list
+    is built.)"""
+    own = _OWN_HOOK_IDS.get(param, ())
+    return any(key not in own for hooks in (param._backward_hooks, getattr(param, "_post_accumulate_grad_hooks", None))
+               if hooks for key in hooks)
 
 
 def param_owners(module: torch.nn.Module) -> dict[int, list[torch.nn.Module]]:
@@ -186,7 +187,7 @@ def is_fusable(param: torch.nn.Parameter, owners: list[torch.nn.Module], main_gr
     add, while the embedding's row scatter still beats torch's dense [num, dim] gradient
     (bench/grad_fusion_kernels.py, docs/python.md). A param with gradient hooks of the user's keeps
     the hook path, where they run as torch runs them."""
-    if user_grad_hooks(param):
+    if has_user_grad_hooks(param):
         return False
     kinds = [fusable_kind(m, param) for m in owners]
     if not kinds or None in kinds:
@@ -309,7 +310,7 @@ def install(module: torch.nn.Module, cpp: "_C.DataParallel", index: int, ready_t
         if module.weight is not param:
             return plain_forward(module, x)
         # (An MXFP8 weight's Parameter carries mxddp's own guard instead; the wrap refused the user's.)
-        if read_weight is None and param.requires_grad and user_grad_hooks(param):
+        if read_weight is None and param.requires_grad and has_user_grad_hooks(param):
             raise RuntimeError(
                 f"{type(module).__name__}.weight got a gradient hook (register_hook or "
                 "register_post_accumulate_grad_hook) after wrapping: with gradient accumulation fusion its dW goes "
