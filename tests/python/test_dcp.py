@@ -179,6 +179,20 @@ def test_bf16_params_buffers_and_frozen_params_resume_exactly(ranks, ckpt_dir):
     _close(opt, model)
 
 
+def test_a_save_holds_values_written_into_bf16_params_since_the_last_step(ranks, ckpt_dir):
+    rank, world = ranks
+    model, opt = _bf16_model()
+    _bf16_run(rank, world, model, opt, 0, 1)
+    with torch.no_grad():  # taken into the F32 main params, which are what DCP saves
+        model.module.fc2.bias.fill_(0.25)
+    dcp.save({"app": mxdcp.AppState(model, opt)}, checkpoint_id=ckpt_dir)
+    _close(opt, model)
+    model, opt = _bf16_model()
+    dcp.load({"app": mxdcp.AppState(model, opt)}, checkpoint_id=ckpt_dir)
+    assert torch.all(model.module.fc2.bias == 0.25)
+    _close(opt, model)
+
+
 @pytest.mark.parametrize("entry", ["bn.running_var", "bn.num_batches_tracked", "scale"])
 def test_a_changed_buffer_or_frozen_param_is_refused_by_checksum(ranks, ckpt_dir, entry):
     """Buffers (F32, int64) and a frozen param, which a load copies into the module as they are: a

@@ -145,6 +145,7 @@ def save_checkpoint(save_dir: PathLike, model: DataParallelModule, optimizer: Di
         return (path, meta, fields), items
 
     path, meta, fields = _agreed("save_checkpoint", model, check)
+    optimizer._take_param_writes()  # values written into the params are what is saved
     return _C.save_checkpoint(path, optimizer._cpp, iteration, meta, fields, keep_last)
 
 
@@ -173,5 +174,7 @@ def load_checkpoint(load_dir: PathLike, model: DataParallelModule,
         return (path, fields), [("load_dir", os.path.abspath(path)), ("model_config", json.dumps(fields))]
 
     path, fields = _agreed("load_checkpoint", model, check)
+    optimizer._take_param_writes()  # so that a failed load leaves them as a step would take them
     _resolved, meta = _C.load_checkpoint(path, optimizer._cpp, fields, [_ITERATION_KEY])
+    optimizer._record_param_versions()  # the params hold the loaded values (written by the C++ load)
     return int(meta[_ITERATION_KEY]), dict(meta)

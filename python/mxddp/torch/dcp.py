@@ -308,6 +308,7 @@ def state_dict(model: DataParallelModule, optimizer: DistributedOptimizer) -> di
     this rank's optimizer shard while it lives."""
     _check(model, optimizer, "mxddp.torch.dcp.state_dict")
     model.finish_param_sync()
+    optimizer._take_param_writes()  # values written into the params are what is saved
     entries = _model_state_dict(model)
     return {"model": entries, "optimizer": _optimizer_state_dict(model, optimizer, _model_checksums(model, entries))}
 
@@ -397,6 +398,7 @@ def load_state_dict(model: DataParallelModule, optimizer: DistributedOptimizer, 
     # model entries).
     _agree(lambda: _compare_checksums(meta, sums, model, state["model"]))
     steps = [int(round(float(values[n]["step"]))) for n in names]
+    optimizer._take_param_writes()  # now, not in force_param_sync below: the load writes over them
     with torch.no_grad():
         for i, name in enumerate(names):
             local = 0

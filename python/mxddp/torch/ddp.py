@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, process_group
+from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
 from mxddp.torch.wrapper import DataParallelModule
@@ -192,6 +192,8 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
     forward in a graph is an error. False: every param takes the hook.
     """
 
+    _tracks_param_writes = True  # its params keep the storage it gave them (param_writes.py)
+
     def __init__(self, *args, **kwargs):
         super().__init__()
 
@@ -287,7 +289,13 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         cpp = self._cpp
 
         def hook(_module, _args) -> None:
+            if self._param_versions is None:
+                cpp.before_forward(indices)
+                return
+            pending = cpp.param_sync_pending
             cpp.before_forward(indices)
+            if pending:
+                param_writes.check_not_overwritten(self, indices)
 
         return hook
 
@@ -419,13 +427,19 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                                "seed every rank alike before wrapping instead")
         self.finish_param_sync()  # a gather still in flight would write over the broadcast
         self._cpp.broadcast_params()
+        if self._param_versions is not None:
+            # Written behind torch's back (no version bump): the optimizer's next use of the main
+            # params takes rank 0's values (param_writes.py).
+            self._param_versions = [-1] * len(self._params)
 
     def finish_param_sync(self) -> None:
         """Waits for every param all-gather still pending (overlap_param_gather), so every param
         holds its updated values: for reading params outside forward after a step. Forward does
         this module by module by itself."""
         if self._cpp.param_sync_pending:
-            self._cpp.before_forward(list(range(len(self._params))))
+            every = list(range(len(self._params)))
+            self._cpp.before_forward(every)
+            param_writes.check_not_overwritten(self, every)
 
     def _before_param_update(self) -> None:
         # A gather the last forward did not wait for (a module that did not run) may still be
@@ -465,11 +479,10 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """torch's load into the wrapped module (keys ``module.<name>``); the values land in mxddp's
-        param buffer. Refused where they would not reach training: for MXFP8 weights (kept only as
-        MXFP8 by the C++ DDP), and for BF16 params while a DistributedOptimizer is open (its F32
-        main params, taken from the params when it was built, are the master copy that the next
-        step writes back); F32 params are their own main params, so they load at any time. A load
-        that fails (a shape mismatch, a missing key) leaves every param and buffer as it was. After
+        param buffer, and the next step starts from them: with BF16 params an open
+        DistributedOptimizer copies them into its F32 main params first (param_writes.py), as it
+        does any value written into the params. Refused for MXFP8 weights (kept only as MXFP8 by
+        the C++ DDP). A load that fails (a shape mismatch, a missing key) leaves every param and buffer as it was. After
         ``close()``, torch's own load into the params' storage."""
         if self._cpp.closed:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -480,11 +493,6 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             names = ", ".join(self._names[i] for i in self._mxfp8_kind)
             raise RuntimeError(f"load_state_dict: the MXFP8 weights ({names}) are kept only as MXFP8 by the C++ DDP; "
                                "load into the module before wrapping it, or use mxddp.torch.load_checkpoint")
-        if self._cpp.open_optimizers and self.param_dtype != torch.float32:
-            raise RuntimeError(f"load_state_dict with a DistributedOptimizer open and {self.param_dtype} params: the "
-                               "optimizer's F32 main params are the master copy and the next step would write them "
-                               "back over the loaded values; load before building the optimizer, or use "
-                               "mxddp.torch.load_checkpoint")
         self.finish_param_sync()  # a gather still in flight would overwrite the loaded values
         # torch copies entry by entry and raises only at the end (a shape mismatch, a missing key), so a
         # failed load would leave some params loaded and others not: put everything back then.
@@ -495,7 +503,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         except BaseException:
             with torch.no_grad():
                 for t, v in zip(state, saved):
-                    t.copy_(v)
+                    t.copy_(v)  # their values as before: the optimizer takes nothing from them
             raise
 
     # ---- where things live (zero copy), for tests and the curious ----

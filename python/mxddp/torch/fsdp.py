@@ -50,7 +50,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
-from mxddp.torch import agreement, device as devices, grad_fusion, hsdp, launch, mxfp8, process_group as process_groups
+from mxddp.torch import (agreement, device as devices, grad_fusion, hsdp, launch, mxfp8, param_writes,
+                         process_group as process_groups)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks,
                               _mxfp8_flags, _mxfp8_kinds, _trainable_params)
@@ -242,6 +243,8 @@ class FullyShardedDataParallel(DataParallelModule):
         launch._track_model(self)
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
+        # no_shard, optim, optim_grads: the params keep the storage given here (param_writes.py).
+        self._tracks_param_writes = not self._shards_params
         self._hooks: list = []
         self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
@@ -352,9 +355,12 @@ class FullyShardedDataParallel(DataParallelModule):
             if self._units_called is not None:
                 self._units_called.append(unit)
             self._unit_in_forward[unit] = True
+            stale = not self._unit_current[unit]
             self._cpp.before_forward(params)
             self._unit_current[unit] = True
             self._view(params)
+            if stale:
+                param_writes.check_not_overwritten(self, params)
 
         return hook
 
@@ -546,9 +552,12 @@ class FullyShardedDataParallel(DataParallelModule):
         self._check_params_in_place("forward")
         self._complete_backward()
         if self._non_unit_params:  # gathered now, kept until the gradients are synchronized
+            stale = not self._non_unit_current
             self._cpp.before_forward(self._non_unit_params)
             self._non_unit_current = True
             self._view(self._non_unit_params)
+            if stale:
+                param_writes.check_not_overwritten(self, self._non_unit_params)
         self._units_called = []
         try:
             if self._shards_params:
@@ -663,6 +672,8 @@ class FullyShardedDataParallel(DataParallelModule):
         units (optim_grads_params) or wait for the all-gather of the updated params that the last step
         started (optim, optim_grads with overlap). In the order the forward calls the units, which the
         C++ FSDP learns from passes like this one."""
+        stale = [i for i, u in enumerate(self._unit_of)
+                 if not (self._unit_current[u] if u >= 0 else self._non_unit_current)]
         for h in in_forward_order(self.units.hooked, self._forward_order):
             self._cpp.before_forward(list(h.params))
             take(h.params)
@@ -670,6 +681,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._cpp.release_gathered_params()
         self._unit_current = [True] * len(self._unit_current)
         self._non_unit_current = True
+        param_writes.check_not_overwritten(self, stale)
 
     def state_dict(self, *args, **kwargs):
         """Collective (every rank calls it): torch's state dict of the wrapper (keys ``module.<name>``)

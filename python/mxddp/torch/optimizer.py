@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, launch, optimizer_state, torch_optimizer
+from mxddp.torch import agreement, launch, optimizer_state, param_writes, torch_optimizer
 from mxddp.torch.config import OptimizerConfig
 from mxddp.torch.wrapper import DataParallelModule
 
@@ -140,6 +140,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg.optimizer = kind
             cfg.clip_grad = 0.0  # the user clips with clip_grad_norm_
         self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
+        if model._tracks_param_writes:
+            param_writes.record(model)  # the main params were just taken from the params
         self._cpp.set_param_groups(of, [self._hyper(g, i) for i, g in enumerate(self.param_groups)])
         # Group membership is fixed here (the state is laid out over the model's buffers): each
         # group's params, to refuse a later edit of the lists instead of ignoring it.
@@ -260,9 +262,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         kept = getattr(self.model, "_kept_zero_grads", set())
         frozen = sorted(int(i) for i in (getattr(self.model, "_unused_params", None) or []) if i not in kept)
         self.model._before_param_update()  # DDP: a gather still reading the shards ends first
+        self._take_param_writes()  # values a script wrote into the params are what the step starts from
         unscale, clip_coeff = self._scaler_unscale(grad_scaler, True), self._clip_coeff
         self._clip_coeff = 1.0
         skipped, grad_norm, _clip = self._cpp.step(unscale, clip_coeff, frozen)
+        self._record_param_versions()  # a write from here until the params are gathered is lost
         self._stepped = True
         retired = self._torch_optimizer() if self._torch_optimizer is not None else None
         if retired is not None:
@@ -321,6 +325,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``register_state_dict_pre_hook`` and ``register_state_dict_post_hook`` run as torch's do."""
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
+        self._take_param_writes()
         state_dict = optimizer_state.state_dict(self)
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, state_dict)
@@ -339,6 +344,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        self._take_param_writes()  # before the load, which then writes over what they wrote
         if optimizer_state.load_state_dict(self, state_dict):
             self.force_param_sync()
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
@@ -393,7 +399,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the param all-gather (the first group only with overlap_param_gather)."""
         self._clip_coeff = 1.0
         self.model._before_zero_grad()
+        reuse = self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag
+        if reuse:
+            self._take_param_writes()  # the main params are staged and gathered into the params next
         self._cpp.zero_grad()
+        if reuse:
+            self._record_param_versions()
         self.model._after_zero_grad(set_to_none)
 
     def force_param_sync(self) -> None:
@@ -401,11 +412,62 @@ class DistributedOptimizer(torch.optim.Optimizer):
         whatever state the param sync is in (for evaluation, or reading the params, between
         iterations). With reuse_grad_buf_for_mxfp8_param_ag it zeroes the grad buffer first (the
         staging area), so call it only between finish_grad_sync/step and the next backward."""
+        self._take_param_writes()
         self._cpp.force_param_sync()
+        self._record_param_versions()
         self.model._after_param_update(gathered=True)
         if self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
             self.model._grads_pending_sync = False  # the grad buffer was zeroed to stage in
         self.model._awaiting_zero_grad = False
+
+    def reload_model_params(self, state_dict: Optional[dict] = None) -> None:
+        """Megatron's: the main params from the model's params now (or, given ``state_dict``, from
+        its tensors, which may be more precise than BF16 params: a model state dict keyed as
+        ``model.state_dict()`` or as ``model.module.state_dict()``). Local, no collective. A DDP's
+        optimizer takes values written into the params by itself before its next step
+        (param_writes.py); this is for a script that wants it done now, or the values from a state
+        dict. MXFP8 weights are left as they are (their Parameters hold no values; their main
+        params are already the master copy)."""
+        model = self.model
+        if state_dict is None:
+            if model.param_dtype == torch.float32:
+                self._record_param_versions()  # F32 params are their own main params
+                return
+            sources = {i: model._params[i] for i in model._params_holding_values()}
+        else:
+            # Every param a state dict can give (a sharded FSDP's too, whose Parameters hold none).
+            sources = self._reload_sources(state_dict, [i for i in range(len(model._params))
+                                                        if i not in model._mxfp8_kind])
+        with torch.no_grad():
+            param_writes.copy_into_main(self, sources)
+        self._record_param_versions()
+
+    def _reload_sources(self, state_dict, indices: list[int]) -> dict[int, torch.Tensor]:
+        """reload_model_params' tensors: each param's by its name, ``module.<name>`` or ``<name>``,
+        checked for shape before any is copied."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"reload_model_params(state_dict): a dict of name -> tensor; got {type(state_dict).__name__}")
+        model, sources = self.model, {}
+        for i in indices:
+            name = model._names[i]
+            value = state_dict.get(f"module.{name}", state_dict.get(name))
+            if value is None:
+                raise KeyError(f"reload_model_params: the state dict has no entry for param '{name}' (as "
+                               f"'module.{name}' or '{name}')")
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(model._params[i].shape):
+                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"reload_model_params: entry for param '{name}' is {shape}; the param is "
+                                 f"{tuple(model._params[i].shape)}")
+            sources[i] = value.to(device=model.device, dtype=torch.float32)
+        return sources
+
+    def _take_param_writes(self) -> None:
+        if self.model._param_versions is not None:
+            param_writes.take(self)
+
+    def _record_param_versions(self) -> None:
+        if self.model._param_versions is not None:
+            param_writes.record(self.model)
 
     @property
     def lr(self) -> float:
@@ -424,3 +486,5 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         self._cpp.close()
+        if self.model._optimizer() in (self, None):
+            self.model._param_versions = None  # no main params left to keep in step with the params

@@ -107,6 +107,11 @@ class DataParallelModule(torch.nn.Module):
                 "one could race with them. Run the model on the stream that was current when it was wrapped "
                 "(or wrap it inside the same `torch.cuda.stream(...)` block)")
 
+    # Each param's version counter when params and main params last agreed (param_writes.py): set
+    # by a DistributedOptimizer on a wrapper that keeps its params' storage (DDP); None: not tracked.
+    _param_versions = None
+    _tracks_param_writes = False
+
     # HSDP (FullyShardedDataParallel with a replica group) sets it: checkpoints refuse such models.
     _hybrid = False
 
