@@ -612,7 +612,7 @@ def one_step(model, opt, rank, step):
 
 
 @pytest.mark.parametrize("overlap_param_gather", [False, True])
-def test_state_dict_has_torch_ddp_s_keys_and_the_params_current_values(ranks, overlap_param_gather):
+def test_state_dict_has_megatron_ddp_s_keys_and_the_params_current_values(ranks, overlap_param_gather):
     rank, _ = ranks
     module = mlp(torch.float32)
     # Buckets of 1000 elements: with the overlapped gather only the first group's gather is issued
@@ -625,17 +625,18 @@ def test_state_dict_has_torch_ddp_s_keys_and_the_params_current_values(ranks, ov
         # state_dict finishes those gathers first (its tensors share the params' storage, hence the
         # copies taken before anything else can finish them).
         sd = {k: v.clone() for k, v in model.state_dict().items()}
-        assert list(sd) == ["module." + n for n in module.state_dict()]
+        # Megatron's DDP passes state_dict through to the module (torch's form: test_ddp_semantics.py).
+        assert list(sd) == list(module.state_dict())
         model.finish_param_sync()
         for n, p in module.named_parameters():
-            assert torch.equal(sd["module." + n], p.detach()), n
+            assert torch.equal(sd[n], p.detach()), n
     finally:
         close(model, opt)
 
 
 def test_load_state_dict_reaches_training_or_is_refused_leaving_the_params(ranks):
     rank, _ = ranks
-    loaded = {"module." + n: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
+    loaded = {n: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
               for i, (n, v) in enumerate(mlp(torch.float32).state_dict().items())}
     # F32 params are their own main params: a load with the optimizer open reaches its next step
     # (lr 0 keeps the values, weight decay included).
@@ -644,7 +645,7 @@ def test_load_state_dict_reaches_training_or_is_refused_leaving_the_params(ranks
         one_step(model, opt, rank, 0)
         # A failed load (torch raises after copying the entries it could) changes nothing.
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        for bad in ({**loaded, "module.2.weight": torch.zeros(3, 3)}, {k: v for k, v in loaded.items() if "2." not in k}):
+        for bad in ({**loaded, "2.weight": torch.zeros(3, 3)}, {k: v for k, v in loaded.items() if "2." not in k}):
             with pytest.raises(RuntimeError, match="Error.s. in loading state_dict"):
                 model.load_state_dict(bad)
             assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
@@ -706,8 +707,8 @@ def test_an_mxfp8_weight_s_state_dict_holds_its_values_and_a_load_is_refused(ran
         sd = model.state_dict()
         assert torch.isnan(module[0].weight).all()  # the Parameter's stand-in
         for n in ("0.weight", "2.weight"):
-            assert torch.equal(sd["module." + n], model.dequantized_param(n)), n
-        assert torch.equal(sd["module.0.bias"], module[0].bias.detach())
+            assert torch.equal(sd[n], model.dequantized_param(n)), n
+        assert torch.equal(sd["0.bias"], module[0].bias.detach())
         zeros = {k: torch.zeros_like(v) for k, v in sd.items()}
         with pytest.raises(RuntimeError, match=r"the MXFP8 weights \(0.weight, 2.weight\) are kept only as MXFP8"):
             model.load_state_dict(zeros)

@@ -340,7 +340,7 @@ def test_megatrons_finalize_model_grads_hooks_and_timers(ranks, megatron_state):
         model.start_grad_sync(model.module, (torch.zeros(1),))  # as a hook: positional arguments ignored
         model.start_param_sync(model.module, (), force_sync=True, force_dispatch=True)
         with pytest.raises(NotImplementedError, match="force_all_reduce=True.*reduce-scatters its grads.*"
-                                                      "DistributedDataParallelConfig\(force_all_reduce=True\)"):
+                                                      r"DistributedDataParallelConfig\(force_all_reduce=True\)"):
             model.finish_grad_sync(force_all_reduce=True)
         with pytest.raises(TypeError, match="force_dispatch must be True or False; got 'yes'"):
             model.start_param_sync(force_dispatch="yes")
@@ -451,3 +451,86 @@ def test_decoupled_weight_decay_false_is_adams_l2(ranks):
     finally:
         optimizer.close()
         model.close()
+
+
+@needs_mcore
+def test_state_dict_keys_loss_scale_and_reload_as_megatrons(ranks, megatron_state):
+    """What Megatron-LM calls around its loop: the model's state dict keyed as megatron-core's DDP keys
+    it (the module's own keys: a dict saved from a Megatron run loads strictly), the optimizer's
+    get_loss_scale and scale_loss (1, no grad scaler), and reload_model_params."""
+    from megatron_on_cpu import megatron_on_cpu
+
+    rank, _ = ranks
+    with megatron_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, _, theirs, their_optimizer = megatron_loop(_megatron_api(), megatron_state, rank)
+        their_state = {k: v.detach().clone() for k, v in theirs.state_dict().items()}
+        their_scale = their_optimizer.get_loss_scale().cpu()
+    _, _, model, optimizer = megatron_loop(_mxddp_api(), megatron_state, rank)
+    try:
+        assert list(model.state_dict()) == list(their_state)
+        model.load_state_dict(their_state)  # strict
+        for name, p in model.module.named_parameters():
+            assert torch.equal(p.detach(), their_state[name]), name
+        assert torch.equal(optimizer.get_loss_scale(), their_scale)
+        loss = torch.tensor(2.5)
+        assert torch.equal(optimizer.scale_loss(loss), their_scale * loss)
+        with pytest.raises(RuntimeError, match=r"Unexpected key\(s\) in state_dict: \"module\."):
+            model.load_state_dict({"module." + k: v for k, v in their_state.items()})
+        optimizer.reload_model_params()
+    finally:
+        optimizer.close()
+        model.close()
+
+
+def test_disable_and_enable_forward_pre_hook(ranks):
+    """Megatron-LM turns the param-gather hooks off around evaluation and saves: the pending gathers
+    finish (param_sync), a forward while they are off reads current params even after a step, and
+    they turn back on. Misuse is refused as Megatron asserts."""
+    rank, _ = ranks
+    torch.manual_seed(4)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    config = mxt.DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,
+                                               overlap_param_gather=True, bucket_size=200)
+    model = mxt.DistributedDataParallel(module, config)
+    optimizer = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-2))
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
+
+    def step():
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        model.finish_grad_sync()
+        assert optimizer.step()[0]
+
+    try:
+        step()
+        assert model._cpp.param_sync_pending
+        model.disable_forward_pre_hook()
+        assert not model._cpp.param_sync_pending
+        with pytest.raises(RuntimeError, match="disabled already"):
+            model.disable_forward_pre_hook()
+        step()  # a step with the hooks off: its forward finishes the gathers itself
+
+        assert model._cpp.param_sync_pending
+        with torch.no_grad():
+            evaluated = model(x)
+        assert not model._cpp.param_sync_pending
+        model.enable_forward_pre_hook()
+        with pytest.raises(RuntimeError, match="enabled already"):
+            model.enable_forward_pre_hook()
+        with torch.no_grad():
+            assert torch.equal(model(x), evaluated)
+        step()
+        model.disable_forward_pre_hook(param_sync=False)
+        assert model._cpp.param_sync_pending
+        model.enable_forward_pre_hook()
+    finally:
+        optimizer.close()
+        model.close()
+    plain = mxt.DistributedDataParallel(torch.nn.Linear(4, 4), mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True))
+    try:
+        with pytest.raises(RuntimeError, match="with use_distributed_optimizer=True and overlap_param_gather=True"):
+            plain.disable_forward_pre_hook()
+    finally:
+        plain.close()

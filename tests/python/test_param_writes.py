@@ -102,7 +102,7 @@ def test_values_written_into_bf16_params_are_what_the_next_step_starts_from(rank
         elif how == "module.load_state_dict":
             module.load_state_dict({**module.state_dict(), "0.weight": w})
         else:
-            model.load_state_dict({**model.state_dict(), "module.0.weight": w})
+            model.load_state_dict({**model.state_dict(), "0.weight": w})  # Megatron's form: the module's keys
         opt.state_dict()  # reads the main params: takes the write first
         assert_main_is(opt, index, w.bfloat16())
         assert_main_unchanged(opt, other, kept)  # not rounded through the BF16 param
@@ -176,7 +176,7 @@ def test_a_failed_load_is_not_taken_for_a_write(ranks):
         train(model, opt, rank, 2)
         before = {i: main_pieces(opt, i) for i in range(len(model._names))}
         assert not_bf16_exact(opt, list(before))
-        bad = {**model.state_dict(), "module.2.weight": torch.zeros(3, 3)}
+        bad = {**model.state_dict(), "2.weight": torch.zeros(3, 3)}
         with pytest.raises(RuntimeError, match="Error.s. in loading state_dict"):
             model.load_state_dict(bad)
         opt.state_dict()

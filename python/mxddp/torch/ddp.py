@@ -229,6 +229,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         self.module = module
         self.ddp_config = config
         self.config = resolved.transformer_config  # Megatron's TransformerConfig (None in torch's form)
+        self._module_prefixed_keys = resolved.torch_form
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
@@ -289,6 +290,8 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         cpp = self._cpp
 
         def hook(_module, _args) -> None:
+            if not self._forward_pre_hook_enabled:
+                return  # forward() gathered every param first
             if self._param_versions is None:
                 cpp.before_forward(indices)
                 return
@@ -344,6 +347,8 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             raise RuntimeError("forward after DistributedOptimizer.step() without opt.zero_grad(): with "
                                "reuse_grad_buf_for_mxfp8_param_ag the step only updates the main params, and "
                                "opt.zero_grad() (or opt.force_param_sync()) stages and gathers them into the model")
+        if not self._forward_pre_hook_enabled:
+            self.finish_param_sync()  # the hooks that would wait module by module are off
         self._before_forward_buffers()
         output = self.module(*args, **kwargs)
         self._after_forward_buffers()
@@ -402,6 +407,35 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                 raise TypeError(f"{name} must be True or False; got {value!r}")
         if self.ddp_config.use_distributed_optimizer:
             self.finish_param_sync()
+
+    _forward_pre_hook_enabled = True
+
+    def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
+        """Megatron's: the forward pre-hooks that wait for the overlapped param all-gathers
+        module by module (use_distributed_optimizer with overlap_param_gather, as Megatron asserts)
+        are turned off, as Megatron-LM does around evaluation and checkpoint saves; with param_sync
+        the pending gathers are finished now (collective). Unlike Megatron's, a forward while they
+        are off never reads params a gather has yet to update: it finishes the pending gathers
+        first (param_sync=False only defers that to the next forward)."""
+        if not isinstance(param_sync, bool):
+            raise TypeError(f"param_sync must be True or False; got {param_sync!r}")
+        if not (self.ddp_config.use_distributed_optimizer and self.ddp_config.overlap_param_gather):
+            raise RuntimeError("disable_forward_pre_hook(): this model has no forward pre-hooks to disable; they exist "
+                               "with use_distributed_optimizer=True and overlap_param_gather=True (Megatron asserts "
+                               "the same)")
+        if not self._forward_pre_hook_enabled:
+            raise RuntimeError("disable_forward_pre_hook(): the forward pre-hooks are disabled already; call "
+                               "enable_forward_pre_hook() first")
+        self._forward_pre_hook_enabled = False
+        if param_sync:
+            self.finish_param_sync()
+
+    def enable_forward_pre_hook(self) -> None:
+        """Megatron's: turns the forward pre-hooks back on after ``disable_forward_pre_hook()``."""
+        if self._forward_pre_hook_enabled:
+            raise RuntimeError("enable_forward_pre_hook(): the forward pre-hooks are enabled already (Megatron "
+                               "asserts that each enable follows a disable_forward_pre_hook())")
+        self._forward_pre_hook_enabled = True
 
     def zero_grad_buffer(self) -> None:
         """Megatron's: zeroes every param's main_grad; nothing counts as reported or used since."""
@@ -463,14 +497,15 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         return mxfp8.dequantize(self._cpp, index, axis, p.shape, p.dtype, self.device)
 
     def state_dict(self, *args, **kwargs):
-        """torch's state dict of the wrapper (keys ``module.<name>``, as torch DDP's) with every
-        param's current values: the all-gathers of an overlapped param sync are finished first, and
+        """torch's state dict of the wrapper with every param's current values, keyed as torch DDP's
+        (``module.<name>``) in torch's form and as the module's own in Megatron's (whose DDP passes
+        state_dict and load_state_dict through to the module): the all-gathers of an overlapped param sync are finished first, and
         MXFP8 weights, whose Parameters hold NaN stand-ins, are dequantized from the copy their
         forward reads. The registered params' entries are copies, not views of mxddp's param buffer,
         so a state dict outlives ``close()`` (which frees the buffer); with ``keep_vars=True`` they are
         the Parameters, which ``close()`` gives storage of their own. After ``close()``: torch's own."""
         if self._cpp.closed:
-            return super().state_dict(*args, **kwargs)
+            return self._torch_state_dict(args, kwargs)
         self.finish_param_sync()
         keep_vars = kwargs.get("keep_vars", args[2] if len(args) > 2 else False)
         values = {} if keep_vars else {id(p): p.detach().clone() for p in self._params}
@@ -478,14 +513,14 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         return self._state_dict_with(values, args, kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """torch's load into the wrapped module (keys ``module.<name>``); the values land in mxddp's
+        """torch's load into the wrapped module (keyed as ``state_dict()``); the values land in mxddp's
         param buffer, and the next step starts from them: with BF16 params an open
         DistributedOptimizer copies them into its F32 main params first (param_writes.py), as it
         does any value written into the params. Refused for MXFP8 weights (kept only as MXFP8 by
         the C++ DDP). A load that fails (a shape mismatch, a missing key) leaves every param and buffer as it was. After
         ``close()``, torch's own load into the params' storage."""
         if self._cpp.closed:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+            return self._torch_load_state_dict(state_dict, strict, assign)
         if assign:
             raise ValueError("load_state_dict(assign=True) would replace the params' storage, which is mxddp's "
                              "param buffer; use assign=False")
@@ -499,7 +534,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         state = [t for t in itertools.chain(self.module.parameters(), self.module.buffers()) if t is not None]
         saved = [t.detach().clone() for t in state]
         try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+            return self._torch_load_state_dict(state_dict, strict, assign)
         except BaseException:
             with torch.no_grad():
                 for t, v in zip(state, saved):

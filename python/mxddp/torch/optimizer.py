@@ -420,6 +420,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.model._grads_pending_sync = False  # the grad buffer was zeroed to stage in
         self.model._awaiting_zero_grad = False
 
+    def get_loss_scale(self) -> torch.Tensor:
+        """Megatron's: the loss scale, ``tensor([1.0])`` on the model's device, as Megatron's
+        optimizers without a grad scaler (mxddp's has none of its own: ``OptimizerConfig`` refuses
+        fp16's loss scaling; with torch's form a ``torch.amp.GradScaler`` does the scaling)."""
+        return torch.ones(1, dtype=torch.float32, device=self.model.device)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Megatron's (Megatron-LM sets ``config.grad_scale_func`` to it): ``get_loss_scale() * loss``."""
+        return self.get_loss_scale() * loss
+
     def reload_model_params(self, state_dict: Optional[dict] = None) -> None:
         """Megatron's: the main params from the model's params now (or, given ``state_dict``, from
         its tensors, which may be more precise than BF16 params: a model state dict keyed as

@@ -171,13 +171,28 @@ class DataParallelModule(torch.nn.Module):
         return mxfp8.dequantize(self._cpp, index, mxfp8.forward_axis(self._mxfp8_kind[index]), p.shape,
                                 self.param_dtype, self.device)
 
+    # How its state dict is keyed: ``module.<name>`` as torch DDP's and Megatron-FSDP's wrappers, or
+    # (False) as the module's own, as Megatron's DDP passes it through.
+    _module_prefixed_keys = True
+
+    def _torch_state_dict(self, args, kwargs) -> dict:
+        """torch's own state dict, keyed as this wrapper keys it."""
+        if self._module_prefixed_keys:
+            return torch.nn.Module.state_dict(self, *args, **kwargs)
+        return self.module.state_dict(*args, **kwargs)
+
+    def _torch_load_state_dict(self, state_dict, strict: bool, assign: bool):
+        """torch's own load, of a state dict keyed as this wrapper keys it."""
+        return torch.nn.Module.load_state_dict(self if self._module_prefixed_keys else self.module, state_dict,
+                                               strict=strict, assign=assign)
+
     def _state_dict_with(self, values: dict[int, torch.Tensor], args, kwargs) -> dict:
-        """torch's state dict of the wrapper (keys ``module.<name>``, as torch's wrappers key them),
-        with ``values`` (id(param) -> tensor) in place of those params' own tensors, under every
-        name a shared param has."""
-        destination = super().state_dict(*args, **kwargs)
+        """torch's state dict (keyed as ``_torch_state_dict``), with ``values`` (id(param) -> tensor)
+        in place of those params' own tensors, under every name a shared param has."""
+        destination = self._torch_state_dict(args, kwargs)
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        for name, p in self.module.named_parameters(prefix=prefix + "module", remove_duplicate=False):
+        names_prefix = prefix + "module" if self._module_prefixed_keys else prefix.removesuffix(".")
+        for name, p in self.module.named_parameters(prefix=names_prefix, remove_duplicate=False):
             if id(p) in values and name in destination:
                 destination[name] = values[id(p)]
         return destination
