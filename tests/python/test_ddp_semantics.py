@@ -513,3 +513,25 @@ def test_megatron_form_refuses_a_second_backward_before_the_sync_naming_no_sync(
         model.finish_grad_sync()
     finally:
         model.close()
+
+
+def test_a_step_after_a_last_backward_inside_no_sync_says_why_it_is_refused(ranks):
+    """torch DDP decides at the forward whether a backward synchronizes, mxddp when the backward starts:
+    a last backward inside no_sync() after a forward outside it leaves the grads unsynchronized, and the
+    step refuses them naming no_sync (torch's form has no finish_grad_sync to point to)."""
+    rank, _ = ranks
+    module = torch.nn.Linear(4, 2)
+    model = mxt.DistributedDataParallel(module)
+    opt = mxt.DistributedOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    try:
+        loss = model(torch.randn(3, 4)).sum()
+        with model.no_sync():
+            loss.backward()
+        with pytest.raises(RuntimeError, match=r"the last backward ran inside model.no_sync\(\).*run the last "
+                                               r"micro-batch's backward outside no_sync\(\)"):
+            opt.step()
+        model.finish_grad_sync()
+        opt.step()
+    finally:
+        opt.close()
+        model.close()

@@ -72,8 +72,9 @@ def wrap(module, distributed=True, fsdp=None):
 
 
 def run_mxddp(module, make_opt, rank, steps=STEPS, clip=None, scheduler=None, each_step=None, before=False,
-              fsdp=None):
+              fsdp=None, clip_with="optimizer"):
     # before: the torch optimizer is built over the module's params before wrapping (the same objects).
+    # clip_with: "optimizer" (opt.clip_grad_norm_) or "torch" (torch.nn.utils.clip_grad_norm_, torch_clip.py).
     torch_opt = make_opt(module) if before else None
     model = wrap(module, fsdp=fsdp)
     opt = mxt.DistributedOptimizer(model, torch_opt if before else make_opt(model.module))
@@ -88,7 +89,8 @@ def run_mxddp(module, make_opt, rank, steps=STEPS, clip=None, scheduler=None, ea
             loss.backward()
             model.finish_grad_sync()
             if clip is not None:
-                norm = opt.clip_grad_norm_(clip)
+                norm = opt.clip_grad_norm_(clip) if clip_with == "optimizer" else \
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 assert isinstance(norm, torch.Tensor) and norm.item() > 0
             opt.step()
             if sched:
@@ -106,11 +108,11 @@ def assert_same(expected, got, what):
         assert abs(g - e) <= 1e-5 * abs(e), f"{what} step {step}: mxddp {g!r}, torch {e!r}"
 
 
-def compare(rank, make_opt, before=False, fsdp=None, **kw):
+def compare(rank, make_opt, before=False, fsdp=None, clip_with="optimizer", **kw):
     module = make_mlp()
     reference = copy.deepcopy(module)
     expected = run_torch(reference, make_opt, rank, **kw)
-    got = run_mxddp(module, make_opt, rank, before=before, fsdp=fsdp, **kw)
+    got = run_mxddp(module, make_opt, rank, before=before, fsdp=fsdp, clip_with=clip_with, **kw)
     assert_same(expected, got, make_opt.__name__ if hasattr(make_opt, "__name__") else "")
     for (n, a), b in zip(module.named_parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"param {n}: {m}")
@@ -263,6 +265,50 @@ def test_clip_grad_norm_refuses_other_norms(ranks):
     finally:
         opt.close()
         model.close()
+
+
+@pytest.mark.parametrize("fsdp", [None, "optim_grads_params"])
+def test_torch_s_clip_grad_norm_on_the_model_s_params_clips_by_mxddp_s_norm(ranks, fsdp):
+    """nanoGPT's line, torch.nn.utils.clip_grad_norm_(model.parameters(), clip), unchanged: it would
+    find no .grad and return 0 without clipping; torch_clip.py has it ask the model's optimizer."""
+    rank, _ = ranks
+
+    def make(m):
+        return torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    compare(rank, make, clip=0.05, fsdp=fsdp, clip_with="torch")
+
+
+def test_torch_s_clip_functions_refuse_what_mxddp_cannot_clip_and_pass_the_rest_to_torch(ranks):
+    rank, _ = ranks
+    module, other = make_mlp(), make_mlp()
+    model = wrap(module)
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(model.module.parameters()))
+    ema = copy.deepcopy(module)  # a copy of wrapped params (an EMA) is torch's, not mxddp's
+    try:
+        loss_of(model, rank, 0).backward()
+        model.finish_grad_sync()
+        params = list(model.parameters())
+        last = model._names[-1]
+        with pytest.raises(ValueError, match=rf"the params given are 7 of the 8 this mxddp model holds \(missing '{last}'\)"):
+            torch.nn.utils.clip_grad_norm_(params[:-1], 1.0)
+        loss_of(other, rank, 0).backward()
+        with pytest.raises(ValueError, match=r"mix this mxddp model's with 8 others that have gradients"):
+            torch.nn.utils.clip_grad_norm_(params + list(other.parameters()), 1.0)
+        with pytest.raises(NotImplementedError, match=r"clip_grad_value_ on the params of a mxddp model"):
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+        with pytest.raises(RuntimeError, match=r"total norm of order 2.0 .* is non-finite"):
+            model._cpp.grad_buffer().fill_(float("inf"))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+        # Params no mxddp model holds: torch's own functions, as before.
+        want = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in other.parameters()]))
+        assert torch.allclose(torch.nn.utils.clip_grad_norm_(other.parameters(), 1e9, foreach=True), want)
+        torch.nn.utils.clip_grad_value_(other.parameters(), 1e-4)
+        assert max(p.grad.abs().max().item() for p in other.parameters()) <= 1e-4
+        assert torch.nn.utils.clip_grad_norm_(ema.parameters(), 1.0).item() == 0.0  # no grads: torch's 0
+    finally:
+        opt.close()
+        model.close()
+    assert torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0).item() == 0.0  # closed: torch's own again
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])

@@ -210,6 +210,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(f"DistributedOptimizer.{what} was called before any backward since the last "
                                "zero_grad(): run loss.backward() and model.finish_grad_sync() first")
         if self.model._grads_pending_sync:
+            if getattr(self.model, "_sync_at_backward_end", False):  # torch's form: no finish_grad_sync to call
+                raise RuntimeError(f"DistributedOptimizer.{what}: the last backward ran inside model.no_sync() (or with "
+                                   "require_backward_grad_sync=False), which accumulates the gradients without "
+                                   "synchronizing them; mxddp reads that when a backward starts, so run the last "
+                                   "micro-batch's backward outside no_sync(), or call model.finish_grad_sync()")
             raise RuntimeError(f"DistributedOptimizer.{what}: gradients were reported but not synchronized; call "
                                "model.finish_grad_sync() after the last backward and before it")
 
@@ -300,10 +305,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         unscale = self._scaler_unscale(self._pending_scaler(), False)
         return self._cpp.grad_norm(unscale) * self._clip_coeff
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: Optional[bool] = None) -> torch.Tensor:
         """Collective. torch.nn.utils.clip_grad_norm_'s semantics over the synchronized grads (which
         live in mxddp's buffer, not in ``.grad``): returns the total norm as a tensor and scales the
-        grads the next step uses by max_norm / (norm + 1e-6) clamped to 1. Only norm_type 2."""
+        grads the next step uses by max_norm / (norm + 1e-6) clamped to 1. Only norm_type 2.
+        foreach (torch's choice of kernel) changes nothing here."""
+        if foreach not in (None, True, False):
+            raise TypeError(f"clip_grad_norm_: foreach must be None, True or False; got {foreach!r}")
         if float(norm_type) != 2.0:
             raise ValueError(f"clip_grad_norm_: norm_type={norm_type!r} is not supported; valid: 2.0 (the L2 norm)")
         if not float(max_norm) >= 0.0:  # NaN too

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from mxddp.torch import mxfp8
+from mxddp.torch import mxfp8, torch_clip
 
 
 class DataParallelModule(torch.nn.Module):
@@ -68,6 +68,7 @@ class DataParallelModule(torch.nn.Module):
                     self._param_places.append((owner, attr, f"{prefix}.{attr}" if prefix else attr, index_of[id(p)]))
         self._data_ptrs = [p.data_ptr() for p in self._params]
         self._data_replaced: set[int] = set()  # found by _set_data before it overwrote the .data
+        torch_clip.hold(self, self._params)  # torch.nn.utils.clip_grad_norm_ on them asks this model
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
         """param.data = data, for the wrappers' own swaps (FSDP's gather and release): the pointer
@@ -146,18 +147,18 @@ class DataParallelModule(torch.nn.Module):
         finally:
             self._cpp.exit_no_sync()
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
         """FSDP1's name: clips the synchronized gradients by their global norm and returns the norm
-        before clipping. The gradients live in mxddp's grad buffer (``.grad`` is None), where
-        ``torch.nn.utils.clip_grad_norm_`` cannot see them, so this asks the DistributedOptimizer
-        built on this model, which holds the sharded view of them. Collective."""
+        before clipping. The gradients live in mxddp's grad buffer (``.grad`` is None), so this asks
+        the DistributedOptimizer built on this model, which holds the sharded view of them (as
+        ``torch.nn.utils.clip_grad_norm_`` on this model's params does: torch_clip.py). Collective."""
         optimizer = self._optimizer()
         if optimizer is None:
             raise RuntimeError(f"{type(self).__name__}.clip_grad_norm_({max_norm!r}): no "
                                "mxddp.torch.DistributedOptimizer is built on this model (or it was garbage-collected); "
                                "the gradients are clipped by the optimizer that holds them: build "
                                "`mxt.DistributedOptimizer(model, optimizer)` first")
-        return optimizer.clip_grad_norm_(max_norm, norm_type=norm_type)
+        return optimizer.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
 
     def registered_params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The params mxddp holds, in registration order."""
