@@ -373,7 +373,7 @@ def test_views_only_while_gathered(ranks):
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
 def test_state_dict_gathers_the_full_params(ranks, strategy):
     """state_dict() (collective) holds every param's values, not the stand-ins, and equals what
-    close() gives back; load_state_dict is refused, naming what to use instead."""
+    close() gives back."""
     rank, world = ranks
     torch.manual_seed(0)
     module = make_mlp()
@@ -387,8 +387,6 @@ def test_state_dict_gathers_the_full_params(ranks, strategy):
         model.finish_grad_sync()
         opt.step()
         state = model.state_dict()
-        with pytest.raises(RuntimeError, match="load_checkpoint"):
-            model.load_state_dict(state)
     finally:
         opt.close()
         model.close()
@@ -397,6 +395,90 @@ def test_state_dict_gathers_the_full_params(ranks, strategy):
         assert torch.isfinite(state["module." + n]).all() and torch.equal(state["module." + n], p), n
     # After close() the params hold their values: the wrapper's state dict is torch's, no collective.
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("strategy", ["no_shard", "optim", "optim_grads", "optim_grads_params"])
+def test_load_state_dict_restores_a_full_state_dict(ranks, strategy, dtype):
+    """torch FSDP's full-state-dict load: the values of a state_dict() (or of the module's own keys)
+    come back on every rank, sharded or not, and the next step starts from them; every check first,
+    agreed across the ranks, so a bad dict on one rank changes nothing anywhere."""
+    rank, world = ranks
+    torch.manual_seed(0)
+    module = make_mlp().to(dtype)
+    model = mxt.FullyShardedDataParallel(module, fsdp_config(strategy, True, False), fsdp_unit_modules=[Block])
+    opt = optimizer(model)
+
+    def step(lr=LR):
+        opt.lr = lr
+        opt.zero_grad()
+        x, y = mlp_batch(rank, 0, 0)
+        torch.nn.functional.cross_entropy(model(x.to(dtype)).float(), y).backward()
+        model.finish_grad_sync()
+        opt.step()
+
+    def same(a, b):
+        return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+    try:
+        step()
+        state = model.state_dict()
+        step()
+        step()
+        moved = model.state_dict()
+        assert not same(moved, state)
+        assert list(model.load_state_dict(state)) == [[], []]
+        assert same(model.state_dict(), state)
+        step(lr=0.0)  # AdamW with lr 0 changes nothing: the step started from the loaded values
+        assert same(model.state_dict(), state)
+        # The module's own keys (a plain module's, torch FSDP2's), strict=False with a key left out.
+        own = {k.removeprefix("module."): v for k, v in moved.items() if k != "module.head.bias"}
+        assert model.load_state_dict(own, strict=False).missing_keys == ["head.bias"]  # named as the dict keys them
+        assert same({k: v for k, v in model.state_dict().items() if k != "module.head.bias"},
+                    {k: v for k, v in moved.items() if k != "module.head.bias"})
+        assert torch.equal(model.state_dict()["module.head.bias"], state["module.head.bias"])
+        # Refusals, with nothing changed.
+        before = model.state_dict()
+        with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "module.head.bias"'):
+            model.load_state_dict({k: v for k, v in state.items() if k != "module.head.bias"})
+        bad = dict(state)
+        if rank == world - 1:
+            bad["module.head.weight"] = torch.zeros(3, 3)
+        with pytest.raises(RuntimeError, match=r"size mismatch for module.head.weight" if rank == world - 1
+                           else rf"the load failed on rank\(s\) \[{world - 1}\]"):
+            model.load_state_dict(bad)
+        assert same(model.state_dict(), before)
+    finally:
+        opt.close()
+        model.close()
+    if strategy == "optim_grads_params":
+        model = mxt.FullyShardedDataParallel(make_mlp(), fsdp_config(strategy, True, False), fsdp_unit_modules=[Block])
+        try:
+            with pytest.raises(RuntimeError, match=r"build `mxt.DistributedOptimizer\(model, ...\)` first"):
+                model.load_state_dict(state)
+        finally:
+            model.close()
+
+
+def test_load_state_dict_restores_buffers_and_frozen_params(ranks):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4))
+    module[2].bias.requires_grad_(False)
+    model = mxt.FullyShardedDataParallel(module, fsdp_config("optim_grads_params", True, False),
+                                         fsdp_unit_modules=[torch.nn.Linear])
+    opt = optimizer(model)
+    try:
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            module[1].running_mean.fill_(3.0)
+            module[1].num_batches_tracked.fill_(7)
+            module[2].bias.fill_(-1.0)
+        model.load_state_dict(state)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, state[k]), k
+    finally:
+        opt.close()
+        model.close()
 
 
 def test_a_param_without_gradient_is_reported_with_zero(ranks):

@@ -50,7 +50,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
-from mxddp.torch import (agreement, device as devices, grad_fusion, hsdp, launch, mxfp8, param_writes,
+from mxddp.torch import (agreement, device as devices, grad_fusion, hsdp, launch, load_state, mxfp8, param_writes,
                          process_group as process_groups)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks,
@@ -701,9 +701,52 @@ class FullyShardedDataParallel(DataParallelModule):
         return self._state_dict_with({id(p): v for p, v in zip(self._params, self._full_values())}, args, kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        raise RuntimeError("FullyShardedDataParallel.load_state_dict: mxddp keeps the params as shards of its own "
-                           "buffers (and F32 main params in the optimizer); load a torch state dict into the module "
-                           "before wrapping it, or use mxddp.torch.load_checkpoint")
+        """Collective: torch's load of a full state dict (keys ``module.<name>``, as ``state_dict()``
+        gives), as torch FSDP's full-state-dict load. Everything is checked on every rank first
+        (torch's missing and unexpected keys with ``strict``, shapes always); a rank that fails makes
+        every rank raise, and nothing has changed. Then the buffers and frozen params take their values,
+        and the registered params: where they keep their storage (no_shard, optim, optim_grads) as
+        DDP's (the optimizer takes them before its next step, param_writes.py); sharded
+        (optim_grads_params) through the DistributedOptimizer's main params, the master copy the
+        shards are staged and gathered from, which must be built. Refused for MXFP8 weights (kept
+        only as MXFP8) and for HSDP. After ``close()``: torch's own."""
+        if self._cpp.closed:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if assign:
+            raise ValueError("load_state_dict(assign=True) would replace the params' storage, which is mxddp's "
+                             "buffers; use assign=False")
+        self._refuse_hybrid("FullyShardedDataParallel.load_state_dict")
+        what = "FullyShardedDataParallel.load_state_dict"
+        optimizer = self._optimizer()
+        values, incompatible = load_state.agreed(what, self._comm, lambda: self._check_load(state_dict, strict,
+                                                                                             optimizer))
+        self.finish_param_sync()  # collective where a step left gathers pending
+        load_state.copy_module_entries(self.module, values, self._params)
+        loaded = {i: values[name] for i, name in enumerate(self._names) if name in values}  # strict=False: some
+        with torch.no_grad():
+            if self._shards_params:
+                param_writes.copy_into_main(optimizer, loaded)
+            else:
+                for i, value in loaded.items():
+                    self._params[i].copy_(value)  # taken by the optimizer before its next step
+        if self._shards_params:
+            optimizer.force_param_sync()  # every rank's shards and gathers from the main params just written
+        return incompatible
+
+    def _check_load(self, state_dict, strict: bool, optimizer):
+        """load_state_dict's checks on this rank: (module key -> value, torch's _IncompatibleKeys)."""
+        if self._grads_pending_sync:
+            raise RuntimeError("load_state_dict between backward and finish_grad_sync(): call model.finish_grad_sync() "
+                               "first")
+        if any(self._mxfp8):
+            names = ", ".join(n for n, m in zip(self._names, self._mxfp8) if m)
+            raise RuntimeError(f"load_state_dict: the MXFP8 weights ({names}) are kept only as MXFP8 by the C++ FSDP; "
+                               "load into the module before wrapping it, or use mxddp.torch.load_checkpoint")
+        if self._shards_params and optimizer is None:
+            raise RuntimeError("load_state_dict with optim_grads_params: the params are shards staged from the "
+                               "DistributedOptimizer's main params, so build `mxt.DistributedOptimizer(model, ...)` "
+                               "first (or load into the module before wrapping it)")
+        return load_state.check(type(self).__name__, self.module, state_dict, strict, prefix="module.")
 
     def _close_at_exit(self) -> None:
         # Not collective: the ranks close their open models in no agreed order at exit, so the
