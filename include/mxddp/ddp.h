@@ -191,6 +191,9 @@ class DistributedDataParallel final : public DataParallel {
   // without use_distributed_optimizer, where every rank holds all of its params already.
   void start_param_sync(bool force_sync = false);
   bool param_sync_pending() const;
+  // Whether param `index`'s bucket group has a gather still to land (a sync under way, its group
+  // not yet waited for by a forward pre-hook or a finish).
+  bool param_gather_pending(int index) const;
   int next_param_gather_group() const;
   int group_of_param(int index) const { return group_of_param_.at(static_cast<size_t>(index)); }
 

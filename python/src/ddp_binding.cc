@@ -265,6 +265,15 @@ void bind_ddp(nb::module_& m) {
       .def_prop_ro("next_param_gather_group", [](PyDdp& s) { return s.ddp().next_param_gather_group(); },
                    "The bucket group whose gather is dispatched next; -1 when none is left.")
       .def("group_of_param", [](PyDdp& s, int i) { return s.ddp().group_of_param(i); })
+      .def("pending_gathers", [](PyDdp& s, const std::vector<int>& params) {
+             std::vector<int> pending;
+             for (int p : params) {
+               MXDDP_CHECK(p >= 0 && p < s.ddp().num_params(), "pending_gathers: param index {} out of range; valid: 0..{}",
+                           p, s.ddp().num_params() - 1);
+               if (s.ddp().param_gather_pending(p)) pending.push_back(p);
+             }
+             return pending;
+           }, "Of these registration indices, those whose bucket group's all-gather is still to land.")
       .def_prop_ro("num_bucket_groups", [](PyDdp& s) { return s.ddp().num_bucket_groups(); })
       .def("bucket_group_issued", [](PyDdp& s, int g) { return s.ddp().bucket_group_issued(g); });
 }

@@ -211,6 +211,9 @@ void DistributedDataParallel::before_forward(const std::vector<int>& module_para
 
 void DistributedDataParallel::start_param_sync(bool force_sync) { param_sync_->start(force_sync); }
 bool DistributedDataParallel::param_sync_pending() const { return param_sync_->pending(); }
+bool DistributedDataParallel::param_gather_pending(int index) const {
+  return param_sync_->gather_pending(group_of_param(index));
+}
 int DistributedDataParallel::next_param_gather_group() const { return param_sync_->next_group(); }
 
 OptimizerBucket DistributedDataParallel::optimizer_bucket(int bucket) const {

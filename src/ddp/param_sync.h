@@ -56,6 +56,9 @@ class ParamSync {
   void wait_in_flight();  // waits for what is dispatched, dispatches nothing new
   void complete();        // dispatches what is left and waits for everything
   bool pending() const { return pending_; }
+  // Whether `group`'s gather is part of the sync under way and not yet waited for: its params'
+  // values are still to land.
+  bool gather_pending(int group) const { return pending_ && !waited_.at(static_cast<size_t>(group)); }
   int group_of_param(int param) const { return group_of_param_.at(static_cast<size_t>(param)); }
 
   // A forced sync. stage() casts the main params into this rank's shards; zero_grads() zeroes

@@ -634,6 +634,31 @@ def test_state_dict_has_megatron_ddp_s_keys_and_the_params_current_values(ranks,
         close(model, opt)
 
 
+def test_megatron_form_state_dicts_inside_a_container_and_with_torch_s_keys(ranks):
+    """Megatron's form keys its state dict as the module's own; inside a container (a GAN's
+    ModuleDict) the container's save and load agree, and a dict keyed module.<name> (torch's form's,
+    or this form's before it followed Megatron) loads too."""
+    rank, _ = ranks
+    model, opt = ddp(mlp(torch.float32))
+    container = torch.nn.ModuleDict({"G": model})
+    try:
+        one_step(model, opt, rank, 0)
+        saved = {k: v.clone() for k, v in container.state_dict().items()}
+        assert "G.0.weight" in saved
+        with torch.no_grad():
+            for p in model.module.parameters():
+                p.zero_()
+        container.load_state_dict(saved)
+        assert all(torch.equal(v, saved[k]) for k, v in container.state_dict().items())
+        with torch.no_grad():
+            for p in model.module.parameters():
+                p.zero_()
+        model.load_state_dict({"module." + k.removeprefix("G."): v for k, v in saved.items()})
+        assert all(torch.equal(v, saved[k]) for k, v in container.state_dict().items())
+    finally:
+        close(model, opt)
+
+
 def test_load_state_dict_reaches_training_or_is_refused_leaving_the_params(ranks):
     rank, _ = ranks
     loaded = {n: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))

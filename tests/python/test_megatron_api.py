@@ -475,8 +475,11 @@ def test_state_dict_keys_loss_scale_and_reload_as_megatrons(ranks, megatron_stat
         assert torch.equal(optimizer.get_loss_scale(), their_scale)
         loss = torch.tensor(2.5)
         assert torch.equal(optimizer.scale_loss(loss), their_scale * loss)
+        # torch DDP's keys load too (every key module.<name>), and a mix of the two is torch's error.
+        model.load_state_dict({"module." + k: v for k, v in their_state.items()})
+        mixed = {("module." + k if i % 2 else k): v for i, (k, v) in enumerate(their_state.items())}
         with pytest.raises(RuntimeError, match=r"Unexpected key\(s\) in state_dict: \"module\."):
-            model.load_state_dict({"module." + k: v for k, v in their_state.items()})
+            model.load_state_dict(mixed)
         optimizer.reload_model_params()
     finally:
         optimizer.close()

@@ -133,9 +133,10 @@ def test_a_write_the_overlapped_gather_would_overwrite_is_refused(ranks, dtype):
             module[0].weight.add_(1.0)
         x = torch.randn(4, 16).to(dtype)
         with pytest.raises(RuntimeError, match=r"param '0.weight' was written in place after "
-                                               r"DistributedOptimizer.step\(\) while its all-gather was still pending"):
+                                               r"DistributedOptimizer.step\(\) while its all-gather was still to land "
+                                               r"\(overlap_param_gather; the gather has landed\)"):
             model(x)
-        # Said once; the param holds the step's values, and training goes on.
+        # Said once, and training goes on.
         train(model, opt, rank, 1)
         # finish_param_sync() waits for every pending gather, and checks every param.
         with torch.no_grad():
@@ -238,3 +239,108 @@ def test_megatron_reload_model_params(ranks):
                 opt.reload_model_params(bad)
             for i, pieces in before.items():
                 assert_main_unchanged(opt, i, pieces)
+
+
+def test_a_write_the_gather_would_overwrite_is_refused_where_the_optimizer_would_take_it(ranks):
+    """A state dict, a reload or a save between the step and the forward would take the write and
+    hide it from the forward's check, while the gather still overwrites the part other ranks hold."""
+    rank, _ = ranks
+    with built(overlap_param_gather=True, bucket_size=200) as (module, model, opt):
+        train(model, opt, rank, 1)
+        assert model._cpp.param_sync_pending
+        with torch.no_grad():
+            module[0].weight.add_(1.0)
+        with pytest.raises(RuntimeError, match=r"param '0.weight' was written in place after .*still to land "
+                                               r"\(overlap_param_gather; the optimizer was about to take it\)"):
+            opt.state_dict()
+        model.finish_param_sync()  # said once: the gather lands without a second error
+
+
+class _WithUnusedHead(torch.nn.Module):
+    """A module whose forward leaves one submodule out (an auxiliary head used only at evaluation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.aux = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_write_after_its_own_gather_landed_is_kept_while_another_gather_is_pending(ranks):
+    """The module that did not run keeps its group's gather pending after the forward; a write into a
+    param whose gather did land (between micro-batches) is legitimate, and kept."""
+    rank, _ = ranks
+    torch.manual_seed(0)
+    module = _WithUnusedHead().to(torch.bfloat16)
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
+        use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True, bucket_size=100))
+    opt = mxt.DistributedOptimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    try:
+        train(model, opt, rank, 1)
+        opt.zero_grad()
+        with model.no_sync():
+            model(torch.randn(4, 16).bfloat16()).float().sum().backward()  # aux's gather stays pending
+        assert model._cpp.param_sync_pending
+        with torch.no_grad():
+            module.a.weight.fill_(0.5)
+        model(torch.randn(4, 16).bfloat16()).float().sum().backward()
+        model.finish_grad_sync()
+        opt.lr = 0.0
+        opt.step()
+        model.finish_param_sync()
+        assert torch.all(module.a.weight == 0.5)
+    finally:
+        opt.close()
+        model.close()
+
+
+def test_broadcast_params_leaves_a_replicated_optimizer_alike_on_every_rank(ranks):
+    rank, world = ranks
+    with built(seed=3 + rank, use_distributed_optimizer=False) as (module, model, opt):
+        train(model, opt, rank, 2)
+        model.broadcast_params()
+        train(model, opt, rank, 2)
+        for p in module.parameters():
+            spread = p.detach().float().clone()
+            low, high = spread.clone(), spread.clone()
+            mxt.all_reduce(high, "max")
+            low.neg_()
+            mxt.all_reduce(low, "max")
+            assert torch.equal(high, -low), "the ranks' params differ after broadcast_params and two steps"
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_every_optimizer_open_on_the_model_takes_a_write(ranks, first):
+    """GAN-style: two optimizers over parts of one model; a write into the first one's param is kept
+    whichever steps first."""
+    rank, _ = ranks
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).bfloat16()
+    model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True))
+    opt_a = mxt.DistributedOptimizer(model, torch.optim.AdamW(module[0].parameters(), lr=0.0))
+    opt_b = mxt.DistributedOptimizer(model, torch.optim.AdamW(module[2].parameters(), lr=0.0))
+    try:
+        model(torch.randn(4, 16).bfloat16()).float().square().mean().backward()
+        model.finish_grad_sync()
+        with torch.no_grad():
+            module[0].weight.fill_(0.5)
+        for o in ([opt_a, opt_b] if first == "a" else [opt_b, opt_a]):
+            o.step()
+        model.finish_param_sync()
+        assert torch.all(module[0].weight == 0.5)
+    finally:
+        opt_b.close()
+        opt_a.close()
+        model.close()
+
+
+def test_a_write_into_an_fsdp_shard_stand_in_is_refused(ranks):
+    rank, _ = ranks
+    with built(fsdp="optim_grads_params") as (module, model, opt):
+        train(model, opt, rank, 1)
+        torch.nn.init.zeros_(module[0].weight)  # reaches only the NaN stand-in
+        with pytest.raises(RuntimeError, match=r"param\(s\) '0.weight' were written in place .* NaN stand-ins .*"
+                                               r"optim_grads_params"):
+            train(model, opt, rank, 1)
+        train(model, opt, rank, 1)

@@ -296,6 +296,12 @@ def test_torch_s_clip_functions_refuse_what_mxddp_cannot_clip_and_pass_the_rest_
             torch.nn.utils.clip_grad_norm_(params + list(other.parameters()), 1.0)
         with pytest.raises(NotImplementedError, match=r"clip_grad_value_ on the params of a mxddp model"):
             torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+        # Every name torch gives the function routes, but for one bound before mxddp.torch's import.
+        norm = opt.clip_grad_norm_(1e9).item()
+        assert norm > 0
+        assert torch.nn.utils.clip_grad.clip_grad_norm_(model.parameters(), 1e9).item() == norm
+        with pytest.warns(FutureWarning):
+            assert torch.nn.utils.clip_grad_norm(model.parameters(), 1e9).item() == norm
         with pytest.raises(RuntimeError, match=r"total norm of order 2.0 .* is non-finite"):
             model._cpp.grad_buffer().fill_(float("inf"))
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)

@@ -230,6 +230,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         self.ddp_config = config
         self.config = resolved.transformer_config  # Megatron's TransformerConfig (None in torch's form)
         self._module_prefixed_keys = resolved.torch_form
+        self._register_nested_load_keys()
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
@@ -295,10 +296,10 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             if self._param_versions is None:
                 cpp.before_forward(indices)
                 return
-            pending = cpp.param_sync_pending
+            pending = cpp.pending_gathers(indices)  # only these can have been written over
             cpp.before_forward(indices)
             if pending:
-                param_writes.check_not_overwritten(self, indices)
+                param_writes.check_not_overwritten(self, pending)
 
         return hook
 
@@ -461,10 +462,10 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                                "seed every rank alike before wrapping instead")
         self.finish_param_sync()  # a gather still in flight would write over the broadcast
         self._cpp.broadcast_params()
-        if self._param_versions is not None:
-            # Written behind torch's back (no version bump): the optimizer's next use of the main
-            # params takes rank 0's values (param_writes.py).
-            self._param_versions = [-1] * len(self._params)
+        # Written behind torch's back (no version bump): every open optimizer takes rank 0's values
+        # now, whole (not only where they differ from its main params, which still differ across ranks).
+        for optimizer in self._open_optimizers():
+            optimizer.reload_model_params()
 
     def finish_param_sync(self) -> None:
         """Waits for every param all-gather still pending (overlap_param_gather), so every param
@@ -472,8 +473,12 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         this module by module by itself."""
         if self._cpp.param_sync_pending:
             every = list(range(len(self._params)))
+            pending = self._cpp.pending_gathers(every)
             self._cpp.before_forward(every)
-            param_writes.check_not_overwritten(self, every)
+            param_writes.check_not_overwritten(self, pending)
+
+    def _pending_gathers(self, indices: list[int]) -> list[int]:
+        return self._cpp.pending_gathers(indices) if indices else []
 
     def _before_param_update(self) -> None:
         # A gather the last forward did not wait for (a module that did not run) may still be

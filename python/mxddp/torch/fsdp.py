@@ -243,8 +243,7 @@ class FullyShardedDataParallel(DataParallelModule):
         launch._track_model(self)
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
-        # no_shard, optim, optim_grads: the params keep the storage given here (param_writes.py).
-        self._tracks_param_writes = not self._shards_params
+        self._tracks_param_writes = True  # param_writes.py
         self._hooks: list = []
         self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
@@ -629,6 +628,11 @@ class FullyShardedDataParallel(DataParallelModule):
     def _params_holding_values(self) -> list[int]:
         # optim_grads_params: between iterations every param is a stand-in (its unit released).
         return [] if self._shards_params else super()._params_holding_values()
+
+    def _pending_gathers(self, indices: list[int]) -> list[int]:
+        # optim and optim_grads with overlap: a unit's updated params land at its next pre-forward.
+        return [i for i in indices
+                if not (self._unit_current[self._unit_of[i]] if self._unit_of[i] >= 0 else self._non_unit_current)]
 
     def peak_gathered_bytes(self) -> dict[str, int]:
         """This rank's most bytes gathered at once per slot since construction or the last reset:

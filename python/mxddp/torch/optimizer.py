@@ -140,8 +140,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg.optimizer = kind
             cfg.clip_grad = 0.0  # the user clips with clip_grad_norm_
         self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
-        if model._tracks_param_writes:
-            param_writes.record(model)  # the main params were just taken from the params
+        self._closed = False
+        model._mxt_optimizers = [r for r in getattr(model, "_mxt_optimizers", []) if r() is not None] + \
+            [weakref.ref(self)]
+        if model._tracks_param_writes and model._param_versions is None:
+            # The main params were just taken from the params. (With another optimizer open, writes
+            # it has yet to take stay pending: this one's main params hold them already.)
+            param_writes.record(model)
         self._cpp.set_param_groups(of, [self._hyper(g, i) for i, g in enumerate(self.param_groups)])
         # Group membership is fixed here (the state is laid out over the model's buffers): each
         # group's params, to refuse a later edit of the lists instead of ignoring it.
@@ -448,6 +453,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         dict. MXFP8 weights are left as they are (their Parameters hold no values; their main
         params are already the master copy)."""
         model = self.model
+        self._take_param_writes()  # every open optimizer's, not only this one's
         if state_dict is None:
             if model.param_dtype == torch.float32:
                 self._record_param_versions()  # F32 params are their own main params
@@ -482,7 +488,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _take_param_writes(self) -> None:
         if self.model._param_versions is not None:
-            param_writes.take(self)
+            param_writes.take(self.model)
 
     def _record_param_versions(self) -> None:
         if self.model._param_versions is not None:
@@ -505,5 +511,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def close(self) -> None:
         self._cpp.close()
-        if self.model._optimizer() in (self, None):
+        self._closed = True
+        if not self.model._open_optimizers():
             self.model._param_versions = None  # no main params left to keep in step with the params

@@ -17,16 +17,20 @@ were (``model.load_state_dict(model.state_dict())``, a load that failed and was 
 untouched rows of a resized embedding) keeps their F32 precision.
 
 F32 params are their own main params (the shard aliases the param buffer): nothing to copy, the
-recording only serves the check below.
+recording only serves the checks below. Every optimizer open on the model takes the values (two
+optimizers over parts of one model each keep main params for all of it).
 
-The one write that cannot be kept is one made while an overlapped param all-gather
-(``overlap_param_gather``) is still to land on that param: the gather would overwrite it at the
-next forward. That is refused where the gather is waited for, naming the param and what to call
-first (``model.finish_param_sync()``).
-
-DDP, and FSDP where its params keep their storage between iterations (no_shard, optim,
-optim_grads). With optim_grads_params every Parameter is a stand-in outside its unit's forward:
-values written into one reach nothing (its read guards refuse a module run outside its unit).
+Three writes cannot be kept, and are refused naming the param:
+- one made while an overlapped param all-gather (``overlap_param_gather``) is still to land on that
+  param: the gather overwrites the part other ranks hold, so the ranks would differ. Refused where
+  the gather is waited for (the next forward, ``finish_param_sync()``) or where the optimizer would
+  take it first; call ``model.finish_param_sync()`` after the step and before writing;
+- one into a Parameter that is a NaN stand-in: an MXFP8 weight (its values kept as MXFP8), or
+  under FSDP's optim_grads_params any param outside its unit's forward. ``zero_()`` and ``fill_``
+  (``torch.nn.init.zeros_``, ``constant_``) reach a stand-in; ``copy_`` fails in torch itself;
+- a write torch does not count (through ``p.data``, under
+  ``torch.autograd._unsafe_preserve_version_counter``, through ``data_ptr()``): it is not seen at all,
+  so it is not refused either. ``optimizer.reload_model_params()`` takes every param after one.
 """
 from __future__ import annotations
 
@@ -64,43 +68,55 @@ def copy_into_main(optimizer, sources: dict[int, torch.Tensor], changed_only: bo
                 dst.copy_(src)
 
 
-def take(optimizer) -> None:
+def take(model) -> None:
     """Before anything reads or writes the main params: the params written since the last record()
-    go into their main params (a copy where those are not the params themselves), and the versions
-    are recorded again. A write into an MXFP8 weight (whose Parameter is a NaN stand-in, its values
-    kept as MXFP8 by the C++ DDP) reaches nothing, and is refused."""
-    model = optimizer.model
+    go into the main params of every optimizer open on the model (a copy where those are not the
+    params themselves), and the versions are recorded again. Writes that cannot be kept (the
+    module's docstring) are refused, and no longer count as writes."""
     indices = written(model)
     if not indices:
         return
-    lost = [i for i in indices if i in model._mxfp8_kind]
+    stand_ins = model._stand_in_params()
+    lost = [i for i in indices if i in stand_ins]
     if lost:
         names = ", ".join(repr(model._names[i]) for i in lost)
         with torch.no_grad():
-            for i in lost:  # the stand-in's NaN back (zero_ and fill_ can write it), and no longer a write
+            for i in lost:  # the stand-in's NaN back (zero_ and fill_ can write it)
                 model._params[i].fill_(float("nan"))
                 model._param_versions[i] = model._params[i]._version
-        raise RuntimeError(f"param(s) {names} were written in place (torch.nn.init, fill_, zero_, ...), but they are "
-                           "kept as MXFP8 (fp8_param_gather): their Parameters hold only NaN stand-ins and the values "
-                           "reach nothing. Initialize them before wrapping, load them with "
-                           "mxddp.torch.load_checkpoint, or set `param.mxfp8 = False` before wrapping")
+        raise RuntimeError(f"param(s) {names} were written in place (torch.nn.init, fill_, zero_, ...), but their "
+                           "Parameters hold only NaN stand-ins (MXFP8 weights, kept as MXFP8; FSDP's "
+                           "optim_grads_params params outside their unit's forward, kept as shards), so the values "
+                           "reach nothing. Initialize them before wrapping, or load them with model.load_state_dict "
+                           "(FSDP), mxddp.torch.load_checkpoint or DCP")
+    _refuse_pending(model, model._pending_gathers(indices), "the optimizer was about to take it")
     if model.param_dtype != torch.float32:
+        sources = {i: model._params[i] for i in indices}
         with torch.no_grad():
-            copy_into_main(optimizer, {i: model._params[i] for i in indices}, changed_only=True)
+            for optimizer in model._open_optimizers():
+                copy_into_main(optimizer, sources, changed_only=True)
     record(model)
 
 
+def _refuse_pending(model, indices, where: str) -> None:
+    """Raises for the first of `indices` (written params whose gather had not landed), after
+    recording them: said once."""
+    if not indices:
+        return
+    for i in indices:
+        model._param_versions[i] = model._params[i]._version
+    raise RuntimeError(
+        f"param '{model._names[indices[0]]}' was written in place after DistributedOptimizer.step() while its "
+        f"all-gather was still to land (overlap_param_gather; {where}). The gather writes the step's values "
+        "over the part of it other ranks hold, so the write cannot be kept and the ranks would differ. Call "
+        "model.finish_param_sync() after the step and before writing params, then write again")
+
+
 def check_not_overwritten(model, indices) -> None:
-    """After a pending all-gather of `indices` landed: none of them was written since the step
-    (the gather has overwritten such a write, or raced with it)."""
+    """After the all-gathers of `indices` landed (they were pending before): none of them was
+    written since the step."""
     versions = model._param_versions
     if versions is None:
         return
     params = model._params
-    for i in indices:
-        if params[i]._version != versions[i]:
-            versions[i] = params[i]._version  # said once: the param holds the step's values now
-            raise RuntimeError(
-                f"param '{model._names[i]}' was written in place after DistributedOptimizer.step() while its "
-                "all-gather was still pending (overlap_param_gather), and the gather has written the step's values "
-                "over it. Call model.finish_param_sync() after the step and before writing params")
+    _refuse_pending(model, [i for i in indices if params[i]._version != versions[i]], "the gather has landed")

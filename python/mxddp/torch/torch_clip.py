@@ -5,8 +5,10 @@ A wrapped param's gradient lives in mxddp's grad buffer (``main_grad``, this ran
 the distributed optimizer), and its ``.grad`` is None. torch's own ``clip_grad_norm_`` finds no
 gradients there, returns a norm of 0 and clips nothing, without a word: nanoGPT's
 ``torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)`` would train unclipped. So
-``import mxddp.torch`` puts a function in its place (``torch.nn.utils.clip_grad_norm_``, which
-``nn.utils.clip_grad_norm_`` and a later ``from torch.nn.utils import clip_grad_norm_`` find) that
+``import mxddp.torch`` puts a function in its place, in ``torch.nn.utils`` and in
+``torch.nn.utils.clip_grad`` (so ``nn.utils.clip_grad_norm_``, the deprecated ``clip_grad_norm``, and a
+``from torch.nn.utils import clip_grad_norm_`` run after the import find it; one run before the
+import keeps torch's own, which no module can reach), that
 calls torch's own for every call that names no param of an open mxddp model, and otherwise asks that
 model's ``DistributedOptimizer`` (``clip_grad_norm_``, collective): the same return value and
 arguments, but only norm_type 2. Given every param mxddp holds (``model.parameters()`` with frozen
@@ -20,6 +22,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.nn.utils.clip_grad
 from torch.utils.weak import WeakIdKeyDictionary
 
 _TORCH_CLIP_GRAD_NORM = torch.nn.utils.clip_grad_norm_
@@ -89,6 +92,8 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
 
 
 def install() -> None:
-    """Puts the two functions above in torch.nn.utils (once; they fall through to torch's own)."""
-    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-    torch.nn.utils.clip_grad_value_ = clip_grad_value_
+    """Puts the two functions above in torch.nn.utils and torch.nn.utils.clip_grad (where torch's
+    deprecated clip_grad_norm finds clip_grad_norm_); they fall through to torch's own."""
+    for namespace in (torch.nn.utils, torch.nn.utils.clip_grad):
+        namespace.clip_grad_norm_ = clip_grad_norm_
+        namespace.clip_grad_value_ = clip_grad_value_

@@ -20,6 +20,13 @@ import torch
 from mxddp.torch import mxfp8, torch_clip
 
 
+def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
+    """Whether every key of `state_dict` starts with ``module.`` while none of `module`'s does."""
+    keys = [k for k in state_dict if isinstance(k, str)]
+    return bool(keys) and len(keys) == len(state_dict) and all(k.startswith("module.") for k in keys) and \
+        not any(k.startswith("module.") for k in module.state_dict(keep_vars=True))
+
+
 class DataParallelModule(torch.nn.Module):
     """The base of the two wrappers. A subclass sets ``_cpp``, ``_names``, ``_params``,
     ``_mxfp8_kind`` (index -> 'linear' or 'conv1d' for its MXFP8 params) and ``ddp_config``, calls
@@ -128,6 +135,18 @@ class DataParallelModule(torch.nn.Module):
         """The registered params whose torch tensor holds their values now (not a NaN stand-in)."""
         return [i for i in range(len(self._params)) if i not in self._mxfp8_kind]
 
+    def _stand_in_params(self) -> set[int]:
+        """The registered params whose Parameter is a NaN stand-in between iterations."""
+        return set(range(len(self._params))) - set(self._params_holding_values())
+
+    def _pending_gathers(self, indices: list[int]) -> list[int]:
+        """Of these params, those whose overlapped all-gather is still to land."""
+        return []
+
+    def _open_optimizers(self) -> list:
+        """The DistributedOptimizers open on this model (param_writes.py copies into each)."""
+        return [o for o in (ref() for ref in getattr(self, "_mxt_optimizers", [])) if o is not None and not o._closed]
+
     def _init_sync_state(self) -> None:
         # Set when a grad is reported, cleared by finish_grad_sync: the optimizer refuses to step on
         # grads that were not synchronized.
@@ -183,9 +202,28 @@ class DataParallelModule(torch.nn.Module):
         return self.module.state_dict(*args, **kwargs)
 
     def _torch_load_state_dict(self, state_dict, strict: bool, assign: bool):
-        """torch's own load, of a state dict keyed as this wrapper keys it."""
-        return torch.nn.Module.load_state_dict(self if self._module_prefixed_keys else self.module, state_dict,
-                                               strict=strict, assign=assign)
+        """torch's own load, of a state dict keyed as this wrapper keys it. Keyed as the module's own,
+        a dict keyed ``module.<name>`` (every key; the module has no such keys itself: a dict saved from
+        torch's form, or from this form before it followed Megatron) loads too."""
+        if self._module_prefixed_keys:
+            return torch.nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
+        if _all_module_prefixed(state_dict, self.module):
+            state_dict = {key[len("module."):]: value for key, value in state_dict.items()}
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _register_nested_load_keys(self) -> None:
+        """A wrapper keyed as its module, inside a container whose own load_state_dict runs: torch
+        recurses into the wrapper's child ``module`` and looks for ``<prefix>module.<name>``, while
+        the container's state_dict (which calls this wrapper's) wrote ``<prefix><name>``. The pre-hook
+        moves the keys there, so the container's save and load agree."""
+        def hook(state_dict, prefix, *_unused):
+            if self._module_prefixed_keys:
+                return
+            inner = prefix + "module."
+            for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+                state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+        self._register_load_state_dict_pre_hook(hook)
 
     def _state_dict_with(self, values: dict[int, torch.Tensor], args, kwargs) -> dict:
         """torch's state dict (keyed as ``_torch_state_dict``), with ``values`` (id(param) -> tensor)
