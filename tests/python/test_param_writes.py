@@ -312,7 +312,7 @@ def test_broadcast_params_leaves_a_replicated_optimizer_alike_on_every_rank(rank
 
 @pytest.mark.parametrize("first", ["a", "b"])
 def test_every_optimizer_open_on_the_model_takes_a_write(ranks, first):
-    """GAN-style: two optimizers over parts of one model; a write into the first one's param is kept
+    """GAN-style: two optimizers over parts of one model; a write into each one's param is kept
     whichever steps first."""
     rank, _ = ranks
     torch.manual_seed(3)
@@ -325,10 +325,11 @@ def test_every_optimizer_open_on_the_model_takes_a_write(ranks, first):
         model.finish_grad_sync()
         with torch.no_grad():
             module[0].weight.fill_(0.5)
+            module[2].weight.fill_(0.25)
         for o in ([opt_a, opt_b] if first == "a" else [opt_b, opt_a]):
             o.step()
         model.finish_param_sync()
-        assert torch.all(module[0].weight == 0.5)
+        assert torch.all(module[0].weight == 0.5) and torch.all(module[2].weight == 0.25)
     finally:
         opt_b.close()
         opt_a.close()
