@@ -1,4 +1,4 @@
-"""Values a script writes into a DDP's params outside the optimizer, kept rather than undone.
+"""Values a script writes into a wrapped model's params outside the optimizer, kept rather than undone.
 
 A torch script writes params by hand: ``model.module.load_state_dict(sd)``, ``p.copy_(v)`` under
 ``torch.no_grad()``, weight surgery, an EMA swapped in. With torch's optimizers the next step
@@ -20,17 +20,19 @@ F32 params are their own main params (the shard aliases the param buffer): nothi
 recording only serves the checks below. Every optimizer open on the model takes the values (two
 optimizers over parts of one model each keep main params for all of it).
 
-Three writes cannot be kept, and are refused naming the param:
+Two writes cannot be kept, and are refused naming the param:
 - one made while an overlapped param all-gather (``overlap_param_gather``) is still to land on that
   param: the gather overwrites the part other ranks hold, so the ranks would differ. Refused where
   the gather is waited for (the next forward, ``finish_param_sync()``) or where the optimizer would
   take it first; call ``model.finish_param_sync()`` after the step and before writing;
 - one into a Parameter that is a NaN stand-in: an MXFP8 weight (its values kept as MXFP8), or
   under FSDP's optim_grads_params any param outside its unit's forward. ``zero_()`` and ``fill_``
-  (``torch.nn.init.zeros_``, ``constant_``) reach a stand-in; ``copy_`` fails in torch itself;
-- a write torch does not count (through ``p.data``, under
-  ``torch.autograd._unsafe_preserve_version_counter``, through ``data_ptr()``): it is not seen at all,
-  so it is not refused either. ``optimizer.reload_model_params()`` takes every param after one.
+  (``torch.nn.init.zeros_``, ``constant_``) reach a stand-in; ``copy_`` fails in torch itself.
+
+A write torch does not count (through ``p.data``, under
+``torch.autograd._unsafe_preserve_version_counter``, through ``data_ptr()``) is not seen at all, so
+with BF16 params the next step undoes it; ``optimizer.reload_model_params()`` takes every param
+after one.
 """
 from __future__ import annotations
 
