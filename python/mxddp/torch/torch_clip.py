@@ -25,8 +25,9 @@ import torch
 import torch.nn.utils.clip_grad
 from torch.utils.weak import WeakIdKeyDictionary
 
-_TORCH_CLIP_GRAD_NORM = torch.nn.utils.clip_grad_norm_
-_TORCH_CLIP_GRAD_VALUE = torch.nn.utils.clip_grad_value_
+# torch's own (a reload of this module finds this module's functions in place, which name them).
+_TORCH_CLIP_GRAD_NORM = getattr(torch.nn.utils.clip_grad_norm_, "torch_original", torch.nn.utils.clip_grad_norm_)
+_TORCH_CLIP_GRAD_VALUE = getattr(torch.nn.utils.clip_grad_value_, "torch_original", torch.nn.utils.clip_grad_value_)
 
 # param -> the wrapper that holds it (a weak reference): kept beside the params, not on them, so that
 # torch.save and deepcopy of the module (an EMA) carry no trace of it.
@@ -94,6 +95,8 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
 def install() -> None:
     """Puts the two functions above in torch.nn.utils and torch.nn.utils.clip_grad (where torch's
     deprecated clip_grad_norm finds clip_grad_norm_); they fall through to torch's own."""
+    clip_grad_norm_.torch_original = _TORCH_CLIP_GRAD_NORM
+    clip_grad_value_.torch_original = _TORCH_CLIP_GRAD_VALUE
     for namespace in (torch.nn.utils, torch.nn.utils.clip_grad):
         namespace.clip_grad_norm_ = clip_grad_norm_
         namespace.clip_grad_value_ = clip_grad_value_
