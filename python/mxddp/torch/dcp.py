@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mxddp.torch import launch
+from mxddp.torch import launch, load_state
 from mxddp.torch.checkpoint import _check_pair
 from mxddp.torch.optimizer import DistributedOptimizer
 from mxddp.torch.wrapper import DataParallelModule
@@ -364,39 +364,20 @@ def _compare_checksums(meta, sums, model, model_entries) -> None:
                              f"{saved_model[k]}: the checkpoint is corrupted")
 
 
-def _agree(check) -> Any:
-    """Collective: runs check() on this rank and raises on every rank if it failed on any (this
-    rank's own error where it failed here), so no rank goes on to write or to another collective."""
-    error, result = None, None
-    try:
-        result = check()
-    except Exception as e:  # re-raised below, once every rank knows
-        error = e
-    failed = torch.tensor([0 if error is None else 1], dtype=torch.int64)
-    flags = [torch.zeros_like(failed) for _ in range(dist.get_world_size())]
-    dist.all_gather(flags, failed)
-    if error is not None:
-        raise error
-    bad = [r for r, f in enumerate(flags) if int(f)]
-    if bad:
-        raise RuntimeError(f"mxddp.torch.dcp.load_state_dict: the load failed on rank(s) {bad} (see their errors); "
-                           "nothing was changed")
-    return result
-
-
 def load_state_dict(model: DataParallelModule, optimizer: DistributedOptimizer, state: dict[str, Any]) -> None:
     """Collective. Applies ``state`` (a ``state_dict`` that ``dcp.load`` filled) to the optimizer's
     main params, states, step counts and lr, then the params (from the main params, the master copy)
     and the module's buffers and frozen params. Every check comes first and the ranks agree on the
     outcome; on any failure every rank raises naming it and nothing has changed."""
     _check(model, optimizer, "mxddp.torch.dcp.load_state_dict")
-    meta, set_groups = _agree(lambda: _check_state(model, optimizer, state))
+    what = "mxddp.torch.dcp.load_state_dict"
+    meta, set_groups = load_state.agreed(what, None, lambda: _check_state(model, optimizer, state))
     names, values = model._names, state["optimizer"]["state"]
     held, owned = _pieces(optimizer, "update"), _pieces(optimizer, "owned")
     sums = _checksums(optimizer, values, names, held, owned)
     # The same outcome everywhere (the optimizer's sums are global; DCP gives every rank the same
     # model entries).
-    _agree(lambda: _compare_checksums(meta, sums, model, state["model"]))
+    load_state.agreed(what, None, lambda: _compare_checksums(meta, sums, model, state["model"]))
     steps = [int(round(float(values[n]["step"]))) for n in names]
     optimizer._take_param_writes()  # now, not in force_param_sync below: the load writes over them
     with torch.no_grad():

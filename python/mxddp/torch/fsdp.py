@@ -676,8 +676,7 @@ class FullyShardedDataParallel(DataParallelModule):
         units (optim_grads_params) or wait for the all-gather of the updated params that the last step
         started (optim, optim_grads with overlap). In the order the forward calls the units, which the
         C++ FSDP learns from passes like this one."""
-        stale = [i for i, u in enumerate(self._unit_of)
-                 if not (self._unit_current[u] if u >= 0 else self._non_unit_current)]
+        stale = self._pending_gathers(range(len(self._params)))
         for h in in_forward_order(self.units.hooked, self._forward_order):
             self._cpp.before_forward(list(h.params))
             take(h.params)
@@ -727,14 +726,14 @@ class FullyShardedDataParallel(DataParallelModule):
         self.finish_param_sync()  # collective where a step left gathers pending
         load_state.copy_module_entries(self.module, values, self._params)
         loaded = {i: values[name] for i, name in enumerate(self._names) if name in values}  # strict=False: some
-        with torch.no_grad():
-            if self._shards_params:
+        if self._shards_params:
+            with torch.no_grad():
                 param_writes.copy_into_main(optimizer, loaded)
-            else:
+            optimizer.force_param_sync()  # every rank's shards and gathers from the main params just written
+        else:
+            with torch.no_grad():
                 for i, value in loaded.items():
                     self._params[i].copy_(value)  # taken by the optimizer before its next step
-        if self._shards_params:
-            optimizer.force_param_sync()  # every rank's shards and gathers from the main params just written
         return incompatible
 
     def _check_load(self, state_dict, strict: bool, optimizer):

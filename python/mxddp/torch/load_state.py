@@ -26,7 +26,10 @@ def check(wrapper: str, module: torch.nn.Module, state_dict, strict: bool, prefi
     loading state_dict for ...") otherwise."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
-    if not any(isinstance(key, str) and key.startswith(prefix) for key in state_dict):
+    def under(key) -> bool:
+        return isinstance(key, str) and key.startswith(prefix)
+
+    if not any(under(key) for key in state_dict):
         prefix = ""
     expected = module.state_dict(keep_vars=True)
     for key, target in expected.items():
@@ -34,8 +37,8 @@ def check(wrapper: str, module: torch.nn.Module, state_dict, strict: bool, prefi
             raise NotImplementedError(f"{wrapper}.load_state_dict: entry '{prefix}{key}' is a module's extra state "
                                       "(get_extra_state), which this load does not restore; load into the module "
                                       "before wrapping it")
-    given = {key[len(prefix):]: value for key, value in state_dict.items() if str(key).startswith(prefix)}
-    unexpected = [key for key in state_dict if not str(key).startswith(prefix) or key[len(prefix):] not in expected]
+    given = {key[len(prefix):]: value for key, value in state_dict.items() if under(key)}
+    unexpected = [key for key in state_dict if not under(key) or key[len(prefix):] not in expected]
     missing = [prefix + key for key in expected if key not in given]
     errors = []
     if strict:

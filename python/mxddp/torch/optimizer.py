@@ -141,8 +141,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg.clip_grad = 0.0  # the user clips with clip_grad_norm_
         self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
         self._closed = False
-        model._mxt_optimizers = [r for r in getattr(model, "_mxt_optimizers", []) if r() is not None] + \
-            [weakref.ref(self)]
+        model._add_optimizer(self)
         if model._tracks_param_writes and model._param_versions is None:
             # The main params were just taken from the params. (With another optimizer open, writes
             # it has yet to take stay pending: this one's main params hold them already.)
@@ -157,7 +156,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._clip_coeff = 1.0
         self._scaler_ref = None  # the GradScaler that last stepped this optimizer
         self._stepped = False
-        model._mxt_optimizer = weakref.ref(self)  # the model's clip_grad_norm_ calls this optimizer's
         launch._track_optimizer(self)
         if not megatron and len(optimizer.state) != 0:
             # A torch optimizer that holds state (it stepped, or a script loaded a checkpoint into it

@@ -13,6 +13,7 @@ where each param sits in the module (owner and attribute) and the data pointer i
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Iterator
 
 import torch
@@ -143,9 +144,15 @@ class DataParallelModule(torch.nn.Module):
         """Of these params, those whose overlapped all-gather is still to land."""
         return []
 
+    # Weak references to the DistributedOptimizers built on this model, oldest first.
+    _mxt_optimizers: tuple = ()
+
+    def _add_optimizer(self, optimizer) -> None:
+        self._mxt_optimizers = tuple(r for r in self._mxt_optimizers if r() is not None) + (weakref.ref(optimizer),)
+
     def _open_optimizers(self) -> list:
         """The DistributedOptimizers open on this model (param_writes.py copies into each)."""
-        return [o for o in (ref() for ref in getattr(self, "_mxt_optimizers", [])) if o is not None and not o._closed]
+        return [o for o in (ref() for ref in self._mxt_optimizers) if o is not None and not o._closed]
 
     def _init_sync_state(self) -> None:
         # Set when a grad is reported, cleared by finish_grad_sync: the optimizer refuses to step on
@@ -246,9 +253,10 @@ class DataParallelModule(torch.nn.Module):
         super().zero_grad(set_to_none=set_to_none)
 
     def _optimizer(self):
-        """The DistributedOptimizer last built on this model, while it lives; None otherwise."""
-        ref = getattr(self, "_mxt_optimizer", None)
-        return ref() if ref is not None else None
+        """The DistributedOptimizer last built on this model, while it lives (the model's
+        clip_grad_norm_ calls its); None otherwise."""
+        live = [o for o in (ref() for ref in self._mxt_optimizers) if o is not None]
+        return live[-1] if live else None
 
     def _drop_pending_clip(self) -> None:
         """A clip_grad_norm_ scales the grads it measured: once they are zeroed it no longer applies."""
