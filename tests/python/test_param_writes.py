@@ -212,6 +212,33 @@ def test_a_write_into_an_mxfp8_weight_is_refused(ranks):
         train(model, opt, rank, 1)
 
 
+def test_a_write_before_zero_grad_stages_the_step_is_refused_under_mxfp8_reuse(ranks):
+    """reuse_grad_buf_for_mxfp8_param_ag: the params hold the values from before the step until
+    zero_grad() stages it. A partial write there was taken whole, undoing the step for the rest."""
+    rank, _ = ranks
+    with built(fp8_param_gather=True, grad_reduce_in_fp32=True, reuse_grad_buf_for_mxfp8_param_ag=True) \
+            as (module, model, opt):
+        train(model, opt, rank, 2)
+        index = model._names.index("2.bias")
+        stepped = main_pieces(opt, index)
+        with torch.no_grad():
+            module[2].bias[0] = 5.0
+        with pytest.raises(RuntimeError, match=r"param '2.bias' was written in place between "
+                                               r"DistributedOptimizer.step\(\) and zero_grad\(\) with "
+                                               r"reuse_grad_buf_for_mxfp8_param_ag"):
+            opt.zero_grad()
+        assert_main_unchanged(opt, index, stepped)  # the step kept
+        opt.zero_grad()  # said once
+        with torch.no_grad():
+            module[2].bias[0] = 5.0  # after the staging: kept, and only where written
+        train(model, opt, rank, 1, lr=0.0)
+        for (ps, pe, now), (_, _, was) in zip(main_pieces(opt, index), stepped):
+            if ps == 0:
+                assert now[0] == 5.0
+                now, was = now[1:], was[1:]
+            assert torch.equal(now, was)
+
+
 def test_megatron_reload_model_params(ranks):
     rank, _ = ranks
     with built() as (module, model, opt):

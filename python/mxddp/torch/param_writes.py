@@ -20,11 +20,15 @@ F32 params are their own main params (the shard aliases the param buffer): nothi
 recording only serves the checks below. Every optimizer open on the model takes the values (two
 optimizers over parts of one model each keep main params for all of it).
 
-Two writes cannot be kept, and are refused naming the param:
+Three writes cannot be kept, and are refused naming the param:
 - one made while an overlapped param all-gather (``overlap_param_gather``) is still to land on that
   param: the gather overwrites the part other ranks hold, so the ranks would differ. Refused where
   the gather is waited for (the next forward, ``finish_param_sync()``) or where the optimizer would
   take it first; call ``model.finish_param_sync()`` after the step and before writing;
+- one made between a step and the ``zero_grad()`` that stages its values into the params
+  (``reuse_grad_buf_for_mxfp8_param_ag``): the params still hold the values from before the step,
+  and the elements the write left as they were cannot be told from written ones; write after
+  ``zero_grad()``;
 - one into a Parameter that is a NaN stand-in: an MXFP8 weight (its values kept as MXFP8), or
   under FSDP's optim_grads_params any param outside its unit's forward. ``zero_()`` and ``fill_``
   (``torch.nn.init.zeros_``, ``constant_``) reach a stand-in; ``copy_`` fails in torch itself.
@@ -85,12 +89,14 @@ def take(model) -> None:
         with torch.no_grad():
             for i in lost:  # the stand-in's NaN back (zero_ and fill_ can write it)
                 model._params[i].fill_(float("nan"))
-                model._param_versions[i] = model._params[i]._version
-        raise RuntimeError(f"param(s) {names} were written in place (torch.nn.init, fill_, zero_, ...), but their "
-                           "Parameters hold only NaN stand-ins (MXFP8 weights, kept as MXFP8; FSDP's "
+        _said(model, lost)
+        raise RuntimeError(f"param(s) {names} were written in place (torch.nn.init, fill_, zero_, ...), but "
+                           "their Parameters hold only NaN stand-ins (MXFP8 weights, kept as MXFP8; FSDP's "
                            "optim_grads_params params outside their unit's forward, kept as shards), so the values "
                            "reach nothing. Initialize them before wrapping, or load them with model.load_state_dict "
                            "(FSDP), mxddp.torch.load_checkpoint or DCP")
+    if model._awaiting_zero_grad:
+        _refuse_unstaged(model, indices)
     _refuse_pending(model, model._pending_gathers(indices), "the optimizer was about to take it")
     if model.param_dtype != torch.float32:
         sources = {i: model._params[i] for i in indices}
@@ -100,13 +106,31 @@ def take(model) -> None:
     record(model)
 
 
+def _refuse_unstaged(model, indices) -> None:
+    """Raises for the first of `indices` (written between a step and the zero_grad() that stages its
+    values, MXFP8 reuse), after recording them: said once. Their other elements still hold the values
+    from before the step, which taking the param would write back over the step's."""
+    _said(model, indices)
+    raise RuntimeError(
+        f"param '{model._names[indices[0]]}' was written in place between DistributedOptimizer.step() and "
+        "zero_grad() with reuse_grad_buf_for_mxfp8_param_ag: until zero_grad() stages the step's values into the "
+        "params they still hold those from before the step, so taking the param would write them back over the "
+        "step's wherever the write left an element as it was. Write after opt.zero_grad() (or "
+        "opt.force_param_sync())")
+
+
+def _said(model, indices) -> None:
+    """A refusal names these params once: their writes no longer count."""
+    for i in indices:
+        model._param_versions[i] = model._params[i]._version
+
+
 def _refuse_pending(model, indices, where: str) -> None:
     """Raises for the first of `indices` (written params whose gather had not landed), after
     recording them: said once."""
     if not indices:
         return
-    for i in indices:
-        model._param_versions[i] = model._params[i]._version
+    _said(model, indices)
     raise RuntimeError(
         f"param '{model._names[indices[0]]}' was written in place after DistributedOptimizer.step() while its "
         f"all-gather was still to land (overlap_param_gather; {where}). The gather writes the step's values "
