@@ -29,7 +29,8 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group
+from mxddp.torch import (agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group,
+                         watched_params)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
 from mxddp.torch.wrapper import DataParallelModule
@@ -584,6 +585,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                     p.data = p.data.clone()
                 if hasattr(p, "main_grad"):
                     del p.main_grad
+        watched_params.unwatch(self._params)
         for owner in self._replaced_forwards:
             grad_fusion.restore_forward(owner)
         self._replaced_forwards = []

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
 from mxddp.torch import (agreement, device as devices, grad_fusion, hsdp, launch, load_state, mxfp8, param_writes,
-                         process_group as process_groups)
+                         process_group as process_groups, watched_params)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks,
                               _mxfp8_flags, _mxfp8_kinds, _trainable_params)
@@ -782,5 +782,6 @@ class FullyShardedDataParallel(DataParallelModule):
         with torch.no_grad():
             for p, v in zip(self._params, self._full_values()):
                 p.data = v
+        watched_params.unwatch(self._params)
         self._remove_hooks()
         self._cpp.close()

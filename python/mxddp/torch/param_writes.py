@@ -33,10 +33,14 @@ Three writes cannot be kept, and are refused naming the param:
   under FSDP's optim_grads_params any param outside its unit's forward. ``zero_()`` and ``fill_``
   (``torch.nn.init.zeros_``, ``constant_``) reach a stand-in; ``copy_`` fails in torch itself.
 
-A write torch does not count (through ``p.data``, under
-``torch.autograd._unsafe_preserve_version_counter``, through ``data_ptr()``) is not seen at all, so
-with BF16 params the next step undoes it; ``optimizer.reload_model_params()`` takes every param
-after one.
+A write through ``p.data`` (``p.data.clamp_()``, WGAN's clipping; ``p.data.mul_(mask)``, pruning)
+counts too: while wrapped, a registered param's ``.data`` is a view that shares the Parameter's
+version counter, as ``p.detach()`` does (watched_params.py), so everything above holds for it.
+
+A write torch does not count (under ``torch.autograd._unsafe_preserve_version_counter``, through
+``data_ptr()``, through a ``.data`` taken before wrapping or of a script's own Parameter class) is
+not seen at all, so with BF16 params the next step undoes it; ``optimizer.reload_model_params()``
+takes every param after one.
 """
 from __future__ import annotations
 
@@ -90,9 +94,10 @@ def take(model) -> None:
             for i in lost:  # the stand-in's NaN back (zero_ and fill_ can write it)
                 model._params[i].fill_(float("nan"))
         _said(model, lost)
-        raise RuntimeError(f"param(s) {names} were written in place (torch.nn.init, fill_, zero_, ...), but "
+        raise RuntimeError(f"param(s) {names} were written in place (torch.nn.init, fill_, zero_, .data, ...), but "
                            "their Parameters hold only NaN stand-ins (MXFP8 weights, kept as MXFP8; FSDP's "
-                           "optim_grads_params params outside their unit's forward, kept as shards), so the values "
+                           "optim_grads_params params outside their unit's forward, kept as shards, their gathered "
+                           "values inside it freed after it), so the values "
                            "reach nothing. Initialize them before wrapping, or load them with model.load_state_dict "
                            "(FSDP), mxddp.torch.load_checkpoint or DCP")
     if model._awaiting_zero_grad:

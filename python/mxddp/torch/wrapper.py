@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from mxddp.torch import mxfp8, torch_clip
+from mxddp.torch import mxfp8, torch_clip, watched_params
 
 
 def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
@@ -77,6 +77,8 @@ class DataParallelModule(torch.nn.Module):
         self._data_ptrs = [p.data_ptr() for p in self._params]
         self._data_replaced: set[int] = set()  # found by _set_data before it overwrote the .data
         torch_clip.hold(self, self._params)  # torch.nn.utils.clip_grad_norm_ on them asks this model
+        if self._tracks_param_writes:
+            watched_params.watch(self._params)  # a write through .data is counted (param_writes.py)
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
         """param.data = data, for the wrappers' own swaps (FSDP's gather and release): the pointer
