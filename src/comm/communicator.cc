@@ -24,7 +24,11 @@ std::string_view collective_name(CollectiveKind kind) {
 }
 
 std::string describe_mismatch(const CollectiveCall& a, const CollectiveCall& b) {
-  if (a.kind != b.kind) return fmt::format("operation {} vs {}", collective_name(a.kind), collective_name(b.kind));
+  if (a.kind != b.kind)  // what tells the user most: the calls themselves differ, not their arguments
+    return fmt::format("operation {} vs {} (the ranks' calls differ here: one rank made a collective call the others "
+                       "did not make at this point, such as one under `if rank == 0`, or made them in another "
+                       "order; every rank must make the same collective calls in the same order)",
+                       collective_name(a.kind), collective_name(b.kind));
   if (a.dtype != b.dtype) return fmt::format("dtype {} vs {}", dtype_name(a.dtype), dtype_name(b.dtype));
   if (a.count != b.count) return fmt::format("element count {} vs {}", a.count, b.count);
   const bool reduces = a.kind == CollectiveKind::kAllReduce || a.kind == CollectiveKind::kReduceScatter;

@@ -203,6 +203,19 @@ inline void check_mismatch_is_an_error(Communicator& comm) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dtype f32 vs bf16"), std::string::npos) << e.what();
   }
+  // Rank 0 calls a collective the others do not (an all-reduce under `if rank == 0`) while they
+  // make their next one: the error says the calls differ, not only which operations met.
+  Buf one(DType::kF32, 4), gathered(DType::kF32, 4 * comm.size());
+  try {
+    if (comm.rank() == 0)
+      comm.all_reduce(one.view());
+    else
+      comm.all_gather(one.view(), gathered.view());
+    ADD_FAILURE() << "an all_reduce meeting an all_gather did not throw on rank " << comm.rank();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("operation all_reduce vs all_gather (the ranks' calls differ here"), std::string::npos) << what;
+  }
   check_all_reduce(comm, DType::kF32, ReduceOp::kSum, 33, false);
 }
 
