@@ -239,6 +239,19 @@ def test_a_write_before_zero_grad_stages_the_step_is_refused_under_mxfp8_reuse(r
             assert torch.equal(now, was)
 
 
+def test_a_second_optimizer_is_refused_under_mxfp8_reuse(ranks):
+    """Each optimizer's zero_grad() stages its step into the one grad buffer: with two, the first one's
+    zero_grad() let the model run on while the second's step waited unstaged (and a write then was
+    taken against the values from before it)."""
+    rank, _ = ranks
+    with built(fp8_param_gather=True, grad_reduce_in_fp32=True, reuse_grad_buf_for_mxfp8_param_ag=True) \
+            as (module, model, opt):
+        with pytest.raises(ValueError, match=r"already has an open DistributedOptimizer, and with "
+                                             r"reuse_grad_buf_for_mxfp8_param_ag it takes one"):
+            mxt.DistributedOptimizer(model, torch.optim.AdamW(list(module.parameters())[2:], lr=1e-2))
+        train(model, opt, rank, 1)  # the first one goes on
+
+
 def test_megatron_reload_model_params(ranks):
     rank, _ = ranks
     with built() as (module, model, opt):

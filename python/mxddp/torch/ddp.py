@@ -281,12 +281,14 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
             self._broadcast_at_wrap()
 
     def _register_param_gather_hooks(self, module: torch.nn.Module) -> None:
-        # Megatron's forward pre-hook: a module waits only for the gathers of its own params.
+        # Megatron's forward pre-hook: a module waits only for the gathers of its own params. First
+        # of the module's pre-hooks: one registered before wrapping may read them (the old
+        # weight_norm, spectral_norm and prune compute `weight` from `weight_orig` in one).
         index_of = {id(p): i for i, p in enumerate(self._params)}
         for sub in module.modules():
             indices = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
             if indices:
-                self._hooks.append(sub.register_forward_pre_hook(self._make_param_gather_hook(indices)))
+                self._hooks.append(sub.register_forward_pre_hook(self._make_param_gather_hook(indices), prepend=True))
 
     def _make_param_gather_hook(self, indices: list[int]):
         cpp = self._cpp

@@ -294,7 +294,10 @@ class FullyShardedDataParallel(DataParallelModule):
         # model may read them outside their module's forward (a tied LM head reading the embedding).
         for h in self.units.hooked:
             if h.unit >= 0:
-                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params, h.unit)))
+                # First of the module's pre-hooks (as DDP's gather hooks): one registered before wrapping
+                # may read the unit's params.
+                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params, h.unit),
+                                                                      prepend=True))
                 self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
         self._non_unit_params = self.units.non_unit_params
         self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
@@ -389,7 +392,7 @@ class FullyShardedDataParallel(DataParallelModule):
                     self._cpp.after_forward(params)
 
         for m in modules:
-            self._hooks.append(m.register_forward_pre_hook(pre))
+            self._hooks.append(m.register_forward_pre_hook(pre, prepend=True))
             self._hooks.append(m.register_forward_hook(post))
 
     def _register_read_guards(self, module: torch.nn.Module) -> None:
@@ -411,7 +414,7 @@ class FullyShardedDataParallel(DataParallelModule):
             own = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
             if own:
                 guard = self._make_read_guard(name, self._unit_of[own[0]], own)
-                self._hooks.append(sub.register_forward_pre_hook(guard))
+                self._hooks.append(sub.register_forward_pre_hook(guard, prepend=True))
 
     def _make_read_guard(self, name: str, unit: int, own: list[int]):
         plain = [i for i in own if not self._mxfp8[i]]  # an MXFP8 weight's forward reads the C++ copies

@@ -100,6 +100,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not isinstance(model, DataParallelModule):
                 raise TypeError("model must be a mxddp.torch.DistributedDataParallel or FullyShardedDataParallel; "
                                 f"got {type(model).__name__}")
+            if model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag and model._open_optimizers():
+                # Each one's zero_grad() stages its main params into the one grad buffer and gathers
+                # it: a second one's step would wait unstaged while the model ran on.
+                raise ValueError("DistributedOptimizer: this model already has an open DistributedOptimizer, and with "
+                                 "reuse_grad_buf_for_mxfp8_param_ag it takes one (its zero_grad() stages the step "
+                                 "into the grad buffer the params are gathered from); give one optimizer several "
+                                 "param groups instead, or close the other first")
             if megatron:
                 optimizer.check_model(model, exact=False)
                 kind, groups, defaults, of = self._megatron_groups(model, optimizer, config_overrides)

@@ -11,7 +11,8 @@ requiring grad, but sharing the Parameter's counter. So a write through it count
 under ``torch.no_grad()`` does, and a read costs nothing. The one difference from torch's
 ``.data``: such a write between a forward and its backward makes the backward raise torch's
 "modified by an inplace operation" error where the forward saved the param (LayerNorm's weight,
-say), where ``.data`` would let it compute with the new values silently. Assigning ``p.data = t``
+say), where ``.data`` would let it compute with the new values silently (as it still does for the
+weights whose gradient mxddp accumulates itself, grad_fusion.py). Assigning ``p.data = t``
 is torch's (the wrappers refuse it at the next forward).
 
 A copy of a watched param (``copy.deepcopy``, ``type(p)(data)``, a pickle) is a plain
