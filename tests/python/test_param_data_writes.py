@@ -51,8 +51,8 @@ def assert_every_main_unchanged(opt, model, before):
 
 
 @pytest.mark.parametrize("how", ["clamp_", "mul_", "copy_"])
-@pytest.mark.parametrize("kw", [dict(), dict(use_distributed_optimizer=False),
-                                dict(fsdp="optim"), dict(fsdp="optim_grads")], ids=["dist", "repl", "optim", "optim_grads"])
+@pytest.mark.parametrize("kw", [dict(), dict(use_distributed_optimizer=False), dict(fsdp="optim"),
+                                dict(fsdp="optim_grads")], ids=["dist", "repl", "optim", "optim_grads"])
 def test_a_write_through_data_is_what_the_next_step_starts_from(ranks, how, kw):
     rank, _ = ranks
     overlap = kw.get("use_distributed_optimizer", True)  # the replicated optimizer has no gather to overlap
