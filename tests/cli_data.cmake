@@ -121,12 +121,16 @@ mxddp_cli_rejects(cli_data_refuses_bad_vocab_file "error: .*--vocab-file '.*/v.j
 
 # Against megatron-core's own writer, reader and split matrix (optional: skipped where the Python
 # has no megatron-core; MXDDP_MEGATRON_CORE_PYTHON names one, e.g. a venv with `pip install
-# --no-deps megatron-core` beside torch; build/pyvenv-mcore when it exists).
+# --no-deps megatron-core` beside torch). By default build/pyvenv-mcore when it exists, else the
+# test command's build/pyvenv-torch, which scripts/python_env.sh gives megatron-core (this test
+# skipped in every run while it looked only at the system Python and pyvenv-mcore).
 if(NOT DEFINED MXDDP_MEGATRON_CORE_PYTHON)
   set(MXDDP_MEGATRON_CORE_PYTHON /usr/bin/python3)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/build/pyvenv-mcore/bin/python)
-    set(MXDDP_MEGATRON_CORE_PYTHON ${PROJECT_SOURCE_DIR}/build/pyvenv-mcore/bin/python)
-  endif()
+  foreach(venv pyvenv-torch pyvenv-mcore)
+    if(EXISTS ${PROJECT_SOURCE_DIR}/build/${venv}/bin/python)
+      set(MXDDP_MEGATRON_CORE_PYTHON ${PROJECT_SOURCE_DIR}/build/${venv}/bin/python)
+    endif()
+  endforeach()
 endif()
 add_test(NAME cli_data_megatron_core_files
          COMMAND ${MXDDP_MEGATRON_CORE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/model/megatron_core_check.py $<TARGET_FILE:mxddp_cli> ${cli_data_dir}_mcore)
