@@ -90,8 +90,8 @@ def test_a_data_write_moves_the_params_version_counter(ranks):
 @pytest.mark.parametrize("case", ["ddp_pending_gather", "mxfp8_reuse_before_zero_grad", "fsdp_stand_ins",
                                   "fsdp_optim_pending_gather", "f32"])
 def test_reading_data_changes_no_main_param(ranks, case):
-    """A .data read between iterations, where the params are not all current: nothing is taken, nothing
-    refused, the main params stay bit for bit, and the read values are not taken later either."""
+    """A .data read between iterations, where the params are not all current: it moves no version
+    counter, so nothing is taken or refused, and the main params stay bit for bit."""
     rank, _ = ranks
     kw = {"ddp_pending_gather": dict(overlap_param_gather=True, bucket_size=200),
           "mxfp8_reuse_before_zero_grad": dict(fp8_param_gather=True, grad_reduce_in_fp32=True,
@@ -104,12 +104,12 @@ def test_reading_data_changes_no_main_param(ranks, case):
         before = every_main(opt, model)
         for p in module.parameters():
             p.data.float().norm()
-        opt.state_dict()  # a take, whatever state the params are in
+        opt.state_dict()  # takes the params' writes, whatever state they are in
         assert_every_main_unchanged(opt, model, before)
-        opt.zero_grad()  # MXFP8 reuse: the staging's take
+        opt.zero_grad()  # MXFP8 reuse: takes them before its staging
         assert_every_main_unchanged(opt, model, before)
         model.finish_param_sync()
-        opt.state_dict()  # a pending gather's params are compared once it landed
+        opt.state_dict()  # and again once the pending gathers landed
         assert_every_main_unchanged(opt, model, before)
         train(model, opt, rank, 1)  # and training goes on
 
@@ -213,7 +213,7 @@ def test_fsdp_gathered_units_read_in_forward_hooks_are_not_taken_for_writes(rank
             y = torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False)
             y.float().square().mean().backward()
             model.finish_grad_sync()
-            opt.state_dict()  # a take: nothing written, nothing refused
+            opt.state_dict()  # takes the params' writes: none, and nothing refused
             assert_every_main_unchanged(opt, model, before)
             opt.step()
             before = every_main(opt, model)

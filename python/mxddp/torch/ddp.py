@@ -193,8 +193,6 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
     forward in a graph is an error. False: every param takes the hook.
     """
 
-    _tracks_param_writes = True  # its params keep the storage it gave them (param_writes.py)
-
     def __init__(self, *args, **kwargs):
         super().__init__()
 

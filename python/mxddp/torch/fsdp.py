@@ -243,7 +243,6 @@ class FullyShardedDataParallel(DataParallelModule):
         launch._track_model(self)
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
-        self._tracks_param_writes = True  # param_writes.py
         self._hooks: list = []
         self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()

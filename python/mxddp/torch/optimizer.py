@@ -149,7 +149,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._cpp = _C.DistributedOptimizer(model._cpp, cfg)
         self._closed = False
         model._add_optimizer(self)
-        if model._tracks_param_writes and model._param_versions is None:
+        if model._param_versions is None:
             # The main params were just taken from the params. (With another optimizer open, writes
             # it has yet to take stay pending: this one's main params hold them already.)
             param_writes.record(model)

@@ -77,8 +77,7 @@ class DataParallelModule(torch.nn.Module):
         self._data_ptrs = [p.data_ptr() for p in self._params]
         self._data_replaced: set[int] = set()  # found by _set_data before it overwrote the .data
         torch_clip.hold(self, self._params)  # torch.nn.utils.clip_grad_norm_ on them asks this model
-        if self._tracks_param_writes:
-            watched_params.watch(self._params)  # a write through .data is counted (param_writes.py)
+        watched_params.watch(self._params)  # a write through .data is counted (param_writes.py)
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
         """param.data = data, for the wrappers' own swaps (FSDP's gather and release): the pointer
@@ -119,9 +118,8 @@ class DataParallelModule(torch.nn.Module):
                 "(or wrap it inside the same `torch.cuda.stream(...)` block)")
 
     # Each param's version counter when params and main params last agreed (param_writes.py): set
-    # by a DistributedOptimizer on a wrapper that keeps its params' storage (DDP); None: not tracked.
+    # by the first DistributedOptimizer opened on the model; None while none is open.
     _param_versions = None
-    _tracks_param_writes = False
 
     # HSDP (FullyShardedDataParallel with a replica group) sets it: checkpoints refuse such models.
     _hybrid = False
