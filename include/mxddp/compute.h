@@ -165,6 +165,9 @@ class Compute {
   // the runs' sizes alone (the same result on every run and at any thread count); implementations
   // differ only in that order. The grad norm's local part. Waits.
   double sum_of_squares(std::span<const TensorView> runs);
+  // The elements of runs (each f32 or bf16) that are +0 or -0 (core.h's count_zeros): the count of
+  // zeros in the grads that Megatron logs. Waits.
+  int64_t count_zeros(std::span<const TensorView> runs);
   void adamw(const ShardUpdate& shard, const AdamWScalars& scalars);
   void sgd(const ShardUpdate& shard, const SgdScalars& scalars);
   // quant.h's mx_quantize into one orientation of an MXFP8 tensor in this memory (a model's MXFP8
@@ -202,6 +205,7 @@ class Compute {
   virtual void run_convert(const TensorView& in, const TensorView& out) = 0;  // of different dtypes, n > 0
   virtual bool run_all_finite(const TensorView& data) = 0;
   virtual double run_sum_of_squares(std::span<const TensorView> runs) = 0;
+  virtual int64_t run_count_zeros(std::span<const TensorView> runs) = 0;  // at least one run, none empty
   virtual void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) = 0;
   virtual void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) = 0;
   virtual void run_mx_quantize(const TensorView& input, const Mxfp8View& out) = 0;  // M, N > 0

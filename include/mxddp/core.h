@@ -176,6 +176,9 @@ struct TensorView {
 
 // True when no element of an f32 or bf16 view is NaN or Inf (the gradient checks' question).
 bool all_finite(const TensorView& v);
+// The elements of an f32 or bf16 view that are +0 or -0, by their bits (a denormal is not zero,
+// whatever the CPU's flush-to-zero mode): Megatron's count of zeros in the gradients.
+int64_t count_zeros(const TensorView& v);
 
 // ----------------------------------------------------------------------------------------------
 // Alignment math (elements or bytes, the caller's choice of unit)

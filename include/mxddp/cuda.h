@@ -139,6 +139,9 @@ void cuda_zero(void* data, size_t bytes, CudaStream stream);
 // The NaN and Inf elements of data [n] (f32 or bf16), counted into *count_device (one int64 on the
 // device, overwritten): core.h's all_finite(data) is a count of 0.
 void cuda_count_nonfinite(const void* data, DType dtype, int64_t n, int64_t* count_device, CudaStream stream);
+// The +0 and -0 elements of data [n] (f32 or bf16), ADDED to *count_device (one int64 on the device;
+// zero it before the first of several runs): core.h's count_zeros(data).
+void cuda_count_zeros(const void* data, DType dtype, int64_t n, int64_t* count_device, CudaStream stream);
 // in/out main_grad [n] f32 += grad [n] (f32 or bf16): the post-accumulate-grad hook's add.
 void cuda_accumulate(float* main_grad, const void* grad, DType grad_dtype, int64_t n, CudaStream stream);
 

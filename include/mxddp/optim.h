@@ -140,6 +140,10 @@ class DistributedOptimizer {
   // The params whose reduced gradients hold a NaN or Inf anywhere on any rank, as registration
   // indices in increasing order; call after finish_grad_sync(). Collective.
   std::vector<int> nonfinite_grad_params();
+  // The elements of the synchronized grads that are zero (+0 or -0), each counted once, on the rank
+  // that owns it, and summed across dp exactly: Megatron's num_zeros_in_grad (log_num_zeros_in_grad).
+  // Padding is not counted. Collective; call after finish_grad_sync().
+  int64_t count_zero_grads();
   // Starts an iteration: zeroes the grad buffer, and with reuse_grad_buf_for_mxfp8_param_ag then
   // stages the main params and starts the param sync (the design's steps 1 and 2).
   void zero_grad();
@@ -193,6 +197,9 @@ class DistributedOptimizer {
   void set_step_count(int64_t step);
 
  private:
+  // This rank's owned slices of every bucket's synchronized grads (padding left out): every element
+  // of the model is in exactly one rank's runs.
+  std::vector<TensorView> owned_grad_runs() const;
   double local_grad_sum_of_squares() const;
   // The update of one bucket's shard, with the staging into the param buffer fused in; params
   // with skip[param] set are left as they are.
@@ -200,6 +207,8 @@ class DistributedOptimizer {
   // values all-reduced with op across dp: in place on the host, or staged through scalars_ where
   // the communicator's buffers are on a device.
   void all_reduce_scalars(std::span<float> values, ReduceOp op);
+  // value summed across dp, exactly (an i64 all-reduce, staged as all_reduce_scalars' values are).
+  int64_t all_reduce_count(int64_t value);
 
   DataParallel& dp_;
   std::vector<OptimizerBucket> buckets_;        // [bucket]
@@ -213,7 +222,7 @@ class DistributedOptimizer {
   std::vector<TensorView> main_;                   // [bucket] f32 [shard size]: main_copies_[b] or the param shard
   std::vector<std::vector<ComputeBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
   MemoryTracker scalars_tracker_;                  // their few bytes are not the rank's model state
-  ComputeBuffer scalars_;                          // f32 [max(2, num_params)] on a device; none on the host
+  ComputeBuffer scalars_;                          // f32 [max(2, num_params)] on a device (or one i64); none on the host
 };
 
 }  // namespace mxddp

@@ -151,6 +151,14 @@ void bind_optimizer(nb::module_& m) {
            },
            "Collective, after finish_grad_sync. The params (registration indices, increasing) whose reduced "
            "gradients hold a NaN or Inf on any rank.")
+      .def("count_zero_grads",
+           [](PyOptimizer& s) {
+             DistributedOptimizer& opt = s.optimizer();
+             nb::gil_scoped_release release;
+             return opt.count_zero_grads();
+           },
+           "Collective, after finish_grad_sync. The elements of the synchronized grads that are zero, each counted "
+           "once, summed across ranks (Megatron's num_zeros_in_grad).")
       .def("zero_grad",
            [](PyOptimizer& s) {
              DistributedOptimizer& opt = s.optimizer();

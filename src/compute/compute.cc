@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace mxddp {
 
@@ -96,6 +97,16 @@ double Compute::sum_of_squares(std::span<const TensorView> runs) {
     check_device("sum_of_squares", "a run", run, *this);
   }
   return run_sum_of_squares(runs);
+}
+
+int64_t Compute::count_zeros(std::span<const TensorView> runs) {
+  std::vector<TensorView> counted;  // the empty runs left out: no launch for them
+  for (const TensorView& run : runs) {
+    check_float("count_zeros", "a run", run.dtype);
+    check_device("count_zeros", "a run", run, *this);
+    if (run.numel() > 0) counted.push_back(run);
+  }
+  return counted.empty() ? 0 : run_count_zeros(counted);
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// The elementwise kernels on the device: the f32 <-> bf16 casts, scale, the NaN/Inf count and the
+// The elementwise kernels on the device: the f32 <-> bf16 casts, scale, the NaN/Inf and zero counts and the
 // accumulation of a grad into main_grad. One element per thread, grid-stride; each element goes
 // through the CPU's own arithmetic (host_device.h; one f32 multiply or add, no fused multiply-add),
 // so the results are bit-exact. References and checks: elementwise_cuda.h, tests/cuda/kernels_test.cc.
@@ -45,6 +45,19 @@ __global__ void count_nonfinite_kernel(const void* __restrict__ data, bool bf16,
   if (mine != 0) atomicAdd(count, mine);
 }
 
+// count_zeros' test: +0 and -0 by their bits, as the CPU's.
+__global__ void count_zeros_kernel(const void* __restrict__ data, bool bf16, int64_t n, unsigned long long* count) {
+  unsigned long long mine = 0;
+  if (bf16) {
+    const auto* x = static_cast<const bf16_bits*>(data);
+    grid_stride(n, [&](int64_t i) { mine += (x[i] & 0x7fffu) == 0; });
+  } else {
+    const auto* x = static_cast<const float*>(data);
+    grid_stride(n, [&](int64_t i) { mine += (float_bits(x[i]) & 0x7fffffffu) == 0; });
+  }
+  if (mine != 0) atomicAdd(count, mine);
+}
+
 template <typename G>
 __global__ void accumulate_kernel(float* __restrict__ main_grad, const G* __restrict__ grad, int64_t n) {
   grid_stride(n, [&](int64_t i) {
@@ -78,6 +91,12 @@ int launch_count_nonfinite(const void* data, bool bf16, int64_t n, unsigned long
   const cudaError_t zeroed = cudaMemsetAsync(count, 0, sizeof *count, stream);
   if (zeroed != cudaSuccess || n == 0) return zeroed;
   count_nonfinite_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(data, bf16, n, count);
+  return cudaGetLastError();
+}
+
+int launch_count_zeros(const void* data, bool bf16, int64_t n, unsigned long long* count, CUstream_st* stream) {
+  if (n == 0) return cudaSuccess;
+  count_zeros_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(data, bf16, n, count);
   return cudaGetLastError();
 }
 

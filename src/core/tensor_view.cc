@@ -2,7 +2,9 @@
 // silently wrapped element count becomes an out-of-bounds write three layers down.
 #include <mxddp/core.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
@@ -68,6 +70,20 @@ bool all_finite(const TensorView& v) {
   for (size_t i = 0; i < n; ++i)
     if ((x[i] & 0x7f80u) == 0x7f80u) return false;  // exponent all ones: Inf or NaN
   return true;
+}
+
+int64_t count_zeros(const TensorView& v) {
+  const auto n = static_cast<size_t>(v.numel());
+  int64_t zeros = 0;
+  if (v.dtype == DType::kF32) {
+    const float* x = v.data_as<const float>();
+    for (size_t i = 0; i < n; ++i) zeros += (std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu) == 0;
+    return zeros;
+  }
+  MXDDP_CHECK(v.dtype == DType::kBF16, "count_zeros takes f32 or bf16; got {}", v.to_string());
+  const bf16_bits* x = v.data_as<const bf16_bits>();
+  for (size_t i = 0; i < n; ++i) zeros += (x[i] & 0x7fffu) == 0;
+  return zeros;
 }
 
 std::string TensorView::to_string() const {

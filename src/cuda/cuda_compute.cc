@@ -133,6 +133,18 @@ class CudaCompute final : public Compute {
     return count == 0;
   }
 
+  int64_t run_count_zeros(std::span<const TensorView> runs) override {
+    // One counter for every run, zeroed once; one copy brings it to the host.
+    select();
+    if (count_.data() == nullptr) count_ = DeviceBuffer(sizeof(int64_t), MemoryCategory::kScratch, scratch_tracker_, stream_);
+    auto* count_device = static_cast<int64_t*>(count_.data());
+    cuda_zero(count_device, sizeof(int64_t), stream_);
+    for (const TensorView& run : runs) cuda_count_zeros(run.data, run.dtype, run.numel(), count_device, stream_);
+    int64_t count = 0;
+    run_copy_to_host(&count, count_device, sizeof count);
+    return count;
+  }
+
   double run_sum_of_squares(std::span<const TensorView> runs) override {
     // Each run's fixed-order sum lands in its own slot; one copy brings the slots to the host, where
     // they are added in the runs' order.
@@ -227,7 +239,7 @@ class CudaCompute final : public Compute {
   CudaStream stream_;
   int device_ = 0;
   MemoryTracker scratch_tracker_;  // the few bytes of results below: not the rank's model state
-  DeviceBuffer count_;             // [1] int64: all_finite's count
+  DeviceBuffer count_;             // [1] int64: all_finite's and count_zeros' count
   DeviceBuffer sums_;              // [runs][kCudaSumOfSquaresNumel] f64: sum_of_squares' slots
   std::vector<double> host_sums_;  // their copy on the host
 };

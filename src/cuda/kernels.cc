@@ -111,6 +111,15 @@ void cuda_count_nonfinite(const void* data, DType dtype, int64_t n, int64_t* cou
                    "cuda_count_nonfinite over {} elements", n);
 }
 
+void cuda_count_zeros(const void* data, DType dtype, int64_t n, int64_t* count_device, CudaStream stream) {
+  MXDDP_CHECK(count_device != nullptr, "cuda_count_zeros: count_device is null");
+  check_elements("cuda_count_zeros", n, data, count_device);
+  const bool bf16 = is_bf16("cuda_count_zeros", "data", dtype);
+  MXDDP_CUDA_CHECK(cuda_kernels::launch_count_zeros(data, bf16, n, reinterpret_cast<unsigned long long*>(count_device),
+                                                    stream),
+                   "cuda_count_zeros over {} elements", n);
+}
+
 void cuda_accumulate(float* main_grad, const void* grad, DType grad_dtype, int64_t n, CudaStream stream) {
   check_elements("cuda_accumulate", n, main_grad, grad);
   MXDDP_CUDA_CHECK(cuda_kernels::launch_accumulate(main_grad, grad, is_bf16("cuda_accumulate", "grads", grad_dtype), n,

@@ -95,6 +95,21 @@ void DistributedOptimizer::all_reduce_scalars(std::span<float> values, ReduceOp 
   work.wait();  // again: a stream-ordered engine's failure found during the copy is not a result
 }
 
+int64_t DistributedOptimizer::all_reduce_count(int64_t value) {
+  Communicator& comm = dp_.communicator();
+  if (comm.device().is_cpu()) {
+    comm.all_reduce(TensorView{&value, DType::kI64, Shape{1}, Device::cpu()}, {.op = ReduceOp::kSum});
+    return value;
+  }
+  static_assert(2 * sizeof(float) == sizeof(int64_t), "scalars_ holds at least two floats: one i64");
+  const TensorView staged = scalars_.view(DType::kI64, Shape{1});
+  compute_.copy_from_host(staged.data, &value, sizeof value);
+  const Work work = comm.all_reduce(staged, {.op = ReduceOp::kSum});
+  compute_.copy_to_host(&value, staged.data, sizeof value);
+  work.wait();
+  return value;
+}
+
 void DistributedOptimizer::set_lr(float lr) {
   MXDDP_CHECK(std::isfinite(lr) && lr >= 0, "lr must be finite and >= 0; got {}", lr);
   config_.lr = lr;
@@ -172,14 +187,18 @@ std::string_view DistributedOptimizer::state_name(int index) const {
   return optimizer_state_names(config_.optimizer).at(static_cast<size_t>(index));
 }
 
-double DistributedOptimizer::local_grad_sum_of_squares() const {
-  // Over the owned elements only: every element of the model is counted on exactly one rank.
+std::vector<TensorView> DistributedOptimizer::owned_grad_runs() const {
   std::vector<TensorView> runs;
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads.flat();
     for (const ShardParamRange& r : buckets_[b].owned) runs.push_back(grads.slice(r.in_shard.start, r.in_shard.size()));
   }
-  return compute_.sum_of_squares(runs);
+  return runs;
+}
+
+double DistributedOptimizer::local_grad_sum_of_squares() const {
+  // Over the owned elements only: every element of the model is counted on exactly one rank.
+  return compute_.sum_of_squares(owned_grad_runs());
 }
 
 double DistributedOptimizer::grad_norm(double unscale) {
@@ -243,6 +262,8 @@ std::vector<int> DistributedOptimizer::nonfinite_grad_params() {
     if (flags[p] != 0.0f) params.push_back(static_cast<int>(p));
   return params;
 }
+
+int64_t DistributedOptimizer::count_zero_grads() { return all_reduce_count(compute_.count_zeros(owned_grad_runs())); }
 
 void DistributedOptimizer::zero_grad() {
   dp_.start_iteration([this] { stage_main_params(); });

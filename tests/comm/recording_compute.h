@@ -140,6 +140,12 @@ class RecordingCompute final : public Compute {
     drain();
     return cpu().all_finite(on_host(data));
   }
+  int64_t run_count_zeros(std::span<const TensorView> runs) override {
+    drain();
+    std::vector<TensorView> moved(runs.begin(), runs.end());
+    for (TensorView& v : moved) v = on_host(v);
+    return cpu().count_zeros(moved);
+  }
   double run_sum_of_squares(std::span<const TensorView> runs) override {
     drain();
     std::vector<TensorView> moved(runs.begin(), runs.end());

@@ -199,6 +199,30 @@ TEST_P(ComputeConformance, AllFiniteMatchesCore) {
   EXPECT_THROW(compute_->all_finite(finite.view(DType::kI64, Shape{10})), Error) << "f32 or bf16 only";
 }
 
+TEST_P(ComputeConformance, CountZerosOverRunsMatchesCore) {
+  // +0, -0, the smallest denormals (not zero, whatever the CPU's flush-to-zero), NaN, and ones.
+  std::vector<float> a(100'003, 1.0f);
+  for (size_t i = 0; i < a.size(); i += 7) a[i] = i % 2 ? -0.0f : 0.0f;
+  a[1] = std::numeric_limits<float>::denorm_min();
+  a[2] = -std::numeric_limits<float>::denorm_min();
+  a[3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<bf16_bits> b(5'001, f32_to_bf16(2.0f));
+  for (size_t i = 0; i < b.size(); i += 3) b[i] = i % 2 ? 0x8000u : 0x0000u;
+  b[1] = 0x0001u;  // bf16's smallest denormal
+  ComputeBuffer da = upload(a), db = upload(b);
+  const TensorView va = da.view(DType::kF32, Shape{100'003}), vb = db.view(DType::kBF16, Shape{5'001});
+  const int64_t zeros_a = count_zeros(TensorView{a.data(), DType::kF32, Shape{100'003}, Device::cpu()});
+  const int64_t zeros_b = count_zeros(TensorView{b.data(), DType::kBF16, Shape{5'001}, Device::cpu()});
+  EXPECT_EQ(zeros_a, 14'287);  // ceil(100'003 / 7)
+  EXPECT_EQ(zeros_b, 1'667);
+  const std::vector<TensorView> runs{va.slice(0, 50'000), vb, va.slice(50'000, 50'003), vb.slice(0, 0)};
+  EXPECT_EQ(compute_->count_zeros(runs), zeros_a + zeros_b);
+  EXPECT_EQ(compute_->count_zeros({}), 0);
+  EXPECT_EQ(compute_->count_zeros(std::vector<TensorView>{va.slice(7, 1)}), 1);
+  const std::vector<TensorView> ints{da.view(DType::kI64, Shape{10})};
+  EXPECT_THROW(compute_->count_zeros(ints), Error) << "f32 or bf16 only";
+}
+
 TEST_P(ComputeConformance, SumOfSquaresOverRunsMatchesTheReference) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> d(-2, 2);

@@ -49,6 +49,12 @@ TEST(CudaHost, ElementwiseKernelsRefuseNegativeSizesAndNullPointers) {
   EXPECT_NE(error_of([&] { cuda_zero(nullptr, 16, nullptr); }).find("a null pointer for 16 bytes"), std::string::npos);
   EXPECT_NE(error_of([&] { cuda_count_nonfinite(&f, DType::kF32, 1, nullptr, nullptr); }).find("count_device is null"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { cuda_count_zeros(&f, DType::kF32, 1, nullptr, nullptr); }).find("count_device is null"),
+            std::string::npos);
+  int64_t count = 0;
+  EXPECT_NE(error_of([&] { cuda_count_zeros(&f, DType::kF16, 1, &count, nullptr); })
+                .find("cuda_count_zeros: data must be f32 or bf16; got f16"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { cuda_accumulate(&f, nullptr, DType::kBF16, 3, nullptr); }).find("a null pointer for 3"),
             std::string::npos);
 }

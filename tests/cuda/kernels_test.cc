@@ -75,7 +75,7 @@ TEST(CudaKernels, CastsMatchTheCpuBitForBit) {
   EXPECT_EQ(std::memcmp(got.data(), back.data(), got.size() * sizeof(float)), 0);
 }
 
-TEST(CudaKernels, ScaleAccumulateZeroAndNonfiniteCountMatchTheCpu) {
+TEST(CudaKernels, ScaleAccumulateZeroAndTheNonfiniteAndZeroCountsMatchTheCpu) {
   const auto x = awkward_floats(50'001, 5);
   const auto y = awkward_floats(50'001, 6);
   std::vector<bf16_bits> xb(x.size()), yb(y.size());
@@ -133,6 +133,18 @@ TEST(CudaKernels, ScaleAccumulateZeroAndNonfiniteCountMatchTheCpu) {
     const auto zeros = d.to_host();
     EXPECT_TRUE(all_finite(TensorView{const_cast<float*>(zeros.data()), DType::kF32, Shape{d.n}, Device::cpu()}));
     EXPECT_EQ(std::count(zeros.begin(), zeros.end(), 0.0f), d.n);
+  }
+  {  // the zero count against count_zeros, added up over an f32 and a bf16 run
+    const int64_t want = count_zeros(TensorView{const_cast<float*>(x.data()), DType::kF32, Shape{static_cast<int64_t>(x.size())}, Device::cpu()});
+    const int64_t want_b = count_zeros(TensorView{const_cast<bf16_bits*>(xb.data()), DType::kBF16, Shape{static_cast<int64_t>(xb.size())}, Device::cpu()});
+    ASSERT_GT(want, 0) << "awkward_floats holds zeros";
+    DeviceCopy<float> d(x);
+    DeviceCopy<bf16_bits> db(xb);
+    DeviceCopy<int64_t> count{std::vector<int64_t>{0}};
+    cuda_count_zeros(d.data(), DType::kF32, d.n, count.data(), nullptr);
+    EXPECT_EQ(count.to_host()[0], want);
+    cuda_count_zeros(db.data(), DType::kBF16, db.n, count.data(), nullptr);
+    EXPECT_EQ(count.to_host()[0], want + want_b) << "added to the count, not overwriting it";
   }
 }
 

@@ -65,6 +65,40 @@ TEST_P(OptimDp, F32ParamShardIsItsOwnMainParam) {
   });
 }
 
+// After a step's sync every rank writes the same values into each param's whole grad: +0 or -0 at
+// a fixed pattern, 1 elsewhere. The count is the pattern's: each element once (not once per rank),
+// and not the buckets' padding, which is zero too.
+TEST_P(OptimDp, CountZeroGradsCountsEachElementOnceWithoutPadding) {
+  for (const bool fp32_grads : {false, true})
+    run_local(GetParam(), [fp32_grads](Communicator& comm) {
+      MemoryTracker tracker;
+      auto init = mlp_init();
+      DdpConfig config = optim_ddp_config();
+      config.grad_reduce_in_fp32 = fp32_grads;
+      DistributedDataParallel ddp(comm, mlp_params(), config, tracker, views_of(init));
+      DistributedOptimizer opt(ddp, {.lr = 1e-2f}, tracker);
+      ddp_train_step(opt, 0, kGlobalBatch);
+      const ParamLayout& layout = ddp.buffer().layout();
+      if (comm.size() > 1) {
+        ASSERT_GT(layout.numel, layout.params_numel()) << "no padding to leave out";
+      }
+      int64_t zeros = 0;
+      for (int p = 0; p < ddp.num_params(); ++p) {
+        const TensorView g = ddp.main_grad(p).flat();
+        ASSERT_EQ(g.dtype, fp32_grads ? DType::kF32 : DType::kBF16);
+        for (int64_t i = 0; i < g.numel(); ++i) {
+          const bool zero = (i + p) % 5 == 0;
+          const float v = !zero ? 1.0f : (i % 2 == 0 ? 0.0f : -0.0f);
+          zeros += zero;
+          if (fp32_grads) g.data_as<float>()[i] = v;
+          else g.data_as<bf16_bits>()[i] = f32_to_bf16(v);
+        }
+      }
+      ASSERT_GT(zeros, 0);
+      EXPECT_EQ(opt.count_zero_grads(), zeros) << "rank " << comm.rank();
+    });
+}
+
 INSTANTIATE_TEST_SUITE_P(Dp, OptimDp, ::testing::Values(1, 2, 4));
 
 // Runs `steps` steps and returns this rank's full param buffer bytes and the losses.

@@ -105,7 +105,6 @@ def test_fp32_accumulation_refused_for_bf16_grads():
     ("overlap_param_gather_with_optimizer_step", True,
      "overlap_param_gather_with_optimizer_step=True is not supported"),
     ("optimizer_cpu_offload", True, "optimizer_cpu_offload=True is not supported"),
-    ("log_num_zeros_in_grad", True, "log_num_zeros_in_grad=True is not supported"),
     ("config_logger_dir", "/tmp/x", "config_logger_dir='/tmp/x' is not supported.*valid: ''"),
     ("fp8_recipe", "fancy", "fp8_recipe='fancy' is not valid; valid: None, 'delayed'"),
     ("min_lr", "low", None),
@@ -196,18 +195,23 @@ def _module() -> torch.nn.Module:
                                torch.nn.Linear(32, 8))
 
 
-def megatron_loop(api, transformer_config, rank, config_overrides=None, scheduled=True, finalize=None):
+def megatron_loop(api, transformer_config, rank, config_overrides=None, scheduled=True, finalize=None,
+                  log_num_zeros_in_grad=False):
     """A Megatron training loop, written against megatron-core's API only: ``api`` holds the names
     a script imports (DistributedDataParallel, DistributedDataParallelConfig, OptimizerConfig,
     get_megatron_optimizer). Returns per iteration (loss, update_successful, grad_norm,
     num_zeros_in_grad, each group's lr and weight_decay after the scheduler's step), and the final
     params. ``config_overrides``: get_megatron_optimizer's; ``scheduled``: with Megatron's scheduler;
-    ``finalize``: what ends the grad sync (Megatron's finalize_model_grads), else finish_grad_sync()."""
+    ``finalize``: what ends the grad sync (Megatron's finalize_model_grads), else finish_grad_sync().
+    ``log_num_zeros_in_grad``: the config's; then input features 0-3 are 0 on every rank (32 x 4
+    elements of the first weight's grad are 0 after the sum) and features 4-7 on rank 0 only (0 in
+    its local grad, not after the sum over several ranks)."""
     ddp_config = api.DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True,
                                                    grad_reduce_in_fp32=True, bucket_size=300)
     model = api.DistributedDataParallel(transformer_config, ddp_config, _module())
     opt_config = api.OptimizerConfig(optimizer="adam", lr=3e-3, min_lr=3e-4, weight_decay=0.1, adam_beta2=0.95,
-                                     clip_grad=1.0, use_distributed_optimizer=True)
+                                     clip_grad=1.0, use_distributed_optimizer=True,
+                                     log_num_zeros_in_grad=log_num_zeros_in_grad)
     optimizer = api.get_megatron_optimizer(opt_config, [model], config_overrides=config_overrides)
     scheduler = None if not scheduled else OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=3e-3, min_lr=3e-4, lr_warmup_steps=2,
                                         lr_decay_steps=ITERATIONS, lr_decay_style="cosine", start_wd=0.05,
@@ -216,6 +220,8 @@ def megatron_loop(api, transformer_config, rank, config_overrides=None, schedule
     for it in range(ITERATIONS):
         gen = torch.Generator().manual_seed(1000 * it + rank)
         x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 8, generator=gen)
+        if log_num_zeros_in_grad:
+            x[:, :(8 if rank == 0 else 4)] = 0.0
         model.zero_grad_buffer()
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -259,6 +265,26 @@ def megatron_state(ranks):
     parallel_state.initialize_model_parallel()
     yield TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=1)
     parallel_state.destroy_model_parallel()
+
+
+@needs_mcore
+def test_num_zeros_in_grad_is_megatrons(ranks, megatron_state):
+    from megatron_on_cpu import megatron_on_cpu
+
+    rank, world = ranks
+    with megatron_on_cpu(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs, _, _, _ = megatron_loop(_megatron_api(), megatron_state, rank, log_num_zeros_in_grad=True)
+    ours, _, model, optimizer = megatron_loop(_mxddp_api(), megatron_state, rank, log_num_zeros_in_grad=True)
+    try:
+        expected = 32 * (8 if world == 1 else 4)  # the columns of zero inputs on every rank
+        for it, (mine, ref) in enumerate(zip(ours, theirs)):
+            assert mine[0] == pytest.approx(ref[0], rel=1e-6), f"iteration {it}: loss"
+            assert isinstance(mine[3], float) and mine[3] == ref[3] == expected, f"iteration {it}: num_zeros_in_grad"
+        assert optimizer.count_zeros() == expected  # alone, on the last iteration's grads
+    finally:
+        optimizer.close()
+        model.close()
 
 
 @needs_mcore
@@ -368,8 +394,8 @@ def test_config_fields_set_after_construction_are_checked_where_the_config_is_ta
         with pytest.raises(ValueError, match="loss_scale=4096.0 is not supported"):
             mxt.DistributedOptimizer(model, config)
         config.loss_scale = None
-        config.log_num_zeros_in_grad = True
-        with pytest.raises(ValueError, match="log_num_zeros_in_grad=True is not supported"):
+        config.optimizer_cpu_offload = True
+        with pytest.raises(ValueError, match="optimizer_cpu_offload=True is not supported"):
             mxt.DistributedOptimizer(model, config)
     finally:
         model.close()

@@ -314,8 +314,8 @@ class OptimizerConfig:
     Refused at any other value: fp16 (mxddp keeps F32 or BF16 params), loss_scale (no grad
     scaler), use_precision_aware_optimizer and main_grads/main_params/exp_avg/exp_avg_sq dtypes
     (F32 main params and states always, as Megatron without precision-aware), optimizer "muon",
-    overlap_param_gather_with_optimizer_step, optimizer_cpu_offload, log_num_zeros_in_grad (no
-    count), config_logger_dir. Inert, any value (Megatron ignores them here too): the
+    overlap_param_gather_with_optimizer_step, optimizer_cpu_offload, config_logger_dir.
+    log_num_zeros_in_grad: ``step()`` counts the zeros in the synchronized grads, as Megatron's. Inert, any value (Megatron ignores them here too): the
     dynamic loss-scaling fields (fp16 only), muon_* (Muon only), the offload fields (offload only),
     store_param_remainders (precision-aware only), barrier_with_L1_time (timers only). timers:
     any value, never called (Megatron-LM sets its Timers after construction; mxddp reports no
@@ -428,8 +428,6 @@ class OptimizerConfig:
         _refuse_unless("optimizer_cpu_offload", self.optimizer_cpu_offload, False,
                        "mxddp's optimizer state already lives where its params do (host memory for mxddp.torch) and "
                        "has no hybrid device optimizer")
-        _refuse_unless("log_num_zeros_in_grad", self.log_num_zeros_in_grad, False,
-                       "mxddp's optimizer does not count zeros (step() returns None as num_zeros_in_grad)")
         _refuse_unless("config_logger_dir", self.config_logger_dir, "", "mxddp does not dump configs")
 
     def check_model(self, model: Any, exact: bool = True) -> None:

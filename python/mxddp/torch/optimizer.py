@@ -258,7 +258,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         grad_norm, num_zeros_in_grad)``: update_successful is False when the global grad norm is NaN
         or Inf (nothing changes, as ``mxddp train`` skips such a step); grad_norm is before
         clipping; num_zeros_in_grad is None (not counted, as Megatron without
-        log_num_zeros_in_grad). With a torch optimizer returns the closure's loss (or None), as
+        log_num_zeros_in_grad; with it, ``count_zeros()`` before the update, as Megatron's; None too
+        when the step is skipped). With a torch optimizer returns the closure's loss (or None), as
         torch's step; a NaN or Inf norm skips the step there too.
 
         The params ``model._unused_params`` names (registration indices, agreed across ranks) are
@@ -280,6 +281,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._take_param_writes()  # values a script wrote into the params are what the step starts from
         unscale, clip_coeff = self._scaler_unscale(grad_scaler, True), self._clip_coeff
         self._clip_coeff = 1.0
+        # Megatron counts before the update, from the grads it steps on (unscaling and clipping
+        # change no zero); the step leaves the grads as they are, but a count here reads nothing late.
+        num_zeros = self.count_zeros() if self._megatron and self.config.log_num_zeros_in_grad else None
         skipped, grad_norm, _clip = self._cpp.step(unscale, clip_coeff, frozen)
         self._record_param_versions()  # a write from here until the params are gathered is lost
         self._stepped = True
@@ -305,8 +309,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not skipped and self.model.ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
             self.model._awaiting_zero_grad = True  # the update waits in the main params for zero_grad()
         if self._megatron:
-            return (not skipped, grad_norm, None)
+            return (False, grad_norm, None) if skipped else (True, grad_norm, num_zeros)
         return loss
+
+    def count_zeros(self) -> float:
+        """Collective (Megatron's name). The elements of the synchronized grads that are zero (+0 or
+        -0; not the buckets' padding), each counted once and summed over the ranks: Megatron's
+        ``num_zeros_in_grad``. A float as Megatron's, but exact (Megatron sums in f32)."""
+        self._check_grads_ready("count_zeros()")
+        return float(self._cpp.count_zero_grads())
 
     def get_grad_norm(self) -> float:
         """Collective (Megatron's name). The global L2 norm of the synchronized grads, each element
