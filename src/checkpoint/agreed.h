@@ -12,7 +12,7 @@
 
 #include <mxddp/comm.h>
 
-#include "host_collectives.h"
+#include "../comm/host_collectives.h"
 
 namespace mxddp::ckpt {
 

@@ -170,7 +170,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
   uint64_t save_id = 0;
   if (comm.rank() == 0) save_id = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
                                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  ckpt::broadcast_host(comm, TensorView{&save_id, DType::kU8, Shape{8}, Device::cpu()}, {.root = 0});
+  broadcast_host(comm, TensorView{&save_id, DType::kU8, Shape{8}, Device::cpu()}, {.root = 0});
   const std::string save_id_text = fmt::format("{:016x}", save_id);
   // Each rank writes its file and shares (size, crc) with the others.
   int64_t info[2] = {0, 0};  // bytes, crc32
@@ -181,7 +181,7 @@ void save_checkpoint(const std::string& dir, DistributedOptimizer& opt, const Sa
     info[1] = ckpt::crc32_of(bytes);
   });
   std::vector<int64_t> infos(static_cast<size_t>(2 * comm.size()));
-  ckpt::all_gather_host(comm, TensorView{info, DType::kU8, Shape{16}, Device::cpu()},
+  all_gather_host(comm, TensorView{info, DType::kU8, Shape{16}, Device::cpu()},
                         TensorView{infos.data(), DType::kU8, Shape{16 * comm.size()}, Device::cpu()});
   agreed(comm, "checkpoint save (manifest)", [&] {
     if (comm.rank() != 0) return;

@@ -335,7 +335,7 @@ std::string save_checkpoint_to_history(const std::string& save_dir, int64_t iter
   // The same iteration on every rank, or each would write (and the tracker name) another directory.
   int64_t mine = iteration;
   std::vector<int64_t> all(static_cast<size_t>(comm.size()));
-  ckpt::all_gather_host(comm, TensorView{&mine, DType::kU8, Shape{8}, Device::cpu()},
+  all_gather_host(comm, TensorView{&mine, DType::kU8, Shape{8}, Device::cpu()},
                         TensorView{all.data(), DType::kU8, Shape{8 * int64_t{comm.size()}}, Device::cpu()});
   for (int r = 0; r < comm.size(); ++r)
     MXDDP_CHECK(all[static_cast<size_t>(r)] == iteration, "checkpoint save: rank {} saves iteration {} but rank {} "
@@ -370,7 +370,7 @@ std::string save_checkpoint_to_history(const std::string& save_dir, int64_t iter
       failed = failed == 0 ? 1 : failed;
     }
   }
-  ckpt::all_reduce_host(comm, TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
+  all_reduce_host(comm, TensorView{&failed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
   const std::string why = error.empty() ? " (on rank 0)" : ": " + error;
   MXDDP_CHECK(failed != 1, "iteration {}: the checkpoint was saved to {} but the tracker file could not be updated{}",
               iteration, dir, why);
@@ -390,7 +390,7 @@ void check_same_checkpoint(Communicator& comm, const std::string& load_dir, cons
   const uint32_t crc_dir = ckpt::crc32_of(dir), crc_manifest = ckpt::crc32_of(manifest);
   uint64_t mine = (uint64_t{crc_dir} << 32) | crc_manifest;
   std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
-  ckpt::all_gather_host(comm, TensorView{&mine, DType::kU8, Shape{8}, Device::cpu()},
+  all_gather_host(comm, TensorView{&mine, DType::kU8, Shape{8}, Device::cpu()},
                         TensorView{all.data(), DType::kU8, Shape{8 * int64_t{comm.size()}}, Device::cpu()});
   for (int r = 0; r < comm.size(); ++r) {
     const uint64_t theirs = all[static_cast<size_t>(r)];
@@ -418,7 +418,7 @@ HistoryLoadResult load_checkpoint_from_history(const std::string& load_dir, Dist
       // Every rank threw (each step above fails on all ranks together); they retry together when
       // the history changed under any of them.
       uint8_t changed = checkpoint_history::reader_state(load_dir) != before ? 1 : 0;
-      ckpt::all_reduce_host(comm, TensorView{&changed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
+      all_reduce_host(comm, TensorView{&changed, DType::kU8, Shape{1}, Device::cpu()}, {.op = ReduceOp::kMax});
       if (changed == 0) throw;
       MXDDP_CHECK(attempt < checkpoint_history::kReadTries, "{}", checkpoint_history::being_written_message(load_dir));
       std::this_thread::sleep_for(std::chrono::milliseconds(10 * attempt));

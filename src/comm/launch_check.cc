@@ -1,12 +1,15 @@
 // check_same_job and throw_if_any_rank_failed (launch_check.h): each rank's text all-gathered as
 // bytes (its length first, so that every rank issues the same sizes), then compared on every rank,
-// which therefore reaches the same verdict and the same message.
+// which therefore reaches the same verdict and the same message. The bytes go through the
+// communicator's memory (host_collectives.h): a device's, for a checkpoint save of a CUDA model.
 #include <mxddp/launch_check.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
+
+#include "host_collectives.h"
 
 namespace mxddp {
 
@@ -18,9 +21,8 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const std::strin
   const auto ranks = static_cast<size_t>(comm.size());
   uint64_t length = mine.size();
   std::vector<uint64_t> lengths(ranks);  // [ranks]
-  comm.all_gather(TensorView{&length, DType::kU8, Shape{8}, Device::cpu()},
-                  TensorView{lengths.data(), DType::kU8, Shape{static_cast<int64_t>(8 * ranks)}, Device::cpu()})
-      .wait();
+  all_gather_host(comm, TensorView{&length, DType::kU8, Shape{8}, Device::cpu()},
+                  TensorView{lengths.data(), DType::kU8, Shape{static_cast<int64_t>(8 * ranks)}, Device::cpu()});
   const uint64_t longest = *std::max_element(lengths.begin(), lengths.end());
   MXDDP_CHECK(longest <= (uint64_t{1} << 30), "launch check: a rank sent {} bytes of job description; at most 1 GiB",
               longest);
@@ -28,9 +30,8 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const std::strin
   std::string padded = mine;
   padded.resize(longest, '\0');
   std::string all(longest * ranks, '\0');  // [ranks][longest]
-  comm.all_gather(TensorView{padded.data(), DType::kU8, Shape{static_cast<int64_t>(longest)}, Device::cpu()},
-                  TensorView{all.data(), DType::kU8, Shape{static_cast<int64_t>(all.size())}, Device::cpu()})
-      .wait();
+  all_gather_host(comm, TensorView{padded.data(), DType::kU8, Shape{static_cast<int64_t>(longest)}, Device::cpu()},
+                  TensorView{all.data(), DType::kU8, Shape{static_cast<int64_t>(all.size())}, Device::cpu()});
   std::vector<std::string> out(ranks);
   for (size_t r = 0; r < ranks; ++r) out[r] = all.substr(r * longest, lengths[r]);
   return out;

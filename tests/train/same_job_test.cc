@@ -13,6 +13,7 @@
 
 #include <mxddp/launch_check.h>
 
+#include "comm/recording_compute.h"
 #include "model/train_util.h"
 #include "train/same_job_cases.h"
 #include <mxddp/checkpoint_history.h>
@@ -120,6 +121,25 @@ TEST(SameJob, FieldsMissingOnARankAndFailuresOnOneRankAreNamed) {
     }
     EXPECT_NO_THROW(throw_if_any_rank_failed(comm, ""));
   });
+}
+
+// A CUDA model's communicator collects device memory only: the texts are staged through it, as
+// mxddp.torch's checkpoint save checks its directory on every rank (it refused host views before).
+TEST(SameJob, RanksOnADeviceCompareAndNameFailuresToo) {
+  const ClaimedDevice claimed(2);
+  std::vector<std::string> errors(2);
+  run_local(2, [&](Communicator& comm) {
+    ASSERT_FALSE(comm.device().is_cpu());
+    EXPECT_NO_THROW(throw_if_any_rank_failed(comm, ""));
+    EXPECT_NO_THROW(check_same_job(comm, {{"--a", "1"}}, "the test's fields"));
+    try {
+      check_same_job(comm, {{"--a", comm.rank() == 0 ? "1" : "2"}}, "the test's fields");
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  }, claimed.options);
+  for (const std::string& e : errors) EXPECT_NE(e.find("--a: '1' on rank 0; '2' on rank 1"), std::string::npos) << e;
+  for (const auto& compute : claimed.computes) EXPECT_GT(compute->copies.load(), 0) << "staged through the device";
 }
 
 TEST(SaveDirLock, ASecondWriterIsRefusedNamingTheFirst) {

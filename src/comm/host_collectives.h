@@ -1,12 +1,13 @@
-// The checkpoint layer's small collectives (failure flags, save ids, file sizes and CRCs) on host
-// values, whatever memory the data-parallel communicator's collectives run on. On a device's they
-// go through a few bytes of its compute, copied in and back, as the optimizer stages its norm.
+// Small collectives on host values, whatever memory the communicator's collectives run on: the
+// launch check's texts, the checkpoint layer's failure flags, save ids, file sizes and CRCs. On a
+// device's they go through a few bytes of its compute, copied in and back, as the optimizer stages
+// its norm. Internal to the layers (src/), not a public header.
 #pragma once
 
 #include <mxddp/comm.h>
 #include <mxddp/compute.h>
 
-namespace mxddp::ckpt {
+namespace mxddp {
 
 // A host view's bytes in the communicator's memory for one collective: the view itself on the
 // host; on a device, a copy there (of the host bytes when copy_in), put back by copy_out().
@@ -54,4 +55,4 @@ inline void all_gather_host(Communicator& comm, const TensorView& input, const T
   work.wait();
 }
 
-}  // namespace mxddp::ckpt
+}  // namespace mxddp
