@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -105,7 +104,6 @@ def run_one(name: str, args) -> dict:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if gpu else "gloo", rank=0, world_size=1,
                             init_method=f"tcp://127.0.0.1:{free_port()}")
-    os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")  # the GPU path under measurement (device.py)
     synchronize = torch.cuda.synchronize if gpu else (lambda: None)
     model, opt, finish = build(name, args, device)
     data = torch.Generator().manual_seed(1)

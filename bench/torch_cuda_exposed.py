@@ -22,7 +22,6 @@ Medians over --steps timed steps after 3 warm-up steps, the slower rank's.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -108,7 +107,6 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("SKIP: torch sees no usable GPU")
         return 77
-    os.environ.setdefault("MXDDP_TORCH_CUDA_UNVERIFIED", "1")  # the GPU path under measurement (device.py)
     import mxddp.torch as mxt
 
     rank, world = mxt.init()

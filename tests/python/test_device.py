@@ -44,15 +44,8 @@ def test_a_meta_module_is_refused_by_the_wrapper(ranks):
         mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(use_distributed_optimizer=True))
 
 
-def test_the_unverified_gpu_path_is_off_unless_asked_for(monkeypatch):
-    monkeypatch.delenv(device.UNVERIFIED_VARIABLE, raising=False)
-    with pytest.raises(NotImplementedError, match="has not yet run on a GPU.*MXDDP_TORCH_CUDA_UNVERIFIED=1"):
-        device.check_usable(torch.device("cuda", 0))
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a usable GPU")
-def test_a_gpu_this_process_cannot_use_is_refused_with_cuda_s_reason(monkeypatch):
-    monkeypatch.setenv(device.UNVERIFIED_VARIABLE, "1")
+def test_a_gpu_this_process_cannot_use_is_refused_with_cuda_s_reason():
     count, why = _C.cuda_devices()
     assert count == 0 and why, "with no usable GPU, CUDA's (or the build's) reason is given"
     with pytest.raises(RuntimeError, match="the module is on cuda:0, but") as refused:
@@ -83,4 +76,3 @@ def test_ranks_agree_on_the_kind_of_device_and_on_a_gpu_on_its_settings(monkeypa
     items = dict(device.agreement_items(torch.device("cuda", 3)))
     assert items["device"] == "cuda", "the index may differ between ranks (rank r on cuda:r)"
     assert items["MXDDP_DEVICE_ENGINE"] == "'staged'"
-    assert "MXDDP_TORCH_CUDA_UNVERIFIED" in items

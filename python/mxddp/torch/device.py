@@ -78,27 +78,17 @@ def gpu_identity(device: torch.device) -> bytes:
     return hashlib.sha256(f"{socket.gethostname()}|{process_group.boot_id()}|{uuid}".encode()).digest()
 
 
-# Until the GPU checks (scripts/gpu_check.sh --run-python) have passed on a GPU, a module on one is
-# refused unless this is set: the device path is built and compiled in CI but has not run (issue 42).
-UNVERIFIED_VARIABLE = "MXDDP_TORCH_CUDA_UNVERIFIED"
-
-
 def agreement_items(device: torch.device) -> list[tuple[str, str]]:
     """What every rank of a group must agree on before a model on ``device`` is wrapped: the kind of
     device (the index may differ) and, on a GPU, the settings that choose the device path."""
     if device.type == "cpu":
         return [("device", "cpu")]
-    return [("device", device.type), (_ENGINE_VARIABLE, repr(os.environ.get(_ENGINE_VARIABLE))),
-            (UNVERIFIED_VARIABLE, repr(os.environ.get(UNVERIFIED_VARIABLE)))]
+    return [("device", device.type), (_ENGINE_VARIABLE, repr(os.environ.get(_ENGINE_VARIABLE)))]
 
 
 def check_usable(device: torch.device) -> None:
     """Refuses, naming why, a CUDA device this process cannot put mxddp's buffers on, or one that is
     not torch's current device (where mxddp allocates and launches)."""
-    if os.environ.get(UNVERIFIED_VARIABLE) != "1":
-        raise NotImplementedError(
-            f"the module is on {device}: mxddp.torch's GPU path is built but has not yet run on a GPU (issue 42; "
-            f"docs/python.md, 'GPUs'), so it is off; {UNVERIFIED_VARIABLE}=1 runs it anyway, unverified")
     if not _C.built_with_cuda():
         raise RuntimeError(f"the module is on {device}, but {_C.cuda_devices()[1]}")
     count, why = _C.cuda_devices()

@@ -281,8 +281,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._take_param_writes()  # values a script wrote into the params are what the step starts from
         unscale, clip_coeff = self._scaler_unscale(grad_scaler, True), self._clip_coeff
         self._clip_coeff = 1.0
-        # Megatron counts before the update, from the grads it steps on (unscaling and clipping
-        # change no zero); the step leaves the grads as they are, but a count here reads nothing late.
+        # Megatron counts before the update, after clipping the grads in place; mxddp's step clips by
+        # a coefficient and leaves the grads as reduced, which are counted. The two differ only where
+        # the clip coefficient rounds a grad to 0 (a denormal F32 grad clipped by a large norm).
         num_zeros = self.count_zeros() if self._megatron and self.config.log_num_zeros_in_grad else None
         skipped, grad_norm, _clip = self._cpp.step(unscale, clip_coeff, frozen)
         self._record_param_versions()  # a write from here until the params are gathered is lost
