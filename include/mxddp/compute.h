@@ -205,7 +205,7 @@ class Compute {
   virtual void run_convert(const TensorView& in, const TensorView& out) = 0;  // of different dtypes, n > 0
   virtual bool run_all_finite(const TensorView& data) = 0;
   virtual double run_sum_of_squares(std::span<const TensorView> runs) = 0;
-  virtual int64_t run_count_zeros(std::span<const TensorView> runs) = 0;  // at least one run, none empty
+  virtual int64_t run_count_zeros(std::span<const TensorView> runs) = 0;  // at least one run
   virtual void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) = 0;
   virtual void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) = 0;
   virtual void run_mx_quantize(const TensorView& input, const Mxfp8View& out) = 0;  // M, N > 0

@@ -207,8 +207,6 @@ class DistributedOptimizer {
   // values all-reduced with op across dp: in place on the host, or staged through scalars_ where
   // the communicator's buffers are on a device.
   void all_reduce_scalars(std::span<float> values, ReduceOp op);
-  // value summed across dp, exactly (an i64 all-reduce, staged as all_reduce_scalars' values are).
-  int64_t all_reduce_count(int64_t value);
 
   DataParallel& dp_;
   std::vector<OptimizerBucket> buckets_;        // [bucket]
@@ -222,7 +220,7 @@ class DistributedOptimizer {
   std::vector<TensorView> main_;                   // [bucket] f32 [shard size]: main_copies_[b] or the param shard
   std::vector<std::vector<ComputeBuffer>> state_;  // [state][bucket] f32 [shard size], kOptimizerState
   MemoryTracker scalars_tracker_;                  // their few bytes are not the rank's model state
-  ComputeBuffer scalars_;                          // f32 [max(2, num_params)] on a device (or one i64); none on the host
+  ComputeBuffer scalars_;                          // f32 [max(2, num_params)] on a device; none on the host
 };
 
 }  // namespace mxddp

@@ -1,10 +1,13 @@
 // DistributedOptimizer: see optim.h. Everything here touches only this rank's shards; the one
-// collective of its own is the grad-norm all-reduce (plus the param all-gather it starts).
+// collective of its own is the grad-norm all-reduce (plus the param all-gather it starts, and the
+// zero count's all-reduce where a caller asks for it).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include <mxddp/optim.h>
+
+#include "../comm/host_collectives.h"
 
 namespace mxddp {
 
@@ -93,21 +96,6 @@ void DistributedOptimizer::all_reduce_scalars(std::span<float> values, ReduceOp 
   const Work work = comm.all_reduce(staged, {.op = op});
   compute_.copy_to_host(values.data(), staged.data, values.size_bytes());
   work.wait();  // again: a stream-ordered engine's failure found during the copy is not a result
-}
-
-int64_t DistributedOptimizer::all_reduce_count(int64_t value) {
-  Communicator& comm = dp_.communicator();
-  if (comm.device().is_cpu()) {
-    comm.all_reduce(TensorView{&value, DType::kI64, Shape{1}, Device::cpu()}, {.op = ReduceOp::kSum});
-    return value;
-  }
-  static_assert(2 * sizeof(float) == sizeof(int64_t), "scalars_ holds at least two floats: one i64");
-  const TensorView staged = scalars_.view(DType::kI64, Shape{1});
-  compute_.copy_from_host(staged.data, &value, sizeof value);
-  const Work work = comm.all_reduce(staged, {.op = ReduceOp::kSum});
-  compute_.copy_to_host(&value, staged.data, sizeof value);
-  work.wait();
-  return value;
 }
 
 void DistributedOptimizer::set_lr(float lr) {
@@ -263,7 +251,12 @@ std::vector<int> DistributedOptimizer::nonfinite_grad_params() {
   return params;
 }
 
-int64_t DistributedOptimizer::count_zero_grads() { return all_reduce_count(compute_.count_zeros(owned_grad_runs())); }
+int64_t DistributedOptimizer::count_zero_grads() {
+  int64_t zeros = compute_.count_zeros(owned_grad_runs());
+  // Exact at any count: an i64, through the communicator's memory (a device's, staged).
+  all_reduce_host(dp_.communicator(), TensorView{&zeros, DType::kI64, Shape{1}, Device::cpu()}, {.op = ReduceOp::kSum});
+  return zeros;
+}
 
 void DistributedOptimizer::zero_grad() {
   dp_.start_iteration([this] { stage_main_params(); });
