@@ -12,20 +12,31 @@ Each configuration runs in a process of its own, so that its peak memory is its 
   mxddp_bf16       the same with BF16 params (F32 main params in the optimizer), grads reduced in F32
   mxddp_mxfp8      mxddp_bf16 with fp8_param_gather and reuse_grad_buf_for_mxfp8_param_ag (seed 000:
                    the MXFP8 gather staged in the grad buffer, no separate param buffer)
-  mxddp_fsdp       mxt.FullyShardedDataParallel(optim_grads_params), units GPT2Block, BF16 params
+  mxddp_fsdp       mxt.FullyShardedDataParallel(optim_grads_params), units GPT2Block, BF16 params,
+                   grads reduced and kept in F32 (grad_reduce_in_fp32)
+  mxddp_fsdp_bf16grads  the same with BF16 grads (grad_reduce_in_fp32=False, Megatron's default)
   megatron_fsdp    megatron_fsdp.fully_shard_model(zero_dp_strategy=3, units GPT2Block, BF16 params,
-                   F32 main params) + fully_shard_optimizer(torch.optim.AdamW) (PyPI megatron-fsdp;
-                   skipped, saying so, where it is not importable)
+                   F32 main params, main grads in the params' dtype: BF16, its default) +
+                   fully_shard_optimizer(torch.optim.AdamW) (PyPI megatron-fsdp; skipped, saying so,
+                   where it is not importable)
+  megatron_fsdp_f32grads  the same with F32 main grads (main_grads_dtype=torch.float32)
+
+Each FSDP is compared with the other project's run that keeps its grads in the same dtype: mxddp_fsdp
+with megatron_fsdp_f32grads, mxddp_fsdp_bf16grads with megatron_fsdp. (Until 2026-11-30 mxddp_fsdp,
+with F32 grads, was compared with megatron_fsdp, with BF16 ones: 237 MiB of grads apart.)
 
 Measured: step_ms, the median over --steps timed steps (after 3 warm-up steps) of zero_grad to the
 end of the optimizer step, the device synchronized at both ends; peak_mib, torch's
 max_memory_allocated over the timed steps (mxddp's buffers come from torch's caching allocator, so
-they count); for mxddp, its tracked bytes per category where its buffers are
+they count); steady_mib, memory_allocated at the start of the last timed step (what lives from step
+to step: params, grads, optimizer state), so that peak - steady is what a step adds (activations,
+the loss's logits, temporaries), the same model's in every configuration; with --profile, one more
+step after the timed ones under torch.profiler, and its device kernels with the most time; for mxddp, its tracked bytes per category where its buffers are
 (mxt.memory_usage("device"); "host" with --device cpu). The
 report gives each against its yardstick: torch_ddp for the DDPs, megatron_fsdp for mxddp_fsdp, and
 the bytes mxddp_mxfp8 saves against mxddp_bf16 in its params category.
 
-    python bench/torch_cuda_compare.py [--steps 10] [--batch 8] [--seq 1024] [--only NAME ...]
+    python bench/torch_cuda_compare.py [--steps 10] [--batch 8] [--seq 1024] [--only NAME ...] [--profile]
 
 (--layers and --hidden give a smaller GPT-2 for the script's own check on the CPU.)
 """
@@ -39,9 +50,11 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("torch_ddp", "mxddp_ddp", "mxddp_bf16", "mxddp_mxfp8", "mxddp_fsdp", "megatron_fsdp")
+CONFIGS = ("torch_ddp", "mxddp_ddp", "mxddp_bf16", "mxddp_mxfp8", "mxddp_fsdp", "mxddp_fsdp_bf16grads",
+           "megatron_fsdp", "megatron_fsdp_f32grads")
 YARDSTICK = {"mxddp_ddp": "torch_ddp", "mxddp_bf16": "torch_ddp", "mxddp_mxfp8": "torch_ddp",
-             "mxddp_fsdp": "megatron_fsdp"}
+             "mxddp_fsdp": "megatron_fsdp_f32grads", "mxddp_fsdp_bf16grads": "megatron_fsdp"}
+GPU_ONLY = ("megatron_fsdp", "megatron_fsdp_f32grads")
 
 
 def free_port() -> int:
@@ -65,11 +78,13 @@ def build(name: str, args, device):
         model = torch.nn.parallel.DistributedDataParallel(module)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd, fused=device.type == "cuda")
         return model, opt, lambda: None
-    if name == "megatron_fsdp":
+    if name in GPU_ONLY:
         from megatron_fsdp import MixedPrecisionPolicy, fully_shard_model, fully_shard_optimizer
 
+        grads = torch.float32 if name == "megatron_fsdp_f32grads" else None  # None: the params' dtype
+        policy = MixedPrecisionPolicy(main_params_dtype=torch.float32, main_grads_dtype=grads)
         model = fully_shard_model(module.to(torch.bfloat16), fsdp_unit_modules=[GPT2Block], zero_dp_strategy=3,
-                                  mixed_precision_policy=MixedPrecisionPolicy(main_params_dtype=torch.float32))
+                                  mixed_precision_policy=policy)
         opt = fully_shard_optimizer(torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd))
         return model, opt, lambda: None
     import mxddp.torch as mxt
@@ -77,10 +92,10 @@ def build(name: str, args, device):
     mxt.init()
     if name != "mxddp_ddp":
         module = module.to(torch.bfloat16)
-    if name == "mxddp_fsdp":
+    if name.startswith("mxddp_fsdp"):
         model = mxt.FullyShardedDataParallel(module, mxt.DistributedDataParallelConfig(
             use_megatron_fsdp=True, use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads_params",
-            overlap_grad_reduce=True, overlap_param_gather=True, grad_reduce_in_fp32=True),
+            overlap_grad_reduce=True, overlap_param_gather=True, grad_reduce_in_fp32=name == "mxddp_fsdp"),
             fsdp_unit_modules=[GPT2Block])
     else:
         mxfp8 = name == "mxddp_mxfp8"
@@ -90,6 +105,22 @@ def build(name: str, args, device):
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=lr, adam_beta1=betas[0], adam_beta2=betas[1],
                                                              weight_decay=wd, clip_grad=0.0))
     return model, opt, model.finish_grad_sync
+
+
+def profile_step(one_step, gpu: bool, synchronize, top: int = 12) -> list:
+    """One step under torch.profiler: its kernels (device ones on the GPU, operators on the CPU)
+    with the most self time, as [name, calls, total ms], and a last row with every kernel's total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        one_step()
+        synchronize()
+    rows = [e for e in prof.key_averages() if (e.self_device_time_total if gpu else e.self_cpu_time_total) > 0]
+    self_us = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
+    rows.sort(key=self_us, reverse=True)
+    table = [[e.key[:70], e.count, self_us(e) / 1e3] for e in rows[:top]]
+    return table + [["(all kernels)", sum(e.count for e in rows), sum(self_us(e) for e in rows) / 1e3]]
 
 
 def run_one(name: str, args) -> dict:
@@ -108,23 +139,34 @@ def run_one(name: str, args) -> dict:
     model, opt, finish = build(name, args, device)
     data = torch.Generator().manual_seed(1)
     times = []
-    for step in range(args.warmup + args.steps):
+    steady_mib = 0.0
+
+    def one_step():
         ids = torch.randint(0, 50257, (args.batch, args.seq), generator=data).to(device)
-        if step == args.warmup and gpu:
-            torch.cuda.reset_peak_memory_stats()
-        synchronize()
-        start = time.perf_counter()
         opt.zero_grad()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         finish()
         opt.step()
+        return loss
+
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup and gpu:
+            torch.cuda.reset_peak_memory_stats()
+        synchronize()
+        if gpu:
+            steady_mib = torch.cuda.memory_allocated() / 2**20
+        start = time.perf_counter()
+        loss = one_step()
         synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     out = {"config": name, "step_ms": 1e3 * statistics.median(times),
-           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0, "loss": float(loss)}
+           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if gpu else 0.0, "steady_mib": steady_mib,
+           "loss": float(loss)}
+    if args.profile:
+        out["kernels"] = profile_step(one_step, gpu, synchronize)
     if name.startswith("mxddp"):
         import mxddp.torch as mxt
 
@@ -146,6 +188,9 @@ def main() -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: run the configurations on the CPU (this script's own check; no memory figures, "
                              "no megatron_fsdp)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed steps, one more under torch.profiler: each configuration's kernels "
+                             "with the most time")
     parser.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # a child's configuration
     args = parser.parse_args()
     if min(args.steps, args.batch, args.seq, args.layers) < 1 or args.warmup < 0:
@@ -165,11 +210,12 @@ def main() -> int:
     model = "GPT-2 124M" if (args.layers, args.hidden) == (12, 768) else f"GPT-2 {args.layers}x{args.hidden}"
     print(f"# {where}, torch {torch.__version__}, {model}, batch {args.batch} x seq {args.seq}, {args.warmup} "
           f"warm-up and {args.steps} timed steps, bf16 autocast", flush=True)
-    names = [n for n in args.only if args.device == "cuda" or n != "megatron_fsdp"]
+    names = [n for n in args.only if args.device == "cuda" or n not in GPU_ONLY]
     results = {}
     for name in names:
         cmd = [sys.executable, __file__, "--one", name, "--device", args.device]
         cmd += [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup", "batch", "seq", "layers", "hidden")]
+        cmd += ["--profile"] if args.profile else []
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
         except subprocess.TimeoutExpired:
@@ -182,12 +228,16 @@ def main() -> int:
             continue
         results[name] = json.loads(lines[-1])
         r = results[name]
-        print(f"{name:14s} step {r['step_ms']:8.1f} ms  peak {r['peak_mib']:8.0f} MiB  loss {r['loss']:.4f}"
-              + (f"  buffers {r['buffer_bytes']}" if "buffer_bytes" in r else ""), flush=True)
+        print(f"{name:14s} step {r['step_ms']:8.1f} ms  peak {r['peak_mib']:8.0f} MiB  steady {r['steady_mib']:8.0f} MiB"
+              f"  loss {r['loss']:.4f}" + (f"  buffers {r['buffer_bytes']}" if "buffer_bytes" in r else ""), flush=True)
+        for kernel, calls, ms in r.get("kernels", []):
+            print(f"    {ms:9.3f} ms {calls:6d} x  {kernel}", flush=True)
     for name, base in YARDSTICK.items():
         if name in results and base in results:
             a, b = results[name], results[base]
-            memory = f", peak memory {a['peak_mib'] / b['peak_mib']:.2f}x" if b["peak_mib"] > 0 else ""
+            memory = (f", peak memory {a['peak_mib'] / b['peak_mib']:.2f}x (steady {a['steady_mib']:.0f} against "
+                      f"{b['steady_mib']:.0f} MiB; a step's own {a['peak_mib'] - a['steady_mib']:.0f} against "
+                      f"{b['peak_mib'] - b['steady_mib']:.0f} MiB)") if b["peak_mib"] > 0 else ""
             print(f"{name} / {base}: step {a['step_ms'] / b['step_ms']:.2f}x{memory}", flush=True)
     if "mxddp_bf16" in results and "mxddp_mxfp8" in results:
         bf16, mx = results["mxddp_bf16"]["buffer_bytes"], results["mxddp_mxfp8"]["buffer_bytes"]

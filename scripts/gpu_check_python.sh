@@ -36,7 +36,7 @@ fi
 if [ "$what" = --bench ]; then
   # megatron-fsdp's wheel (pure Python, carried by --prepare) beside the extension.
   rc=0
-  PYTHONPATH="$build:$PWD/$dir/python/megatron_fsdp" timeout 270 "$python" bench/torch_cuda_compare.py \
+  PYTHONPATH="$build:$PWD/$dir/python/megatron_fsdp" timeout 360 "$python" bench/torch_cuda_compare.py --profile \
     --timeout-s 60 >>"$summary" 2>"$out/bench.err" || rc=$?
   echo "torch_cuda_compare: exit $rc" >>"$summary"
   # Two MPI ranks sharing the GPU (the staged engine): exposed communication and its timeline.
