@@ -52,6 +52,9 @@ class RecordingCompute final : public Compute {
 
   std::atomic<int> allocations{0}, host_allocations{0}, reduces{0}, copies{0}, copies_from_host{0}, synchronizes{0},
       quantizes{0}, copies_to_host_async{0}, events_recorded{0}, event_waits{0};
+  // Each optimizer update call, and each run a sum of squares was asked over (a launch or two each
+  // on a device).
+  std::atomic<int> updates{0}, sum_of_squares_runs{0};
   // The thread that made the last copy_to_host_async.
   std::atomic<std::thread::id> async_copy_thread{};
   // While set, allocate_host fails (no page-locked memory left), as a staged collective would see it.
@@ -148,16 +151,19 @@ class RecordingCompute final : public Compute {
   }
   double run_sum_of_squares(std::span<const TensorView> runs) override {
     drain();
+    sum_of_squares_runs += static_cast<int>(runs.size());
     std::vector<TensorView> moved(runs.begin(), runs.end());
     for (TensorView& v : moved) v = on_host(v);
     return cpu().sum_of_squares(moved);
   }
   void run_adamw(const ShardUpdate& shard, const AdamWScalars& scalars) override {
     drain();
+    ++updates;
     cpu().adamw(on_host(shard), scalars);
   }
   void run_sgd(const ShardUpdate& shard, const SgdScalars& scalars) override {
     drain();
+    ++updates;
     cpu().sgd(on_host(shard), scalars);
   }
   void run_mx_quantize(const TensorView& input, const Mxfp8View& out) override {

@@ -118,6 +118,48 @@ INSTANTIATE_TEST_SUITE_P(Params, OnRankCompute,
                                                                              : "Mxfp8Reuse");
                          });
 
+// Params that touch in the shard make one run for the grad norm and, where they share their group
+// and step count, one update: a launch (or two) per run on a device rather than one per param.
+// w0, w1, w2 [64, 64] (the decayed group) and b [64] (not decayed), every size 64-aligned, so the
+// buffer holds w2, b, w1, w0 (reverse order) with no padding between them.
+TEST(OnRankComputeRuns, TouchingParamsOfOneGroupAndStepCountUpdateAsOneRun) {
+  const ClaimedDevice claimed(1);
+  run_local(
+      1,
+      [&](Communicator& comm) {
+        const std::vector<ParamSpec> specs = {{"w0", Shape{64, 64}}, {"w1", Shape{64, 64}}, {"b", Shape{64}},
+                                              {"w2", Shape{64, 64}}};
+        std::vector<std::vector<float>> init;
+        std::vector<TensorView> views;
+        for (const ParamSpec& spec : specs) init.emplace_back(static_cast<size_t>(spec.shape.numel()), 0.5f);
+        for (size_t i = 0; i < specs.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+        MemoryTracker tracker;
+        DistributedDataParallel ddp(comm, specs, DdpConfig{.use_distributed_optimizer = true}, tracker, views);
+        DistributedOptimizer opt(ddp, {.lr = 1e-2f, .weight_decay = 0.1f}, tracker);
+        const RecordingCompute& c = *claimed.computes[0];
+        const ModelHooks hooks = ddp_hooks(ddp);
+        ASSERT_EQ(ddp.main_grad(0).dtype, DType::kF32);  // what hooks.accumulate writes
+        const auto step = [&](std::vector<int> frozen) {
+          opt.zero_grad();
+          for (int p = 0; p < ddp.num_params(); ++p) {
+            hooks.accumulate(p, std::vector<float>(static_cast<size_t>(ddp.main_grad(p).numel()), 0.25f + 0.125f * p));
+            hooks.grad_ready(p);
+          }
+          ddp.finish_grad_sync();
+          const int updates = c.updates, runs = c.sum_of_squares_runs;
+          opt.step({.frozen = std::move(frozen)});
+          return std::pair{c.updates - updates, c.sum_of_squares_runs - runs};
+        };
+        // [w2] [b] [w1 w0]: the groups alternate.
+        EXPECT_EQ(step({}), std::pair(3, 1));
+        // w1 frozen: [w2] [b] [w0].
+        EXPECT_EQ(step({1}), std::pair(3, 1));
+        // w1 is now a step behind w0 (its bias correction differs): [w2] [b] [w1] [w0].
+        EXPECT_EQ(step({}), std::pair(4, 1));
+      },
+      claimed.options);
+}
+
 // A checkpoint reads and writes the main params and states through the compute, so a run on a
 // device saves what a host run saves and resumes from either: saved on the device after 3 of 6
 // steps and resumed on the host, and saved on the host and resumed on the device, the last 3
