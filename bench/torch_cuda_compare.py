@@ -31,10 +31,11 @@ max_memory_allocated over the timed steps (mxddp's buffers come from torch's cac
 they count); steady_mib, memory_allocated at the start of the last timed step (what lives from step
 to step: params, grads, optimizer state), so that peak - steady is what a step adds (activations,
 the loss's logits, temporaries), the same model's in every configuration; with --profile, one more
-step after the timed ones under torch.profiler, and its device kernels with the most time; for mxddp, its tracked bytes per category where its buffers are
-(mxt.memory_usage("device"); "host" with --device cpu). The
-report gives each against its yardstick: torch_ddp for the DDPs, megatron_fsdp for mxddp_fsdp, and
-the bytes mxddp_mxfp8 saves against mxddp_bf16 in its params category.
+step after the timed ones under torch.profiler, and its device kernels with the most time; for
+mxddp, its tracked bytes per category where its buffers are (mxt.memory_usage("device"); "host"
+with --device cpu). The report gives each against its yardstick (YARDSTICK: torch_ddp for the
+DDPs, the megatron-fsdp run with the same grad dtype for each FSDP), and the bytes mxddp_mxfp8 saves
+against mxddp_bf16 in its params category.
 
     python bench/torch_cuda_compare.py [--steps 10] [--batch 8] [--seq 1024] [--only NAME ...] [--profile]
 
@@ -78,7 +79,7 @@ def build(name: str, args, device):
         model = torch.nn.parallel.DistributedDataParallel(module)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=wd, fused=device.type == "cuda")
         return model, opt, lambda: None
-    if name in GPU_ONLY:
+    if name.startswith("megatron_fsdp"):
         from megatron_fsdp import MixedPrecisionPolicy, fully_shard_model, fully_shard_optimizer
 
         grads = torch.float32 if name == "megatron_fsdp_f32grads" else None  # None: the params' dtype
@@ -116,9 +117,8 @@ def profile_step(one_step, gpu: bool, synchronize, top: int = 12) -> list:
     with profile(activities=[activity]) as prof:
         one_step()
         synchronize()
-    rows = [e for e in prof.key_averages() if (e.self_device_time_total if gpu else e.self_cpu_time_total) > 0]
     self_us = (lambda e: e.self_device_time_total) if gpu else (lambda e: e.self_cpu_time_total)
-    rows.sort(key=self_us, reverse=True)
+    rows = sorted((e for e in prof.key_averages() if self_us(e) > 0), key=self_us, reverse=True)
     table = [[e.key[:70], e.count, self_us(e) / 1e3] for e in rows[:top]]
     return table + [["(all kernels)", sum(e.count for e in rows), sum(self_us(e) for e in rows) / 1e3]]
 

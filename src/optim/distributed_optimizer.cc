@@ -35,6 +35,25 @@ std::vector<ParamGroup> default_groups(const OptimizerConfig& c) {
   return {decay, no_decay};
 }
 
+// Calls run(first, range) for each longest stretch of consecutive ranges that touch in the shard
+// and that joins(first, next) accepts for every later member; a range keep(i) rejects is left out
+// and ends the stretch. On a device each stretch is a launch or two rather than one per param
+// (param starts are 64-aligned, so most params touch; padding between them never joins a stretch).
+template <typename Keep, typename Joins, typename Run>
+void for_each_run(const std::vector<ShardParamRange>& ranges, Keep keep, Joins joins, Run run) {
+  for (size_t i = 0; i < ranges.size();) {
+    if (!keep(i)) {
+      ++i;
+      continue;
+    }
+    const size_t first = i;
+    Range stretch = ranges[i].in_shard;
+    for (++i; i < ranges.size() && keep(i) && joins(first, i) && ranges[i].in_shard.start == stretch.end; ++i)
+      stretch.end = ranges[i].in_shard.end;
+    run(first, stretch);
+  }
+}
+
 }  // namespace
 
 void validate_param_group(const ParamGroup& g) {
@@ -176,22 +195,13 @@ std::string_view DistributedOptimizer::state_name(int index) const {
 }
 
 std::vector<TensorView> DistributedOptimizer::owned_grad_runs() const {
-  // Params that touch in the shard make one run: a device launches a kernel (or two) per run, and
-  // GPT-2's 148 params would otherwise cost ~300 small launches per norm (param starts are
-  // 64-aligned, so most params touch; padding between them is never part of a run).
+  // Params that touch in the shard are one run (GPT-2's 148 params were ~300 launches per norm).
   std::vector<TensorView> runs;
+  const auto any = [](size_t...) { return true; };
   for (size_t b = 0; b < main_.size(); ++b) {
     const TensorView grads = dp_.optimizer_io(static_cast<int>(b)).grads.flat();
-    Range run{};
-    for (const ShardParamRange& r : buckets_[b].owned) {
-      if (run.size() > 0 && run.end == r.in_shard.start) {
-        run.end = r.in_shard.end;
-        continue;
-      }
-      if (run.size() > 0) runs.push_back(grads.slice(run.start, run.size()));
-      run = r.in_shard;
-    }
-    if (run.size() > 0) runs.push_back(grads.slice(run.start, run.size()));
+    for_each_run(buckets_[b].owned, any, any,
+                 [&](size_t, Range r) { runs.push_back(grads.slice(r.start, r.size())); });
   }
   return runs;
 }
@@ -287,28 +297,19 @@ void DistributedOptimizer::update_bucket(int bucket, double grad_coeff, const st
   float* main = main_[b].data_as<float>();
   float* s0 = static_cast<float*>(state_[0][b].data());
   float* s1 = type == OptimizerType::kAdam ? static_cast<float*>(state_[1][b].data()) : nullptr;
-  // Params that touch in the shard and share their group and step count update in one run: one
-  // launch on a device instead of one per param (the update is elementwise, so the result is the
-  // same to the bit).
+  // Params that touch in the shard and share their group and step count update as one run (the
+  // update is elementwise: the same bits). A skipped param is left as it is: values, moments and
+  // step count.
   const auto& ranges = buckets_[b].update;
-  for (size_t i = 0; i < ranges.size();) {
-    const auto param = static_cast<size_t>(ranges[i].param);
-    if (skip[param]) {  // left as it is: values, moments and step count
-      ++i;
-      continue;
-    }
-    const int group = group_of_param_[param];
-    const int64_t steps = param_steps_[param];
-    Range run = ranges[i].in_shard;
-    for (++i; i < ranges.size(); ++i) {
-      const auto next = static_cast<size_t>(ranges[i].param);
-      if (skip[next] || group_of_param_[next] != group || param_steps_[next] != steps ||
-          ranges[i].in_shard.start != run.end)
-        break;
-      run.end = ranges[i].in_shard.end;
-    }
-    const ParamGroup& g = groups_[static_cast<size_t>(group)];
-    const auto t = static_cast<double>(steps);
+  const auto param_of = [&](size_t i) { return static_cast<size_t>(ranges[i].param); };
+  const auto kept = [&](size_t i) { return !skip[param_of(i)]; };
+  const auto joins = [&](size_t first, size_t i) {
+    return group_of_param_[param_of(i)] == group_of_param_[param_of(first)] &&
+           param_steps_[param_of(i)] == param_steps_[param_of(first)];
+  };
+  for_each_run(ranges, kept, joins, [&](size_t first, Range run) {
+    const ParamGroup& g = groups_[static_cast<size_t>(group_of_param_[param_of(first)])];
+    const auto t = static_cast<double>(param_steps_[param_of(first)]);
     const int64_t at = run.start, n = run.size();
     // An aliased f32 shard is main itself (written once, as main); unstaged, the params wait for
     // zero_grad() (MXFP8 reuse).
@@ -328,7 +329,7 @@ void DistributedOptimizer::update_bucket(int bucket, double grad_coeff, const st
       compute_.sgd(shard, {.lr = g.lr, .weight_decay = g.weight_decay, .momentum = g.momentum,
                            .clip_coeff = static_cast<float>(grad_coeff)});
     }
-  }
+  });
 }
 
 void DistributedOptimizer::stage_main_params() {
