@@ -1,4 +1,5 @@
-// AdamW, SGD and the grad norm's sum of squares on a shard, on the device. The updates run
+// AdamW, SGD and the grad norm's sum of squares on a shard, on the device. AdamW runs four
+// elements per thread where the shard's pointers allow (adamw_wide.h), one otherwise. The updates run
 // optim_element.h's per-element code (the CPU kernels' own), compiled without fused multiply-adds,
 // so a device step equals the CPU step bit for bit. Reference and check: adamw_kernel.h,
 // tests/cuda/kernels_test.cc.
@@ -6,6 +7,7 @@
 
 #include <type_traits>
 
+#include "adamw_wide.h"
 #include "cuda/launch_shape.h"
 #include "optim_cuda.h"
 
@@ -15,23 +17,26 @@ namespace {
 using optim_kernel::AdamScalars;
 using optim_kernel::SgdScalars;
 
-struct NoParam {};
-__device__ inline void store_param(NoParam*, int64_t, float) {}
-__device__ inline void store_param(float* p, int64_t i, float x) { p[i] = x; }
-__device__ inline void store_param(bf16_bits* p, int64_t i, float x) { p[i] = f32_to_bf16(x); }
+using wide::NoParam;
 
+// One element per thread: for shards whose pointers the wide kernel cannot take.
 template <typename G, typename P>
 __global__ void adamw_kernel(const G* __restrict__ grad, float* __restrict__ main, float* __restrict__ exp_avg,
                              float* __restrict__ exp_avg_sq, P* __restrict__ param, int64_t n, AdamScalars s) {
   const float decay = 1.0f - s.lr * s.weight_decay;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const optim_kernel::AdamElement e =
-        optim_kernel::adamw_element(optim_kernel::load(grad, i), main[i], exp_avg[i], exp_avg_sq[i], s, decay);
-    exp_avg[i] = e.exp_avg;
-    exp_avg_sq[i] = e.exp_avg_sq;
-    main[i] = e.main;
-    store_param(param, i, e.main);
-  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    wide::adamw_at(grad, main, exp_avg, exp_avg_sq, param, i, s, decay);
+}
+
+// Four elements per thread (adamw_wide.h), then the last n % 4 one per thread.
+template <typename G, typename P>
+__global__ void adamw_wide_kernel(const G* __restrict__ grad, float* __restrict__ main, float* __restrict__ exp_avg,
+                                  float* __restrict__ exp_avg_sq, P* __restrict__ param, int64_t n, AdamScalars s) {
+  const float decay = 1.0f - s.lr * s.weight_decay;
+  const int64_t groups = n / wide::kAdamGroup, first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int64_t g = first; g < groups; g += int64_t{gridDim.x} * blockDim.x)
+    wide::adamw_group(grad, main, exp_avg, exp_avg_sq, param, g, s, decay);
+  if (first < n % wide::kAdamGroup) wide::adamw_at(grad, main, exp_avg, exp_avg_sq, param, groups * wide::kAdamGroup + first, s, decay);
 }
 
 template <typename G, typename P>
@@ -41,7 +46,7 @@ __global__ void sgd_kernel(const G* __restrict__ grad, float* __restrict__ main,
     const optim_kernel::SgdElement e = optim_kernel::sgd_element(optim_kernel::load(grad, i), main[i], momentum[i], s);
     momentum[i] = e.momentum;
     main[i] = e.main;
-    store_param(param, i, e.main);
+    wide::store1(param, i, e.main);
   }
 }
 
@@ -62,7 +67,14 @@ template <typename G, typename P>
 struct AdamLaunch {
   void operator()(const G* g, P* p, float* main, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamScalars& s,
                   cudaStream_t stream) const {
-    adamw_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(g, main, exp_avg, exp_avg_sq, p, n, s);
+    constexpr int param_bytes = std::is_same_v<P, NoParam> ? 0 : static_cast<int>(sizeof(P));
+    if (wide::adamw_wide_fits(g, sizeof(G), main, exp_avg, exp_avg_sq, p, param_bytes)) {
+      const int64_t groups = n / wide::kAdamGroup, tail = n % wide::kAdamGroup;
+      adamw_wide_kernel<<<elementwise_blocks(groups > tail ? groups : tail), kElementwiseThreads, 0, stream>>>(
+          g, main, exp_avg, exp_avg_sq, p, n, s);
+    } else {
+      adamw_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(g, main, exp_avg, exp_avg_sq, p, n, s);
+    }
   }
 };
 template <typename G, typename P>

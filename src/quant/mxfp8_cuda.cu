@@ -7,6 +7,8 @@
 // shuffled to all, and each lane writes its byte, so loads and stores are coalesced.
 // Column-wise: one thread per column of a 32-row band keeps the block's 32 values in registers:
 // a max, then the encode; neighbouring threads touch neighbouring columns, so both coalesce.
+// These element kernels serve what the wide ones (mxfp8_wide_cuda.cu) do not take: columns not a
+// multiple of 32 (8 column-wise), or views not aligned for 16-byte loads.
 // The shard codec (FSDP's MXFP8 shards): a thread per block for the scales, per element for the
 // encode; reference and check: mx_shard_scales / mx_shard_encode, tests/compute/compute_test.cc.
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include "cuda/launch_shape.h"
 #include "fp8_element.h"
 #include "mxfp8_cuda.h"
+#include "mxfp8_wide_cuda.h"
 
 namespace mxddp::cuda_kernels {
 namespace {
@@ -157,7 +160,9 @@ int launch_mx_shard_encode(const void* shard, bool shard_bf16, int64_t offset, i
 int launch_mx_quantize(const void* in, bool in_bf16, uint8_t* data, uint8_t* scales, const MxShape& s,
                        CUstream_st* stream) {
   if (s.rows == 0 || s.cols == 0) return cudaSuccess;
-  if (!s.colwise) {
+  if (mx_wide_quantize_fits(in, data, s)) {
+    launch_mx_quantize_wide(in, in_bf16, data, scales, s, stream);
+  } else if (!s.colwise) {
     const int64_t blocks = s.rows * ((s.cols + kBlock - 1) / kBlock);
     const unsigned grid = elementwise_blocks(blocks * kBlock);
     if (in_bf16) quantize_rows_kernel<<<grid, kElementwiseThreads, 0, stream>>>(static_cast<const bf16_bits*>(in), data, scales, s);
@@ -175,6 +180,10 @@ int launch_mx_quantize(const void* in, bool in_bf16, uint8_t* data, uint8_t* sca
 int launch_mx_dequantize(const uint8_t* data, const uint8_t* scales, void* out, bool out_bf16, const MxShape& s,
                          CUstream_st* stream) {
   if (s.rows == 0 || s.cols == 0) return cudaSuccess;
+  if (mx_wide_dequantize_fits(data, scales, out, s)) {
+    launch_mx_dequantize_wide(data, scales, out, out_bf16, s, stream);
+    return cudaGetLastError();
+  }
   const unsigned grid = elementwise_blocks(s.rows * s.cols);
   if (out_bf16) dequantize_kernel<<<grid, kElementwiseThreads, 0, stream>>>(data, scales, static_cast<bf16_bits*>(out), s);
   else dequantize_kernel<<<grid, kElementwiseThreads, 0, stream>>>(data, scales, static_cast<float*>(out), s);

@@ -8,8 +8,9 @@
 #     skips likewise.
 mxddp_test(cuda_host_test cuda/cuda_host_test.cc)
 target_link_libraries(cuda_host_test PRIVATE mxddp_cuda)
-add_executable(cuda_kernels_test cuda/kernels_test.cc cuda/device_main.cc)
-target_link_libraries(cuda_kernels_test PRIVATE mxddp_cuda GTest::gtest)  # only these: it runs on the GPU machine
+add_executable(cuda_kernels_test cuda/kernels_test.cc cuda/fp8_conversion_check.cu cuda/device_main.cc)
+target_link_libraries(cuda_kernels_test PRIVATE mxddp_cuda GTest::gtest CUDA::cudart_static)  # only these: it runs on the GPU machine
+target_compile_options(cuda_kernels_test PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-fmad=false>)
 target_include_directories(cuda_kernels_test PRIVATE ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
 add_test(NAME cuda_kernels_test COMMAND cuda_kernels_test)
 set_tests_properties(cuda_kernels_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
@@ -49,3 +50,9 @@ if(MXDDP_NCCL)
   add_test(NAME nccl_device_test COMMAND nccl_device_test)
   set_tests_properties(nccl_device_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
+
+#   cuda_wide_host_test: the wide kernels' per-thread code (mxfp8_wide.h, adamw_wide.h) run thread
+#     by thread on the host against the CPU references, and cuda_fp8.h's conversion against the
+#     encoder; runs without a device, so CI checks the wide kernels' logic.
+mxddp_test(cuda_wide_host_test cuda/wide_kernels_host_test.cc)
+target_link_libraries(cuda_wide_host_test PRIVATE CUDA::toolkit)
