@@ -2,7 +2,8 @@
 // (issue 41's figures; run by scripts/gpu_check.sh on the GPU machine): MXFP8 quantize row- and
 // column-wise and dequantize (E4M3, bf16 values), AdamW on an F32 shard (param = main, grad, two
 // moments). Bytes count what each kernel must read and write once; the copy's count its read and
-// its write. Each figure is the median of --runs timed launches (CUDA events) after one warm-up.
+// its write. Each kernel runs twice: on aligned views (the wide kernels) and on views one element
+// off alignment, marked "(element)" (the element kernels), which shows what the wide ones gain. Each figure is the median of --runs timed launches (CUDA events) after one warm-up.
 // Prints one line per figure; exits 77 without a device.
 #include <cstdio>
 #include <string>
@@ -83,40 +84,53 @@ int main(int argc, char** argv) {
 
   {
     const int64_t n = rows * cols;
-    DeviceBuffer values = buffer(static_cast<size_t>(n) * 2), data = buffer(static_cast<size_t>(n));
-    DeviceBuffer out = buffer(static_cast<size_t>(n) * 2);
+    // 16 spare bytes each, for the views skewed one element off alignment (the element kernels).
+    DeviceBuffer values = buffer(static_cast<size_t>(n) * 2 + 16), data = buffer(static_cast<size_t>(n) + 16);
+    DeviceBuffer out = buffer(static_cast<size_t>(n) * 2 + 16);
     std::vector<bf16_bits> host(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) host[static_cast<size_t>(i)] = f32_to_bf16(static_cast<float>((i * 2654435761u) % 2001) - 1000.0f);
     cuda_copy(values.data(), host.data(), host.size() * 2, nullptr);
     const Shape shape{rows, cols};
-    const TensorView v = values.view(DType::kBF16, shape), d = data.view(DType::kU8, shape), o = out.view(DType::kBF16, shape);
-    for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
-      const QuantizeOptions opt{Fp8Format::kE4M3, ScaleMode::kRceil, axis};
-      const Shape scale_shape = mx_scale_shape(rows, cols, axis);
-      DeviceBuffer scales = buffer(static_cast<size_t>(scale_shape.numel()));
-      const TensorView s = scales.view(DType::kU8, scale_shape);
-      const double bytes = 3.0 * static_cast<double>(n) + static_cast<double>(scale_shape.numel());
-      const std::string name = std::string("mx_quantize ") + (axis == QuantAxis::kRow ? "row" : "col") + " e4m3 bf16";
-      report(name.c_str(), bytes, time_s(runs, [&] { cuda_mx_quantize(v, d, s, opt, nullptr); }), copy_rate);
-      const std::string back = std::string("mx_dequantize ") + (axis == QuantAxis::kRow ? "row" : "col") + " to bf16";
-      report(back.c_str(), bytes, time_s(runs, [&] { cuda_mx_dequantize(d, s, o, opt, nullptr); }), copy_rate);
+    // skew 0: the wide kernels (where the shape fits them); skew 1: the element kernels.
+    for (int skew : {0, 1}) {
+      const auto at = [&](const DeviceBuffer& b, DType dt) {
+        return TensorView{static_cast<char*>(b.data()) + skew * dtype_size_bytes(dt), dt, shape, b.view(dt, Shape{1}).device};
+      };
+      const TensorView v = at(values, DType::kBF16), d = at(data, DType::kU8), o = at(out, DType::kBF16);
+      const char* kind = skew == 0 ? "" : " (element)";
+      for (QuantAxis axis : {QuantAxis::kRow, QuantAxis::kCol}) {
+        const QuantizeOptions opt{Fp8Format::kE4M3, ScaleMode::kRceil, axis};
+        const Shape scale_shape = mx_scale_shape(rows, cols, axis);
+        DeviceBuffer scales = buffer(static_cast<size_t>(scale_shape.numel()) + 16);
+        const TensorView s{static_cast<uint8_t*>(scales.data()) + skew, DType::kU8, scale_shape, v.device};
+        const double bytes = 3.0 * static_cast<double>(n) + static_cast<double>(scale_shape.numel());
+        const std::string axis_name = axis == QuantAxis::kRow ? "row" : "col";
+        const std::string name = "mx_quantize " + axis_name + " e4m3 bf16" + kind;
+        report(name.c_str(), bytes, time_s(runs, [&] { cuda_mx_quantize(v, d, s, opt, nullptr); }), copy_rate);
+        const std::string back = "mx_dequantize " + axis_name + " to bf16" + kind;
+        report(back.c_str(), bytes, time_s(runs, [&] { cuda_mx_dequantize(d, s, o, opt, nullptr); }), copy_rate);
+      }
     }
   }
   {
     const auto bytes = static_cast<size_t>(adam_numel) * 4;
-    DeviceBuffer grad = buffer(bytes), param = buffer(bytes), m = buffer(bytes), v = buffer(bytes);
-    cudaMemsetAsync(grad.data(), 0, bytes, nullptr);
-    cudaMemsetAsync(param.data(), 0, bytes, nullptr);
-    cudaMemsetAsync(m.data(), 0, bytes, nullptr);
-    cudaMemsetAsync(v.data(), 0, bytes, nullptr);
+    // One spare element each, for the skewed run (the element kernel).
+    DeviceBuffer grad = buffer(bytes + 4), param = buffer(bytes + 4), m = buffer(bytes + 4), v = buffer(bytes + 4);
+    cudaMemsetAsync(grad.data(), 0, bytes + 4, nullptr);
+    cudaMemsetAsync(param.data(), 0, bytes + 4, nullptr);
+    cudaMemsetAsync(m.data(), 0, bytes + 4, nullptr);
+    cudaMemsetAsync(v.data(), 0, bytes + 4, nullptr);
     const AdamWScalars a{.lr = 1e-3f, .weight_decay = 0.1f, .step_size = 1e-3f, .bias_correction2_sqrt = 0.1f};
-    const double s = time_s(runs, [&] {
-      cuda_adamw(grad.data(), DType::kF32, static_cast<float*>(param.data()), static_cast<float*>(m.data()),
-                 static_cast<float*>(v.data()), nullptr, DType::kF32, adam_numel, a, nullptr);
-    });
-    // Reads grad, param, exp_avg, exp_avg_sq; writes the last three.
-    report("adamw f32 shard (param, grad, m, v)", 7.0 * static_cast<double>(bytes), s, copy_rate);
-    std::printf("adamw_ms %.4f numel %lld\n", s * 1e3, static_cast<long long>(adam_numel));
+    for (int skew : {0, 1}) {
+      const auto f = [&](const DeviceBuffer& b) { return static_cast<float*>(b.data()) + skew; };
+      const double s = time_s(runs, [&] {
+        cuda_adamw(f(grad), DType::kF32, f(param), f(m), f(v), nullptr, DType::kF32, adam_numel, a, nullptr);
+      });
+      // Reads grad, param, exp_avg, exp_avg_sq; writes the last three.
+      report(skew == 0 ? "adamw f32 shard (param, grad, m, v)" : "adamw f32 shard (element)", 7.0 * static_cast<double>(bytes),
+             s, copy_rate);
+      if (skew == 0) std::printf("adamw_ms %.4f numel %lld\n", s * 1e3, static_cast<long long>(adam_numel));
+    }
   }
   return 0;
 }

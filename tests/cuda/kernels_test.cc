@@ -3,7 +3,9 @@
 // (row- and column-wise, E4M3 and E5M2, rceil and floor, f32 and bf16 inputs, partial blocks,
 // NaN/Inf/zero blocks) and dequantize, AdamW and SGD on a shard, bit for bit; the grad norm's sum
 // of squares, the same on every run and within f64 rounding of the CPU's; device memory charged to
-// the tracker and served by a replaced allocator, the global memory buffer there. Needs a device (device_main.cc skips without).
+// the tracker and served by a replaced allocator, the global memory buffer there. MXFP8 and AdamW run
+// on their wide kernels and, on views skewed off alignment, on their element kernels. Needs a device
+// (device_main.cc skips without).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <mxddp/compute.h>
 #include <mxddp/cuda.h>
 
+#include "cuda/fp8_conversion_check.h"
 #include "optim/adamw_kernel.h"
 
 namespace mxddp::testing {
@@ -154,7 +157,21 @@ struct MxCase {
   ScaleMode mode;
   QuantAxis axis;
   DType dtype;
+  int skew = 0;  // elements every device view starts past its allocation: 1 misaligns them, so a
+                 // shape the wide kernels take runs on the element kernels instead
 };
+
+// A host vector behind skew filler elements, so that its device copy's data starts skew elements in.
+template <typename T>
+std::vector<T> skewed(const std::vector<T>& v, int skew) {
+  std::vector<T> out(static_cast<size_t>(skew), T{});
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+template <typename T>
+std::vector<T> unskewed(const std::vector<T>& v, int skew) {
+  return std::vector<T>(v.begin() + skew, v.end());
+}
 
 class CudaMx : public ::testing::TestWithParam<MxCase> {};
 
@@ -175,17 +192,18 @@ TEST_P(CudaMx, QuantizeAndDequantizeMatchTheCpu) {
   mx_quantize(host_in, TensorView{want_data.data(), DType::kU8, shape, Device::cpu()},
               TensorView{want_scales.data(), DType::kU8, scale_shape, Device::cpu()}, o);
 
-  DeviceCopy<float> in_f32(x);
-  DeviceCopy<bf16_bits> in_bf16(xb);
-  DeviceCopy<uint8_t> data{std::vector<uint8_t>(x.size(), 0xAB)};
-  DeviceCopy<uint8_t> scales{std::vector<uint8_t>(want_scales.size(), 0xAB)};
-  const TensorView dev_in = c.dtype == DType::kF32 ? TensorView{in_f32.data(), DType::kF32, shape, Device::cuda(0)}
-                                                   : TensorView{in_bf16.data(), DType::kBF16, shape, Device::cuda(0)};
-  const TensorView dev_data{data.data(), DType::kU8, shape, Device::cuda(0)};
-  const TensorView dev_scales{scales.data(), DType::kU8, scale_shape, Device::cuda(0)};
+  const int k = c.skew;
+  DeviceCopy<float> in_f32(skewed(x, k));
+  DeviceCopy<bf16_bits> in_bf16(skewed(xb, k));
+  DeviceCopy<uint8_t> data{std::vector<uint8_t>(x.size() + k, 0xAB)};
+  DeviceCopy<uint8_t> scales{std::vector<uint8_t>(want_scales.size() + k, 0xAB)};
+  const TensorView dev_in = c.dtype == DType::kF32 ? TensorView{in_f32.data() + k, DType::kF32, shape, Device::cuda(0)}
+                                                   : TensorView{in_bf16.data() + k, DType::kBF16, shape, Device::cuda(0)};
+  const TensorView dev_data{data.data() + k, DType::kU8, shape, Device::cuda(0)};
+  const TensorView dev_scales{scales.data() + k, DType::kU8, scale_shape, Device::cuda(0)};
   cuda_mx_quantize(dev_in, dev_data, dev_scales, o, nullptr);
-  EXPECT_EQ(scales.to_host(), want_scales);
-  EXPECT_EQ(data.to_host(), want_data);
+  EXPECT_EQ(unskewed(scales.to_host(), k), want_scales);
+  EXPECT_EQ(unskewed(data.to_host(), k), want_data);
 
   for (DType out_dtype : {DType::kF32, DType::kBF16}) {
     std::vector<float> want_f(x.size());
@@ -195,20 +213,20 @@ TEST_P(CudaMx, QuantizeAndDequantizeMatchTheCpu) {
                   out_dtype == DType::kF32 ? TensorView{want_f.data(), DType::kF32, shape, Device::cpu()}
                                            : TensorView{want_b.data(), DType::kBF16, shape, Device::cpu()},
                   o);
-    DeviceCopy<float> out_f{std::vector<float>(x.size())};
-    DeviceCopy<bf16_bits> out_b{std::vector<bf16_bits>(x.size())};
+    DeviceCopy<float> out_f{std::vector<float>(x.size() + k)};
+    DeviceCopy<bf16_bits> out_b{std::vector<bf16_bits>(x.size() + k)};
     cuda_mx_dequantize(dev_data, dev_scales,
-                       out_dtype == DType::kF32 ? TensorView{out_f.data(), DType::kF32, shape, Device::cuda(0)}
-                                                : TensorView{out_b.data(), DType::kBF16, shape, Device::cuda(0)},
+                       out_dtype == DType::kF32 ? TensorView{out_f.data() + k, DType::kF32, shape, Device::cuda(0)}
+                                                : TensorView{out_b.data() + k, DType::kBF16, shape, Device::cuda(0)},
                        o, nullptr);
     // NaN blocks decode to NaN on both; the payload is the hardware's (x86 keeps the operand's,
     // the GPU writes its canonical NaN), so NaNs compare as NaNs.
     int64_t bad = 0;
     if (out_dtype == DType::kF32) {
-      const auto got = out_f.to_host();
+      const auto got = unskewed(out_f.to_host(), k);
       for (size_t i = 0; i < got.size(); ++i) bad += !same_bits_or_both_nan(got[i], want_f[i]);
     } else {
-      const auto got = out_b.to_host();
+      const auto got = unskewed(out_b.to_host(), k);
       for (size_t i = 0; i < got.size(); ++i) bad += !same_bits_or_both_nan(bf16_to_f32(got[i]), bf16_to_f32(want_b[i]));
     }
     EXPECT_EQ(bad, 0) << "dequantize to " << dtype_name(out_dtype);
@@ -223,7 +241,25 @@ INSTANTIATE_TEST_SUITE_P(
                       MxCase{77, 45, Fp8Format::kE5M2, ScaleMode::kRceil, QuantAxis::kCol, DType::kBF16},
                       MxCase{41, 130, Fp8Format::kE5M2, ScaleMode::kFloor, QuantAxis::kRow, DType::kF32},
                       MxCase{1, 1, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kCol, DType::kF32},
-                      MxCase{1024, 1536, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kCol, DType::kBF16}));
+                      MxCase{1024, 1536, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kCol, DType::kBF16},
+                      // The wide kernels' edges (mxfp8_wide.h): partial bands, partial column tiles,
+                      // columns a multiple of 8 or 16 only, one block; and wide shapes skewed onto
+                      // the element kernels.
+                      MxCase{33, 64, Fp8Format::kE4M3, ScaleMode::kFloor, QuantAxis::kRow, DType::kF32},
+                      MxCase{50, 200, Fp8Format::kE5M2, ScaleMode::kRceil, QuantAxis::kCol, DType::kBF16},
+                      MxCase{77, 8, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kCol, DType::kF32},
+                      MxCase{31, 48, Fp8Format::kE5M2, ScaleMode::kFloor, QuantAxis::kCol, DType::kF32},
+                      MxCase{1, 32, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kRow, DType::kBF16},
+                      MxCase{130, 1056, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kRow, DType::kBF16},
+                      MxCase{64, 96, Fp8Format::kE4M3, ScaleMode::kRceil, QuantAxis::kRow, DType::kF32, 1},
+                      MxCase{64, 96, Fp8Format::kE5M2, ScaleMode::kFloor, QuantAxis::kCol, DType::kBF16, 1}));
+
+// The wide MXFP8 kernels encode with the device's conversion instruction: it must give
+// fp8::encode's byte for every float, in both formats.
+TEST(CudaKernels, TheDeviceFp8ConversionMatchesTheEncoderOnEveryFloat) {
+  EXPECT_EQ(fp8_conversion_mismatches(true), 0) << "E4M3";
+  EXPECT_EQ(fp8_conversion_mismatches(false), 0) << "E5M2";
+}
 
 TEST(CudaKernels, AdamWAndSgdMatchTheCpuStepBitForBit) {
   const int64_t n = 70'001;
@@ -244,6 +280,9 @@ TEST(CudaKernels, AdamWAndSgdMatchTheCpuStepBitForBit) {
                     .clip_coeff = 0.7f, .l2 = 0.0f};
   const optim_kernel::AdamScalars s{a.lr, a.weight_decay, a.beta1, a.beta2, a.eps, a.step_size, a.bias_correction2_sqrt,
                                     a.clip_coeff, a.l2};
+  // Skew 0: the wide kernel (four elements per thread, then n % 4 = 1 alone); skew 1: every
+  // pointer one element off 16 bytes, the element kernel.
+  for (int k : {0, 1}) {
   for (DType gd : {DType::kF32, DType::kBF16}) {
     for (DType pd : {DType::kF32, DType::kBF16}) {
       auto cm = main, ca = m, cv = v;
@@ -254,16 +293,19 @@ TEST(CudaKernels, AdamWAndSgdMatchTheCpuStepBitForBit) {
         else optim_kernel::adamw(g, cm.data(), ca.data(), cv.data(), cp_b.data(), n, s);
       };
       gd == DType::kF32 ? run_cpu(grad.data()) : run_cpu(grad_b.data());
-      DeviceCopy<float> g_f(grad), dm(main), da(m), dv(v), p_f{std::vector<float>(n)};
-      DeviceCopy<bf16_bits> g_b(grad_b), p_b{std::vector<bf16_bits>(n)};
-      cuda_adamw(gd == DType::kF32 ? static_cast<const void*>(g_f.data()) : g_b.data(), gd, dm.data(), da.data(),
-                 dv.data(), pd == DType::kF32 ? static_cast<void*>(p_f.data()) : p_b.data(), pd, n, a, nullptr);
-      EXPECT_EQ(dm.to_host(), cm) << dtype_name(gd) << " grads, " << dtype_name(pd) << " params";
-      EXPECT_EQ(da.to_host(), ca);
-      EXPECT_EQ(dv.to_host(), cv);
-      if (pd == DType::kF32) EXPECT_EQ(p_f.to_host(), cp_f);
-      else EXPECT_EQ(p_b.to_host(), cp_b);
+      DeviceCopy<float> g_f(skewed(grad, k)), dm(skewed(main, k)), da(skewed(m, k)), dv(skewed(v, k));
+      DeviceCopy<float> p_f{std::vector<float>(n + k)};
+      DeviceCopy<bf16_bits> g_b(skewed(grad_b, k)), p_b{std::vector<bf16_bits>(n + k)};
+      cuda_adamw(gd == DType::kF32 ? static_cast<const void*>(g_f.data() + k) : g_b.data() + k, gd, dm.data() + k,
+                 da.data() + k, dv.data() + k, pd == DType::kF32 ? static_cast<void*>(p_f.data() + k) : p_b.data() + k,
+                 pd, n, a, nullptr);
+      EXPECT_EQ(unskewed(dm.to_host(), k), cm) << dtype_name(gd) << " grads, " << dtype_name(pd) << " params, skew " << k;
+      EXPECT_EQ(unskewed(da.to_host(), k), ca);
+      EXPECT_EQ(unskewed(dv.to_host(), k), cv);
+      if (pd == DType::kF32) EXPECT_EQ(unskewed(p_f.to_host(), k), cp_f);
+      else EXPECT_EQ(unskewed(p_b.to_host(), k), cp_b);
     }
+  }
   }
   // SGD with momentum, and AdamW without staging (nullptr param).
   const SgdScalars sg{.lr = 0.05f, .weight_decay = 0.01f, .momentum = 0.9f, .clip_coeff = 0.5f};
