@@ -4,6 +4,8 @@
 // cpu_compute() by tests/compute/compute_test.cc where a device is usable.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include <mxddp/cuda.h>
@@ -42,27 +44,77 @@ struct PinnedBlock {
   MemoryTracker& tracker;
 };
 
-// A CUDA event recorded on a rank's stream (no timing: only its completion is asked for).
-class CudaEvent final : public ComputeEvent {
+// The events a compute records, kept for reuse. A collective's issue records one (the grad
+// buffer's bucket-ready to collective-issued path), and creating and destroying a CUDA event there
+// each time costs driver calls on that path; torch's NCCL process group caches its events for the
+// same reason. An event returns here when its ComputeEvent is destroyed, so nobody waits on it any
+// more: recording it again cannot move a pending wait (a stream's wait binds to the record it saw).
+// Shared by the compute and its events, which may outlive it.
+class EventPool {
  public:
-  CudaEvent(int device, CudaStream stream) : device_(device) {
-    select_device(device_);
-    MXDDP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "creating an event on device {}",
-                     device_);
-    const cudaError_t status = cudaEventRecord(event_, stream);
-    if (status != cudaSuccess) cudaEventDestroy(event_);
-    MXDDP_CUDA_CHECK(status, "recording an event on device {}'s stream", device_);
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
-  ~CudaEvent() override { cudaEventDestroy(event_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  void wait() override {
-    select_device(device_);
-    MXDDP_CUDA_CHECK(cudaEventSynchronize(event_), "the work before an event on device {}", device_);
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  int device() const { return device_; }
+  // A free event, or a new one (no timing: only its completion is asked for). Device selected.
+  cudaEvent_t acquire() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        const cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    MXDDP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event on device {}", device_);
+    return e;
+  }
+  void release(cudaEvent_t e) noexcept {
+    try {
+      std::lock_guard lock(mutex_);
+      free_.push_back(e);
+      return;
+    } catch (...) {  // no memory for the free list: the event goes, not the process
+    }
+    cudaEventDestroy(e);
   }
 
  private:
   int device_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// A CUDA event recorded on a rank's stream, from the compute's pool.
+class CudaEvent final : public ComputeEvent {
+ public:
+  CudaEvent(std::shared_ptr<EventPool> pool, CudaStream stream) : pool_(std::move(pool)) {
+    select_device(pool_->device());
+    event_ = pool_->acquire();
+    const cudaError_t status = cudaEventRecord(event_, stream);
+    if (status != cudaSuccess) {
+      cudaEventDestroy(event_);  // not back to the pool: its state is unknown
+      event_ = nullptr;
+    }
+    MXDDP_CUDA_CHECK(status, "recording an event on device {}'s stream", pool_->device());
+  }
+  ~CudaEvent() override {
+    if (event_ != nullptr) pool_->release(event_);
+  }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void wait() override {
+    select_device(pool_->device());
+    MXDDP_CUDA_CHECK(cudaEventSynchronize(event_), "the work before an event on device {}", pool_->device());
+  }
+
+ private:
+  std::shared_ptr<EventPool> pool_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -70,6 +122,7 @@ class CudaCompute final : public Compute {
  public:
   explicit CudaCompute(CudaStream stream) : stream_(stream) {
     MXDDP_CUDA_CHECK(cudaGetDevice(&device_), "reading the current device");
+    events_ = std::make_shared<EventPool>(device_);
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -115,7 +168,7 @@ class CudaCompute final : public Compute {
     select();
     cuda_copy(host, src, bytes, stream_);
   }
-  std::unique_ptr<ComputeEvent> run_record_event() override { return std::make_unique<CudaEvent>(device_, stream_); }
+  std::unique_ptr<ComputeEvent> run_record_event() override { return std::make_unique<CudaEvent>(events_, stream_); }
 
   void run_convert(const TensorView& in, const TensorView& out) override {
     if (in.dtype == DType::kF32)
@@ -238,6 +291,7 @@ class CudaCompute final : public Compute {
 
   CudaStream stream_;
   int device_ = 0;
+  std::shared_ptr<EventPool> events_;  // record_event's, reused
   MemoryTracker scratch_tracker_;  // the few bytes of results below: not the rank's model state
   DeviceBuffer count_;             // [1] int64: all_finite's and count_zeros' count
   DeviceBuffer sums_;              // [runs][kCudaSumOfSquaresNumel] f64: sum_of_squares' slots
