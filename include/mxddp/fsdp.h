@@ -28,6 +28,10 @@
 // prefetch, or at most two with fsdp_double_buffer) and non-unit params, in the tracker category
 // "gathered"; the sharded-grad strategies' unsharded grad buckets, from a bucket's first gradient
 // until its reduce-scatter has landed in the shard, counted as "grads".
+// On one rank nothing is distributed, as in Megatron-FSDP at a data-parallel size of 1: a shard is
+// the whole bucket, a unit's gather views it in place (no gathered bytes, no all-gather), and with
+// no HSDP replicas the grads go straight into the grad shard and accumulate over micro-batches
+// there (no transient grads, no reduce-scatter).
 //
 // One iteration (every collective on the communicator's queue, in program order, so the same on
 // every rank):

@@ -72,6 +72,14 @@ void FsdpEngine::dispatch_gather(int group, GatherSlot slot) {
     if (!slot_applies(slot, b.mxfp8)) continue;
     const ComputeBuffer& shard = slot == GatherSlot::kValues ? b.params_shard
                               : slot == GatherSlot::kRowwise ? b.row_shard : b.col_shard;
+    if (b.storage.gathers_are_shards()) {
+      // A shard group of one rank: the slot views the shard (and its scales) in place.
+      const auto view_of = [](const ComputeBuffer& at) { return ComputeBuffer(nullptr, at.data(), at.size_bytes(), at.device()); };
+      b.gathered[s] = view_of(shard);
+      if (slot != GatherSlot::kValues)
+        b.gathered_scales[s] = view_of(b.scales_shard[static_cast<size_t>(slot == GatherSlot::kRowwise ? QuantAxis::kRow : QuantAxis::kCol)]);
+      continue;
+    }
     for (FsdpBuffer buffer : FsdpStoragePlan::gathered_buffers(slot)) {
       b.allocate(buffer, compute_, tracker_);
       gathered_bytes_[s] += static_cast<int64_t>(b.held(buffer).size_bytes());
@@ -116,7 +124,8 @@ void FsdpEngine::release_slot(int group, GatherSlot slot) {
   works.clear();
   for (int bi : group_buckets(group)) {
     Bucket& b = *buckets_[static_cast<size_t>(bi)];
-    gathered_bytes_[s] -= static_cast<int64_t>(b.gathered[s].size_bytes() + b.gathered_scales[s].size_bytes());
+    if (!b.storage.gathers_are_shards())  // a slot that views its shard brought no bytes in
+      gathered_bytes_[s] -= static_cast<int64_t>(b.gathered[s].size_bytes() + b.gathered_scales[s].size_bytes());
     b.gathered[s] = ComputeBuffer();
     b.gathered_scales[s] = ComputeBuffer();
   }

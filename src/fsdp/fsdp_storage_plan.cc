@@ -71,11 +71,12 @@ std::string_view fsdp_lifetime_name(FsdpLifetime l) {
 }
 
 FsdpStoragePlan::FsdpStoragePlan(ShardingStrategy strategy, DType param_dtype, DType grad_dtype, int dp, int64_t numel,
-                                 bool mxfp8, const std::vector<Shape>& mxfp8_shapes)
+                                 bool mxfp8, const std::vector<Shape>& mxfp8_shapes, int replicas)
     : numel_(numel), dp_(dp), mxfp8_(mxfp8) {
   MXDDP_CHECK(dp >= 1 && numel >= 0 && numel % dp == 0,
               "an FSDP bucket of {} elements cannot be split into {} equal shards: the layout pads it to a multiple of dp",
               numel, dp);
+  MXDDP_CHECK(replicas >= 1, "an FSDP bucket's replica group of {} ranks; valid: at least 1", replicas);
   MXDDP_CHECK(mxfp8 == !mxfp8_shapes.empty(), "an FSDP bucket {} MXFP8 params was given {} MXFP8 shapes",
               mxfp8 ? "of" : "without", mxfp8_shapes.size());
   const FsdpStrategyStorage& st = fsdp_strategy_storage(strategy);
@@ -108,8 +109,10 @@ FsdpStoragePlan::FsdpStoragePlan(ShardingStrategy strategy, DType param_dtype, D
     add(FsdpBuffer::kQuantizeScales, scales_numel(QuantAxis::kRow) + scales_numel(QuantAxis::kCol),
         MemoryCategory::kMxfp8, FsdpLifetime::kQuantizing);
   }
-  // What the strategy creates after construction.
-  if (st.params_sharded) {
+  // What the strategy creates after construction; nothing not distributed (the header says why).
+  gathers_are_shards_ = st.params_sharded && dp == 1;
+  grads_in_shard_ = st.grads_sharded && dp == 1 && replicas == 1;
+  if (st.params_sharded && !gathers_are_shards_) {
     if (mxfp8) {
       add(FsdpBuffer::kGatheredRowwise, numel, MemoryCategory::kGathered, FsdpLifetime::kGathered);
       add(FsdpBuffer::kGatheredRowScales, scales_numel(QuantAxis::kRow), MemoryCategory::kGathered, FsdpLifetime::kGathered);
@@ -119,11 +122,12 @@ FsdpStoragePlan::FsdpStoragePlan(ShardingStrategy strategy, DType param_dtype, D
       add(FsdpBuffer::kGatheredValues, numel * elem, MemoryCategory::kGathered, FsdpLifetime::kGathered);
     }
   }
-  if (st.grads_sharded) add(FsdpBuffer::kGradsFull, numel * grad_elem, MemoryCategory::kGrads, FsdpLifetime::kTransientGrads);
+  if (st.grads_sharded && !grads_in_shard_)
+    add(FsdpBuffer::kGradsFull, numel * grad_elem, MemoryCategory::kGrads, FsdpLifetime::kTransientGrads);
 }
 
 FsdpStoragePlan FsdpStoragePlan::of_bucket(const FsdpConfig& config, int dp, const ParamLayout& layout, int bucket,
-                                           const std::vector<ParamSpec>& params) {
+                                           const std::vector<ParamSpec>& params, int replicas) {
   const BucketPlacement& placement = layout.buckets.at(static_cast<size_t>(bucket));
   const bool mxfp8 = params.at(static_cast<size_t>(placement.params.front())).mxfp8;
   std::vector<Shape> mxfp8_shapes;
@@ -135,7 +139,7 @@ FsdpStoragePlan FsdpStoragePlan::of_bucket(const FsdpConfig& config, int dp, con
       mxfp8_shapes.push_back(spec.mxfp8_colwise_forward && spec.shape.ndim() == 2 ? Shape{spec.shape[1], spec.shape[0]} : spec.shape);
     }
   return FsdpStoragePlan(config.data_parallel_sharding_strategy, config.param_dtype, fsdp_grad_dtype(config), dp,
-                         placement.range.size(), mxfp8, mxfp8_shapes);
+                         placement.range.size(), mxfp8, mxfp8_shapes, replicas);
 }
 
 void FsdpStoragePlan::add(FsdpBuffer b, int64_t bytes, MemoryCategory category, FsdpLifetime lifetime) {

@@ -26,6 +26,10 @@
 //                                                        (optim_grads*): from the bucket's first
 //                                                        gradient until its reduce-scatter lands
 //   grads_shard     G/dp x grad dtype          grads     at rest (optim_grads*)
+//
+// Not distributed (as Megatron-FSDP at a data-parallel size of 1): in a shard group of one rank a
+// shard is the whole bucket, so a gather's slot is the shard itself (no gathered buffers), and
+// with no replicas either the gradients go straight into grads_shard (no transient grads_full).
 #pragma once
 
 #include <array>
@@ -93,13 +97,21 @@ struct FsdpBufferPlan {
 class FsdpStoragePlan {
  public:
   // Bucket `bucket` of layout (fsdp_param_layout of params) under config, on dp ranks.
+  // replicas: HSDP's replica group size (1 without HSDP).
   static FsdpStoragePlan of_bucket(const FsdpConfig& config, int dp, const ParamLayout& layout, int bucket,
-                                   const std::vector<ParamSpec>& params);
+                                   const std::vector<ParamSpec>& params, int replicas = 1);
   FsdpStoragePlan() = default;
   // numel: the bucket's padded elements G (divisible by dp); mxfp8_shapes: its MXFP8 params' [M, N]
   // in layout order (none for a BF16/F32 bucket: FSDP gives a unit's MXFP8 params a bucket of their own).
   FsdpStoragePlan(ShardingStrategy strategy, DType param_dtype, DType grad_dtype, int dp, int64_t numel,
-                  bool mxfp8, const std::vector<Shape>& mxfp8_shapes);
+                  bool mxfp8, const std::vector<Shape>& mxfp8_shapes, int replicas = 1);
+
+  // A gather's slot is the shard itself (a shard group of one rank; optim_grads_params): no
+  // collective, no gathered bytes.
+  bool gathers_are_shards() const { return gathers_are_shards_; }
+  // The gradients go straight into grads_shard, accumulating over micro-batches, with no
+  // reduction (one rank in all; optim_grads*).
+  bool grads_in_shard() const { return grads_in_shard_; }
 
   // Every buffer this bucket ever holds, in allocation order at construction.
   const std::vector<FsdpBufferPlan>& buffers() const { return buffers_; }
@@ -130,6 +142,7 @@ class FsdpStoragePlan {
   int64_t numel_ = 0, shard_numel_ = 0;
   int dp_ = 1;
   bool mxfp8_ = false;
+  bool gathers_are_shards_ = false, grads_in_shard_ = false;
   std::vector<FsdpBufferPlan> buffers_;
   std::array<int, kFsdpBuffers> index_{};  // [buffer] its index in buffers_ + 1; 0: not held
   std::vector<std::array<int64_t, 2>> scale_offsets_;  // [k][axis]

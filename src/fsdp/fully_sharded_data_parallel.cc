@@ -186,7 +186,8 @@ FsdpEngine::FsdpEngine(Communicator& comm, const std::vector<ParamSpec>& params,
     (unit < 0 ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(unit)]).push_back(static_cast<int>(b));
 
     auto bucket = std::make_unique<Bucket>();
-    bucket->storage = FsdpStoragePlan::of_bucket(config_, dp, layout_, static_cast<int>(b), params);
+    bucket->storage = FsdpStoragePlan::of_bucket(config_, dp, layout_, static_cast<int>(b), params,
+                                                 replica_ ? replica_->size() : 1);
     bucket->range = placement.range;
     bucket->numel = bucket->storage.numel();
     bucket->shard = bucket->storage.shard_numel();
@@ -319,6 +320,9 @@ TensorView FsdpEngine::main_grad(int index) {
   // The previous micro-batch's reduction of this bucket may still be in flight (sharded grads
   // reduce every micro-batch): it must land before new gradients go in.
   while (b.reduction_in_flight) complete_oldest_reduction();
+  if (b.storage.grads_in_shard())  // one rank in all: the shard is the bucket's grads
+    return fsdp_sub(b.grads_shard.view(grad_dtype(), Shape{b.numel}), p.range.start - b.range.start,
+                    specs_[static_cast<size_t>(index)].shape);
   if (shards_grads() && !b.grads_full.data()) {
     // The bucket's unsharded grads live from its first gradient of the micro-batch until its
     // reduce-scatter lands in the shard.
@@ -391,6 +395,10 @@ void FsdpEngine::release_gathered_params() { schedule_.release_gathered_params()
 
 void FsdpEngine::issue_reduction(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
+  if (b.storage.grads_in_shard()) {  // nothing to reduce: the grads are already in the shard
+    reduced_[static_cast<size_t>(bucket)] = true;
+    return;
+  }
   MXDDP_ASSERT(!b.reduction_in_flight && b.grads_full.data());
   if (shards_grads())  // the queue bounds the unsharded grads alive at once
     while (!reductions_.empty() && reductions_numel_ + b.numel > rs_queue_numel_) complete_oldest_reduction();

@@ -59,14 +59,17 @@ class DataParallelSim : public GptCallTrace {
     if (mpi) stage_reductions_for_mpi(!c.force_all_reduce, c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
   }
 
+  // dp: the shard group's size; replicas: HSDP's replica group's (1 without HSDP).
   void build_fsdp(const std::vector<ParamSpec>& specs, const std::vector<std::vector<int>>& units,
-                  const FsdpConfig& c, int dp, bool mpi) {
-    fsdp_ = std::make_unique<FsdpMemorySim>(specs, units, c, dp, tracker_);
+                  const FsdpConfig& c, int dp, bool mpi, int replicas = 1) {
+    fsdp_ = std::make_unique<FsdpMemorySim>(specs, units, c, dp, tracker_, replicas);
     layout_ = fsdp_->layout();
     for (size_t b = 0; b < layout_.buckets.size(); ++b)
       optimizer_numel_.push_back(fsdp_->optimizer_bucket_numel(static_cast<int>(b)));
     param_dtype_ = c.param_dtype;
-    if (mpi)
+    // Sharded grads on one rank in all are never reduced (FsdpStoragePlan::grads_in_shard): no staging.
+    const bool reduces = !fsdp_shards_grads(c.data_parallel_sharding_strategy) || dp * replicas > 1;
+    if (mpi && reduces)
       stage_reductions_for_mpi(c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard,
                                c.grad_reduce_in_fp32 ? DType::kF32 : c.param_dtype, dp);
     for (const std::vector<int>& u : units) unit_params_.insert(u.begin(), u.end());

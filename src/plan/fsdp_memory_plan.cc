@@ -108,12 +108,13 @@ MemoryPlan plan_fsdp_memory(const std::vector<ParamSpec>& params, const std::vec
   for (size_t j = 0; j < hooked.size(); ++j)
     for (int p : hooked[j].params) last_use[static_cast<size_t>(p)] = static_cast<int>(j);
 
-  // HSDP: every figure is FSDP's over the shard group (the replica all-reduce is in place).
+  // HSDP: every figure is FSDP's over the shard group (the replica all-reduce is in place), but a
+  // shard group of one keeps the transient grads that FSDP on one rank in all does without.
   const int shard = fsdp_shard_group_size(opts, config);
   MemoryTracker tracker;
   place_data_parallel_state(tracker, opts.data_parallel_place);
   DataParallelSim dpsim(tracker, nullptr);
-  dpsim.build_fsdp(params, units, config, shard, opts.mpi_backend);
+  dpsim.build_fsdp(params, units, config, shard, opts.mpi_backend, dp / shard);
   if (optimizer) dpsim.build_optimizer(*optimizer);
 
   // [hooked module] its params as backward reports them: a unit's in decreasing registration

@@ -15,7 +15,7 @@ bool slot_applies(GatherSlot slot, bool mxfp8_bucket) { return (slot == GatherSl
 }  // namespace
 
 FsdpMemorySim::FsdpMemorySim(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
-                             const FsdpConfig& config, int dp, MemoryTracker& tracker)
+                             const FsdpConfig& config, int dp, MemoryTracker& tracker, int replicas)
     : config_((check_fsdp_config(config, params, units), config)), dp_(dp), tracker_(tracker) {
   unit_of_param_ = fsdp_unit_of_param(params.size(), units);
   layout_ = fsdp_param_layout(params, unit_of_param_, dp, /*compute_shards=*/false);
@@ -27,7 +27,7 @@ FsdpMemorySim::FsdpMemorySim(const std::vector<ParamSpec>& params, const std::ve
     const int unit = unit_of_param_[static_cast<size_t>(placement.params.front())];
     (unit < 0 ? non_unit_buckets_ : unit_buckets_[static_cast<size_t>(unit)]).push_back(static_cast<int>(b));
     Bucket bucket;
-    bucket.storage = FsdpStoragePlan::of_bucket(config_, dp, layout_, static_cast<int>(b), params);
+    bucket.storage = FsdpStoragePlan::of_bucket(config_, dp, layout_, static_cast<int>(b), params, replicas);
     bucket.numel = bucket.storage.numel();
     bucket.shard = bucket.storage.shard_numel();
     bucket.mxfp8 = bucket.storage.mxfp8();
@@ -103,8 +103,8 @@ void FsdpMemorySim::dispatch_gather(int group, GatherSlot slot) {
   for (int bi : group_buckets(group)) {
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     if (!slot_applies(slot, b.mxfp8)) continue;
-    b.gathered_bytes[s] = b.storage.gathered_bytes(slot);
-    tracker_.on_allocate(MemoryCategory::kGathered, b.gathered_bytes[s]);
+    b.gathered_bytes[s] = b.storage.gathered_bytes(slot);  // 0 where the slot views the shard
+    if (b.gathered_bytes[s] > 0) tracker_.on_allocate(MemoryCategory::kGathered, b.gathered_bytes[s]);
     gathered_bytes_[s] += b.gathered_bytes[s];
   }
   gathered_bytes_peak_[s] = std::max(gathered_bytes_peak_[s], gathered_bytes_[s]);
@@ -158,7 +158,7 @@ void FsdpMemorySim::release_gathered_params() { schedule_.release_gathered_param
 void FsdpMemorySim::main_grad(int param) {
   Bucket& b = buckets_[static_cast<size_t>(layout_.params.at(static_cast<size_t>(param)).bucket)];
   while (b.reduction_in_flight) complete_oldest_reduction();
-  if (shards_grads() && b.grads_full_bytes == 0) {
+  if (shards_grads() && !b.storage.grads_in_shard() && b.grads_full_bytes == 0) {
     b.grads_full_bytes = b.storage.bytes(FsdpBuffer::kGradsFull);
     tracker_.on_allocate(b.storage.buffer(FsdpBuffer::kGradsFull).category, b.grads_full_bytes);
   }
@@ -168,6 +168,10 @@ void FsdpMemorySim::grad_ready(int param) { schedule_.grad_ready(param, !no_sync
 
 void FsdpMemorySim::issue_reduction(int bucket) {
   Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  if (b.storage.grads_in_shard()) {
+    reduced_[static_cast<size_t>(bucket)] = true;
+    return;
+  }
   if (shards_grads())
     while (!reductions_.empty() && reductions_numel_ + b.numel > rs_queue_numel_) complete_oldest_reduction();
   b.reduction_in_flight = true;

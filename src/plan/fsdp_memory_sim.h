@@ -29,10 +29,10 @@ namespace mxddp {
 
 class FsdpMemorySim final : private FsdpHookActions {
  public:
-  // As FullyShardedDataParallel(comm of size dp, params, units, config, tracker, initial values):
-  // charges what the constructor allocates.
+  // As FullyShardedDataParallel(comm of size dp, params, units, config, tracker, initial values,
+  // a replica communicator of `replicas` ranks or none): charges what the constructor allocates.
   FsdpMemorySim(const std::vector<ParamSpec>& params, const std::vector<std::vector<int>>& units,
-                const FsdpConfig& config, int dp, MemoryTracker& tracker);
+                const FsdpConfig& config, int dp, MemoryTracker& tracker, int replicas = 1);
 
   const ParamLayout& layout() const { return layout_; }
   int64_t optimizer_bucket_numel(int bucket) const;  // DistributedOptimizer's main param elements

@@ -197,10 +197,10 @@ MemoryPlan plan_param_memory(const std::vector<ParamSpec>& params, const TrainCo
     fc.mxfp8_elem = config.ddp.mxfp8_elem;
     fc.mxfp8_scale_mode = config.ddp.mxfp8_scale_mode;
     // HSDP: FSDP's bytes at the shard group's size (fsdp.h; no iterations, so no staging).
-    dpsim.build_fsdp(params, units, fc, fsdp_shard_group_size({.dp = dp, .num_distributed_optimizer_instances =
-                                                                         opts.num_distributed_optimizer_instances},
-                                                              fc),
-                     false);  // no iterations: no reductions to stage
+    const int shard = fsdp_shard_group_size({.dp = dp, .num_distributed_optimizer_instances =
+                                                     opts.num_distributed_optimizer_instances},
+                                            fc);
+    dpsim.build_fsdp(params, units, fc, shard, false, dp / shard);  // no iterations: no reductions to stage
   } else {
     MXDDP_CHECK(opts.num_distributed_optimizer_instances == 1,
                 "num_distributed_optimizer_instances {} is not valid without --use-megatron-fsdp: hybrid sharding "

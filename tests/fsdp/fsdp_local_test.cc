@@ -19,9 +19,10 @@ class FsdpParity : public ::testing::TestWithParam<std::tuple<ShardingStrategy, 
 
 // Without clipping the update never reads the global norm, whose f64 sum runs over other shard
 // boundaries than DDP's. Then every strategy whose gradient reduction is DDP's (no_shard and
-// optim; optim_grads* at one micro-batch) gives DDP's losses bitwise: the local backend reduces
-// each element in rank order with the same 1/dp prescale. optim_grads* with several micro-batches
-// sum reduced micro-batches instead of reducing the summed ones: within 1e-6 relative.
+// optim; optim_grads* at one micro-batch, or on one rank, where the grads accumulate in the shard)
+// gives DDP's losses bitwise: the local backend reduces each element in rank order with the same
+// 1/dp prescale. optim_grads* with several micro-batches on several ranks sum reduced micro-batches
+// instead of reducing the summed ones: within 1e-6 relative.
 TEST_P(FsdpParity, LossesMatchDdp) {
   const auto [strategy, overlap, dp, accum] = GetParam();
   TrainConfig c = fsdp_config(strategy, overlap);
@@ -30,7 +31,8 @@ TEST_P(FsdpParity, LossesMatchDdp) {
   c.optimizer.clip_grad = 0;
   const std::vector<double> ddp = losses(train_local(dp, as_ddp(c)));
   const std::vector<double> fsdp = losses(train_local(dp, c));
-  const bool same_reduction = accum == 1 || strategy == ShardingStrategy::kNoShard || strategy == ShardingStrategy::kOptim;
+  const bool same_reduction =
+      accum == 1 || dp == 1 || strategy == ShardingStrategy::kNoShard || strategy == ShardingStrategy::kOptim;
   if (same_reduction) EXPECT_EQ(fsdp, ddp);
   else expect_close(fsdp, ddp, 1e-6, "fsdp vs ddp, micro-batches reduced one by one");
 }
@@ -138,6 +140,45 @@ TEST(Fsdp, PeakGatheredBytesFollowTheBudget) {
       EXPECT_EQ(m.steady.live(MemoryCategory::kGathered), 0) << k.what;
     }
   }
+}
+
+// On one rank, as Megatron-FSDP when its data-parallel size is 1, nothing is distributed: a unit's
+// gather is its shard in place, and its grads go straight into the grad shard. Nothing is gathered
+// and no grads are held beyond the shard, at any moment; on two ranks both are (the contrast).
+TEST(Fsdp, OnOneRankTheShardsAreTheGathersAndTheGrads) {
+  for (ShardingStrategy s : {ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams})
+    for (int dp : {1, 2}) {
+      TrainConfig c = fsdp_config(s, true);
+      c.global_batch_size = 2 * dp * 2;  // two micro-batches
+      const TrainResult r = train_local(dp, c);
+      const std::string what = fmt::format("{} at dp {}", sharding_strategy_name(s), dp);
+      for (const RankMemory& m : r.memory_by_rank) {
+        const bool gathers = s == ShardingStrategy::kOptimGradsParams && dp > 1;
+        EXPECT_EQ(m.overall.peak(MemoryCategory::kGathered) > 0, gathers) << what;
+        const int64_t grads_at_rest = m.steady.live(MemoryCategory::kGrads);
+        if (dp == 1) EXPECT_EQ(m.overall.peak(MemoryCategory::kGrads), grads_at_rest) << what << ": no transient grads";
+        else EXPECT_GT(m.overall.peak(MemoryCategory::kGrads), grads_at_rest) << what << ": a micro-batch's whole grads";
+      }
+    }
+  // No collective moves a unit's params or grads on one rank.
+  const GptConfig model{.num_layers = 2, .hidden_size = 32, .num_attention_heads = 2, .seq_length = 16};
+  set_compute_threads(1);
+  run_local(1, [&](Communicator& comm) {
+    FsdpConfig fc;
+    fc.overlap_grad_reduce = fc.overlap_param_gather = true;
+    HandDrivenFsdpGpt run(comm, model, fc);
+    auto& [tracker, pool, specs, init, fsdp, opt, gpt, data, tokens] = run;
+    for (int it = 0; it < 2; ++it) {
+      opt.zero_grad();
+      for (int m = 0; m < 2; ++m) forward_backward_micro_batch(fsdp, gpt, data, it, m, tokens);
+      fsdp.finish_grad_sync();
+      opt.step();
+    }
+    EXPECT_GT(fsdp_engine(fsdp).gathers_started(), 0) << "the hooks still gather (in place)";
+    for (const FsdpCollective& x : fsdp_engine(fsdp).collective_log())
+      EXPECT_TRUE(x.kind != FsdpCollective::Kind::kAllGather && x.kind != FsdpCollective::Kind::kReduceScatter)
+          << "bucket " << x.bucket;
+  });
 }
 
 // ---- The gather / release protocol, driven by hand ----------------------------------------------

@@ -54,9 +54,11 @@ inline ShardingStrategy strategy_of(DpMode m) {
     default: return ShardingStrategy::kOptimGradsParams;
   }
 }
-inline GradOrder grad_order_of(DpMode m) {
-  return m == DpMode::kOptimGrads || m == DpMode::kOptimGradsParams ? GradOrder::kReduceEachMicroBatch
-                                                                     : GradOrder::kAccumulateThenReduce;
+// FSDP's sharded grads reduce every micro-batch, except on one rank in all, where the grads go
+// straight into the shard and accumulate there (FsdpStoragePlan::grads_in_shard), as DDP's do.
+inline GradOrder grad_order_of(DpMode m, int dp) {
+  return (m == DpMode::kOptimGrads || m == DpMode::kOptimGradsParams) && dp > 1 ? GradOrder::kReduceEachMicroBatch
+                                                                               : GradOrder::kAccumulateThenReduce;
 }
 
 struct GenericCase {
@@ -88,7 +90,7 @@ inline GenericModel generic_model_of(const GenericCase& c) {
 }
 
 inline std::vector<std::vector<std::vector<float>>> generic_reference_of(const GenericCase& c, const GenericModel& model) {
-  return generic_reference(model, c.run, grad_order_of(c.mode), generic_optimizer_config());
+  return generic_reference(model, c.run, grad_order_of(c.mode, c.run.dp), generic_optimizer_config());
 }
 
 // Main param elements that differ from the reference: tol 0 asks for the same bits (NaN equal to
