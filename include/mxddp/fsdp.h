@@ -68,7 +68,9 @@
 // over every rank, as DDP over them all gives. Each replica then updates its identical shard;
 // communicator() is the shard group, so the optimizer's grad norm counts each element once.
 // Bytes per rank are FSDP's at dp = the shard group's size; the replica all-reduce is in place
-// (the mpi backend stages a bf16 one in f32, charged as comm by that communicator).
+// (the mpi backend stages a bf16 one in f32, charged as comm by that communicator). One exception:
+// a shard group of one keeps each micro-batch's whole grads for the replica all-reduce, which FSDP
+// on one rank in all does without.
 // The all-gather prefetch budget is suggested_communication_unit_size / 2 elements and the
 // reduce-scatter queue holds at most suggested_communication_unit_size elements in flight; both are
 // caps (Megatron turns them into floors of 5e8 and 1e9 elements with max(1e9, ...)).

@@ -40,6 +40,9 @@ struct FsdpEngine::Bucket {
   ComputeBuffer grads_full;    // [G] grad dtype, kGrads: no_shard, optim (kept); optim_grads* (transient)
   ComputeBuffer grads_shard;   // [G/dp] grad dtype, kGrads: optim_grads*
   bool reduction_in_flight = false;
+  // FsdpStoragePlan::grads_in_shard: a gradient went into the shard this micro-batch and the
+  // bucket's reduction (nothing to move, but the point the hooks must reach) has not come yet.
+  bool grads_unreduced = false;
 
   // The member that holds `buffer`.
   ComputeBuffer& held(FsdpBuffer buffer) {

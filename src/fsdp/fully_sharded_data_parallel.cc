@@ -320,9 +320,11 @@ TensorView FsdpEngine::main_grad(int index) {
   // The previous micro-batch's reduction of this bucket may still be in flight (sharded grads
   // reduce every micro-batch): it must land before new gradients go in.
   while (b.reduction_in_flight) complete_oldest_reduction();
-  if (b.storage.grads_in_shard())  // one rank in all: the shard is the bucket's grads
+  if (b.storage.grads_in_shard()) {  // one rank in all: the shard is the bucket's grads
+    b.grads_unreduced = true;
     return fsdp_sub(b.grads_shard.view(grad_dtype(), Shape{b.numel}), p.range.start - b.range.start,
                     specs_[static_cast<size_t>(index)].shape);
+  }
   if (shards_grads() && !b.grads_full.data()) {
     // The bucket's unsharded grads live from its first gradient of the micro-batch until its
     // reduce-scatter lands in the shard.
@@ -396,6 +398,7 @@ void FsdpEngine::release_gathered_params() { schedule_.release_gathered_params()
 void FsdpEngine::issue_reduction(int bucket) {
   Bucket& b = *buckets_[static_cast<size_t>(bucket)];
   if (b.storage.grads_in_shard()) {  // nothing to reduce: the grads are already in the shard
+    b.grads_unreduced = false;
     reduced_[static_cast<size_t>(bucket)] = true;
     return;
   }
@@ -464,7 +467,7 @@ void FsdpEngine::finish_grad_sync() {
     // Every bucket was reduced at its post-backward (or last grad_ready); one that was not has
     // unreported grads and would be lost.
     for (size_t b = 0; b < buckets_.size(); ++b)
-      if (buckets_[b]->grads_full.data() && !buckets_[b]->reduction_in_flight) {
+      if ((buckets_[b]->grads_full.data() && !buckets_[b]->reduction_in_flight) || buckets_[b]->grads_unreduced) {
         const int p = layout_.buckets[b].params.front();
         MXDDP_FAIL("finish_grad_sync: bucket {} (param '{}', ...) holds gradients that were never reduced: every param "
                    "must report grad_ready and every unit must run its post-backward hook", b,

@@ -181,6 +181,46 @@ TEST(Fsdp, OnOneRankTheShardsAreTheGathersAndTheGrads) {
   });
 }
 
+// A unit whose post-backward never ran has grads its reduction never took: finish_grad_sync says
+// so, naming the bucket, on several ranks (its unsharded grads still held) and on one (where they
+// went straight into the shard, and only the missed hook tells).
+TEST(Fsdp, GradsOfAUnitWhosePostBackwardNeverRanAreRefusedAtTheSync) {
+  std::vector<ParamSpec> specs;
+  std::vector<std::vector<int>> units;
+  for (int u = 0; u < 2; ++u) {
+    specs.push_back(ParamSpec{.name = fmt::format("layers.{}.weight", u), .shape = Shape{8, 16}});
+    units.push_back({u});
+  }
+  for (int dp : {1, 2})
+    for (ShardingStrategy s : {ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams})
+      run_local(dp, [&](Communicator& comm) {
+        MemoryTracker tracker;
+        std::vector<std::vector<float>> init(specs.size(), std::vector<float>(8 * 16, 0.5f));
+        std::vector<TensorView> views;
+        for (size_t i = 0; i < init.size(); ++i) views.push_back({init[i].data(), DType::kF32, specs[i].shape});
+        FsdpConfig fc;
+        fc.data_parallel_sharding_strategy = s;
+        FullyShardedDataParallel fsdp(comm, specs, units, fc, tracker, views);
+        for (const std::vector<int>& unit : units) {
+          fsdp.before_forward(unit);
+          fsdp.after_forward(unit);
+        }
+        for (int u = 1; u >= 0; --u) {
+          fsdp.before_backward(units[static_cast<size_t>(u)]);
+          fsdp.main_grad(u);
+          fsdp.grad_ready(u);
+          if (u == 1) fsdp.after_backward(units[1]);  // unit 0's post-backward is missed
+        }
+        const std::string what = fmt::format("{} at dp {}", sharding_strategy_name(s), dp);
+        try {
+          fsdp.finish_grad_sync();
+          ADD_FAILURE() << what << ": finish_grad_sync took grads that were never reduced";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("param 'layers.0.weight'"), std::string::npos) << what << ": " << e.what();
+        }
+      });
+}
+
 // ---- The gather / release protocol, driven by hand ----------------------------------------------
 
 TEST(Fsdp, EveryGatherIsReleasedOnceAndNothingIsGatheredAtFinish) {

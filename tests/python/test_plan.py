@@ -521,14 +521,18 @@ def test_fsdp_plan_equals_the_tracker_after_iterations(ranks, name, model_name, 
                        gradient_accumulation_fusion=fusion)
     if not fusion:
         fused = mxt.plan(module, world, cfg, ADAM, fsdp_unit_modules=units, micro_batches=micro_batches)
-        assert planned.total_peak_bytes != fused.total_peak_bytes, (planned, fused)
+        # One rank keeps no unsharded grads beside the shard (FsdpStoragePlan::grads_in_shard).
+        assert (planned.total_peak_bytes != fused.total_peak_bytes) == (world > 1), (planned, fused)
     if extra:
         # The same config without the field the case is about: the double buffer against its large
         # budget alone, a communication unit against the default one.
         base = {k: v for k, v in extra.items() if k != "fsdp_double_buffer"} if "fsdp_double_buffer" in extra else {}
         baseline = mxt.plan(module, world, fsdp_config(**fields, **base), ADAM, fsdp_unit_modules=units,
                             micro_batches=micro_batches)
-        assert planned.peak_gathered_bytes["values"] < baseline.peak_gathered_bytes["values"], (planned, baseline)
+        if world > 1:
+            assert planned.peak_gathered_bytes["values"] < baseline.peak_gathered_bytes["values"], (planned, baseline)
+        else:  # a gather is the shard in place
+            assert planned.peak_gathered_bytes["values"] == baseline.peak_gathered_bytes["values"] == 0, planned
     _C.reset_memory_peaks()
     model = mxt.FullyShardedDataParallel(module, cfg, units, gradient_accumulation_fusion=fusion)
     opt = mxt.DistributedOptimizer(model, ADAM)
