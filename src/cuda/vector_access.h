@@ -30,7 +30,8 @@ MXDDP_HOST_DEVICE inline void store_vec(void* p, const V& v) {
 #endif
 }
 
-// Whether p may be read with such instructions of the given size.
+// Whether p may be read with such instructions of the given size: core.h's is_aligned, which the
+// .cu files cannot include (nvcc does not compile core.h's fmt).
 inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace mxddp::cuda_kernels

@@ -14,10 +14,6 @@
 
 namespace mxddp::optim_kernel {
 
-// A staging target that stores nothing: the update without staging (MXFP8 reuse stages later).
-struct NoStage {};
-inline void store(NoStage*, int64_t, float) {}
-
 template <typename G, typename P>
 void adamw(const G* __restrict grad, float* __restrict main, float* __restrict exp_avg, float* __restrict exp_avg_sq,
            P* __restrict param, int64_t n, const AdamScalars& s) {

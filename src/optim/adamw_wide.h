@@ -22,9 +22,6 @@ namespace mxddp::cuda_kernels::wide {
 
 inline constexpr int kAdamGroup = 4;
 
-// The param copy an update may stage (f32, bf16), or none.
-struct NoParam {};
-
 MXDDP_HOST_DEVICE inline void load4(const float* p, int64_t i, float v[kAdamGroup]) {
   const float4 q = load_vec<float4>(p + i);
   v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
@@ -41,11 +38,7 @@ MXDDP_HOST_DEVICE inline void store4(bf16_bits* p, int64_t i, const float v[kAda
   store_vec(p + i, make_uint2(uint32_t{f32_to_bf16(v[0])} | (uint32_t{f32_to_bf16(v[1])} << 16),
                               uint32_t{f32_to_bf16(v[2])} | (uint32_t{f32_to_bf16(v[3])} << 16)));
 }
-MXDDP_HOST_DEVICE inline void store4(NoParam*, int64_t, const float*) {}
-
-MXDDP_HOST_DEVICE inline void store1(float* p, int64_t i, float x) { p[i] = x; }
-MXDDP_HOST_DEVICE inline void store1(bf16_bits* p, int64_t i, float x) { p[i] = f32_to_bf16(x); }
-MXDDP_HOST_DEVICE inline void store1(NoParam*, int64_t, float) {}
+MXDDP_HOST_DEVICE inline void store4(optim_kernel::NoStage*, int64_t, const float*) {}
 
 // Element i, alone (the element kernel's body, and the wide kernel's tail).
 template <typename G, typename P>
@@ -56,7 +49,7 @@ MXDDP_HOST_DEVICE inline void adamw_at(const G* grad, float* main, float* exp_av
   exp_avg[i] = e.exp_avg;
   exp_avg_sq[i] = e.exp_avg_sq;
   main[i] = e.main;
-  store1(param, i, e.main);
+  optim_kernel::store(param, i, e.main);
 }
 
 // Elements [4g, 4g + 4).

@@ -17,7 +17,7 @@ namespace {
 using optim_kernel::AdamScalars;
 using optim_kernel::SgdScalars;
 
-using wide::NoParam;
+using optim_kernel::NoStage;
 
 // One element per thread: for shards whose pointers the wide kernel cannot take.
 template <typename G, typename P>
@@ -46,7 +46,7 @@ __global__ void sgd_kernel(const G* __restrict__ grad, float* __restrict__ main,
     const optim_kernel::SgdElement e = optim_kernel::sgd_element(optim_kernel::load(grad, i), main[i], momentum[i], s);
     momentum[i] = e.momentum;
     main[i] = e.main;
-    wide::store1(param, i, e.main);
+    optim_kernel::store(param, i, e.main);
   }
 }
 
@@ -57,7 +57,7 @@ void dispatch(const void* grad, GradKind gk, void* param, ParamKind pk, Args&&..
     using G = std::remove_pointer_t<decltype(g)>;
     if (pk == ParamKind::kF32) Launch<G, float>{}(g, static_cast<float*>(param), args...);
     else if (pk == ParamKind::kBF16) Launch<G, bf16_bits>{}(g, static_cast<bf16_bits*>(param), args...);
-    else Launch<G, NoParam>{}(g, static_cast<NoParam*>(nullptr), args...);
+    else Launch<G, NoStage>{}(g, static_cast<NoStage*>(nullptr), args...);
   };
   if (gk == GradKind::kF32) with_grad(static_cast<const float*>(grad));
   else with_grad(static_cast<const bf16_bits*>(grad));
@@ -67,7 +67,7 @@ template <typename G, typename P>
 struct AdamLaunch {
   void operator()(const G* g, P* p, float* main, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamScalars& s,
                   cudaStream_t stream) const {
-    constexpr int param_bytes = std::is_same_v<P, NoParam> ? 0 : static_cast<int>(sizeof(P));
+    constexpr int param_bytes = std::is_same_v<P, NoStage> ? 0 : static_cast<int>(sizeof(P));
     if (wide::adamw_wide_fits(g, sizeof(G), main, exp_avg, exp_avg_sq, p, param_bytes)) {
       const int64_t groups = n / wide::kAdamGroup, tail = n % wide::kAdamGroup;
       adamw_wide_kernel<<<elementwise_blocks(groups > tail ? groups : tail), kElementwiseThreads, 0, stream>>>(

@@ -24,6 +24,9 @@ MXDDP_HOST_DEVICE inline float load(const float* p, int64_t i) { return p[i]; }
 MXDDP_HOST_DEVICE inline float load(const bf16_bits* p, int64_t i) { return bf16_to_f32(p[i]); }
 MXDDP_HOST_DEVICE inline void store(float* p, int64_t i, float x) { p[i] = x; }
 MXDDP_HOST_DEVICE inline void store(bf16_bits* p, int64_t i, float x) { p[i] = f32_to_bf16(x); }
+// A staging target that stores nothing: the update without staging (MXFP8 reuse stages later).
+struct NoStage {};
+MXDDP_HOST_DEVICE inline void store(NoStage*, int64_t, float) {}
 
 // AdamW on one element: g the (unclipped) grad, the element's main param and moments in; their new
 // values out. decay = 1 - lr * weight_decay, computed once by the caller. Values in and out rather

@@ -9,6 +9,7 @@
 namespace mxddp::fp8 {
 
 static_assert(kE8M0NanCode == kE8M0Nan);
+static_assert(kMxBlock == kMxBlockSize);
 
 inline const Spec& spec(Fp8Format f) { return f == Fp8Format::kE4M3 ? kE4M3 : kE5M2; }
 template <Fp8Format F>

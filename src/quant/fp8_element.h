@@ -34,6 +34,15 @@ inline constexpr Spec kE4M3 = spec_of(true);
 inline constexpr Spec kE5M2 = spec_of(false);
 
 inline constexpr uint8_t kE8M0NanCode = 0xFF;
+inline constexpr int kMxBlock = 32;  // quant.h's kMxBlockSize: the elements that share a scale
+
+// A block's amax as a max over |x|'s bits, as the CUDA kernels take it: NaN and Inf sort above every
+// finite value, and NaN or Inf anywhere makes the amax Inf, so the block's scale is NaN (mxfp8.cc's
+// rule; its vectorized loops keep their own form).
+MXDDP_HOST_DEVICE inline uint32_t abs_bits(float x) { return float_bits(x) & 0x7fffffffu; }
+MXDDP_HOST_DEVICE inline float amax_from_bits(uint32_t bits) {
+  return bits >= 0x7f800000u ? float_from_bits(0x7f800000u) : float_from_bits(bits);
+}
 
 MXDDP_HOST_DEVICE inline uint8_t encode(float y, const Spec& s) {
   const uint32_t u = float_bits(y);

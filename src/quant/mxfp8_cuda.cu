@@ -21,13 +21,12 @@
 namespace mxddp::cuda_kernels {
 namespace {
 
-constexpr int kBlock = 32;  // quant.h's kMxBlockSize
+constexpr int kBlock = fp8::kMxBlock;
+using fp8::abs_bits;
+using fp8::amax_from_bits;
 
 __device__ inline float load_value(const float* p, int64_t i) { return p[i]; }
 __device__ inline float load_value(const bf16_bits* p, int64_t i) { return bf16_to_f32(p[i]); }
-__device__ inline uint32_t abs_bits(float x) { return float_bits(x) & 0x7fffffffu; }
-// The CPU's amax_from_bits: NaN or Inf anywhere in the block makes it Inf, so the scale is NaN.
-__device__ inline float amax_from_bits(uint32_t bits) { return bits >= 0x7f800000u ? float_from_bits(0x7f800000u) : float_from_bits(bits); }
 
 template <typename T>
 __global__ void quantize_rows_kernel(const T* __restrict__ in, uint8_t* __restrict__ data, uint8_t* __restrict__ scales,

@@ -31,18 +31,15 @@
 
 namespace mxddp::cuda_kernels::wide {
 
-inline constexpr int kBlock = 32;        // quant.h's kMxBlockSize
+inline constexpr int kBlock = fp8::kMxBlock;
 inline constexpr int kRowGroup = 8;      // values per thread, row-wise and in a column tile's row
 inline constexpr int kDecodeGroup = 16;  // codes per thread when dequantizing
 inline constexpr int kTileCols = 64;     // a column tile's width
 inline constexpr int kTileThreads = kBlock * kTileCols / kRowGroup;  // 256
 inline constexpr int kTilePitch = kTileCols + 1;  // shared-memory row pitch: the amax reads hit 32 banks
 
-MXDDP_HOST_DEVICE inline uint32_t abs_bits(float x) { return float_bits(x) & 0x7fffffffu; }
-// mxfp8.cc's amax_from_bits: NaN or Inf anywhere in the block makes it Inf, so the scale is NaN.
-MXDDP_HOST_DEVICE inline float amax_from_bits(uint32_t bits) {
-  return bits >= 0x7f800000u ? float_from_bits(0x7f800000u) : float_from_bits(bits);
-}
+using fp8::abs_bits;
+using fp8::amax_from_bits;
 MXDDP_HOST_DEVICE inline uint32_t max_bits(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 // Eight values from in + i (16-byte aligned), widened to f32.
