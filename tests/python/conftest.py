@@ -49,3 +49,11 @@ def ranks():
     init_gloo_beside_mxddp(rank, world)
     yield rank, world
     dist.destroy_process_group()
+
+
+def needs_ranks(world: int, ranks_min: int, what: str) -> None:
+    """Skips, saying why, a test whose behaviour exists only with ranks_min ranks or more (ranks that
+    disagree, a late rank, a shard that is not the whole param); the rest of the suite runs at any
+    world size, one rank included."""
+    if world < ranks_min:
+        pytest.skip(f"{what}: needs {ranks_min} ranks or more, this run has {world}")

@@ -141,11 +141,12 @@ def test_bf16_params_match_a_torch_f32_master_reference(ranks, name, grad_reduce
     # one per micro-batch's dW added into the BF16 main_grad (above), and with the machine's GEMM
     # kernels, which round differently from one CPU to another. Measured at dp 2 and 4: hook path 0 and
     # 1 of 59,904 GPT-2 weight elements on an Intel Xeon with AMX, 6 of c_attn's 6,912 (0.09%) at dp 4
-    # on an AMD EPYC without AMX; fused 0.6% and 1.4% of a tensor at most. The bounds leave room for
+    # on an AMD EPYC without AMX; fused 0.6% and 1.4% of a tensor at most, and 0.56% (13 of c_proj's
+    # 2,304) at dp 1 on that EPYC, where the fused roundings alone differ. The bounds leave room for
     # other CPUs and stay far below a wrong gradient, which moves most of a tensor's elements the
     # wrong way.
     fused_rounding = fusion and not grad_reduce_in_fp32 and micro_batches > 1  # (above: one rounding less)
-    far_share_max = (0.005 if fused_rounding else 0.001) * world
+    far_share_max = (0.005 if fused_rounding else 0.001) * max(world, 2)
     for (n, a), (_, b) in zip(module.named_parameters(), reference.named_parameters()):
         assert a.dtype == torch.bfloat16
         assert (a.float() - b.float()).abs().max().item() <= 2 * LR * STEPS * 1.05, n

@@ -25,6 +25,7 @@ import mxddp.torch as mxt
 from mxddp.torch.gpt import GPT, GPTConfig
 
 import checkpoint_reshard as reshard
+from conftest import needs_ranks
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -442,6 +443,7 @@ def test_ranks_that_pass_different_save_arguments_are_refused_before_anything_is
     """A rank saving elsewhere would write its part of the checkpoint there, and a prune could then
     remove the last complete one; other metadata, configs or keep_last would be silently rank 0's."""
     rank, world = ranks
+    needs_ranks(world, 2, "ranks that pass different arguments")
     model, opt = trained
     kwargs = {"metadata": None, "keep_last": 0, "model_config": None}
     directory = shared_dir / ("r" if argument != "save_dir" else f"r{rank}")

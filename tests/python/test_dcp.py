@@ -20,6 +20,7 @@ import mxddp.torch as mxt
 from mxddp.torch import dcp as mxdcp
 
 from checkpoint_reshard import SAVE_AT, STEPS, batch, make_model, train_steps
+from conftest import needs_ranks
 
 BUCKET = 700  # elements: buckets end inside params, so the ranks hold uneven parts of them
 
@@ -216,6 +217,7 @@ def test_buffers_the_ranks_disagree_on_are_named_at_save(ranks, ckpt_dir):
     """DCP writes one rank's copy of a replicated entry: a buffer that differs across ranks is named
     in a warning, and the load gives every rank the saved copy (no checksum refuses it)."""
     rank, world = ranks
+    needs_ranks(world, 2, "buffers that differ across ranks")
     model, opt = _bf16_model()
     _bf16_run(rank, world, model, opt, 0, 1)
     with torch.no_grad():
@@ -343,6 +345,7 @@ def test_needs_the_wrapped_pair(ranks):
 
 def test_a_failure_on_one_rank_is_refused_on_every_rank(ranks, ckpt_dir):
     rank, world = ranks
+    needs_ranks(world, 2, "a failure on rank 1 alone")
     _saved(rank, world, ckpt_dir)
     model, opt = make_model(rank, world, BUCKET)
     state = mxdcp.state_dict(model, opt)

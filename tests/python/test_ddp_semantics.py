@@ -16,6 +16,7 @@ import torch.utils.checkpoint
 
 import mxddp.torch as mxt
 from mxddp.torch import torch_semantics
+from conftest import needs_ranks
 
 
 def gathered(t: torch.Tensor) -> list[torch.Tensor]:
@@ -105,6 +106,7 @@ def test_unknown_arguments_and_transformer_values_are_refused(ranks):
 
 def test_torch_form_broadcasts_rank0_params_buffers_and_frozen_params_at_wrap_megatron_form_does_not(ranks):
     rank, world = ranks
+    needs_ranks(world, 2, "ranks that start from different params")
     for torch_form in (True, False):
         torch.manual_seed(rank)  # every rank different
         module = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 2))

@@ -12,6 +12,7 @@ import time
 import torch
 
 import mxddp.torch as mxt
+from conftest import needs_ranks
 from test_parity import make_mlp, mlp_batch, mlp_loss
 
 LATE_S = 1.0
@@ -99,6 +100,7 @@ def test_finish_grad_sync_and_step_release_the_gil(ranks):
     """The two blocking calls of a training step: finish_grad_sync (the grads' reduce-scatter) and
     the optimizer's step (the global grad norm's all-reduce, the params' all-gather)."""
     rank, world = ranks
+    needs_ranks(world, 2, "rank 0 waiting in C++ for a late rank")
     model = make_model()
     opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1e-3))
     try:
@@ -115,6 +117,7 @@ def test_finish_grad_sync_and_step_release_the_gil(ranks):
 
 def test_all_reduce_releases_the_gil(ranks):
     rank, world = ranks
+    needs_ranks(world, 2, "rank 0 waiting in C++ for a late rank")
     t = torch.full((4,), float(rank))
     check(rank, "all_reduce", lined_up_then(rank, lambda: mxt.all_reduce(t)))
     assert torch.equal(t, torch.full((4,), float(sum(range(world)))))

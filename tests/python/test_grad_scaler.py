@@ -1,7 +1,7 @@
 """torch.amp.GradScaler (device "cpu", enabled) with mxddp's DistributedOptimizer over a user's
 torch AdamW, against torch DDP (gloo) + the same AdamW and scaler: scaled losses that overflow on
 purpose (an initial scale whose grads overflow F32, and one rank's loss blown up mid-run so the Inf
-lands in one rank's shard only), with and without scaler.unscale_ + clipping. Every step's loss,
+lands in one rank's shard only; at one rank, in that rank's), with and without scaler.unscale_ + clipping. Every step's loss,
 the scale after every update (equal on every rank) and the final params match torch's.
 """
 import copy
@@ -13,15 +13,20 @@ import mxddp.torch as mxt
 from test_user_optimizer import batch, make_mlp, two_groups, wrap
 
 STEPS = 10
-BLOW_UP_STEP, BLOW_UP_RANK = 6, 1
+BLOW_UP_STEP = 6
 
 
-def scaled_loss(model, rank, step, first_overflows):
+def blow_up_rank(world):
+    """Rank 1, or the only rank."""
+    return min(1, world - 1)
+
+
+def scaled_loss(model, rank, world, step, first_overflows):
     x, y = batch(rank, step)
     loss = torch.nn.functional.cross_entropy(model(x), y)
     if step == 0 and first_overflows:
         return loss, loss * 64  # overflows at the initial scale on every rank
-    if step == BLOW_UP_STEP and rank == BLOW_UP_RANK:
+    if step == BLOW_UP_STEP and rank == blow_up_rank(world):
         return loss, loss * 1e38  # overflows once scaled: an Inf on this rank only
     return loss, loss
 
@@ -38,14 +43,14 @@ def make_scaler():
                                 growth_interval=3)
 
 
-def run(model, opt, clip_fn, rank):
+def run(model, opt, clip_fn, rank, world):
     scaler = make_scaler()
     losses, scales = [], []
     for step in range(STEPS):
         opt.zero_grad()
         # With clipping the first step does not overflow: its clip_grad_norm_ (before the optimizer
         # has met the scaler) must already report the unscaled norm.
-        loss, to_scale = scaled_loss(model, rank, step, first_overflows=clip_fn is None)
+        loss, to_scale = scaled_loss(model, rank, world, step, first_overflows=clip_fn is None)
         scaler.scale(to_scale).backward()
         if hasattr(model, "finish_grad_sync"):
             model.finish_grad_sync()
@@ -67,7 +72,7 @@ def test_grad_scaler_matches_torch_ddp(ranks, clip):
     ddp = torch.nn.parallel.DistributedDataParallel(reference)
     ref_opt = make_opt(reference)
     expected, expected_scales = run(ddp, ref_opt, (lambda: torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3))
-                                    if clip else None, rank)
+                                    if clip else None, rank, world)
 
     model = wrap(module)
     opt = mxt.DistributedOptimizer(model, make_opt(model.module))
@@ -78,7 +83,7 @@ def test_grad_scaler_matches_torch_ddp(ranks, clip):
 
     try:
         with pytest.warns(FutureWarning, match="GradScaler is going to stop passing itself"):
-            got, got_scales = run(model, opt, clip_mxddp if clip else None, rank)
+            got, got_scales = run(model, opt, clip_mxddp if clip else None, rank, world)
     finally:
         opt.close()
         model.close()

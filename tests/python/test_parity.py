@@ -166,8 +166,9 @@ def test_losses_match_torch_ddp_adamw(ranks, name, overlap, bucket_size, micro_b
     got = train_mxddp(module, batch_fn, loss_fn, rank, micro_batches, config, fusion,
                       buckets=BUCKETS[name, bucket_size if overlap else None])
     assert len(got) == STEPS
-    # The losses must move, or matching them proves nothing.
-    assert abs(expected[-1] - expected[0]) > 1e-3 * abs(expected[0])
+    # The losses must move, or matching them proves nothing: by 100x the tolerance at some step (at
+    # one rank Llama's last loss is only 9e-4 from its first).
+    assert max(abs(e - expected[0]) for e in expected) > 1e-3 * abs(expected[0])
     worst = max(abs(g - e) / abs(e) for e, g in zip(expected, got))
     print(f"f32 {name} overlap={overlap} bucket_size={bucket_size} micro={micro_batches} fusion={fusion} dp={world} "
           f"rank {rank}: "

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import mxddp
 import mxddp.torch as mxt
+from conftest import needs_ranks
 
 
 class Params(torch.nn.Module):
@@ -26,9 +27,9 @@ class Params(torch.nn.Module):
 
 
 def differing(ranks):
+    """Whether this rank is the one that differs (the last); skips at one rank."""
     rank, world = ranks
-    if world < 2:
-        pytest.skip("needs 2 ranks or more")
+    needs_ranks(world, 2, "ranks that disagree")
     return rank == world - 1
 
 
@@ -146,8 +147,8 @@ OPTIMIZER_FIELD_CASES = [
 @pytest.mark.parametrize("field,mine,theirs,texts", OPTIMIZER_FIELD_CASES, ids=[c[0] for c in OPTIMIZER_FIELD_CASES])
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_an_optimizer_config_field_that_differs_is_refused(ranks, kind, field, mine, theirs, texts):
+    values = {"lr": 1e-2, field: theirs if differing(ranks) else mine}  # (before the wrap: it may skip)
     model = wrap(kind, Params(AGREED))
-    values = {"lr": 1e-2, field: theirs if differing(ranks) else mine}
     refused_everywhere(ranks, lambda: mxt.DistributedOptimizer(model, mxt.OptimizerConfig(**values)),
                        f"DistributedOptimizer: the {ranks[1]} ranks do not build the same thing: "
                        f"OptimizerConfig.{field} is", *texts)
@@ -156,8 +157,9 @@ def test_an_optimizer_config_field_that_differs_is_refused(ranks, kind, field, m
 
 
 def test_the_same_number_written_as_int_or_float_agrees(ranks):
+    lr = 1 if differing(ranks) else 1.0  # (before the wrap: it may skip)
     model = wrap("ddp", Params(AGREED))
-    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=1 if differing(ranks) else 1.0))
+    opt = mxt.DistributedOptimizer(model, mxt.OptimizerConfig(lr=lr))
     opt.close()
     model.close()
 
