@@ -171,7 +171,9 @@ TEST_P(HsdpParity, ParamsMatchFsdpAndDdpOverAllRanks) {
   std::printf("hsdp %dx%d %s: max |hsdp - fsdp| %.3g, |hsdp - ddp| %.3g, |fsdp - ddp| %.3g (of the largest param)\n",
               shard, replicas, std::string(sharding_strategy_name(strategy)).c_str(), vs_fsdp, vs_ddp,
               max_relative_difference(fsdp_params, ddp_params));
-  if (replicas == 1) EXPECT_TRUE(bitwise_equal(hsdp_params, fsdp_params));
+  if (replicas == 1) {
+    EXPECT_TRUE(bitwise_equal(hsdp_params, fsdp_params));
+  }
   if (shard == 1) {
     // A shard group of one owns every element, FSDP's ranks half each: the clipping's grad norm is
     // summed over another partition (one f64 sum against two f32-pair halves), and the clip

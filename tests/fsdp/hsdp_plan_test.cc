@@ -105,9 +105,11 @@ TEST(HsdpPlan, EqualsTheRunOnEveryRankAndIsFsdpsAtTheShardGroupSize) {
             // HSDP's shard group of one still holds each micro-batch's whole grads for the replica
             // all-reduce. Every other category is FSDP's at the shard group's size.
             EXPECT_GT(plan.steady.peak(MemoryCategory::kGrads), at_shard.steady.peak(MemoryCategory::kGrads)) << what;
-            for (int k = 0; k < kNumMemoryCategories; ++k)
-              if (const auto c = static_cast<MemoryCategory>(k); c != MemoryCategory::kGrads)
+            for (int k = 0; k < kNumMemoryCategories; ++k) {
+              if (const auto c = static_cast<MemoryCategory>(k); c != MemoryCategory::kGrads) {
                 EXPECT_EQ(plan.steady.peak(c), at_shard.steady.peak(c)) << what << ": " << memory_category_name(c);
+              }
+            }
           } else {
             expect_same_usage(plan.steady, at_shard.steady, what + ": plan vs FSDP's plan at the shard group's size");
           }
