@@ -1,8 +1,9 @@
 """torch.amp.GradScaler (device "cpu", enabled) with mxddp's DistributedOptimizer over a user's
 torch AdamW, against torch DDP (gloo) + the same AdamW and scaler: scaled losses that overflow on
 purpose (an initial scale whose grads overflow F32, and one rank's loss blown up mid-run so the Inf
-lands in one rank's shard only; at one rank, in that rank's), with and without scaler.unscale_ + clipping. Every step's loss,
-the scale after every update (equal on every rank) and the final params match torch's.
+lands in one rank's shard only; at one rank, in that rank's), with and without scaler.unscale_ +
+clipping. Every step's loss, the scale after every update (equal on every rank) and the final params
+match torch's.
 """
 import copy
 
