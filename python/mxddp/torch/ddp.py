@@ -24,6 +24,7 @@ the other params are views of the C++ DDP's BF16 copies.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Optional
 
 import torch
@@ -33,7 +34,7 @@ from mxddp.torch import (agreement, ddp_args, device, grad_fusion, launch, mxfp8
                          watched_params)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
-from mxddp.torch.wrapper import DataParallelModule
+from mxddp.torch.wrapper import DataParallelModule, refuse_wrapped
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -61,6 +62,8 @@ def _trainable_params(module: torch.nn.Module, meta_ok: bool = False) -> list[tu
         if p.device.type == "meta" and not meta_ok:
             raise ValueError(f"param '{name}' is on the meta device, which holds no values to train; "
                              "build the module on the CPU or a CUDA device (mxddp.torch.plan takes meta modules)")
+        if not meta_ok:  # the planner only reads shapes
+            refuse_wrapped(name, p)
         if not p.is_contiguous():
             raise ValueError(f"param '{name}' is not contiguous (shape {tuple(p.shape)}, strides {p.stride()}); "
                              "make it contiguous before wrapping (param.data = param.data.contiguous())")
@@ -305,10 +308,12 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         return hook
 
     def _make_ready_token_hook(self, index: int):
+        live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
+
         def hook(token: torch.Tensor) -> None:
             # Every use of the MXFP8 weight has added its dW into main_grad (mxfp8.py).
             token.grad = None
-            self._on_grad(index)
+            live()._on_grad(index)
 
         return hook
 
@@ -325,21 +330,27 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         return hook
 
     def _register_fused_ready_hooks(self, index: int, token: torch.Tensor) -> list:
-        """grad_fusion.register_ready_hooks: the param reports once every use has added its part."""
+        """grad_fusion.register_ready_hooks: the param reports once every use has added its part. The
+        hooks live on the param, so they hold it (and the wrapper) weakly, or it could never be freed."""
         param = self._params[index]
+        param_ref = weakref.ref(param)
+        live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
 
         def report() -> None:
-            self._on_grad(index)
+            live()._on_grad(index)
 
-        return grad_fusion.register_ready_hooks(token, param, lambda: param.main_grad, report)
+        return grad_fusion.register_ready_hooks(token, param, lambda: param_ref().main_grad, report)
 
     def _make_grad_hook(self, index: int):
+        live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
+
         def hook(param: torch.Tensor) -> None:
             # Megatron's hook: accumulate into main_grad, free .grad, mark the param ready.
+            model = live()
             if param.grad is not None:
                 param.main_grad.add_(param.grad)
                 param.grad = None
-            self._on_grad(index)
+            model._on_grad(index)
 
         return hook
 
@@ -592,4 +603,5 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._release_from_module()
         self._cpp.close()

@@ -44,6 +44,7 @@ wrapper's forward (before any swap) and of ``finish_grad_sync``.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -280,8 +281,9 @@ class FullyShardedDataParallel(DataParallelModule):
                 p.data = mxfp8.stand_in(p.shape, p.dtype, self.device) if self._shards_params else self._cpp.param(i)
                 if self.fused_params[i]:
                     token = grad_fusion.new_ready_token(self.device)
+                    live, cpp = weakref.ref(self), self._cpp  # wrapper.py, "Lifetime"
                     self._hooks += grad_fusion.register_ready_hooks(
-                        token, p, lambda i=i: self._cpp.main_grad(i), lambda i=i: self._report(i))
+                        token, p, lambda i=i: cpp.main_grad(i), lambda i=i: live()._report(i))
                     for owner in owners[id(p)]:
                         grad_fusion.install(owner, self._cpp, i, token)
                         self._replaced_forwards.append(owner)
@@ -477,17 +479,20 @@ class FullyShardedDataParallel(DataParallelModule):
         return hook
 
     def _make_grad_hook(self, index: int):
+        live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
+
         def hook(param: torch.Tensor) -> None:
+            model = live()
             grad, param.grad = param.grad, None
-            if self._defer_non_unit and self._unit_of[index] < 0:
-                self._backward_seen = True
-                self._deferred.append((index, grad))
-                if len(self._deferred) == self._deferred_count:
-                    self._flush_deferred()
+            if model._defer_non_unit and model._unit_of[index] < 0:
+                model._backward_seen = True
+                model._deferred.append((index, grad))
+                if len(model._deferred) == model._deferred_count:
+                    model._flush_deferred()
                 return
             if grad is not None:
-                self._cpp.main_grad(index).add_(grad)
-            self._report(index)
+                model._cpp.main_grad(index).add_(grad)
+            model._report(index)
 
         return hook
 
@@ -505,9 +510,11 @@ class FullyShardedDataParallel(DataParallelModule):
             self._report(index)
 
     def _make_token_hook(self, index: int):
+        live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
+
         def hook(token: torch.Tensor) -> None:
             token.grad = None  # the MXFP8 Function added dW into main_grad itself
-            self._report(index)
+            live()._report(index)
 
         return hook
 
@@ -771,6 +778,7 @@ class FullyShardedDataParallel(DataParallelModule):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._release_from_module()
 
     def close(self) -> None:
         """Collective. Frees mxddp's buffers: every param gets storage of its own holding its

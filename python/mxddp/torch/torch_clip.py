@@ -41,13 +41,19 @@ def hold(model, params) -> None:
         _HELD[p] = ref
 
 
+def open_holder(param: torch.Tensor):
+    """The open mxddp wrapper holding ``param``; None if there is none."""
+    ref = _HELD.get(param)
+    model = ref() if ref is not None else None
+    return model if model is not None and not model._cpp.closed else None
+
+
 def _open_models(params: list[torch.Tensor]) -> list:
     """The open mxddp wrappers holding any of `params`, each once."""
     models = {}
     for p in params:
-        ref = _HELD.get(p)
-        model = ref() if ref is not None else None
-        if model is not None and not model._cpp.closed:
+        model = open_holder(p)
+        if model is not None:
             models[id(model)] = model
     return list(models.values())
 

@@ -9,16 +9,21 @@ new tensor never trained and this rank's values apart from the others'. So the w
 where each param sits in the module (owner and attribute) and the data pointer it gave the param
 (mxddp's buffer, a gathered unit's storage, or a stand-in), re-recorded whenever it changes
 ``.data`` itself, and compares both at every forward and ``finish_grad_sync``: a dict look-up and a
-``data_ptr()`` per param."""
+``data_ptr()`` per param.
+
+Lifetime: a wrapper dropped without ``close()`` is freed, with mxddp's buffers, once neither it nor
+its module is reachable. torch keeps a tensor's hooks where Python's garbage collector cannot see
+them, so the hooks the wrappers put on params and ready tokens hold the wrapper weakly; the module holds its wrapper where the collector does see it (``_hold_from_module``),
+since the module's params view the wrapper's buffers and report into it for as long as it lives."""
 from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
-from mxddp.torch import mxfp8, torch_clip, watched_params
+from mxddp.torch import grad_fusion, mxfp8, torch_clip, watched_params
 
 
 def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
@@ -26,6 +31,53 @@ def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
     keys = [k for k in state_dict if isinstance(k, str)]
     return bool(keys) and len(keys) == len(state_dict) and all(k.startswith("module.") for k in keys) and \
         not any(k.startswith("module.") for k in module.state_dict(keep_vars=True))
+
+
+class _HeldWrapper:
+    """The wrapped module's reference to its wrapper (the attribute ``_mxddp_wrapper``). A copy of the
+    module (``copy.deepcopy`` for an EMA, ``torch.save`` of the whole module) is not wrapped: it holds
+    None there."""
+
+    __slots__ = ("wrapper",)
+
+    def __init__(self, wrapper: "DataParallelModule"):
+        self.wrapper = wrapper
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return (type(None), ())
+
+
+def refuse_wrapped(name: str, param: torch.nn.Parameter) -> None:
+    """Raises ValueError where ``param`` is held by an open wrapper (whose hooks and buffers it still uses)."""
+    holder = torch_clip.open_holder(param)
+    if holder is not None:
+        raise ValueError(f"param '{name}' is held by an open mxddp.torch {type(holder).__name__} already: its "
+                         "values live in that model's buffers and its gradients report into it. Close that model "
+                         "first (model.close(), after its optimizer's close()), or wrap a module that is not wrapped")
+
+
+def _let_go(hooks: list, param_refs: list, replaced_forward_refs: list) -> None:
+    """Run when a wrapper dropped without close() is collected. Its hooks are removed: torch's
+    register_multi_grad_hook on a param holds the param itself (its gradient accumulator) where the
+    collector cannot see it, so the param, and the buffer its data views, would never be freed. A
+    param or a module the script still holds (kept beside the module, which went) becomes a plain
+    one holding what it held, in storage of its own (close() gives every param its values; a
+    sharded or MXFP8 param holds a NaN stand-in between iterations), so mxddp's buffers go too."""
+    for h in hooks:
+        h.remove()
+    for ref in replaced_forward_refs:
+        module = ref()
+        if module is not None:
+            grad_fusion.restore_forward(module)
+    params = [p for p in (ref() for ref in param_refs) if p is not None]
+    with torch.no_grad():
+        for p in params:
+            p.data = p.data.clone()
+            vars(p).pop("main_grad", None)
+    watched_params.unwatch(params)
 
 
 class DataParallelModule(torch.nn.Module):
@@ -77,7 +129,23 @@ class DataParallelModule(torch.nn.Module):
         self._data_ptrs = [p.data_ptr() for p in self._params]
         self._data_replaced: set[int] = set()  # found by _set_data before it overwrote the .data
         torch_clip.hold(self, self._params)  # torch.nn.utils.clip_grad_norm_ on them asks this model
+        self._hold_from_module()
         watched_params.watch(self._params)  # a write through .data is counted (param_writes.py)
+
+    def _hold_from_module(self) -> None:
+        """The module keeps its wrapper alive (see the module docstring); close() lets go. Once the
+        wrapper is collected (its module with it), ``_let_go`` undoes the wrap for what outlived them."""
+        self.module._mxddp_wrapper = _HeldWrapper(self)
+        self._let_go = weakref.finalize(self, _let_go, self._hooks, [weakref.ref(p) for p in self._params],
+                                        [weakref.ref(m) for m in self._replaced_forwards])
+        self._let_go.atexit = False
+
+    def _release_from_module(self) -> None:
+        """At close(): the module lets go of its wrapper, and nothing is undone when it is collected
+        (close() undid it all; the params the script keeps hold their values in their own storage)."""
+        if isinstance(vars(self.module).get("_mxddp_wrapper"), _HeldWrapper):
+            del self.module._mxddp_wrapper
+        self._let_go.detach()
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
         """param.data = data, for the wrappers' own swaps (FSDP's gather and release): the pointer
