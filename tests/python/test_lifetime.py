@@ -99,20 +99,24 @@ def test_the_module_keeps_its_wrapper_while_the_script_holds_it(ranks):
 
 
 @pytest.mark.parametrize("kind", ["DistributedDataParallel", "FullyShardedDataParallel"])
-def test_a_module_wrapped_already_is_refused_naming_the_param(ranks, kind):
+def test_a_module_wrapped_already_is_refused(ranks, kind):
+    """The module itself (which keeps its wrapper alive, even once the script dropped it), and a module
+    containing it (naming the param)."""
     module = make_lm()
     model = mxt.DistributedDataParallel(module, config())
-    second = {"DistributedDataParallel": lambda: mxt.DistributedDataParallel(module, config()),
-              "FullyShardedDataParallel": lambda: mxt.FullyShardedDataParallel(
-                  module, fsdp_config("optim_grads_params", overlap=False, fine_grained=False))}[kind]
-    with pytest.raises(ValueError, match=r"param 'embed.weight' is held by an open mxddp.torch DistributedDataParallel"):
-        second()
+    wrap = {"DistributedDataParallel": lambda m: mxt.DistributedDataParallel(m, config()),
+            "FullyShardedDataParallel": lambda m: mxt.FullyShardedDataParallel(
+                m, fsdp_config("optim_grads_params", overlap=False, fine_grained=False))}[kind]
+    with pytest.raises(ValueError, match=r"this TinyLM is wrapped by an open mxddp.torch DistributedDataParallel"):
+        wrap(module)
+    with pytest.raises(ValueError, match=r"param '0.embed.weight' is held by an open mxddp.torch DistributedDataParallel"):
+        wrap(torch.nn.Sequential(module))
     del model
-    with pytest.raises(ValueError, match="held by an open"):  # dropped, but the module keeps it open
-        second()
+    with pytest.raises(ValueError, match="wrapped by an open"):  # dropped, but the module keeps it open
+        wrap(module)
     module._mxddp_wrapper.wrapper.close()  # closed: the module is a plain one again
     assert "_mxddp_wrapper" not in vars(module)
-    again = second()
+    again = wrap(module)
     again.close()
     del again, module
     assert not live_bytes()
@@ -120,17 +124,18 @@ def test_a_module_wrapped_already_is_refused_naming_the_param(ranks, kind):
 
 def test_copies_of_a_wrapped_module_do_not_hold_its_wrapper(ranks):
     """An EMA copy (copy.deepcopy) and a torch.save of the whole module carry no reference to the
-    wrapper: the copy is a plain module, and the wrapper is freed with the original."""
+    wrapper (test_module_copies.py has the rest of what a copy leaves out), and the wrapper is freed
+    with the original."""
     rank, _ = ranks
     module = make_lm().float()
     model = mxt.DistributedDataParallel(module)
     ema = copy.deepcopy(module)
-    assert ema._mxddp_wrapper is None
+    assert not hasattr(ema, "_mxddp_wrapper")
     saved = io.BytesIO()
     torch.save(module, saved)
     saved.seek(0)
     loaded = torch.load(saved, weights_only=False)
-    assert loaded._mxddp_wrapper is None
+    assert not hasattr(loaded, "_mxddp_wrapper")
     ids = batch(rank, 0)
     torch.testing.assert_close(loaded(ids[:, :-1]), module(ids[:, :-1]), rtol=0, atol=0)
     del model, module
@@ -171,3 +176,41 @@ def test_a_closed_model_collected_later_leaves_the_module_alone(ranks, kind):
     gc.collect()
     assert [p.data_ptr() for p in module.parameters()] == pointers
     assert not live_bytes()
+
+
+def test_one_module_wrapped_twice_over_disjoint_params_is_refused(ranks):
+    """Two wrappers of one module would share its hold on its wrapper (and one's close() would drop
+    the other's): the second is refused even where the trainable params differ."""
+    module = make_lm()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    module.fc1.weight.requires_grad_(True)
+    model = mxt.DistributedDataParallel(module, config())
+    module.fc1.weight.requires_grad_(False)
+    module.fc2.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="this TinyLM is wrapped by an open mxddp.torch DistributedDataParallel"):
+        mxt.DistributedDataParallel(module, config())
+    model.close()
+
+
+def test_a_wrap_that_failed_part_way_still_closes_at_exit(ranks):
+    """A constructor that raised after the C++ DDP existed (an MXFP8 weight with a gradient hook) left
+    a half-built wrapper, which shutdown() closes at exit: that close must not fail on what the
+    constructor never reached, or shutdown would stop before finalizing."""
+    module = make_lm()
+    module.fc1.weight.register_hook(lambda grad: grad)
+    with pytest.raises(ValueError, match="MXFP8 weight with a gradient hook") as failed:
+        mxt.DistributedDataParallel(module, config(fp8_param_gather=True))
+    frames = [tb.tb_frame for tb in _tracebacks(failed.value.__traceback__)]
+    half_built = next(f.f_locals["self"] for f in frames if isinstance(f.f_locals.get("self"), mxt.DistributedDataParallel))
+    assert not half_built._cpp.closed
+    half_built._close_at_exit()  # what shutdown() runs for every model still open
+    assert half_built._cpp.closed
+    del failed, frames, half_built
+    assert not live_bytes()
+
+
+def _tracebacks(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next

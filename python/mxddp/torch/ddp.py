@@ -34,7 +34,7 @@ from mxddp.torch import (agreement, ddp_args, device, grad_fusion, launch, mxfp8
                          watched_params)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
-from mxddp.torch.wrapper import DataParallelModule, refuse_wrapped
+from mxddp.torch.wrapper import DataParallelModule, refuse_wrapped, refuse_wrapped_module
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -44,6 +44,8 @@ def _trainable_params(module: torch.nn.Module, meta_ok: bool = False) -> list[tu
     planner): params on the meta device pass, unchecked for shared storage (they have none)."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"DistributedDataParallel wraps a torch.nn.Module; got {type(module).__name__}")
+    if not meta_ok:
+        refuse_wrapped_module(module)
     params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
     if not params:
         frozen = sum(1 for _ in module.parameters())

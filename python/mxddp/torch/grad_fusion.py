@@ -128,29 +128,16 @@ def _cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[t
 
 
 def replace_forward(module: torch.nn.Module, forward: Callable) -> Callable:
-    """Sets ``module.forward`` (an instance attribute: Module.__call__ and its hooks still run).
-
-    A copy of the module (``copy.deepcopy`` for an EMA or teacher model, ``torch.save`` of the
-    whole module) is a plain module: the fused forward computes with this module's weight and
-    reports into this wrapper, so its state leaves it out (pickle and copy read ``__getstate__``
-    through the instance, where this one overrides Module's)."""
+    """Sets ``module.forward`` (an instance attribute: Module.__call__ and its hooks still run); a
+    copy of the module leaves it out (module_copies.py)."""
     module.forward = forward
-    module.__getstate__ = lambda: _plain_state(module)
     return forward
-
-
-def _plain_state(module: torch.nn.Module) -> dict:
-    state = type(module).__getstate__(module)
-    state.pop("forward", None)
-    state.pop("__getstate__", None)
-    return state
 
 
 def restore_forward(module: torch.nn.Module) -> None:
     """Gives the module its class's forward back."""
-    for name in ("forward", "__getstate__"):
-        if name in vars(module):
-            delattr(module, name)
+    if "forward" in vars(module):
+        del module.forward
 
 
 def _hf_conv1d_type() -> Optional[type]:

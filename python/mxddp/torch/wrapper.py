@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from mxddp.torch import grad_fusion, mxfp8, torch_clip, watched_params
+from mxddp.torch import grad_fusion, module_copies, mxfp8, torch_clip, watched_params
 
 
 def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
@@ -34,20 +34,22 @@ def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
 
 
 class _HeldWrapper:
-    """The wrapped module's reference to its wrapper (the attribute ``_mxddp_wrapper``). A copy of the
-    module (``copy.deepcopy`` for an EMA, ``torch.save`` of the whole module) is not wrapped: it holds
-    None there."""
+    """The wrapped module's reference to its wrapper (the attribute ``_mxddp_wrapper``; a copy of the
+    module leaves it out: module_copies.py)."""
 
     __slots__ = ("wrapper",)
 
     def __init__(self, wrapper: "DataParallelModule"):
         self.wrapper = wrapper
 
-    def __deepcopy__(self, memo):
-        return None
 
-    def __reduce__(self):
-        return (type(None), ())
+def refuse_wrapped_module(module: torch.nn.Module) -> None:
+    """Raises ValueError where ``module`` is the module of an open wrapper already (which it holds)."""
+    held = vars(module).get("_mxddp_wrapper")
+    if isinstance(held, _HeldWrapper) and not held.wrapper._cpp.closed:
+        raise ValueError(f"this {type(module).__name__} is wrapped by an open mxddp.torch {type(held.wrapper).__name__} "
+                         "already (which it keeps alive while it lives). Close that model first (model.close(), after "
+                         "its optimizer's close()), or wrap a module that is not wrapped")
 
 
 def refuse_wrapped(name: str, param: torch.nn.Parameter) -> None:
@@ -59,7 +61,7 @@ def refuse_wrapped(name: str, param: torch.nn.Parameter) -> None:
                          "first (model.close(), after its optimizer's close()), or wrap a module that is not wrapped")
 
 
-def _let_go(hooks: list, param_refs: list, replaced_forward_refs: list) -> None:
+def _let_go(hooks: list, param_refs: list, module_refs: list, replaced_forward_ids: set) -> None:
     """Run when a wrapper dropped without close() is collected. Its hooks are removed: torch's
     register_multi_grad_hook on a param holds the param itself (its gradient accumulator) where the
     collector cannot see it, so the param, and the buffer its data views, would never be freed. A
@@ -68,10 +70,12 @@ def _let_go(hooks: list, param_refs: list, replaced_forward_refs: list) -> None:
     sharded or MXFP8 param holds a NaN stand-in between iterations), so mxddp's buffers go too."""
     for h in hooks:
         h.remove()
-    for ref in replaced_forward_refs:
+    for ref in module_refs:
         module = ref()
-        if module is not None:
-            grad_fusion.restore_forward(module)
+        if module is not None:  # alive, so id() names the same module as at wrap time
+            module_copies.remove(module)
+            if id(module) in replaced_forward_ids:
+                grad_fusion.restore_forward(module)
     params = [p for p in (ref() for ref in param_refs) if p is not None]
     with torch.no_grad():
         for p in params:
@@ -136,15 +140,25 @@ class DataParallelModule(torch.nn.Module):
         """The module keeps its wrapper alive (see the module docstring); close() lets go. Once the
         wrapper is collected (its module with it), ``_let_go`` undoes the wrap for what outlived them."""
         self.module._mxddp_wrapper = _HeldWrapper(self)
+        module_copies.install(self)
         self._let_go = weakref.finalize(self, _let_go, self._hooks, [weakref.ref(p) for p in self._params],
-                                        [weakref.ref(m) for m in self._replaced_forwards])
+                                        [weakref.ref(m) for m in self.module.modules()],
+                                        {id(m) for m in self._replaced_forwards})
         self._let_go.atexit = False
+
+    # The finalizer _hold_from_module sets (None before: a constructor that failed earlier).
+    _let_go = None
 
     def _release_from_module(self) -> None:
         """At close(): the module lets go of its wrapper, and nothing is undone when it is collected
         (close() undid it all; the params the script keeps hold their values in their own storage)."""
-        if isinstance(vars(self.module).get("_mxddp_wrapper"), _HeldWrapper):
+        if self._let_go is None:
+            return
+        held = vars(self.module).get("_mxddp_wrapper")
+        if isinstance(held, _HeldWrapper) and held.wrapper is self:
             del self.module._mxddp_wrapper
+        for sub in self.module.modules():
+            module_copies.remove(sub)
         self._let_go.detach()
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
