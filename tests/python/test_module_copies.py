@@ -1,8 +1,9 @@
 """Copies of a wrapped module (module_copies.py): ``copy.deepcopy`` (an EMA, a teacher model) and
 ``torch.save`` of the whole module give a plain module, computing what the original computes, with
 none of mxddp's hooks or replaced forwards (a copy's forward left the wrapper alone and pickles);
-a module whose own param holds a NaN stand-in between iterations (kept as MXFP8, or sharded by FSDP)
-is refused, naming the param, where the copy used to hold NaN without a word.
+a module whose own param does not hold its current values (a NaN stand-in between iterations, kept
+as MXFP8 or sharded by FSDP; values from before the step while an overlapped all-gather is pending)
+is refused, naming the param, where the copy used to hold NaN or a mix without a word.
 """
 import copy
 import io
@@ -105,3 +106,58 @@ def test_a_copy_that_would_hold_nan_is_refused_naming_the_param(ranks, kind):
     model.close()
     plain = copy.deepcopy(module)  # closed: the params hold their values again
     assert not any(torch.isnan(p).any() for p in plain.parameters())
+
+
+@pytest.mark.parametrize("wrap", ["DDP overlap_param_gather", "FSDP optim, overlapped"])
+def test_a_copy_while_a_param_gather_is_pending_is_refused(ranks, wrap):
+    """Right after opt.step() with overlap_param_gather the params still hold their values from
+    before it (their all-gathers land at their modules' next forward): a copy would mix old and new
+    values, differently on each rank. After model.finish_param_sync() (every rank) it is taken."""
+    rank, _ = ranks
+    module = make_lm()
+    model = WRAPS["DDP overlap_param_gather"](module) if wrap.startswith("DDP") else \
+        mxt.FullyShardedDataParallel(module, fsdp_config("optim", overlap=True, fine_grained=False))
+    opt = optimizer(model)
+    opt.zero_grad()
+    lm_loss(model, batch(rank, 0)).backward()
+    model.finish_grad_sync()
+    opt.step()
+    with pytest.raises(TypeError, match=r"still holds its values from before the last step.*model.finish_param_sync"):
+        copy.deepcopy(module)
+    model.finish_param_sync()
+    copied = copy.deepcopy(module)
+    for (name, p), q in zip(module.named_parameters(), copied.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0, msg=name)
+    opt.close()
+    model.close()
+
+
+def test_an_fx_graph_module_copies_as_before(ranks):
+    """An fx GraphModule copies itself (its own __deepcopy__ and __reduce__, which read no
+    __getstate__): the copy holds no wrapper, and the copy and the save work as before."""
+    module = torch.fx.symbolic_trace(make_lm())
+    model = mxt.DistributedDataParallel(module)
+    ids = batch(0, 0)[:, :-1]
+    for copied in (copy.deepcopy(module), saved_and_loaded(module)):
+        assert getattr(copied, "_mxddp_wrapper", None) is None
+        with torch.no_grad():
+            torch.testing.assert_close(copied(ids), module(ids), rtol=0, atol=0)
+    model.close()
+
+
+def test_close_cleans_the_tree_as_it_was_wrapped(ranks):
+    """A submodule the script took out of the tree after wrapping, and a frozen submodule shared with
+    a second wrapped model: close() removes its own override from the first, and leaves the other
+    model's on the second."""
+    shared = torch.nn.Linear(8, 8).requires_grad_(False)
+    first, second = make_lm(), make_lm()
+    first.shared, second.shared = shared, shared
+    model_a = mxt.DistributedDataParallel(first, config())
+    model_b = mxt.DistributedDataParallel(second, config())
+    taken_out = first.norm
+    first.norm = torch.nn.LayerNorm(taken_out.normalized_shape).to(torch.bfloat16)
+    model_a.close()
+    assert "__getstate__" not in vars(taken_out)
+    assert vars(shared)["__getstate__"].args[1]() is model_b, "closing one model removed the other's override"
+    model_b.close()
+    assert "__getstate__" not in vars(shared)

@@ -34,13 +34,20 @@ def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
 
 
 class _HeldWrapper:
-    """The wrapped module's reference to its wrapper (the attribute ``_mxddp_wrapper``; a copy of the
-    module leaves it out: module_copies.py)."""
+    """The wrapped module's reference to its wrapper (the attribute ``_mxddp_wrapper``). A copy of the
+    module leaves it out (module_copies.py); one whose class copies ``__dict__`` itself (an fx
+    GraphModule's own ``__deepcopy__`` and ``__reduce__``) holds None there."""
 
     __slots__ = ("wrapper",)
 
     def __init__(self, wrapper: "DataParallelModule"):
         self.wrapper = wrapper
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return (type(None), ())
 
 
 def refuse_wrapped_module(module: torch.nn.Module) -> None:
@@ -61,7 +68,7 @@ def refuse_wrapped(name: str, param: torch.nn.Parameter) -> None:
                          "first (model.close(), after its optimizer's close()), or wrap a module that is not wrapped")
 
 
-def _let_go(hooks: list, param_refs: list, module_refs: list, replaced_forward_ids: set) -> None:
+def _let_go(hooks: list, param_refs: list, module_refs: list, replaced_forward_ids: set, wrapper_ref) -> None:
     """Run when a wrapper dropped without close() is collected. Its hooks are removed: torch's
     register_multi_grad_hook on a param holds the param itself (its gradient accumulator) where the
     collector cannot see it, so the param, and the buffer its data views, would never be freed. A
@@ -73,7 +80,7 @@ def _let_go(hooks: list, param_refs: list, module_refs: list, replaced_forward_i
     for ref in module_refs:
         module = ref()
         if module is not None:  # alive, so id() names the same module as at wrap time
-            module_copies.remove(module)
+            module_copies.remove(module, wrapper_ref())
             if id(module) in replaced_forward_ids:
                 grad_fusion.restore_forward(module)
     params = [p for p in (ref() for ref in param_refs) if p is not None]
@@ -141,9 +148,10 @@ class DataParallelModule(torch.nn.Module):
         wrapper is collected (its module with it), ``_let_go`` undoes the wrap for what outlived them."""
         self.module._mxddp_wrapper = _HeldWrapper(self)
         module_copies.install(self)
+        self._wrapped_modules = [weakref.ref(m) for m in self.module.modules()]  # the tree as wrapped
         self._let_go = weakref.finalize(self, _let_go, self._hooks, [weakref.ref(p) for p in self._params],
-                                        [weakref.ref(m) for m in self.module.modules()],
-                                        {id(m) for m in self._replaced_forwards})
+                                        self._wrapped_modules, {id(m) for m in self._replaced_forwards},
+                                        weakref.ref(self))
         self._let_go.atexit = False
 
     # The finalizer _hold_from_module sets (None before: a constructor that failed earlier).
@@ -157,8 +165,10 @@ class DataParallelModule(torch.nn.Module):
         held = vars(self.module).get("_mxddp_wrapper")
         if isinstance(held, _HeldWrapper) and held.wrapper is self:
             del self.module._mxddp_wrapper
-        for sub in self.module.modules():
-            module_copies.remove(sub)
+        for ref in self._wrapped_modules:  # a module taken out of the tree since keeps the override otherwise
+            sub = ref()
+            if sub is not None:
+                module_copies.remove(sub, self)
         self._let_go.detach()
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
