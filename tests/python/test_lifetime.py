@@ -193,24 +193,89 @@ def test_one_module_wrapped_twice_over_disjoint_params_is_refused(ranks):
     model.close()
 
 
-def test_a_wrap_that_failed_part_way_still_closes_at_exit(ranks):
-    """A constructor that raised after the C++ DDP existed (an MXFP8 weight with a gradient hook) left
-    a half-built wrapper, which shutdown() closes at exit: that close must not fail on what the
-    constructor never reached, or shutdown would stop before finalizing."""
+def _module_state(module: torch.nn.Module) -> dict:
+    """What a wrap changes in a module: each param's class, storage, values and attributes, each
+    module's forward and hooks, and what the module holds."""
+    return {
+        "params": [(name, type(p), p.data_ptr(), p.detach().clone(), hasattr(p, "main_grad"),
+                    len(p._post_accumulate_grad_hooks or {})) for name, p in module.named_parameters()],
+        "modules": [(name, "forward" in vars(m), len(m._forward_pre_hooks), len(m._forward_hooks), "__getstate__" in vars(m))
+                    for name, m in module.named_modules()],
+        "held": "_mxddp_wrapper" in vars(module)}
+
+
+def _assert_same_state(before: dict, after: dict) -> None:
+    assert after["held"] == before["held"]
+    assert after["modules"] == before["modules"]
+    for (name, *was), (_, *now) in zip(before["params"], after["params"]):
+        assert (was[0], was[1], was[3], was[4]) == (now[0], now[1], now[3], now[4]), name
+        torch.testing.assert_close(now[2], was[2], rtol=0, atol=0, msg=name)
+
+
+def _fail_broadcast(model):
+    raise RuntimeError("injected: rank 0's broadcast failed")
+
+
+def _fail_last_step(params):
+    raise RuntimeError("injected: the wrap's last step failed")
+
+
+FAILED_WRAPS = {
+    # A refusal inside the constructor once the C++ DDP exists: an MXFP8 weight with a gradient hook.
+    "MXFP8 weight with a hook": (lambda m: mxt.DistributedDataParallel(m, config(fp8_param_gather=True)),
+                                 None, "MXFP8 weight with a gradient hook"),
+    # torch's form broadcasts rank 0's params and buffers last (every rank fails alike here).
+    "torch DDP's broadcast": (lambda m: mxt.DistributedDataParallel(m),
+                              ("mxddp.torch.ddp.DistributedDataParallel._broadcast_at_wrap", _fail_broadcast),
+                              "rank 0's broadcast failed"),
+    "DDP, MXFP8 in the grad buffer": (
+        lambda m: mxt.DistributedDataParallel(m, config(fp8_param_gather=True, reuse_grad_buf_for_mxfp8_param_ag=True,
+                                                        overlap_param_gather=True)),
+        ("mxddp.torch.watched_params.watch", _fail_last_step), "last step failed"),
+    "FSDP optim_grads_params": (
+        lambda m: mxt.FullyShardedDataParallel(m, fsdp_config("optim_grads_params", overlap=True, fine_grained=False)),
+        ("mxddp.torch.watched_params.watch", _fail_last_step), "last step failed"),
+    "FSDP, MXFP8 weights": (
+        lambda m: mxt.FullyShardedDataParallel(
+            m, fsdp_config("optim_grads_params", overlap=True, fine_grained=False, fp8_param_gather=True)),
+        ("mxddp.torch.watched_params.watch", _fail_last_step), "last step failed"),
+}
+
+
+@pytest.mark.parametrize("case", FAILED_WRAPS)
+def test_a_wrap_that_failed_part_way_leaves_the_module_as_it_was(ranks, monkeypatch, case):
+    """A constructor that raised once the C++ wrapper existed (its own refusal, a broadcast that
+    failed, any later step) frees what it allocated and leaves the module as it found it: each param
+    the same tensor with the same values, no hook, forward or hold of mxddp's. The module can then be
+    wrapped again, and trains."""
+    rank, _ = ranks
+    wrap, inject, message = FAILED_WRAPS[case]
     module = make_lm()
-    module.fc1.weight.register_hook(lambda grad: grad)
-    with pytest.raises(ValueError, match="MXFP8 weight with a gradient hook") as failed:
-        mxt.DistributedDataParallel(module, config(fp8_param_gather=True))
-    frames = [tb.tb_frame for tb in _tracebacks(failed.value.__traceback__)]
-    half_built = next(f.f_locals["self"] for f in frames if isinstance(f.f_locals.get("self"), mxt.DistributedDataParallel))
-    assert not half_built._cpp.closed
-    half_built._close_at_exit()  # what shutdown() runs for every model still open
-    assert half_built._cpp.closed
-    del failed, frames, half_built
+    if inject is None:
+        hook = module.fc1.weight.register_hook(lambda grad: grad)
+    else:
+        monkeypatch.setattr(*inject)
+    before = _module_state(module)
+    with pytest.raises((RuntimeError, ValueError), match=message):
+        wrap(module)
+    _assert_same_state(before, _module_state(module))
+    assert not live_bytes(), f"{case}: the failed wrap kept {live_bytes()}"
+    if inject is None:
+        hook.remove()
+    else:
+        monkeypatch.undo()
+    model = wrap(module)
+    opt = optimizer(model)
+    train_two_steps(model, opt, rank)
+    opt.close()
+    model.close()
+    del model, opt
     assert not live_bytes()
 
 
-def _tracebacks(tb):
-    while tb is not None:
-        yield tb
-        tb = tb.tb_next
+def test_close_at_exit_of_a_closed_model_does_nothing(ranks):
+    """shutdown() runs _close_at_exit for every model it still tracks; a closed one is left alone."""
+    model = mxt.DistributedDataParallel(make_lm(), config())
+    model.close()
+    model._close_at_exit()
+    assert model._cpp.closed

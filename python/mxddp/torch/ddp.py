@@ -237,6 +237,10 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         self._register_nested_load_keys()
         self.param_dtype = params[0][1].dtype
         specs = [(name, list(p.shape), bool(getattr(p, "shared_embedding", False))) for name, p in params]
+        self._params = [p for _, p in params]
+        self._names = [name for name, _ in params]
+        self._hooks = []
+        self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         # The C++ DDP copies the initial values in itself, so that with fp8_param_gather its MXFP8
         # and BF16 copies are taken from them (and the optimizer's main params too).
         self._cpp = _C.DistributedDataParallel(specs, config.to_cpp(_DTYPES[self.param_dtype]),
@@ -244,11 +248,17 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                                                [device.host_tensor(p.detach()) for _, p in params],
                                                comm=buffers_comm)
         launch._track_model(self)
-        self._params = [p for _, p in params]
-        self._names = [name for name, _ in params]
+        original_data = [p.data for p in self._params]
+        try:
+            self._build(module, config, resolved, params, mxfp8_flags, fusion_marks)
+        except BaseException:
+            self._undo_failed_wrap(original_data)
+            raise
+
+    def _build(self, module, config, resolved, params, mxfp8_flags, fusion_marks) -> None:
+        """The constructor's part after the C++ DDP exists: the params view its buffers, the hooks
+        and forwards go in, and rank 0's values are broadcast."""
         self._mxfp8_kind = _mxfp8_kinds(module, self._params, mxfp8_flags)
-        self._hooks = []
-        self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
         owners = grad_fusion.param_owners(module)
         main_grads = [self._cpp.main_grad(i) for i in range(len(self._params))]
@@ -596,8 +606,24 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                     p.data = self._mxfp8_forward_values(i)
                 else:
                     p.data = p.data.clone()
-                if hasattr(p, "main_grad"):
-                    del p.main_grad
+        self._unwrap()
+
+    def _undo_failed_wrap(self, original_data: list[torch.Tensor]) -> None:
+        """A constructor that failed once the C++ DDP existed (a rank-0 broadcast that failed, a
+        module whose forward cannot be replaced) leaves the module as it found it: each param holds
+        the tensor it held before (rank 0's broadcast went into mxddp's buffers, not into it), and
+        the rest is undone as close() undoes it. The module's buffers and frozen params may hold rank
+        0's values if their broadcast (in place) was under way."""
+        with torch.no_grad():
+            for p, data in zip(self._params, original_data):
+                p.data = data
+        self._unwrap()
+
+    def _unwrap(self) -> None:
+        """What close() and a failed constructor share, once every param holds storage of its own."""
+        for p in self._params:
+            if hasattr(p, "main_grad"):
+                del p.main_grad
         watched_params.unwatch(self._params)
         for owner in self._replaced_forwards:
             grad_fusion.restore_forward(owner)

@@ -56,7 +56,7 @@ from mxddp.torch import (agreement, device as devices, grad_fusion, hsdp, launch
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks,
                               _mxfp8_flags, _mxfp8_kinds, _trainable_params)
-from mxddp.torch.fsdp_units import FsdpUnits, fsdp_units, in_forward_order
+from mxddp.torch.fsdp_units import fsdp_units, in_forward_order
 from mxddp.torch.wrapper import DataParallelModule
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
@@ -237,15 +237,31 @@ class FullyShardedDataParallel(DataParallelModule):
         self._buffers_comm = comm  # its backend: "nccl", or the host engine's name when staged
         self.device_mesh = device_mesh
         self._hybrid = hybrid is not None  # checkpoints refuse HSDP models (not handled yet)
+        self._hooks: list = []
+        self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._cpp = _C.FullyShardedDataParallel(specs, self.units.units, config.to_fsdp_cpp(_DTYPES[self.param_dtype]),
                                                 flags if any(flags) else [],
                                                 [devices.host_tensor(p.detach()) for p in self._params],
                                                 colwise if any(colwise) else [], comm=comm, replica=replica)
         launch._track_model(self)
+        original_data = [p.data for p in self._params]
+        try:
+            self._build(module, config, flags)
+        except BaseException:
+            # Left as found, as DDP's failed constructor leaves it (ddp.py, _undo_failed_wrap).
+            with torch.no_grad():
+                for p, data in zip(self._params, original_data):
+                    p.data = data
+            watched_params.unwatch(self._params)
+            self._remove_hooks()
+            self._cpp.close()
+            raise
+
+    def _build(self, module: torch.nn.Module, config: DistributedDataParallelConfig, flags: list[bool]) -> None:
+        """The constructor's part after the C++ FSDP exists: the params get their stand-ins or views,
+        and the hooks and forwards go in."""
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
-        self._hooks: list = []
-        self._replaced_forwards: list[torch.nn.Module] = []  # MXFP8 and fused modules
         self._init_sync_state()
         self._grads_live = False
         self._reported = [False] * len(self._params)
@@ -672,7 +688,6 @@ class FullyShardedDataParallel(DataParallelModule):
         def take(indices) -> None:
             for i in indices:
                 if values[i] is None:
-                    p = self._params[i]
                     values[i] = self._mxfp8_forward_values(i) if self._mxfp8[i] \
                         else self._cpp.param(i).clone()
 

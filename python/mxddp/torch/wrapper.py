@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
