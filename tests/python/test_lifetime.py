@@ -199,8 +199,8 @@ def _module_state(module: torch.nn.Module) -> dict:
     return {
         "params": [(name, type(p), p.data_ptr(), p.detach().clone(), hasattr(p, "main_grad"),
                     len(p._post_accumulate_grad_hooks or {})) for name, p in module.named_parameters()],
-        "modules": [(name, "forward" in vars(m), len(m._forward_pre_hooks), len(m._forward_hooks), "__getstate__" in vars(m))
-                    for name, m in module.named_modules()],
+        "modules": [(name, "forward" in vars(m), len(m._forward_pre_hooks), len(m._forward_hooks),
+                     "__getstate__" in vars(m)) for name, m in module.named_modules()],
         "held": "_mxddp_wrapper" in vars(module)}
 
 

@@ -44,6 +44,7 @@ wrapper's forward (before any swap) and of ``finish_grad_sync``.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Optional, Sequence
 
@@ -150,6 +151,18 @@ class _SavedParamView:
 
     def __init__(self, index: int, size, stride, offset: int):
         self.index, self.size, self.stride, self.offset = index, size, stride, offset
+
+
+# Every hook of FSDP's that swaps a param's .data or looks one up by its storage address runs
+# eagerly, never traced by torch.compile (docs/python.md, "torch.compile"): dynamo would make the
+# swaps mutations of graph inputs, and the look-ups guards that fail at every step.
+_eager = torch.compiler.disable
+
+
+def _warn_compiled_runs_eagerly() -> None:
+    warnings.warn("torch.compile of a mxddp.torch FullyShardedDataParallel whose params are sharded "
+                  "(optim_grads_params, or MXFP8 weights): its forward runs eagerly, uncompiled (docs/python.md, "
+                  "torch.compile); the other strategies and DistributedDataParallel compile", stacklevel=3)
 
 
 class FullyShardedDataParallel(DataParallelModule):
@@ -262,6 +275,7 @@ class FullyShardedDataParallel(DataParallelModule):
         and the hooks and forwards go in."""
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
+        self._saved_tensors_hooks = (_eager(self._pack), _eager(self._unpack))  # the forward's, while it shards params
         self._init_sync_state()
         self._grads_live = False
         self._reported = [False] * len(self._params)
@@ -313,9 +327,9 @@ class FullyShardedDataParallel(DataParallelModule):
             if h.unit >= 0:
                 # First of the module's pre-hooks (as DDP's gather hooks): one registered before wrapping
                 # may read the unit's params.
-                self._hooks.append(h.module.register_forward_pre_hook(self._make_pre_forward(h.params, h.unit),
-                                                                      prepend=True))
-                self._hooks.append(h.module.register_forward_hook(self._make_post_forward(h.params, h.unit)))
+                pre, post = self._make_pre_forward(h.params, h.unit), self._make_post_forward(h.params, h.unit)
+                self._hooks.append(h.module.register_forward_pre_hook(_eager(pre), prepend=True))
+                self._hooks.append(h.module.register_forward_hook(_eager(post)))
         self._non_unit_params = self.units.non_unit_params
         self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
         # The non-unit params whose gradients come through the hook, and are held back (a fused
@@ -409,8 +423,8 @@ class FullyShardedDataParallel(DataParallelModule):
                     self._cpp.after_forward(params)
 
         for m in modules:
-            self._hooks.append(m.register_forward_pre_hook(pre, prepend=True))
-            self._hooks.append(m.register_forward_hook(post))
+            self._hooks.append(m.register_forward_pre_hook(_eager(pre), prepend=True))
+            self._hooks.append(m.register_forward_hook(_eager(post)))
 
     def _register_read_guards(self, module: torch.nn.Module) -> None:
         """A forward pre-hook on every module that owns registered params directly but gathers none
@@ -431,7 +445,7 @@ class FullyShardedDataParallel(DataParallelModule):
             own = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
             if own:
                 guard = self._make_read_guard(name, self._unit_of[own[0]], own)
-                self._hooks.append(sub.register_forward_pre_hook(guard, prepend=True))
+                self._hooks.append(sub.register_forward_pre_hook(_eager(guard), prepend=True))
 
     def _make_read_guard(self, name: str, unit: int, own: list[int]):
         plain = [i for i in own if not self._mxfp8[i]]  # an MXFP8 weight's forward reads the C++ copies
@@ -572,6 +586,13 @@ class FullyShardedDataParallel(DataParallelModule):
     # ---- the module and the training loop ----
 
     def forward(self, *args, **kwargs):
+        if self._shards_params:
+            if torch.compiler.is_compiling():
+                _warn_compiled_runs_eagerly()
+            return self._eager_forward(*args, **kwargs)
+        return self._forward(*args, **kwargs)
+
+    def _forward(self, *args, **kwargs):
         # First: the swaps below would overwrite a replaced .data, and the replacement would go unseen.
         self._check_params_in_place("forward")
         self._complete_backward()
@@ -585,7 +606,7 @@ class FullyShardedDataParallel(DataParallelModule):
         self._units_called = []
         try:
             if self._shards_params:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                with torch.autograd.graph.saved_tensors_hooks(*self._saved_tensors_hooks):
                     out = self.module(*args, **kwargs)
             else:
                 out = self.module(*args, **kwargs)
@@ -597,6 +618,12 @@ class FullyShardedDataParallel(DataParallelModule):
             self._stand_in(self._non_unit_params)
             self._cpp.release_gathered_params()
         return out
+
+    # torch.compile of the wrapper of a model whose params FSDP shards (optim_grads_params, MXFP8
+    # weights): its forward and everything it calls run eagerly (a module compiled before wrapping
+    # compiles). Compiling frames below this one while it runs eagerly (recursive=False) gave a
+    # graph a param's stand-in where it later got the gathered view; not pursued.
+    _eager_forward = torch.compiler.disable(_forward, recursive=True)
 
     def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
