@@ -107,6 +107,7 @@ WRAPS = {
     "DDP, MXFP8 weights": (lambda m: mxt.DistributedDataParallel(m, config(fp8_param_gather=True)), mxt_adamw,
                            torch.bfloat16),
     "FSDP no_shard": (fsdp("no_shard"), mxt_adamw, torch.float32),
+    "FSDP optim": (fsdp("optim"), mxt_adamw, torch.float32),
     "FSDP optim_grads": (fsdp("optim_grads"), mxt_adamw, torch.float32),
 }
 
@@ -156,6 +157,17 @@ def assert_same_training(eager, compiled):
         torch.testing.assert_close(compiled[1][name], value, rtol=0, atol=0, msg=name)
 
 
+def assert_close_training(eager, compiled, rtol, params_atol=None):
+    """Losses within rtol, and the params after the steps within 10 rtol or params_atol (a module
+    compiled before wrapping names its params under ``_orig_mod``)."""
+    torch.testing.assert_close(compiled[0], eager[0], rtol=rtol, atol=0)
+    params = {name.replace("_orig_mod.", ""): value for name, value in compiled[1].items()}
+    assert sorted(params) == sorted(eager[1])
+    atol = 10 * rtol if params_atol is None else params_atol
+    for name, value in eager[1].items():
+        torch.testing.assert_close(params[name], value, rtol=10 * rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("name", WRAPS)
 def test_a_compiled_model_trains_as_eager(ranks, name):
     rank, _ = ranks
@@ -167,16 +179,19 @@ def test_a_compiled_model_trains_as_eager(ranks, name):
     assert_same_training(eager, compiled)
 
 
-def test_compiled_with_inductor_as_a_script_would(ranks):
-    """nanoGPT's path: torch's DDP form, the user's AdamW, `torch.compile(model)` with its default backend.
-    Inductor's kernels round differently from eager's, so within 1e-5."""
+@pytest.mark.parametrize("order", ["compiled, then wrapped", "wrapped, then compiled"])
+def test_compiled_with_inductor_as_a_script_would(ranks, order):
+    """torch's DDP form, the user's AdamW, torch.compile's default backend; nanoGPT's train.py compiles
+    the module and then wraps it. Inductor's kernels round otherwise than eager's: within 1e-5."""
     rank, _ = ranks
     wrap, make_opt, dtype = WRAPS["torch DDP form, torch AdamW"]
     graphs = Graphs("inductor")
+    compiling = lambda m: torch.compile(m, backend=graphs)  # noqa: E731
     eager = run(wrap, make_opt, dtype, rank)
-    compiled = run(wrap, make_opt, dtype, rank, compile_model=lambda m: torch.compile(m, backend=graphs), graphs=graphs)
+    compiled = run(wrap, make_opt, dtype, rank, graphs=graphs,
+                   **{"compile_module" if order.startswith("compiled") else "compile_model": compiling})
     assert graphs.captured_the_blocks()
-    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=0)
+    assert_close_training(eager, compiled, rtol=1e-5)
 
 
 def test_fsdp_with_sharded_params_compiled_whole_runs_eagerly_and_says_so(ranks):
@@ -213,7 +228,5 @@ def test_fsdp_with_sharded_params_compiles_the_module_compiled_before_wrapping(r
         warnings.filterwarnings("error", message=".*runs eagerly")  # not the whole-model warning
         compiled = run(wrap, mxt_adamw, dtype, rank, compile_module=compile_module, graphs=graphs)
     assert graphs.captured_the_blocks(), sorted(graphs.targets)
-    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-3 if mxfp8 else 1e-5, atol=0)
-    for name, value in eager[1].items() if not mxfp8 else ():  # the params after the steps
-        key = name if how == "module.compile()" else name.replace("module.", "module._orig_mod.", 1)
-        torch.testing.assert_close(compiled[1][key], value, rtol=1e-4, atol=1e-6, msg=name)
+    # MXFP8: a param whose gradient is near 0 may take AdamW's step (lr 1e-2) the other way.
+    assert_close_training(eager, compiled, rtol=1e-3 if mxfp8 else 1e-5, params_atol=3e-2 if mxfp8 else None)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import mxddp.torch as mxt
+from mxddp.torch import grad_fusion
 from test_mxfp8 import batch, config, lm_loss, make_lm, optimizer
 from test_fsdp import fsdp_config
 
@@ -207,6 +208,7 @@ def _module_state(module: torch.nn.Module) -> dict:
 def _assert_same_state(before: dict, after: dict) -> None:
     assert after["held"] == before["held"]
     assert after["modules"] == before["modules"]
+    assert [p[0] for p in after["params"]] == [p[0] for p in before["params"]]
     for (name, *was), (_, *now) in zip(before["params"], after["params"]):
         assert (was[0], was[1], was[3], was[4]) == (now[0], now[1], now[3], now[4]), name
         torch.testing.assert_close(now[2], was[2], rtol=0, atol=0, msg=name)
@@ -220,25 +222,42 @@ def _fail_last_step(params):
     raise RuntimeError("injected: the wrap's last step failed")
 
 
+def _fail_second_install(install):
+    """grad_fusion.install that raises at its second call: the first fused module's forward is replaced
+    and its param views the buffers by then, the others not yet."""
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected: the second fused module's install failed")
+        return install(*args, **kwargs)
+    return failing
+
+
 FAILED_WRAPS = {
     # A refusal inside the constructor once the C++ DDP exists: an MXFP8 weight with a gradient hook.
     "MXFP8 weight with a hook": (lambda m: mxt.DistributedDataParallel(m, config(fp8_param_gather=True)),
                                  None, "MXFP8 weight with a gradient hook"),
     # torch's form broadcasts rank 0's params and buffers last (every rank fails alike here).
     "torch DDP's broadcast": (lambda m: mxt.DistributedDataParallel(m),
-                              ("mxddp.torch.ddp.DistributedDataParallel._broadcast_at_wrap", _fail_broadcast),
+                              ("mxddp.torch.ddp.DistributedDataParallel._broadcast_at_wrap", lambda: _fail_broadcast),
                               "rank 0's broadcast failed"),
+    # Part way through giving the params their buffers and the fused modules their forwards.
+    "torch DDP form, mid-way": (lambda m: mxt.DistributedDataParallel(m),
+                                ("mxddp.torch.grad_fusion.install", lambda: _fail_second_install(grad_fusion.install)),
+                                "second fused module's install failed"),
     "DDP, MXFP8 in the grad buffer": (
         lambda m: mxt.DistributedDataParallel(m, config(fp8_param_gather=True, reuse_grad_buf_for_mxfp8_param_ag=True,
                                                         overlap_param_gather=True)),
-        ("mxddp.torch.watched_params.watch", _fail_last_step), "last step failed"),
+        ("mxddp.torch.watched_params.watch", lambda: _fail_last_step), "last step failed"),
     "FSDP optim_grads_params": (
         lambda m: mxt.FullyShardedDataParallel(m, fsdp_config("optim_grads_params", overlap=True, fine_grained=False)),
-        ("mxddp.torch.watched_params.watch", _fail_last_step), "last step failed"),
+        ("mxddp.torch.watched_params.watch", lambda: _fail_last_step), "last step failed"),
     "FSDP, MXFP8 weights": (
         lambda m: mxt.FullyShardedDataParallel(
             m, fsdp_config("optim_grads_params", overlap=True, fine_grained=False, fp8_param_gather=True)),
-        ("mxddp.torch.watched_params.watch", _fail_last_step), "last step failed"),
+        ("mxddp.torch.watched_params.watch", lambda: _fail_last_step), "last step failed"),
 }
 
 
@@ -254,7 +273,8 @@ def test_a_wrap_that_failed_part_way_leaves_the_module_as_it_was(ranks, monkeypa
     if inject is None:
         hook = module.fc1.weight.register_hook(lambda grad: grad)
     else:
-        monkeypatch.setattr(*inject)
+        target, make_failing = inject
+        monkeypatch.setattr(target, make_failing())
     before = _module_state(module)
     with pytest.raises((RuntimeError, ValueError), match=message):
         wrap(module)
@@ -271,11 +291,3 @@ def test_a_wrap_that_failed_part_way_leaves_the_module_as_it_was(ranks, monkeypa
     model.close()
     del model, opt
     assert not live_bytes()
-
-
-def test_close_at_exit_of_a_closed_model_does_nothing(ranks):
-    """shutdown() runs _close_at_exit for every model it still tracks; a closed one is left alone."""
-    model = mxt.DistributedDataParallel(make_lm(), config())
-    model.close()
-    model._close_at_exit()
-    assert model._cpp.closed

@@ -30,8 +30,7 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import (agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group,
-                         watched_params)
+from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
 from mxddp.torch.wrapper import DataParallelModule, refuse_wrapped, refuse_wrapped_module
@@ -248,12 +247,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                                                [device.host_tensor(p.detach()) for _, p in params],
                                                comm=buffers_comm)
         launch._track_model(self)
-        original_data = [p.data for p in self._params]
-        try:
-            self._build(module, config, resolved, params, mxfp8_flags, fusion_marks)
-        except BaseException:
-            self._undo_failed_wrap(original_data)
-            raise
+        self._build_or_undo(lambda: self._build(module, config, resolved, params, mxfp8_flags, fusion_marks))
 
     def _build(self, module, config, resolved, params, mxfp8_flags, fusion_marks) -> None:
         """The constructor's part after the C++ DDP exists: the params view its buffers, the hooks
@@ -607,29 +601,3 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                 else:
                     p.data = p.data.clone()
         self._unwrap()
-
-    def _undo_failed_wrap(self, original_data: list[torch.Tensor]) -> None:
-        """A constructor that failed once the C++ DDP existed (a rank-0 broadcast that failed, a
-        module whose forward cannot be replaced) leaves the module as it found it: each param holds
-        the tensor it held before (rank 0's broadcast went into mxddp's buffers, not into it), and
-        the rest is undone as close() undoes it. The module's buffers and frozen params may hold rank
-        0's values if their broadcast (in place) was under way."""
-        with torch.no_grad():
-            for p, data in zip(self._params, original_data):
-                p.data = data
-        self._unwrap()
-
-    def _unwrap(self) -> None:
-        """What close() and a failed constructor share, once every param holds storage of its own."""
-        for p in self._params:
-            if hasattr(p, "main_grad"):
-                del p.main_grad
-        watched_params.unwatch(self._params)
-        for owner in self._replaced_forwards:
-            grad_fusion.restore_forward(owner)
-        self._replaced_forwards = []
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._release_from_module()
-        self._cpp.close()

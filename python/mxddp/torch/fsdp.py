@@ -53,7 +53,7 @@ from torch.utils._pytree import tree_flatten
 
 from mxddp import _C
 from mxddp.torch import (agreement, device as devices, grad_fusion, hsdp, launch, load_state, mxfp8, param_writes,
-                         process_group as process_groups, watched_params)
+                         process_group as process_groups)
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.ddp import (_DTYPES, _check_force_all_reduce, _check_fusion_flag, _fusion_flags, _fusion_marks,
                               _mxfp8_flags, _mxfp8_kinds, _trainable_params)
@@ -153,16 +153,21 @@ class _SavedParamView:
         self.index, self.size, self.stride, self.offset = index, size, stride, offset
 
 
-# Every hook of FSDP's that swaps a param's .data or looks one up by its storage address runs
-# eagerly, never traced by torch.compile (docs/python.md, "torch.compile"): dynamo would make the
-# swaps mutations of graph inputs, and the look-ups guards that fail at every step.
-_eager = torch.compiler.disable
+_warned_compiled_runs_eagerly = False
 
 
 def _warn_compiled_runs_eagerly() -> None:
-    warnings.warn("torch.compile of a mxddp.torch FullyShardedDataParallel whose params are sharded "
-                  "(optim_grads_params, or MXFP8 weights): its forward runs eagerly, uncompiled (docs/python.md, "
-                  "torch.compile); the other strategies and DistributedDataParallel compile", stacklevel=3)
+    global _warned_compiled_runs_eagerly
+    if not _warned_compiled_runs_eagerly:
+        _warned_compiled_runs_eagerly = True
+        warnings.warn("torch.compile of a mxddp.torch FullyShardedDataParallel whose params are sharded "
+                      "(optim_grads_params, or MXFP8 weights): its forward runs eagerly, uncompiled; compile the "
+                      "module before wrapping it instead (docs/python.md, torch.compile)", stacklevel=2)
+
+
+def _is_compiling() -> bool:
+    is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
+    return bool(is_compiling is not None and is_compiling())
 
 
 class FullyShardedDataParallel(DataParallelModule):
@@ -257,25 +262,15 @@ class FullyShardedDataParallel(DataParallelModule):
                                                 [devices.host_tensor(p.detach()) for p in self._params],
                                                 colwise if any(colwise) else [], comm=comm, replica=replica)
         launch._track_model(self)
-        original_data = [p.data for p in self._params]
-        try:
-            self._build(module, config, flags)
-        except BaseException:
-            # Left as found, as DDP's failed constructor leaves it (ddp.py, _undo_failed_wrap).
-            with torch.no_grad():
-                for p, data in zip(self._params, original_data):
-                    p.data = data
-            watched_params.unwatch(self._params)
-            self._remove_hooks()
-            self._cpp.close()
-            raise
+        self._build_or_undo(lambda: self._build(module, config, flags))
 
     def _build(self, module: torch.nn.Module, config: DistributedDataParallelConfig, flags: list[bool]) -> None:
         """The constructor's part after the C++ FSDP exists: the params get their stand-ins or views,
         and the hooks and forwards go in."""
         self._mxfp8 = flags
         self._shards_params = self._cpp.shards_params
-        self._saved_tensors_hooks = (_eager(self._pack), _eager(self._unpack))  # the forward's, while it shards params
+        self._saved_tensors_hooks = (self._eager(self._pack), self._eager(self._unpack))  # while it shards params
+        self._eager_forward = self._eager(self._forward)
         self._init_sync_state()
         self._grads_live = False
         self._reported = [False] * len(self._params)
@@ -328,8 +323,8 @@ class FullyShardedDataParallel(DataParallelModule):
                 # First of the module's pre-hooks (as DDP's gather hooks): one registered before wrapping
                 # may read the unit's params.
                 pre, post = self._make_pre_forward(h.params, h.unit), self._make_post_forward(h.params, h.unit)
-                self._hooks.append(h.module.register_forward_pre_hook(_eager(pre), prepend=True))
-                self._hooks.append(h.module.register_forward_hook(_eager(post)))
+                self._hooks.append(h.module.register_forward_pre_hook(self._eager(pre), prepend=True))
+                self._hooks.append(h.module.register_forward_hook(self._eager(post)))
         self._non_unit_params = self.units.non_unit_params
         self._defer_non_unit = config.data_parallel_sharding_strategy in ("optim_grads", "optim_grads_params")
         # The non-unit params whose gradients come through the hook, and are held back (a fused
@@ -423,8 +418,8 @@ class FullyShardedDataParallel(DataParallelModule):
                     self._cpp.after_forward(params)
 
         for m in modules:
-            self._hooks.append(m.register_forward_pre_hook(_eager(pre), prepend=True))
-            self._hooks.append(m.register_forward_hook(_eager(post)))
+            self._hooks.append(m.register_forward_pre_hook(self._eager(pre), prepend=True))
+            self._hooks.append(m.register_forward_hook(self._eager(post)))
 
     def _register_read_guards(self, module: torch.nn.Module) -> None:
         """A forward pre-hook on every module that owns registered params directly but gathers none
@@ -445,7 +440,7 @@ class FullyShardedDataParallel(DataParallelModule):
             own = sorted({index_of[id(p)] for p in sub._parameters.values() if p is not None and id(p) in index_of})
             if own:
                 guard = self._make_read_guard(name, self._unit_of[own[0]], own)
-                self._hooks.append(sub.register_forward_pre_hook(_eager(guard), prepend=True))
+                self._hooks.append(sub.register_forward_pre_hook(self._eager(guard), prepend=True))
 
     def _make_read_guard(self, name: str, unit: int, own: list[int]):
         plain = [i for i in own if not self._mxfp8[i]]  # an MXFP8 weight's forward reads the C++ copies
@@ -587,7 +582,7 @@ class FullyShardedDataParallel(DataParallelModule):
 
     def forward(self, *args, **kwargs):
         if self._shards_params:
-            if torch.compiler.is_compiling():
+            if _is_compiling():
                 _warn_compiled_runs_eagerly()
             return self._eager_forward(*args, **kwargs)
         return self._forward(*args, **kwargs)
@@ -619,11 +614,16 @@ class FullyShardedDataParallel(DataParallelModule):
             self._cpp.release_gathered_params()
         return out
 
-    # torch.compile of the wrapper of a model whose params FSDP shards (optim_grads_params, MXFP8
-    # weights): its forward and everything it calls run eagerly (a module compiled before wrapping
-    # compiles). Compiling frames below this one while it runs eagerly (recursive=False) gave a
-    # graph a param's stand-in where it later got the gathered view; not pursued.
-    _eager_forward = torch.compiler.disable(_forward, recursive=True)
+    def _eager(self, fn):
+        """``fn``, and every frame it calls, run eagerly under torch.compile where this FSDP shards
+        params (docs/python.md, "torch.compile"): the forward-time hooks swap each param's .data
+        between its gathered view and a stand-in, which dynamo would trace as mutations of graph
+        inputs, and the saved-tensor hooks look params up by storage address, which it would make
+        guards that fail at every step. Frames called from them must not compile either (the
+        default of torch.compiler.disable): compiled, ``_set_data`` or the module's frames below an
+        eager wrapper forward gave a graph a param's stand-in where it later got the gathered view.
+        Unsharded, ``fn`` itself, which dynamo traces."""
+        return torch.compiler.disable(fn, recursive=True) if self._shards_params else fn
 
     def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
         """Waits for every reduction (issuing what is left): each rank's grad shards then hold the
@@ -810,17 +810,7 @@ class FullyShardedDataParallel(DataParallelModule):
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 p.data = mxfp8.stand_in(p.shape, p.dtype, self.device)
-        self._remove_hooks()
-        self._cpp.close()
-
-    def _remove_hooks(self) -> None:
-        for owner in self._replaced_forwards:
-            grad_fusion.restore_forward(owner)
-        self._replaced_forwards = []
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._release_from_module()
+        self._unwrap()
 
     def close(self) -> None:
         """Collective. Frees mxddp's buffers: every param gets storage of its own holding its
@@ -834,6 +824,4 @@ class FullyShardedDataParallel(DataParallelModule):
         with torch.no_grad():
             for p, v in zip(self._params, self._full_values()):
                 p.data = v
-        watched_params.unwatch(self._params)
-        self._remove_hooks()
-        self._cpp.close()
+        self._unwrap()

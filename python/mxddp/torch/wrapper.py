@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -158,18 +158,58 @@ class DataParallelModule(torch.nn.Module):
     _let_go = None
 
     def _release_from_module(self) -> None:
-        """At close(): the module lets go of its wrapper, and nothing is undone when it is collected
-        (close() undid it all; the params the script keeps hold their values in their own storage)."""
-        if self._let_go is None:
-            return
+        """At close() or a failed wrap: the module lets go of its wrapper, and nothing is undone when it
+        is collected (close() undid it all; the params the script keeps hold their values in their own
+        storage)."""
         held = vars(self.module).get("_mxddp_wrapper")
         if isinstance(held, _HeldWrapper) and held.wrapper is self:
             del self.module._mxddp_wrapper
-        for ref in self._wrapped_modules:  # a module taken out of the tree since keeps the override otherwise
-            sub = ref()
+        # The tree as wrapped: a module taken out of it since keeps the override otherwise.
+        refs = getattr(self, "_wrapped_modules", None)
+        for sub in ([ref() for ref in refs] if refs is not None else list(self.module.modules())):
             if sub is not None:
                 module_copies.remove(sub, self)
-        self._let_go.detach()
+        if self._let_go is not None:
+            self._let_go.detach()
+
+    def _build_or_undo(self, build: Callable[[], None]) -> None:
+        """Runs the constructor's part after the C++ wrapper exists. If it raises (a refusal met while
+        the params get their buffers, a rank-0 broadcast that failed, any later step), the module is
+        left as it was found: each param holds the tensor it held before (mxddp's values went into its
+        own buffers), the rest is undone as close() undoes it (``_unwrap``), and the error is raised;
+        one the undo meets is noted on it."""
+        original_data = [p.data for p in self._params]
+        try:
+            build()
+        except BaseException as failure:
+            try:
+                with torch.no_grad():
+                    for p, data in zip(self._params, original_data):
+                        p.data = data
+                self._unwrap()
+            except BaseException as undo_failure:
+                if hasattr(failure, "add_note"):  # Python >= 3.11
+                    failure.add_note(f"mxddp: undoing the failed wrap failed too: {undo_failure!r}")
+            raise
+
+    def _unwrap(self) -> None:
+        """What close() and a failed constructor share, once every param holds storage of its own: the
+        params lose main_grad (DDP's) and their watch, the hooks and replaced forwards go, the module
+        lets go of the wrapper, and the buffers are freed whatever else fails."""
+        try:
+            for p in self._params:
+                if hasattr(p, "main_grad"):
+                    del p.main_grad
+            watched_params.unwatch(self._params)
+            for owner in self._replaced_forwards:
+                grad_fusion.restore_forward(owner)
+            self._replaced_forwards = []
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            self._release_from_module()
+        finally:
+            self._cpp.close()
 
     def _set_data(self, index: int, data: torch.Tensor) -> None:
         """param.data = data, for the wrappers' own swaps (FSDP's gather and release): the pointer
