@@ -146,15 +146,16 @@ class DataParallelModule(torch.nn.Module):
     def _hold_from_module(self) -> None:
         """The module keeps its wrapper alive (see the module docstring); close() lets go. Once the
         wrapper is collected (its module with it), ``_let_go`` undoes the wrap for what outlived them."""
+        self._wrapped_modules = [weakref.ref(m) for m in self.module.modules()]  # the tree as wrapped
         self.module._mxddp_wrapper = _HeldWrapper(self)
         module_copies.install(self)
-        self._wrapped_modules = [weakref.ref(m) for m in self.module.modules()]  # the tree as wrapped
         self._let_go = weakref.finalize(self, _let_go, self._hooks, [weakref.ref(p) for p in self._params],
                                         self._wrapped_modules, {id(m) for m in self._replaced_forwards},
                                         weakref.ref(self))
         self._let_go.atexit = False
 
-    # The finalizer _hold_from_module sets (None before: a constructor that failed earlier).
+    # What _hold_from_module sets (before it: nothing held, no module overridden, no finalizer).
+    _wrapped_modules: list = []
     _let_go = None
 
     def _release_from_module(self) -> None:
@@ -165,8 +166,8 @@ class DataParallelModule(torch.nn.Module):
         if isinstance(held, _HeldWrapper) and held.wrapper is self:
             del self.module._mxddp_wrapper
         # The tree as wrapped: a module taken out of it since keeps the override otherwise.
-        refs = getattr(self, "_wrapped_modules", None)
-        for sub in ([ref() for ref in refs] if refs is not None else list(self.module.modules())):
+        for ref in self._wrapped_modules:
+            sub = ref()
             if sub is not None:
                 module_copies.remove(sub, self)
         if self._let_go is not None:
