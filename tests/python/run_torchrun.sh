@@ -2,7 +2,8 @@
 # CTest's python_torchrun_*: mxddp on torch.distributed's ranks (torchrun, gloo). Modes:
 #   basics  tests/python/torchrun/torchrun_basics.py at 2 ranks (pytest under torchrun)
 #   suite   the parity files of the user's optimizer, lr schedulers, GradScaler, torch DDP's
-#           semantics, unused params, DCP and collective dtypes at 2 ranks (pytest under torchrun)
+#           semantics, unused params, DCP, collective dtypes and unwrapped torch optimizers
+#           (test_torch_grads.py) at 2 ranks (pytest under torchrun)
 #   groups  tests/python/torchrun/torchrun_groups.py at 4 ranks
 #   parity  parity_job.py under mpirun and under torchrun, f32 and bf16: the same losses,
 #           bitwise (2 ranks: every sum has two terms, and both backends reduce bf16 in f32)
@@ -45,7 +46,8 @@ case $mode in
   suite)  # issue 43's parity files, as the mpirun suite runs them, under torchrun (conftest.py's ranks)
     torchrun 2 -m pytest -p no:cacheprovider --color=no -q "$here/test_user_optimizer.py" \
       "$here/test_lr_schedulers.py" "$here/test_grad_scaler.py" "$here/test_ddp_semantics.py" \
-      "$here/test_unused_params.py" "$here/test_dcp.py" "$here/test_collective_dtypes.py" ;;
+      "$here/test_unused_params.py" "$here/test_dcp.py" "$here/test_collective_dtypes.py" \
+      "$here/test_torch_grads.py" ;;
   groups) torchrun 4 -m pytest -p no:cacheprovider --color=no -q "$here/torchrun/torchrun_groups.py" ;;
   parity)
     for dtype in "" --bf16; do

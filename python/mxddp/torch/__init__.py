@@ -22,10 +22,11 @@ from mxddp.torch.optimizer import DistributedOptimizer, SkippedStepWarning
 from mxddp.torch.plan import MemoryPlan, plan
 from mxddp.torch.checkpoint import load_checkpoint, save_checkpoint
 from mxddp.torch.megatron import get_megatron_optimizer
-from mxddp.torch import dcp, torch_clip
+from mxddp.torch import dcp, torch_clip, torch_grads
 from mxddp import _C
 
 torch_clip.install()  # torch.nn.utils.clip_grad_norm_ sees mxddp's gradients (torch_clip.py)
+torch_grads.install()  # a torch optimizer that would step no gradient of a mxddp model is refused (torch_grads.py)
 
 
 def memory_usage(place: str | None = None) -> dict[str, tuple[int, int]]:

@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 
 from mxddp import _C
-from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group
+from mxddp.torch import agreement, ddp_args, device, grad_fusion, launch, mxfp8, param_writes, process_group, \
+    torch_grads
 from mxddp.torch.config import DistributedDataParallelConfig
 from mxddp.torch.torch_semantics import TorchSemantics
 from mxddp.torch.wrapper import DataParallelModule, refuse_wrapped, refuse_wrapped_module
@@ -343,7 +344,10 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
 
         def report() -> None:
-            live()._on_grad(index)
+            model = live()
+            if model._torch_grads:
+                torch_grads.check_fused_first(model, index)
+            model._on_grad(index)
 
         return grad_fusion.register_ready_hooks(token, param, lambda: param_ref().main_grad, report)
 
@@ -353,9 +357,11 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         def hook(param: torch.Tensor) -> None:
             # Megatron's hook: accumulate into main_grad, free .grad, mark the param ready.
             model = live()
-            if param.grad is not None:
+            if model._torch_grads and torch_grads.take_back(model, arrived=index):
+                pass  # its .grad (the script's, plus this backward's part) is in main_grad now
+            elif param.grad is not None:
                 param.main_grad.add_(param.grad)
-                param.grad = None
+            param.grad = None
             model._on_grad(index)
 
         return hook

@@ -15,7 +15,9 @@ arguments, but only norm_type 2. Given every param mxddp holds (``model.paramete
 ones or not), it clips them; a subset of them, or params of mxddp models and others with gradients
 together, are refused, since the norm is the global one over every param mxddp holds.
 ``clip_grad_value_`` on a mxddp model's params is refused: the gradients it would clamp are still
-scaled by a GradScaler whose unscale waits for the step.
+scaled by a GradScaler whose unscale waits for the step. A model whose gradients are in ``.grad``
+(torch's form with no ``DistributedOptimizer``: torch_grads.py) is left to torch's own functions,
+which see its synchronized gradients there as they see a torch DDP's.
 """
 from __future__ import annotations
 
@@ -48,7 +50,12 @@ def open_holder(param: torch.Tensor):
     return model if model is not None and not model._cpp.closed else None
 
 
-def _open_models(params: list[torch.Tensor]) -> list:
+def any_held() -> bool:
+    """Whether any param is marked held (a cheap test before looking params up)."""
+    return len(_HELD) > 0
+
+
+def open_models(params: list[torch.Tensor]) -> list:
     """The open mxddp wrappers holding any of `params`, each once."""
     models = {}
     for p in params:
@@ -58,6 +65,13 @@ def _open_models(params: list[torch.Tensor]) -> list:
     return list(models.values())
 
 
+def _open_models_without_torch_grads(params: list[torch.Tensor]) -> list:
+    """open_models(params) but those whose gradients are in .grad (torch_grads.py), where torch's own
+    functions see them as they see a torch DDP's."""
+    from mxddp.torch import torch_grads
+    return [m for m in open_models(params) if torch_grads.why_not_exposed(m) is not None]
+
+
 def _as_list(parameters) -> list:
     return [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
 
@@ -65,7 +79,7 @@ def _as_list(parameters) -> list:
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """torch.nn.utils.clip_grad_norm_, for mxddp models' params too (see the module's docstring)."""
     params = _as_list(parameters)
-    models = _open_models(params)
+    models = _open_models_without_torch_grads(params)
     if not models:
         return _TORCH_CLIP_GRAD_NORM(params, max_norm, norm_type, error_if_nonfinite, foreach)
     if len(models) > 1:
@@ -91,7 +105,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 def clip_grad_value_(parameters, clip_value, foreach=None):
     """torch.nn.utils.clip_grad_value_, refused for mxddp models' params (see the module's docstring)."""
     params = _as_list(parameters)
-    if _open_models(params):
+    if _open_models_without_torch_grads(params):
         raise NotImplementedError("clip_grad_value_ on the params of a mxddp model: their gradients live in mxddp's "
                                   "grad buffer, and with a GradScaler they stay scaled until the step; clip by norm "
                                   "(torch.nn.utils.clip_grad_norm_ or model.clip_grad_norm_) instead")

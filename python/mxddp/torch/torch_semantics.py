@@ -33,7 +33,7 @@ from typing import Iterator
 import torch
 
 from mxddp import _C
-from mxddp.torch import launch
+from mxddp.torch import launch, torch_grads
 
 # Unused params a refusal names before it only counts the rest.
 _NAMES_SHOWN_MAX = 8
@@ -139,6 +139,10 @@ class TorchSemantics:
         # only after a zero_grad.
         self._grads_scattered = False
         self._backward: _Backward | None = None
+        # torch_grads.py: index -> the main_grad view given to .grad at the end of the last backward,
+        # and the params whose .grad the script kept through the take-back before this backward.
+        self._torch_grads: dict[int, torch.Tensor] = {}
+        self._torch_grads_kept: set[int] = set()
         self._no_sync_depth = 0
         # torch DDP's require_forward_param_sync: whether the next forward broadcasts the buffers.
         self._buffers_due = True
@@ -155,6 +159,8 @@ class TorchSemantics:
         self._cpp.grad_ready(index)
 
     def _begin_backward(self) -> None:
+        if self._torch_grads:
+            torch_grads.take_back(self)  # the script's .grad, as it left them, go back into main_grad
         syncs = bool(self.require_backward_grad_sync)
         if syncs and any(self._reported):
             # Megatron's form (sync_at_backward_end off): the last backward's grads wait for
@@ -202,6 +208,7 @@ class TorchSemantics:
                 self._reported = [False] * len(self._params)
         if backward.syncs and self._sync_at_backward_end:
             self._sync_grads()
+        torch_grads.expose(self, synced=backward.syncs)
 
     def _unused_refusal(self, missing: list[int]) -> str:
         names = [self._names[i] for i in missing]

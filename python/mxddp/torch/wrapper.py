@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from mxddp.torch import grad_fusion, module_copies, mxfp8, torch_clip, watched_params
+from mxddp.torch import grad_fusion, module_copies, mxfp8, torch_clip, torch_grads, watched_params
 
 
 def _all_module_prefixed(state_dict, module: torch.nn.Module) -> bool:
@@ -87,6 +87,7 @@ def _let_go(hooks: list, param_refs: list, module_refs: list, replaced_forward_i
     with torch.no_grad():
         for p in params:
             p.data = p.data.clone()
+            torch_grads.keep_own(p)
             vars(p).pop("main_grad", None)
     watched_params.unwatch(params)
 
@@ -199,6 +200,7 @@ class DataParallelModule(torch.nn.Module):
         lets go of the wrapper, and the buffers are freed whatever else fails."""
         try:
             for p in self._params:
+                torch_grads.keep_own(p)  # a .grad torch_grads.py gave it stays, in storage of its own
                 if hasattr(p, "main_grad"):
                     del p.main_grad
             watched_params.unwatch(self._params)
