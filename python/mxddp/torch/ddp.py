@@ -262,6 +262,15 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         self._init_torch_semantics(resolved.find_unused_parameters, resolved.broadcast_buffers,
                                    sync_at_backward_end=resolved.torch_form, static_graph=resolved.static_graph,
                                    group=resolved.process_group)
+        # torch's form gives the grads to .grad for a torch optimizer (torch_grads.py): each param's
+        # take-back hook goes first, before the hooks below, so that it runs before they add anything.
+        fused_grads = self._cpp
+        if resolved.torch_form:
+            fused_grads = torch_grads.MainGrads(self)
+            for i, p in enumerate(self._params):
+                if not mxfp8_flags[i]:
+                    self._hooks.append(p.register_hook(torch_grads.take_back_hook(self)))
+                    grad_fusion.own_hooks(p, [self._hooks[-1]])
         with torch.no_grad():
             for i, p in enumerate(self._params):
                 p.main_grad = main_grads[i]
@@ -277,7 +286,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                         if mxfp8_flags[i]:
                             mxfp8.install(owner, self._cpp, i, token)
                         else:
-                            grad_fusion.install(owner, self._cpp, i, token)
+                            grad_fusion.install(owner, fused_grads, i, token)
                         self._replaced_forwards.append(owner)
                 else:
                     p.data = self._cpp.param(i)
@@ -344,10 +353,7 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         live = weakref.ref(self)  # a hook on a tensor: wrapper.py, "Lifetime"
 
         def report() -> None:
-            model = live()
-            if model._torch_grads:
-                torch_grads.check_fused_first(model, index)
-            model._on_grad(index)
+            live()._on_grad(index)
 
         return grad_fusion.register_ready_hooks(token, param, lambda: param_ref().main_grad, report)
 
@@ -357,11 +363,9 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
         def hook(param: torch.Tensor) -> None:
             # Megatron's hook: accumulate into main_grad, free .grad, mark the param ready.
             model = live()
-            if model._torch_grads and torch_grads.take_back(model, arrived=index):
-                pass  # its .grad (the script's, plus this backward's part) is in main_grad now
-            elif param.grad is not None:
+            if param.grad is not None:
                 param.main_grad.add_(param.grad)
-            param.grad = None
+                param.grad = None
             model._on_grad(index)
 
         return hook
@@ -472,6 +476,8 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         self._keep_zero_grads(set_to_none)
+        if set_to_none:  # every .grad is None and every main_grad zero: nothing to take back
+            self._torch_grads, self._torch_grads_kept = {}, set()
 
     def _after_zero_grad(self, set_to_none: bool = True) -> None:
         super()._after_zero_grad(set_to_none)
@@ -606,4 +612,5 @@ class DistributedDataParallel(TorchSemantics, DataParallelModule):
                     p.data = self._mxfp8_forward_values(i)
                 else:
                     p.data = p.data.clone()
+        self._torch_grads, self._torch_grads_kept = {}, set()  # each .grad keeps storage of its own (_unwrap)
         self._unwrap()

@@ -95,8 +95,13 @@ def register_ready_hooks(token: torch.Tensor, param: torch.nn.Parameter, main_gr
     handles = [torch.autograd.graph.register_multi_grad_hook((token, param), ready, mode="all"),
                token.register_post_accumulate_grad_hook(drop_grad),
                param.register_post_accumulate_grad_hook(drop_grad)]
-    _OWN_HOOK_IDS[param] = {h.id for h in handles[0].handles} | {handles[2].id}
+    own_hooks(param, list(handles[0].handles) + [handles[2]])
     return handles
+
+
+def own_hooks(param: torch.nn.Parameter, handles: list) -> None:
+    """Records hooks on ``param`` as mxddp's, which ``has_user_grad_hooks`` does not count."""
+    _OWN_HOOK_IDS[param] = set(_OWN_HOOK_IDS.get(param, ())) | {h.id for h in handles}
 
 
 def accumulate_product_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor,

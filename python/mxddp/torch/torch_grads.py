@@ -14,18 +14,23 @@ synchronized gradient (torch's form, whose grads are all-reduced in the params' 
   ``no_sync`` one those this rank used; and in either case those whose ``.grad`` the script kept
   (not set to None) from before. A script's in-place work on ``.grad`` (``GradScaler.unscale_``,
   ``clip_grad_norm_``, ``zero_grad(set_to_none=False)``) is work on ``main_grad``.
-- **Taken back** when the next backward begins (its first gradient, which reaches the wrapper's
-  output first): a ``.grad`` set to None means that gradient was dropped, and its ``main_grad`` is
-  zeroed (as torch's next backward starts it from nothing); a ``.grad`` still the view is kept, so
-  the backward adds into it (torch's accumulation when nothing zeroes); any other tensor the
-  script put there is copied in. ``.grad`` is then None through the backward, as mxddp's hooks need.
+- **Taken back** before the next backward puts anything into ``main_grad``: at the first of its
+  events, whichever comes first (a gradient reaching the wrapper's output, or any registered
+  param, through a tensor hook that runs before torch accumulates into ``.grad``, or a fused
+  module's backward asking for ``main_grad``: ``MainGrads``). A ``.grad`` set to None means that
+  gradient was dropped, and its ``main_grad`` is zeroed (as torch's next backward starts it from
+  nothing); a ``.grad`` still the view is kept, so the backward adds into it (torch's accumulation
+  when nothing zeroes); any other tensor the script put there is copied in. ``.grad`` is then None
+  through the backward, as mxddp's hooks need.
 
-Any other optimizer on a wrapped model's params is refused when it steps, saying why and what to
-use (``check_step``, a global torch step pre-hook ``import mxddp.torch`` installs), instead of
-stepping on gradients that are not there.
+Where the gradients are not given to ``.grad`` (Megatron's form, FSDP, a ``DistributedOptimizer``
+open), a torch optimizer whose step would find no gradient of a wrapped model's params there is
+refused, saying why and what to use (``check_step``, a global torch step pre-hook
+``import mxddp.torch`` installs), instead of stepping nothing.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -64,49 +69,57 @@ def expose(model, synced: bool) -> None:
             model._torch_grads[i] = view
 
 
-def take_back(model, arrived: Optional[int] = None) -> bool:
-    """When a backward begins: the exposed ``.grad``s go back into ``main_grad`` (see the module's
-    docstring) and are set to None. ``arrived``: the param whose gradient began it (its hook runs
-    after torch's accumulation into ``.grad``, which therefore holds the sum already). Returns
-    whether ``arrived``'s gradient is in its ``main_grad`` now (the hook adds nothing)."""
+def take_back(model) -> None:
+    """Before a backward adds anything: the exposed ``.grad``s go back into ``main_grad`` (see the
+    module's docstring) and are set to None."""
     exposed, model._torch_grads = model._torch_grads, {}
     kept: set[int] = set()
-    absorbed = False
     with torch.no_grad():
+        dropped = [i for i, _ in exposed.items() if model._params[i].grad is None]
+        if len(dropped) == len(model._params):
+            model._cpp.grad_buffer().zero_()  # the usual zero_grad(): one pass, not one per param
         for i, view in exposed.items():
             p = model._params[i]
             g = p.grad
-            if i == arrived:
-                # torch added this backward's part into .grad: in place where .grad was the view,
-                # into a new tensor where it was None or replaced (or the backward builds a graph).
-                if g is not None and g is not view:
-                    p.main_grad.copy_(g)
-                absorbed = True
-            elif g is None:
-                p.main_grad.zero_()  # dropped: this backward starts it from nothing, as torch's
+            if g is None:
+                if len(dropped) != len(model._params):
+                    p.main_grad.zero_()  # dropped: this backward starts it from nothing, as torch's
                 model._used[i] = False
                 continue
-            elif g is not view:
+            if g is not view:
                 p.main_grad.copy_(g)  # a tensor the script put there
             kept.add(i)
             p.grad = None
     model._torch_grads_kept = kept
-    return absorbed
 
 
-def check_fused_first(model, index: int) -> None:
-    """A fused weight (gradient_accumulation_fusion) reports before the take-back: its module's
-    backward added into ``main_grad`` already, so a ``.grad`` the script dropped or replaced can no
-    longer be told from this backward's part. Raises then, naming the weight, rather than lose it."""
-    changed = [model._names[i] for i, view in model._torch_grads.items()
-               if model.fused_params[i] and model._params[i].grad is not view]
-    if changed:
-        raise RuntimeError(
-            f"the backward reached the fused weight '{model._names[index]}' before the output of "
-            f"{type(model).__name__}'s forward, while the .grad of {changed} had been set to None or replaced "
-            "since the last backward: their modules' backward adds straight into the gradients the script let go "
-            "(torch_grads.py). Compute the loss from the wrapper's output (model(x), not model.module(x)), as torch "
-            "DDP requires too, or zero the gradients with model.zero_grad()")
+def take_back_hook(model):
+    """A tensor hook for each registered param: it runs when the param's gradient arrives, before
+    torch accumulates it into ``.grad``, so the take-back comes first. Holds the model weakly (a
+    hook on a tensor: wrapper.py, "Lifetime")."""
+    live = weakref.ref(model)
+
+    def hook(grad: torch.Tensor) -> None:
+        owner = live()
+        if owner is not None and owner._torch_grads:
+            take_back(owner)
+
+    return hook
+
+
+class MainGrads:
+    """What the fused modules' backward asks for a param's ``main_grad`` (grad_fusion.py, in place
+    of the C++ DDP): the C++ DDP's, after the take-back, since they add into it directly."""
+
+    def __init__(self, model):
+        self._model = weakref.ref(model)
+        self._cpp = model._cpp
+
+    def main_grad(self, index: int) -> torch.Tensor:
+        model = self._model()
+        if model is not None and model._torch_grads:
+            take_back(model)
+        return self._cpp.main_grad(index)
 
 
 def keep_own(p: torch.nn.Parameter) -> None:
@@ -116,7 +129,7 @@ def keep_own(p: torch.nn.Parameter) -> None:
     main_grad, g = vars(p).get("main_grad"), p.grad
     if main_grad is not None and g is not None and \
             g.untyped_storage().data_ptr() == main_grad.untyped_storage().data_ptr():
-        p.grad = g.clone()
+        g.data = g.data.clone()  # the same tensor object: a reference the script holds stays valid
 
 
 def check_step(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
@@ -130,7 +143,9 @@ def check_step(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for model in torch_clip.open_models(params):
         why = why_not_exposed(model)
-        if why is not None:
+        held = {id(p) for p in model._params}
+        # A script that puts gradients into .grad itself (p.grad = p.main_grad) steps what it put there.
+        if why is not None and all(p.grad is None for p in params if id(p) in held):
             raise RuntimeError(
                 f"{type(optimizer).__name__}.step() on the params of a mxddp.torch {type(model).__name__}: their "
                 f"gradients are not in .grad, so it would step nothing: {why}. Hand the optimizer to mxddp "
