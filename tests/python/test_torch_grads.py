@@ -123,7 +123,9 @@ def partly_unused(model, module, opt, rank, step):
 
 
 def grad_scaler(model, module, opt, rank, step):
-    scaler = grad_scaler.scalers.setdefault(id(opt), torch.amp.GradScaler("cpu", init_scale=1024.0))
+    if not hasattr(opt, "test_scaler"):  # one scaler per run, kept beside its optimizer
+        opt.test_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler = opt.test_scaler
     opt.zero_grad()
     loss = loss_of(model, module, rank, step)
     scaler.scale(loss).backward()
@@ -133,8 +135,6 @@ def grad_scaler(model, module, opt, rank, step):
     scaler.update()
     return loss.item()
 
-
-grad_scaler.scalers = {}
 
 
 def compare(rank, make_opt, loop, wrapped_output=False, **wrap_kw):
