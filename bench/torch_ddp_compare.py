@@ -10,6 +10,9 @@ intra-op thread per rank (torch.set_num_threads(1)), F32:
   mxddp-nofusion  the same with gradient_accumulation_fusion=False (every grad through the hook)
   mxddp-torchopt  mxddp as above with the user's torch.optim.AdamW (the same two param groups as ddp's)
           handed to mxt.DistributedOptimizer, clipped with model.clip_grad_norm_ (issue 43's torch way)
+  mxddp-torchgrads  the ddp script below with only its wrap line changed: mxddp.torch's
+          DistributedDataParallel(module, bucket_cap_mb=25) (torch's form) and the script's own
+          torch.optim.AdamW, unwrapped, on .grad (torch_grads.py), clipped by torch's function
   ddp     torch.nn.parallel.DistributedDataParallel (gloo, defaults) + torch.optim.AdamW
           (foreach, the default) + torch.nn.utils.clip_grad_norm_
   zero    the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW)
@@ -75,7 +78,7 @@ MODELS = {  # name: (layers, hidden, heads, seq, micro-batch)
     "gpt2-124m": (12, 768, 12, 128, 1),
 }
 BUCKET_NUMEL = 25 * 1024 * 1024 // 4  # torch DDP's default bucket_cap_mb=25, in f32 elements
-IMPLS = ("mxddp", "mxddp-nofusion", "mxddp-torchopt", "ddp", "zero")
+IMPLS = ("mxddp", "mxddp-nofusion", "mxddp-torchopt", "mxddp-torchgrads", "ddp", "zero")
 
 
 def worker(args) -> None:
@@ -98,7 +101,11 @@ def worker(args) -> None:
     no_decay = [p for p in module.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 
-    if mxddp_impl:
+    torch_loop = not mxddp_impl or args.worker == "mxddp-torchgrads"  # the script's own optimizer and clip
+    if args.worker == "mxddp-torchgrads":
+        model = mxt.DistributedDataParallel(module, bucket_cap_mb=25)
+        opt = torch.optim.AdamW(groups, lr=1e-4)
+    elif mxddp_impl:
         model = mxt.DistributedDataParallel(module, mxt.DistributedDataParallelConfig(
             overlap_grad_reduce=True, use_distributed_optimizer=True, grad_reduce_in_fp32=True,
             bucket_size=BUCKET_NUMEL), gradient_accumulation_fusion=args.worker != "mxddp-nofusion")
@@ -128,13 +135,13 @@ def worker(args) -> None:
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        if mxddp_impl:
+        if torch_loop:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            opt.step()
+        else:
             model.finish_grad_sync()
             if args.worker == "mxddp-torchopt":
                 model.clip_grad_norm_(1.0)
-            opt.step()
-        else:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
             opt.step()
         slowest[0] = time.perf_counter() - t0
         mxt.all_reduce(slowest, "max")
@@ -211,7 +218,7 @@ def sweep(args) -> None:
         for impl, (s, p) in med.items():
             ratio = f"{s / base[0]:8.2f} {p / base[1]:8.2f}" if base else ""
             print(f"{name:10} {dp:2d} {mb:2d} {impl:14} {s:7.3f} {p / 2**20:9.0f} {ratio}")
-        for impl in ("mxddp", "mxddp-nofusion"):
+        for impl in ("mxddp", "mxddp-nofusion", "mxddp-torchgrads"):
             if impl in per_impl:
                 t = per_impl[impl][-1]["tracked_peak_bytes"]
                 print(f"{'':16} {impl} tracked peaks (MiB): " +
